@@ -1,0 +1,49 @@
+"""inseq-mixing: Transformer context-mixing attribution methods for Inseq.
+
+``import inseq_mixing`` registers the plugin's methods in Inseq's registry. Inseq's own ``value_zeroing`` is renamed to
+``inseq_value_zeroing`` so that ``value_zeroing`` deterministically loads this package's implementation.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from .specs import SUPPORTED_FAMILIES, UnsupportedModelError, get_spec, supported_model_types
+from .trace import trace_model
+
+try:
+    __version__ = version("inseq-mixing")
+except PackageNotFoundError:  # running from a source tree
+    __version__ = "0.0.0+local"
+
+BUILTIN_VALUE_ZEROING_NAME = "inseq_value_zeroing"
+
+
+def _rename_builtin_value_zeroing() -> None:
+    """Inseq picks among same-named methods at random, so its ``value_zeroing`` must give up the name."""
+    from inseq.attr.feat.perturbation_attribution import ValueZeroingAttribution as BuiltinValueZeroing
+
+    BuiltinValueZeroing.method_name = BUILTIN_VALUE_ZEROING_NAME
+
+
+def register() -> list[str]:
+    """Register the plugin's methods inside Inseq (idempotent: importing twice registers nothing new).
+
+    Returns:
+        The names of the plugin's methods.
+    """
+    _rename_builtin_value_zeroing()
+    from .attr import ValueZeroingAttribution
+
+    return [ValueZeroingAttribution.method_name]
+
+
+METHODS = register()
+
+__all__ = [
+    "METHODS",
+    "SUPPORTED_FAMILIES",
+    "UnsupportedModelError",
+    "get_spec",
+    "register",
+    "supported_model_types",
+    "trace_model",
+]

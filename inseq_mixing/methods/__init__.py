@@ -1,0 +1,1 @@
+"""Pure method math on a recorded forward pass: no Inseq import here."""

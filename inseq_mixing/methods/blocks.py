@@ -1,0 +1,112 @@
+"""Re-applying the position-wise rest of a block on batched tensors, with the model's own submodules.
+
+After an attention sub-block, everything in a Transformer block acts on one position at a time: the residual sum,
+the layer norms, the FFN, and (in decoders) the cross-attention, whose queries come from that position only and whose
+keys and values come from the unchanged encoder output. So the effect of any change to the attention output of a
+position can be computed by pushing the changed vectors, batched, through these functions.
+"""
+
+import torch
+
+from ..specs import AttentionSpec, FFNSpec, LayerSpec
+from ..trace import AttentionTrace, LayerTrace
+
+
+def attention_input(attn: AttentionSpec, hidden: torch.Tensor) -> torch.Tensor:
+    """The input of the attention module: normalised for pre-LN, raw for post-LN."""
+    return attn.norm(hidden) if attn.pre_norm else hidden
+
+
+def close_attention(attn: AttentionSpec, residual: torch.Tensor, attn_output: torch.Tensor) -> torch.Tensor:
+    """Residual sum after an attention module, followed by the norm in post-LN blocks."""
+    hidden = residual + attn_output
+    return hidden if attn.pre_norm else attn.norm(hidden)
+
+
+def apply_ffn(ffn: FFNSpec, hidden: torch.Tensor) -> torch.Tensor:
+    """The whole FFN sub-block, residual and norm included."""
+    if ffn.pre_norm:
+        return hidden + ffn.forward(ffn.norm(hidden))
+    return ffn.norm(hidden + ffn.forward(hidden))
+
+
+def _select_rows(value, batch_size: int, num_queries: int, batch_index: torch.Tensor, queries: slice):
+    """Index a recorded call argument to the new batch rows and query positions."""
+    if not isinstance(value, torch.Tensor) or value.dim() == 0:
+        return value
+    if value.shape[0] == batch_size:
+        value = value[batch_index]
+    elif value.shape[0] == 1:
+        value = value.expand(len(batch_index), *value.shape[1:])
+    if value.dim() == 4 and value.shape[-2] == num_queries:
+        value = value[..., queries, :]
+    return value
+
+
+def rerun_attention(
+    attn: AttentionSpec,
+    record: AttentionTrace,
+    query_states: torch.Tensor,
+    batch_index: torch.Tensor,
+    queries: slice,
+) -> torch.Tensor:
+    """Re-run a recorded (cross-)attention call on new query inputs.
+
+    Args:
+        attn: The attention sub-block's spec.
+        record: The recorded attention call.
+        query_states: New module inputs ``(rows, len(queries), d_model)``.
+        batch_index: For each row, the index of the recorded batch element it belongs to.
+        queries: Which recorded query positions the rows hold.
+
+    Returns:
+        The attention output ``(rows, len(queries), d_model)``.
+    """
+    args, kwargs = record.call
+    batch_size, num_queries = record.output.shape[:2]
+
+    def select(value):
+        return _select_rows(value, batch_size, num_queries, batch_index, queries)
+
+    kwargs = {key: select(value) for key, value in kwargs.items()}
+    for key in ("past_key_values", "past_key_value", "cache_position"):
+        kwargs.pop(key, None)
+    if args:
+        args = (query_states, *[select(arg) for arg in args[1:]])
+    else:
+        kwargs["hidden_states"] = query_states
+    return attn.module(*args, **kwargs)[0]
+
+
+def cross_attention_input(layer: LayerSpec, record: LayerTrace) -> torch.Tensor:
+    """The clean residual stream entering the cross-attention sub-block."""
+    return close_attention(layer.self_attn, record.input, record.self_attn.output)
+
+
+def finish_layer(
+    layer: LayerSpec,
+    record: LayerTrace,
+    sub_block: str,
+    residual: torch.Tensor,
+    attn_output: torch.Tensor,
+    batch_index: torch.Tensor,
+    queries: slice,
+) -> torch.Tensor:
+    """Layer output given a (changed) attention output of one of its attention sub-blocks.
+
+    Args:
+        layer: The layer's spec.
+        record: The layer's trace (for re-running cross-attention).
+        sub_block: ``"self"`` or ``"cross"``: which attention output ``attn_output`` replaces.
+        residual: Residual stream entering that sub-block ``(rows, len(queries), d_model)``.
+        attn_output: The attention output ``(rows, len(queries), d_model)``.
+        batch_index: Recorded batch element of each row.
+        queries: Recorded query positions the rows hold.
+    """
+    attn = layer.self_attn if sub_block == "self" else layer.cross_attn
+    hidden = close_attention(attn, residual, attn_output)
+    if sub_block == "self" and layer.cross_attn is not None:
+        query_states = attention_input(layer.cross_attn, hidden)
+        cross_out = rerun_attention(layer.cross_attn, record.cross_attn, query_states, batch_index, queries)
+        hidden = close_attention(layer.cross_attn, hidden, cross_out)
+    return apply_ffn(layer.ffn, hidden)

@@ -1,0 +1,238 @@
+r"""Value Zeroing (Mohebbi et al., EACL 2023), in closed form on a recorded forward pass.
+
+Paper: Hosein Mohebbi, Willem Zuidema, Grzegorz Chrupała, Afra Alishahi. "Quantifying Context Mixing in
+Transformers". EACL 2023. https://aclanthology.org/2023.eacl-main.245/
+
+For layer :math:`l`, context token :math:`j` and position :math:`i`, zero the value vector :math:`v^h_j` in every
+head, re-run the layer on its clean input and score
+
+.. math:: s^l_{ij} = d\big(\tilde y^{l,\neg j}_i,\; y^l_i\big)
+
+with :math:`d` the cosine distance (or Euclidean distance) between corrupted and clean layer outputs. Rows are
+normalised to sum to 1.
+
+Zeroing :math:`v_j` changes the attention output of query :math:`i` by exactly
+:math:`-\sum_h \alpha^h_{ij}\, v^h_j W^h_O`, and everything after the attention module is position-wise (residual,
+norms, FFN, and cross-attention, whose queries come from position :math:`i` alone). So the zeroings of one layer are a
+single batched pass of a ``(zeroed tokens, positions, d_model)`` tensor through the rest of the block, chunked over
+zeroed tokens; no re-run of the model per token.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..specs import AttentionSpec, LayerSpec
+from ..trace import AttentionTrace, LayerTrace, ModelTrace, StackTrace
+from .blocks import cross_attention_input, finish_layer
+from .rollout import encoder_decoder_rollout, normalize_rows
+from .rollout import rollout as rollout_stack
+
+SIMILARITY_METRICS = ("cosine", "euclidean")
+
+#: Upper bound on the elements of one chunk of corrupted hidden states (times the FFN expansion, about 4).
+DEFAULT_CHUNK_ELEMENTS = 2**23
+
+
+@dataclass
+class ValueZeroingScores:
+    """Raw value-zeroing distances per layer, ``(batch, layers, positions i, context tokens j)``.
+
+    Impossible cells (padding, and future tokens in causal self-attention) hold 0.
+
+    Attributes:
+        decoder: Decoder self-attention zeroing (the only map of decoder-only models), ``(B, L, T, T)``.
+        cross: Cross-attention zeroing of source tokens, measured at decoder layer outputs, ``(B, L, T, S)``.
+        encoder: Encoder self-attention zeroing, ``(B, L, S, S)``.
+    """
+
+    decoder: torch.Tensor
+    cross: torch.Tensor | None = None
+    encoder: torch.Tensor | None = None
+
+
+def head_value_outputs(attn: AttentionSpec, record: AttentionTrace) -> torch.Tensor:
+    """Each head's output-projected value vector :math:`v^h_j W^h_O`, ``(batch, heads, keys, d_model)``."""
+    values = record.values[:, :, attn.kv_head_of_query_head().to(record.values.device)]
+    return torch.einsum("bkhe,hed->bhkd", values.float(), attn.out_weight_per_head().float())
+
+
+def distance(corrupted: torch.Tensor, clean: torch.Tensor, metric: str) -> torch.Tensor:
+    """Distance between hidden states along the last axis: cosine distance or Euclidean distance."""
+    if metric == "cosine":
+        return 1 - F.cosine_similarity(corrupted, clean, dim=-1)
+    if metric == "euclidean":
+        return torch.linalg.vector_norm(corrupted - clean, dim=-1)
+    raise ValueError(f"Unknown similarity metric {metric!r}: use one of {SIMILARITY_METRICS}.")
+
+
+def valid_cells(query_mask: torch.Tensor, key_mask: torch.Tensor, causal: bool) -> torch.Tensor:
+    """``(batch, queries, keys)`` mask of cells that can carry a score: real tokens, and no future keys if causal."""
+    valid = query_mask[:, :, None] & key_mask[:, None, :]
+    if causal:
+        valid = valid & torch.ones(valid.shape[-2:], dtype=torch.bool, device=valid.device).tril()
+    return valid
+
+
+def chunk_size_for(batch: int, positions: int, d_model: int, max_elements: int) -> int:
+    """Zeroed tokens per chunk so that the chunk's FFN activations stay under ``max_elements``."""
+    return max(1, max_elements // max(1, batch * positions * d_model * 4))
+
+
+def zeroing_distances(
+    layer: LayerSpec,
+    record: LayerTrace,
+    sub_block: str,
+    causal: bool,
+    metric: str = "cosine",
+    max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """Distances of one layer's output when each context token's values are zeroed in one attention sub-block.
+
+    Args:
+        layer: The layer's spec.
+        record: The layer's trace.
+        sub_block: ``"self"`` (zero the layer's own tokens) or ``"cross"`` (zero encoder tokens in cross-attention).
+        causal: Only positions ``i >= j`` are computed (causal self-attention).
+        metric: ``"cosine"`` or ``"euclidean"``.
+        max_chunk_elements: Memory bound per chunk of zeroed tokens.
+
+    Returns:
+        ``(batch, positions i, tokens j)`` distances; cells ``i < j`` of causal maps are 0.
+    """
+    attn = layer.self_attn if sub_block == "self" else layer.cross_attn
+    attn_record = record.self_attn if sub_block == "self" else record.cross_attn
+    residual = record.input if sub_block == "self" else cross_attention_input(layer, record)
+    probs = attn_record.probs.float()
+    batch, _, num_queries, num_keys = probs.shape
+    dtype = residual.dtype
+    value_outputs = head_value_outputs(attn, attn_record)
+    full = slice(None)
+    clean = finish_layer(
+        layer, record, sub_block, residual, attn_record.output, torch.arange(batch, device=probs.device), full
+    ).float()
+    scores = probs.new_zeros(batch, num_queries, num_keys)
+    chunk = chunk_size_for(batch, num_queries, residual.shape[-1], max_chunk_elements)
+    for start in range(0, num_keys, chunk):
+        keys = slice(start, min(start + chunk, num_keys))
+        queries = slice(start, None) if causal else full
+        width = keys.stop - keys.start
+        delta = torch.einsum("bhqk,bhkd->bkqd", probs[:, :, queries, keys], value_outputs[:, :, keys])
+        corrupted_attn = attn_record.output[:, None, queries].float() - delta
+        rows = batch * width
+        batch_index = torch.arange(batch, device=probs.device).repeat_interleave(width)
+        corrupted = finish_layer(
+            layer,
+            record,
+            sub_block,
+            residual[:, None, queries].expand(-1, width, -1, -1).reshape(rows, -1, residual.shape[-1]),
+            corrupted_attn.to(dtype).reshape(rows, -1, residual.shape[-1]),
+            batch_index,
+            queries,
+        )
+        dist = distance(corrupted.float().view(batch, width, -1, residual.shape[-1]), clean[:, None, queries], metric)
+        scores[:, queries, keys] = dist.transpose(1, 2)
+    return scores
+
+
+def stack_distances(
+    stack_spec_layers: list[LayerSpec],
+    stack: StackTrace,
+    sub_block: str,
+    key_mask: torch.Tensor,
+    causal: bool,
+    metric: str,
+    max_chunk_elements: int,
+) -> torch.Tensor:
+    """:func:`zeroing_distances` for every layer of a stack, masked: ``(batch, layers, positions, tokens)``."""
+    valid = valid_cells(stack.mask, key_mask, causal)
+    per_layer = [
+        zeroing_distances(layer, record, sub_block, causal, metric, max_chunk_elements).masked_fill(~valid, 0.0)
+        for layer, record in zip(stack_spec_layers, stack.layers, strict=True)
+    ]
+    return torch.stack(per_layer, dim=1)
+
+
+@torch.no_grad()
+def value_zeroing(
+    trace: ModelTrace,
+    metric: str = "cosine",
+    encoder_scores: bool = True,
+    max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> ValueZeroingScores:
+    """Raw value-zeroing distances for every layer and attention sub-block of a traced model.
+
+    Args:
+        trace: A recorded forward pass.
+        metric: ``"cosine"`` (cosine distance, the paper's choice) or ``"euclidean"``.
+        encoder_scores: Also compute encoder self-attention scores (encoder–decoders).
+        max_chunk_elements: Memory bound per chunk of zeroed tokens.
+    """
+    if metric not in SIMILARITY_METRICS:
+        raise ValueError(f"Unknown similarity metric {metric!r}: use one of {SIMILARITY_METRICS}.")
+    spec, dec = trace.spec, trace.decoder
+    decoder = stack_distances(spec.decoder.layers, dec, "self", dec.mask, True, metric, max_chunk_elements)
+    if not spec.is_encoder_decoder:
+        return ValueZeroingScores(decoder=decoder)
+    enc = trace.encoder
+    cross = stack_distances(spec.decoder.layers, dec, "cross", enc.mask, False, metric, max_chunk_elements)
+    encoder = None
+    if encoder_scores:
+        encoder = stack_distances(spec.encoder.layers, enc, "self", enc.mask, False, metric, max_chunk_elements)
+    return ValueZeroingScores(decoder=decoder, cross=cross, encoder=encoder)
+
+
+@dataclass
+class ValueZeroingMaps:
+    """Normalised value-zeroing maps, per layer ``(B, L, i, j)`` or rolled out ``(B, i, j)``.
+
+    Attributes:
+        target: Decoder self-attention map over the target prefix (decoder-only: the whole sequence).
+        source: Cross-attention map over source tokens (encoder–decoders).
+        encoder: Encoder self-attention map (encoder–decoders, when computed).
+    """
+
+    target: torch.Tensor
+    source: torch.Tensor | None = None
+    encoder: torch.Tensor | None = None
+
+
+def value_zeroing_maps(scores: ValueZeroingScores, normalization: str = "separate", rollout: bool = False):
+    """Normalise raw value-zeroing distances, and optionally roll them out across layers.
+
+    Args:
+        scores: Raw distances from :func:`value_zeroing`.
+        normalization: ``"separate"`` (the paper: each map's rows sum to 1) or ``"joint"`` (encoder–decoders: the
+            cross and decoder self rows of a layer sum to 1 together, so source and target are comparable).
+        rollout: Multiply the layer maps through the model. Encoder–decoders use the ALTI+ joint bookkeeping with
+            jointly normalised decoder layers (our extension of Value Zeroing to encoder–decoders; needs encoder
+            scores).
+
+    Returns:
+        :class:`ValueZeroingMaps`.
+    """
+    if normalization not in ("separate", "joint"):
+        raise ValueError(f"normalization must be 'separate' or 'joint', not {normalization!r}.")
+    if scores.cross is None:
+        target = normalize_rows(scores.decoder)
+        return ValueZeroingMaps(target=rollout_stack(target)[:, -1] if rollout else target)
+    encoder = normalize_rows(scores.encoder) if scores.encoder is not None else None
+    if rollout:
+        if encoder is None:
+            raise ValueError("The encoder–decoder rollout needs the encoder scores: keep output_encoder_self_scores.")
+        encoder = rollout_stack(encoder)[:, -1]
+        source, target = split_joint(normalize_rows(torch.cat([scores.cross, scores.decoder], dim=-1)), scores.cross)
+        source, target = encoder_decoder_rollout(encoder, source, target)
+        return ValueZeroingMaps(target=target[:, -1], source=source[:, -1], encoder=encoder)
+    if normalization == "joint":
+        source, target = split_joint(normalize_rows(torch.cat([scores.cross, scores.decoder], dim=-1)), scores.cross)
+    else:
+        source, target = normalize_rows(scores.cross), normalize_rows(scores.decoder)
+    return ValueZeroingMaps(target=target, source=source, encoder=encoder)
+
+
+def split_joint(joint: torch.Tensor, source_like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split ``[source | target]`` blocks along the last axis."""
+    num_source = source_like.shape[-1]
+    return joint[..., :num_source], joint[..., num_source:]

@@ -1,0 +1,134 @@
+"""Architecture specs: where the pieces of a Transformer block live in each supported model family.
+
+A spec holds references to the model's own submodules, so that the method math can read weights and re-apply the
+position-wise parts of a block (norms, FFN) exactly as the architecture computes them.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+
+class UnsupportedModelError(ValueError):
+    """Raised when a model's architecture has no spec."""
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """One multi-head attention sub-block (self- or cross-attention) and its residual branch.
+
+    Attributes:
+        module: The attention module. Its forward returns a tuple whose first element is the attention output (after
+            the output projection) and whose element ``probs_index`` holds the attention probabilities.
+        value_proj: The module whose output holds the value vectors ``v_j = x̂_j W_V + b_V``.
+        value_slice: Slice of ``value_proj``'s last output dimension holding the values (fused QKV projections).
+        out_weight: Output projection as an ``(in_features, out_features)`` matrix, ``in = num_heads * head_dim``.
+        out_bias: Output projection bias, or None.
+        num_heads: Number of query heads.
+        num_kv_heads: Number of key/value heads (GQA: query head ``h`` reads KV head ``h // (H / H_kv)``).
+        head_dim: Size of one head.
+        norm: The layer norm of this sub-block.
+        pre_norm: True when the norm is applied to the sub-block input (pre-LN), False when it is applied after the
+            residual sum (post-LN).
+        probs_index: Index of the attention probabilities in the module's output tuple.
+    """
+
+    module: nn.Module
+    value_proj: nn.Module
+    value_slice: slice
+    out_weight: torch.Tensor
+    out_bias: torch.Tensor | None
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    norm: nn.Module
+    pre_norm: bool
+    probs_index: int = 1
+
+    def value_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The value projection as an ``(in_features, H_kv * head_dim)`` matrix and its bias."""
+        return _as_in_out_matrix(self.value_proj, self.value_slice)
+
+    def out_weight_per_head(self) -> torch.Tensor:
+        """W_O split per head: ``(num_heads, head_dim, d_model)``."""
+        return self.out_weight.reshape(self.num_heads, self.head_dim, -1)
+
+    def kv_head_of_query_head(self) -> torch.Tensor:
+        """Index of the KV head read by each query head."""
+        group = self.num_heads // self.num_kv_heads
+        return torch.arange(self.num_heads) // group
+
+
+@dataclass(frozen=True)
+class FFNSpec:
+    """The position-wise feed-forward sub-block.
+
+    Attributes:
+        forward: The FFN on its (normalised, for pre-LN) input, without the residual.
+        norm: The layer norm of this sub-block.
+        pre_norm: Placement of ``norm`` (see :class:`AttentionSpec`).
+    """
+
+    forward: Callable[[torch.Tensor], torch.Tensor]
+    norm: nn.Module
+    pre_norm: bool
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One Transformer block: self-attention, optional cross-attention, FFN, in this order."""
+
+    module: nn.Module
+    self_attn: AttentionSpec
+    ffn: FFNSpec
+    cross_attn: AttentionSpec | None = None
+
+
+@dataclass(frozen=True)
+class StackSpec:
+    """An encoder or decoder stack."""
+
+    layers: list[LayerSpec]
+    final_norm: nn.Module | None = None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A whole model: its family name, its stacks and its LM head.
+
+    Attributes:
+        family: Family name (see :data:`inseq_mixing.specs.SUPPORTED_FAMILIES`).
+        decoder: The decoder stack (the only stack of decoder-only models).
+        encoder: The encoder stack of encoder–decoder models.
+        lm_head: The unembedding module.
+        logits_scale: Factor applied to the final hidden state before the LM head (T5 with tied embeddings).
+        logits_bias: Bias added to the logits outside the LM head module (BART's ``final_logits_bias``), or None.
+    """
+
+    family: str
+    decoder: StackSpec
+    encoder: StackSpec | None = None
+    lm_head: nn.Module | None = None
+    logits_scale: float = 1.0
+    logits_bias: torch.Tensor | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return self.encoder is not None
+
+
+def _as_in_out_matrix(module: nn.Module, out_slice: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Weight of a linear map as ``(in, out)`` (``nn.Linear`` stores ``(out, in)``, GPT-2's ``Conv1D`` ``(in, out)``)."""
+    weight = module.weight
+    if isinstance(module, nn.Linear):
+        weight = weight.T
+    bias = module.bias[out_slice] if getattr(module, "bias", None) is not None else None
+    return weight[:, out_slice], bias
+
+
+def linear_in_out(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Weight ``(in, out)`` and bias of an ``nn.Linear`` or GPT-2 ``Conv1D``."""
+    return _as_in_out_matrix(module, slice(None))

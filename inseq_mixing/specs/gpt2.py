@@ -1,0 +1,37 @@
+"""GPT-2: pre-LN blocks, fused QKV ``Conv1D`` projection, learned absolute positions."""
+
+from torch import nn
+
+from .base import AttentionSpec, FFNSpec, LayerSpec, ModelSpec, StackSpec, linear_in_out
+
+MODEL_TYPES = {"gpt2"}
+
+
+def layer_spec(block: nn.Module) -> LayerSpec:
+    attn = block.attn
+    d_model = attn.embed_dim
+    out_weight, out_bias = linear_in_out(attn.c_proj)
+    self_attn = AttentionSpec(
+        module=attn,
+        value_proj=attn.c_attn,
+        value_slice=slice(2 * d_model, 3 * d_model),
+        out_weight=out_weight,
+        out_bias=out_bias,
+        num_heads=attn.num_heads,
+        num_kv_heads=attn.num_heads,
+        head_dim=attn.head_dim,
+        norm=block.ln_1,
+        pre_norm=True,
+    )
+    return LayerSpec(module=block, self_attn=self_attn, ffn=FFNSpec(forward=block.mlp, norm=block.ln_2, pre_norm=True))
+
+
+def build(model: nn.Module) -> ModelSpec:
+    if getattr(model.config, "add_cross_attention", False):
+        raise NotImplementedError("GPT-2 with cross-attention layers is not supported.")
+    base = model.base_model
+    return ModelSpec(
+        family="gpt2",
+        decoder=StackSpec(layers=[layer_spec(block) for block in base.h], final_norm=base.ln_f),
+        lm_head=model.get_output_embeddings(),
+    )

@@ -1,0 +1,56 @@
+"""T5 and mT5 (v1.0 with ReLU FFN, v1.1 with gated-GELU FFN): pre-RMSNorm blocks, relative position bias."""
+
+from torch import nn
+
+from .base import AttentionSpec, FFNSpec, LayerSpec, ModelSpec, StackSpec, linear_in_out
+
+MODEL_TYPES = {"t5", "mt5", "umt5"}
+
+
+def attention_spec(sublayer: nn.Module, attn: nn.Module) -> AttentionSpec:
+    out_weight, out_bias = linear_in_out(attn.o)
+    return AttentionSpec(
+        module=attn,
+        value_proj=attn.v,
+        value_slice=slice(None),
+        out_weight=out_weight,
+        out_bias=out_bias,
+        num_heads=attn.n_heads,
+        num_kv_heads=attn.n_heads,
+        head_dim=attn.key_value_proj_dim,
+        norm=sublayer.layer_norm,
+        pre_norm=True,
+        probs_index=-1,
+    )
+
+
+def layer_spec(block: nn.Module) -> LayerSpec:
+    self_sub, ff_sub = block.layer[0], block.layer[-1]
+    cross = None
+    if len(block.layer) == 3:
+        cross = attention_spec(block.layer[1], block.layer[1].EncDecAttention)
+    return LayerSpec(
+        module=block,
+        self_attn=attention_spec(self_sub, self_sub.SelfAttention),
+        cross_attn=cross,
+        ffn=FFNSpec(forward=ff_sub.DenseReluDense, norm=ff_sub.layer_norm, pre_norm=True),
+    )
+
+
+def stack_spec(stack: nn.Module) -> StackSpec:
+    return StackSpec(layers=[layer_spec(block) for block in stack.block], final_norm=stack.final_layer_norm)
+
+
+def build(model: nn.Module) -> ModelSpec:
+    config = model.config
+    # transformers 5 names the flag; 4.x rescales whenever the embeddings are tied.
+    scale = getattr(config, "scale_decoder_outputs", None)
+    if scale is None:
+        scale = getattr(config, "tie_word_embeddings", True)
+    return ModelSpec(
+        family=config.model_type,
+        encoder=stack_spec(model.encoder),
+        decoder=stack_spec(model.decoder),
+        lm_head=model.get_output_embeddings(),
+        logits_scale=config.d_model**-0.5 if scale else 1.0,
+    )

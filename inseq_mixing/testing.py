@@ -1,0 +1,190 @@
+"""Tiny (or full-size) random models of every supported family and a local word-level tokenizer.
+
+Nothing here downloads anything: models are built from configs with random weights, which is all that tests and
+benchmarks need to check the math, the shapes and the speed.
+"""
+
+import torch
+import transformers
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
+
+SPECIAL_TOKENS = ["<pad>", "</s>", "<unk>", "<s>"]
+PAD_ID, EOS_ID, UNK_ID, BOS_ID = range(4)
+WORDS = (
+    "the a books book in library were was read by many people cat dog sat on mat and it . , she he they we "
+    "le la les livres livre dans bibliothèque ont été lus par beaucoup de gens chat chien assis sur tapis et il "
+    "elle ils nous hello world good morning see you soon translate this sentence please"
+).split()
+
+#: Families with a builder, the names used by test parametrization.
+SEQ2SEQ_FAMILIES = ("marian", "bart", "mbart", "m2m_100", "t5", "t5_gated", "mt5")
+DECODER_FAMILIES = ("gpt2", "llama", "qwen2", "mistral")
+ALL_FAMILIES = SEQ2SEQ_FAMILIES + DECODER_FAMILIES
+
+
+def word_tokenizer(seq2seq: bool = True, words: list[str] | None = None) -> PreTrainedTokenizerFast:
+    """A whitespace word-level tokenizer; seq2seq tokenizers append ``</s>`` like Marian's."""
+    vocab = {token: idx for idx, token in enumerate(SPECIAL_TOKENS + list(words or WORDS))}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if seq2seq:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", EOS_ID)]
+        )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", bos_token="<s>"
+    )
+
+
+def _bart_like(config_cls, model_cls, vocab: int, d_model: int, layers: int, heads: int, ffn: int, **extra):
+    config = config_cls(
+        vocab_size=vocab,
+        d_model=d_model,
+        encoder_layers=layers,
+        decoder_layers=layers,
+        encoder_attention_heads=heads,
+        decoder_attention_heads=heads,
+        encoder_ffn_dim=ffn,
+        decoder_ffn_dim=ffn,
+        max_position_embeddings=1024,
+        pad_token_id=PAD_ID,
+        eos_token_id=EOS_ID,
+        bos_token_id=BOS_ID,
+        decoder_start_token_id=PAD_ID,
+        forced_eos_token_id=None,
+        dropout=0.1,
+        attention_dropout=0.1,
+        **extra,
+    )
+    return model_cls(config)
+
+
+def _t5(vocab: int, d_model: int, layers: int, heads: int, ffn: int, gated: bool, config_cls=None, model_cls=None):
+    config_cls = config_cls or transformers.T5Config
+    model_cls = model_cls or transformers.T5ForConditionalGeneration
+    config = config_cls(
+        vocab_size=vocab,
+        d_model=d_model,
+        d_kv=d_model // heads,
+        d_ff=ffn,
+        num_layers=layers,
+        num_decoder_layers=layers,
+        num_heads=heads,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=16,
+        feed_forward_proj="gated-gelu" if gated else "relu",
+        tie_word_embeddings=not gated,
+        pad_token_id=PAD_ID,
+        eos_token_id=EOS_ID,
+        decoder_start_token_id=PAD_ID,
+        dropout_rate=0.1,
+    )
+    return model_cls(config)
+
+
+def _decoder_only(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn: int):
+    if family == "gpt2":
+        config = transformers.GPT2Config(
+            vocab_size=vocab, n_embd=d_model, n_layer=layers, n_head=heads, n_inner=ffn, n_positions=1024,
+            bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+        )  # fmt: skip
+        return transformers.GPT2LMHeadModel(config)
+    config_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    }[family]
+    config = config_cls(
+        vocab_size=vocab,
+        hidden_size=d_model,
+        intermediate_size=ffn,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        max_position_embeddings=1024,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+        tie_word_embeddings=False,
+    )
+    return model_cls(config)
+
+
+def randomize_weights(model: torch.nn.Module, seed: int = 0, scale: float = 0.3) -> None:
+    """Give every weight a random value large enough for non-trivial attention: matrices ``N(0, scale²/fan_in·16)``,
+    norm gains ``1 + N(0, 0.1²)``, biases ``N(0, 0.1²)``."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
+            if param.dim() >= 2:
+                param.copy_(noise * scale * 4 / param.shape[-1] ** 0.5)
+            elif "norm" in name or name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+                param.copy_(1 + 0.1 * noise)
+            else:
+                param.copy_(0.1 * noise)
+        for name, buffer in model.named_buffers():
+            if name.endswith("final_logits_bias"):
+                buffer.copy_(0.1 * torch.randn(buffer.shape, generator=generator))
+
+
+def tiny_model(
+    family: str,
+    d_model: int = 16,
+    layers: int = 2,
+    heads: int = 4,
+    ffn: int = 32,
+    vocab: int | None = None,
+    seed: int = 0,
+    attn_implementation: str = "eager",
+) -> torch.nn.Module:
+    """A random model of ``family`` (see :data:`ALL_FAMILIES`), in eval mode.
+
+    Args:
+        family: Family name.
+        d_model, layers, heads, ffn: Dimensions (full-size models for benchmarks use the real ones).
+        vocab: Vocabulary size; defaults to the word tokenizer's.
+        seed: Seed of the random weights.
+        attn_implementation: Attention implementation to load with (``"eager"`` or ``"sdpa"``).
+    """
+    vocab = vocab or len(SPECIAL_TOKENS) + len(WORDS)
+    torch.manual_seed(seed)
+    if family in ("marian", "bart", "mbart", "m2m_100"):
+        classes = {
+            "marian": (transformers.MarianConfig, transformers.MarianMTModel),
+            "bart": (transformers.BartConfig, transformers.BartForConditionalGeneration),
+            "mbart": (transformers.MBartConfig, transformers.MBartForConditionalGeneration),
+            "m2m_100": (transformers.M2M100Config, transformers.M2M100ForConditionalGeneration),
+        }[family]
+        extra = {"scale_embedding": True} if family != "bart" else {}
+        model = _bart_like(*classes, vocab, d_model, layers, heads, ffn, **extra)
+    elif family in ("t5", "t5_gated"):
+        model = _t5(vocab, d_model, layers, heads, ffn, gated=family == "t5_gated")
+    elif family == "mt5":
+        model = _t5(
+            vocab, d_model, layers, heads, ffn, True, transformers.MT5Config, transformers.MT5ForConditionalGeneration
+        )
+    elif family in DECODER_FAMILIES:
+        model = _decoder_only(family, vocab, d_model, layers, heads, ffn)
+    else:
+        raise ValueError(f"No builder for family {family!r}; known: {ALL_FAMILIES}")
+    randomize_weights(model, seed)
+    if attn_implementation != model.config._attn_implementation:
+        model.set_attn_implementation(attn_implementation)
+    return model.eval()
+
+
+def is_seq2seq(family: str) -> bool:
+    return family in SEQ2SEQ_FAMILIES
+
+
+def load_tiny(family: str, method: str, **method_kwargs):
+    """An Inseq ``AttributionModel`` around a tiny random model of ``family``, with the word tokenizer."""
+    import inseq
+
+    import inseq_mixing  # noqa: F401  (registers the methods)
+
+    model = tiny_model(family)
+    tokenizer = word_tokenizer(seq2seq=is_seq2seq(family))
+    return inseq.load_model(model, method, tokenizer=tokenizer, **method_kwargs)

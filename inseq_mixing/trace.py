@@ -1,0 +1,259 @@
+"""One teacher-forced forward pass that records what the context-mixing methods need.
+
+Per layer it records the block input and output and, for each attention sub-block, the attention probabilities
+(after softmax), the value vectors, the attention output (after the output projection) and, for cross-attention, the
+call itself so that it can be re-run on new queries. Hooks are removed and the model's attention implementation and
+training flag are restored in ``finally`` blocks, so a failed call leaves the model exactly as it was.
+"""
+
+import logging
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .specs import AttentionSpec, ModelSpec, StackSpec, get_spec
+
+logger = logging.getLogger(__name__)
+
+
+class TraceError(RuntimeError):
+    """Raised when the forward pass cannot be recorded as needed."""
+
+
+@dataclass
+class AttentionTrace:
+    """What one attention sub-block computed.
+
+    Attributes:
+        probs: Attention probabilities ``(batch, heads, queries, keys)``.
+        values: Value vectors ``(batch, keys, kv_heads, head_dim)``, value-projection bias included.
+        output: Attention output after the output projection ``(batch, queries, d_model)``.
+        call: ``(args, kwargs)`` of the module call, kept for cross-attention so it can be re-run on new queries.
+    """
+
+    probs: torch.Tensor
+    values: torch.Tensor
+    output: torch.Tensor
+    call: tuple[tuple, dict] | None = None
+
+
+@dataclass
+class LayerTrace:
+    """Input, output and attention records of one block."""
+
+    input: torch.Tensor
+    output: torch.Tensor
+    self_attn: AttentionTrace
+    cross_attn: AttentionTrace | None = None
+
+
+@dataclass
+class StackTrace:
+    """Records of an encoder or decoder stack.
+
+    Attributes:
+        layers: One record per block.
+        mask: ``(batch, positions)`` boolean mask of real (non-padding) tokens.
+        causal: Whether self-attention is causal.
+    """
+
+    layers: list[LayerTrace]
+    mask: torch.Tensor
+    causal: bool
+
+
+@dataclass
+class ModelTrace:
+    """Records of a whole forward pass."""
+
+    spec: ModelSpec
+    decoder: StackTrace
+    logits: torch.Tensor
+    encoder: StackTrace | None = None
+
+
+class _Recorder:
+    """Collects one stack's tensors through forward hooks."""
+
+    def __init__(self, stack: StackSpec, keep_cross_call: bool):
+        self.stack = stack
+        self.keep_cross_call = keep_cross_call
+        self.store: list[dict] = [{} for _ in stack.layers]
+
+    def register(self, hooks: ExitStack) -> None:
+        for store, layer in zip(self.store, self.stack.layers, strict=True):
+            hooks.callback(layer.module.register_forward_pre_hook(self._input_hook(store), with_kwargs=True).remove)
+            hooks.callback(layer.module.register_forward_hook(self._output_hook(store)).remove)
+            for name, attn in (("self", layer.self_attn), ("cross", layer.cross_attn)):
+                if attn is None:
+                    continue
+                keep_call = name == "cross" and self.keep_cross_call
+                hooks.callback(
+                    attn.module.register_forward_hook(
+                        self._attn_hook(store, name, attn, keep_call), with_kwargs=True
+                    ).remove
+                )
+                hooks.callback(attn.value_proj.register_forward_hook(self._value_hook(store, name, attn)).remove)
+
+    @staticmethod
+    def _input_hook(store):
+        def hook(module, args, kwargs):
+            store["input"] = (args[0] if args else kwargs["hidden_states"]).detach()
+
+        return hook
+
+    @staticmethod
+    def _output_hook(store):
+        def hook(module, args, output):
+            store["output"] = (output[0] if isinstance(output, tuple) else output).detach()
+
+        return hook
+
+    @staticmethod
+    def _attn_hook(store, name: str, attn: AttentionSpec, keep_call: bool):
+        def hook(module, args, kwargs, output):
+            store[f"{name}_output"] = output[0].detach()
+            store[f"{name}_probs"] = output[attn.probs_index]
+            if keep_call:
+                store[f"{name}_call"] = (args, kwargs)
+
+        return hook
+
+    @staticmethod
+    def _value_hook(store, name: str, attn: AttentionSpec):
+        def hook(module, args, output):
+            values = output[..., attn.value_slice].detach()
+            store[f"{name}_values"] = values.reshape(*values.shape[:-1], attn.num_kv_heads, attn.head_dim)
+
+        return hook
+
+    def result(self, mask: torch.Tensor, causal: bool) -> StackTrace:
+        layers = []
+        for idx, store in enumerate(self.store):
+            if store.get("self_probs") is None:
+                raise TraceError(
+                    f"Layer {idx} returned no attention probabilities. inseq-mixing needs eager attention; "
+                    "switching failed for this model. Load it with attn_implementation='eager'."
+                )
+            attn = {}
+            for name in ("self", "cross"):
+                if f"{name}_output" in store:
+                    attn[name] = AttentionTrace(
+                        probs=store[f"{name}_probs"].detach(),
+                        values=store[f"{name}_values"],
+                        output=store[f"{name}_output"],
+                        call=store.get(f"{name}_call"),
+                    )
+            layers.append(
+                LayerTrace(
+                    input=store["input"],
+                    output=store["output"],
+                    self_attn=attn["self"],
+                    cross_attn=attn.get("cross"),
+                )
+            )
+        return StackTrace(layers=layers, mask=mask.bool(), causal=causal)
+
+
+@contextmanager
+def eager_attention(model: nn.Module) -> Iterator[None]:
+    """Temporarily switch a model to eager attention, which returns attention probabilities."""
+    current = model.config._attn_implementation
+    if current in (None, "eager"):
+        yield
+        return
+    logger.info("Switching attention from %s to eager for the trace; it is restored afterwards.", current)
+    try:
+        _set_attn_implementation(model, "eager")
+        yield
+    finally:
+        _set_attn_implementation(model, current)
+
+
+def _set_attn_implementation(model: nn.Module, implementation: str) -> None:
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(implementation)
+    else:  # transformers < 4.54
+        for module in model.modules():
+            config = getattr(module, "config", None)
+            if config is not None and hasattr(config, "_attn_implementation"):
+                config._attn_implementation = implementation
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Temporarily put a model in eval mode (no dropout), restoring each module's flag afterwards."""
+    flags = {module: module.training for module in model.modules()}
+    try:
+        model.eval()
+        yield
+    finally:
+        for module, flag in flags.items():
+            module.training = flag
+
+
+def left_padding_position_ids(mask: torch.Tensor) -> torch.Tensor | None:
+    """Position ids that ignore left padding, so a padded sentence is encoded as it would be alone."""
+    if bool(mask[:, 0].all()):
+        return None
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def trace_model(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    decoder_input_ids: torch.Tensor | None = None,
+    decoder_attention_mask: torch.Tensor | None = None,
+    spec: ModelSpec | None = None,
+) -> ModelTrace:
+    """Run one teacher-forced forward pass and record every layer.
+
+    Args:
+        model: A supported Hugging Face model with an LM head.
+        input_ids: Source ids ``(batch, S)`` for encoder–decoders, the whole sequence ``(batch, T)`` for decoder-only
+            models.
+        attention_mask: Mask of ``input_ids`` (1 for real tokens). Defaults to all ones.
+        decoder_input_ids: Target prefix ``(batch, T)`` of encoder–decoders (decoder start token first).
+        decoder_attention_mask: Mask of ``decoder_input_ids``. Defaults to all ones.
+        spec: The model's spec, if already built.
+
+    Returns:
+        The recorded :class:`ModelTrace`.
+    """
+    spec = spec or get_spec(model)
+    if input_ids.numel() == 0:
+        raise ValueError("Cannot trace an empty input: pass at least one token.")
+    attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+    recorders = {"decoder": _Recorder(spec.decoder, keep_cross_call=True)}
+    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
+    if spec.is_encoder_decoder:
+        if decoder_input_ids is None or decoder_input_ids.numel() == 0:
+            raise ValueError("Encoder–decoder models need a non-empty target prefix (decoder_input_ids).")
+        decoder_attention_mask = (
+            torch.ones_like(decoder_input_ids) if decoder_attention_mask is None else decoder_attention_mask
+        )
+        recorders["encoder"] = _Recorder(spec.encoder, keep_cross_call=False)
+        kwargs.update(decoder_input_ids=decoder_input_ids, decoder_attention_mask=decoder_attention_mask)
+    else:
+        position_ids = left_padding_position_ids(attention_mask)
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids
+    with ExitStack() as hooks:
+        hooks.enter_context(eval_mode(model))
+        hooks.enter_context(eager_attention(model))
+        for recorder in recorders.values():
+            recorder.register(hooks)
+        with torch.no_grad():
+            logits = model(**kwargs).logits.detach()
+    if spec.is_encoder_decoder:
+        return ModelTrace(
+            spec=spec,
+            encoder=recorders["encoder"].result(attention_mask, causal=False),
+            decoder=recorders["decoder"].result(decoder_attention_mask, causal=True),
+            logits=logits,
+        )
+    return ModelTrace(spec=spec, decoder=recorders["decoder"].result(attention_mask, causal=True), logits=logits)
