@@ -104,7 +104,10 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
 
 
 def inseq_layout(scores: torch.Tensor, causal: bool) -> torch.Tensor:
-    """``(B, [L,] positions i, tokens j)`` → Inseq's ``(B, tokens j, positions i[, L])``, NaN where ``j > i`` if causal."""
+    """``(B, [L,] positions i, tokens j)`` → Inseq's ``(B, tokens j, positions i[, L])``.
+
+    Causal maps get NaN where ``j > i``, Inseq's mark of causally impossible cells.
+    """
     if scores.ndim == 4:
         scores = scores.permute(0, 3, 2, 1)
     else:

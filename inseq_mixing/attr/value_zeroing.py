@@ -68,8 +68,9 @@ class ValueZeroingAttribution(ContextMixingAttribution):
     pass through the rest of that block. Scores are the cosine (or Euclidean) distance between corrupted and clean
     layer outputs, rows normalised to sum to 1, with no clipping threshold.
 
-    Outputs: per-layer scores (last dimension: layer). Encoder–decoders: source = cross-attention zeroing, target =
-    decoder self-attention zeroing (with ``attribute_target=True``, else in ``sequence_scores["decoder_self_scores"]``),
+    Outputs: per-layer scores (last dimension: layer). Encoder–decoders: source = cross-attention zeroing,
+    target = decoder self-attention zeroing (with ``attribute_target=True``, else in
+    ``sequence_scores["decoder_self_scores"]``),
     encoder self-attention zeroing in ``sequence_scores["encoder_self_scores"]``. Decoder-only: target scores.
     With ``rollout=True``, one rolled-out map instead of per-layer scores.
 

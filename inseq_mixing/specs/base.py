@@ -121,7 +121,10 @@ class ModelSpec:
 
 
 def _as_in_out_matrix(module: nn.Module, out_slice: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Weight of a linear map as ``(in, out)`` (``nn.Linear`` stores ``(out, in)``, GPT-2's ``Conv1D`` ``(in, out)``)."""
+    """Weight of a linear map as ``(in, out)``.
+
+    ``nn.Linear`` stores ``(out, in)``, GPT-2's ``Conv1D`` stores ``(in, out)``.
+    """
     weight = module.weight
     if isinstance(module, nn.Linear):
         weight = weight.T

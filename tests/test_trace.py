@@ -1,0 +1,97 @@
+"""The trace: records match the model, and a failed call leaves the model exactly as it was."""
+
+import pytest
+import torch
+
+import inseq_mixing.methods.value_zeroing as vz_math
+from inseq_mixing.methods.blocks import cross_attention_input, finish_layer
+from inseq_mixing.specs import get_spec
+from inseq_mixing.testing import is_seq2seq, load_tiny, tiny_model
+from inseq_mixing.trace import trace_model
+
+from .conftest import example_kwargs, get_tiny
+
+
+def forward_logits(model, kwargs):
+    with torch.no_grad():
+        return model(**kwargs).logits
+
+
+def all_hooks(model):
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def test_blocks_recompose_every_layer(family):
+    """Re-applying each block's position-wise rest with the spec reproduces the HF layer outputs exactly."""
+    model = get_tiny(family)
+    kwargs = example_kwargs(family)
+    trace = trace_model(model, kwargs["input_ids"], decoder_input_ids=kwargs.get("decoder_input_ids"))
+    stacks = [(trace.spec.decoder, trace.decoder)]
+    if trace.encoder is not None:
+        stacks.append((trace.spec.encoder, trace.encoder))
+    for stack_spec, stack in stacks:
+        assert len(stack.layers) == len(stack_spec.layers)
+        for layer, record in zip(stack_spec.layers, stack.layers, strict=True):
+            index = torch.arange(record.input.shape[0])
+            out = finish_layer(layer, record, "self", record.input, record.self_attn.output, index, slice(None))
+            torch.testing.assert_close(out, record.output, rtol=0, atol=1e-6)
+            if record.cross_attn is not None:
+                residual = cross_attention_input(layer, record)
+                out = finish_layer(layer, record, "cross", residual, record.cross_attn.output, index, slice(None))
+                torch.testing.assert_close(out, record.output, rtol=0, atol=1e-6)
+            probs = record.self_attn.probs
+            torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:-1]))
+    torch.testing.assert_close(trace.logits, forward_logits(model, {**kwargs, "use_cache": False}))
+
+
+def test_hooks_removed_and_model_unchanged_after_failure_inside_forward(family):
+    model = tiny_model(family, attn_implementation="sdpa")
+    model.train()
+    kwargs = {**example_kwargs(family), "use_cache": False}
+    model.eval()
+    before = forward_logits(model, kwargs)
+    model.train()
+    hooks_before = all_hooks(model)
+    spec = get_spec(model)
+    failing = spec.decoder.layers[-1].module.register_forward_hook(
+        lambda *a: (_ for _ in ()).throw(RuntimeError("boom"))
+    )
+    with pytest.raises(RuntimeError, match="boom"):
+        trace_model(model, kwargs["input_ids"], decoder_input_ids=kwargs.get("decoder_input_ids"), spec=spec)
+    failing.remove()
+    assert all_hooks(model) == hooks_before
+    assert model.training and all(m.training for m in model.modules())
+    assert model.config._attn_implementation == "sdpa"
+    model.eval()
+    assert torch.equal(before, forward_logits(model, kwargs))
+
+
+def test_model_unchanged_after_failure_inside_method(monkeypatch):
+    model = load_tiny("marian", "value_zeroing")
+    hf = model.model
+    kwargs = {**example_kwargs("marian"), "use_cache": False}
+    before = forward_logits(hf, kwargs)
+    hooks_before = all_hooks(hf)
+
+    def explode(*args, **kwargs):
+        raise RuntimeError("failure half way")
+
+    monkeypatch.setattr(vz_math, "zeroing_distances", explode)
+    with pytest.raises(RuntimeError, match="half way"):
+        model.attribute("the books", "les livres", attribute_target=True, show_progress=False)
+    assert all_hooks(hf) == hooks_before
+    assert torch.equal(before, forward_logits(hf, kwargs))
+    monkeypatch.undo()
+    out = model.attribute("the books", "les livres", attribute_target=True, show_progress=False)
+    assert out.sequence_attributions[0].source_attributions is not None
+
+
+@pytest.mark.parametrize("family", ["marian", "gpt2"])
+def test_empty_input_is_refused(family):
+    model = get_tiny(family)
+    empty = torch.zeros(1, 0, dtype=torch.long)
+    with pytest.raises(ValueError, match="empty"):
+        if is_seq2seq(family):
+            trace_model(model, torch.tensor([[5, 1]]), decoder_input_ids=empty)
+        else:
+            trace_model(model, empty)

@@ -1,0 +1,132 @@
+"""Value zeroing: agreement with the naive definition, masks, normalisation, padding and chunking."""
+
+import pytest
+import torch
+
+from inseq_mixing.methods.rollout import normalize_rows
+from inseq_mixing.methods.value_zeroing import value_zeroing, value_zeroing_maps
+from inseq_mixing.specs import get_spec
+from inseq_mixing.testing import is_seq2seq
+from inseq_mixing.trace import trace_model
+
+from .conftest import example_kwargs, get_tiny
+from .reference import naive_value_zeroing
+
+
+def trace_of(model, kwargs):
+    return trace_model(model, kwargs["input_ids"], kwargs.get("attention_mask"), kwargs.get("decoder_input_ids"),
+                       kwargs.get("decoder_attention_mask"))  # fmt: skip
+
+
+def valid_mask(num_queries: int, num_keys: int, causal: bool) -> torch.Tensor:
+    mask = torch.ones(num_queries, num_keys, dtype=torch.bool)
+    return mask.tril() if causal else mask
+
+
+@pytest.mark.parametrize("metric", ["cosine", "euclidean"])
+def test_matches_naive_definition(family, metric):
+    model = get_tiny(family)
+    kwargs = example_kwargs(family)
+    scores = value_zeroing(trace_of(model, kwargs), metric=metric)
+    spec = get_spec(model)
+    maps = [("decoder", "self", scores.decoder, True)]
+    if is_seq2seq(family):
+        maps += [("decoder", "cross", scores.cross, False), ("encoder", "self", scores.encoder, False)]
+    for stack, sub_block, fast, causal in maps:
+        naive = naive_value_zeroing(model, spec, kwargs, stack, sub_block, metric)
+        assert fast.shape[1:] == naive.shape
+        valid = valid_mask(*naive.shape[1:], causal)
+        assert (fast[0][:, valid] - naive[:, valid]).abs().max() <= 1e-5, (stack, sub_block)
+        assert (fast[0][:, ~valid] == 0).all()
+        assert fast[0][:, valid].abs().sum() > 0
+
+
+def test_future_tokens_do_not_change_past_scores(decoder_family):
+    model = get_tiny(decoder_family)
+    ids = example_kwargs(decoder_family)["input_ids"]
+    changed = ids.clone()
+    changed[0, -2:] = torch.tensor([40, 41])
+    first = value_zeroing(trace_model(model, ids)).decoder
+    second = value_zeroing(trace_model(model, changed)).decoder
+    torch.testing.assert_close(first[:, :, :-2, :-2], second[:, :, :-2, :-2], rtol=0, atol=1e-6)
+    assert (first[:, :, :, -1][:, :, :-1] == 0).all()
+
+
+def test_rows_sum_to_one(family):
+    model = get_tiny(family)
+    scores = value_zeroing(trace_of(model, example_kwargs(family)))
+    maps = value_zeroing_maps(scores)
+    for block in (maps.target, maps.source, maps.encoder):
+        if block is not None:
+            torch.testing.assert_close(block.sum(-1), torch.ones(block.shape[:-1]))
+            assert (block >= 0).all()
+    if is_seq2seq(family):
+        joint = value_zeroing_maps(scores, normalization="joint")
+        torch.testing.assert_close(joint.source.sum(-1) + joint.target.sum(-1), torch.ones(joint.target.shape[:-1]))
+
+
+def test_rollout_rows_sum_to_one(family):
+    model = get_tiny(family)
+    maps = value_zeroing_maps(value_zeroing(trace_of(model, example_kwargs(family))), rollout=True)
+    total = maps.target.sum(-1) + (maps.source.sum(-1) if maps.source is not None else 0)
+    torch.testing.assert_close(total, torch.ones_like(total))
+    assert maps.target.ndim == 3
+    assert (maps.target.triu(1) == 0).all()
+
+
+def test_rollout_is_product_of_layer_maps(decoder_family):
+    model = get_tiny(decoder_family)
+    scores = value_zeroing(trace_of(model, example_kwargs(decoder_family)))
+    layers = normalize_rows(scores.decoder)[0]
+    expected = layers[1] @ layers[0]
+    torch.testing.assert_close(value_zeroing_maps(scores, rollout=True).target[0], expected)
+
+
+def test_chunking_does_not_change_scores(family):
+    model = get_tiny(family)
+    trace = trace_of(model, example_kwargs(family))
+    whole, chunked = value_zeroing(trace), value_zeroing(trace, max_chunk_elements=1)
+    for name in ("decoder", "cross", "encoder"):
+        if getattr(whole, name) is not None:
+            torch.testing.assert_close(getattr(whole, name), getattr(chunked, name), rtol=0, atol=1e-6)
+
+
+def pad_batch(rows: list[torch.Tensor], left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(row) for row in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for idx, row in enumerate(rows):
+        span = slice(width - len(row), width) if left else slice(0, len(row))
+        ids[idx, span], mask[idx, span] = row, 1
+    return ids, mask
+
+
+def test_padded_batch_equals_each_sentence_alone(family):
+    model = get_tiny(family)
+    gen = torch.Generator().manual_seed(3)
+    lengths = [(6, 5), (3, 2)]
+    sources = [torch.randint(4, 60, (s,), generator=gen) for s, _ in lengths]
+    targets = [torch.cat([torch.tensor([0]), torch.randint(4, 60, (t - 1,), generator=gen)]) for _, t in lengths]
+    if is_seq2seq(family):
+        src, src_mask = pad_batch(sources, left=False)
+        tgt, tgt_mask = pad_batch(targets, left=False)
+        batched = value_zeroing(trace_model(model, src, src_mask, tgt, tgt_mask))
+        for idx, ((s, t), source, target) in enumerate(zip(lengths, sources, targets, strict=True)):
+            alone = value_zeroing(trace_model(model, source[None], decoder_input_ids=target[None]))
+            torch.testing.assert_close(batched.decoder[idx, :, :t, :t], alone.decoder[0], atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(batched.cross[idx, :, :t, :s], alone.cross[0], atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(batched.encoder[idx, :, :s, :s], alone.encoder[0], atol=1e-5, rtol=1e-4)
+            assert (batched.cross[idx, :, :, s:] == 0).all() and (batched.encoder[idx, :, :, s:] == 0).all()
+    else:
+        ids, mask = pad_batch(sources, left=True)
+        batched = value_zeroing(trace_model(model, ids, mask))
+        for idx, (source, (s, _)) in enumerate(zip(sources, lengths, strict=True)):
+            alone = value_zeroing(trace_model(model, source[None]))
+            torch.testing.assert_close(batched.decoder[idx, :, -s:, -s:], alone.decoder[0], atol=1e-5, rtol=1e-4)
+            assert (batched.decoder[idx, :, :, : ids.shape[1] - s] == 0).all()
+
+
+def test_unknown_metric_is_refused():
+    model = get_tiny("gpt2")
+    with pytest.raises(ValueError, match="cosine"):
+        value_zeroing(trace_model(model, torch.tensor([[5, 6, 7]])), metric="manhattan")
