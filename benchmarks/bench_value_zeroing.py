@@ -60,13 +60,20 @@ def time_forward(model, tokenizer, family: str, source: str, target: str, repeat
     return best
 
 
+def _defined_in_inseq(hook) -> bool:
+    function = getattr(hook, "func", hook)
+    return getattr(function, "__module__", "").startswith("inseq.")
+
+
 def drop_leftover_hooks(model) -> int:
-    """Remove hooks a failed method left behind (Inseq's built-in value zeroing does), so later runs are valid."""
+    """Remove the hooks a failed Inseq method left on the model (the built-in value zeroing does), and only those:
+    transformers keeps hooks of its own for recording outputs."""
     dropped = 0
     for module in model.modules():
         for hooks in (module._forward_hooks, module._forward_pre_hooks):
-            dropped += len(hooks)
-            hooks.clear()
+            for key in [key for key, hook in hooks.items() if _defined_in_inseq(hook)]:
+                del hooks[key]
+                dropped += 1
     return dropped
 
 

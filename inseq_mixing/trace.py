@@ -12,11 +12,16 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import torch
+import transformers
 from torch import nn
 
 from .specs import AttentionSpec, ModelSpec, StackSpec, get_spec
 
 logger = logging.getLogger(__name__)
+
+#: transformers 4.x attention modules (T5's) return their probabilities only when asked. transformers 5 always returns
+#: them from eager attention, and asking would make it install output-recording hooks that stay on the model.
+NEEDS_OUTPUT_ATTENTIONS = int(transformers.__version__.split(".")[0]) < 5
 
 
 class TraceError(RuntimeError):
@@ -230,6 +235,8 @@ def trace_model(
     attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     recorders = {"decoder": _Recorder(spec.decoder, keep_cross_call=True)}
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
+    if NEEDS_OUTPUT_ATTENTIONS:
+        kwargs["output_attentions"] = True
     if spec.is_encoder_decoder:
         if decoder_input_ids is None or decoder_input_ids.numel() == 0:
             raise ValueError("Encoder–decoder models need a non-empty target prefix (decoder_input_ids).")

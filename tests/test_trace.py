@@ -46,6 +46,7 @@ def test_blocks_recompose_every_layer(family):
 
 def test_hooks_removed_and_model_unchanged_after_failure_inside_forward(family):
     model = tiny_model(family, attn_implementation="sdpa")
+    implementation = model.config._attn_implementation  # sdpa, or eager where the family has no sdpa
     model.train()
     kwargs = {**example_kwargs(family), "use_cache": False}
     model.eval()
@@ -61,7 +62,7 @@ def test_hooks_removed_and_model_unchanged_after_failure_inside_forward(family):
     failing.remove()
     assert all_hooks(model) == hooks_before
     assert model.training and all(m.training for m in model.modules())
-    assert model.config._attn_implementation == "sdpa"
+    assert model.config._attn_implementation == implementation
     model.eval()
     assert torch.equal(before, forward_logits(model, kwargs))
 
@@ -95,3 +96,27 @@ def test_empty_input_is_refused(family):
             trace_model(model, torch.tensor([[5, 1]]), decoder_input_ids=empty)
         else:
             trace_model(model, empty)
+
+
+def test_value_projection_spec_reproduces_recorded_values(family):
+    """The spec's W_V, b_V and norm placement give back the values the model computed."""
+    from inseq_mixing.methods.blocks import attention_input
+
+    model = get_tiny(family)
+    kwargs = example_kwargs(family)
+    trace = trace_model(model, kwargs["input_ids"], decoder_input_ids=kwargs.get("decoder_input_ids"))
+    stacks = [(trace.spec.decoder, trace.decoder)] + ([(trace.spec.encoder, trace.encoder)] if trace.encoder else [])
+    for stack_spec, stack in stacks:
+        for layer, record in zip(stack_spec.layers, stack.layers, strict=True):
+            weight, bias = layer.self_attn.value_weight()
+            values = attention_input(layer.self_attn, record.input) @ weight
+            values = values + bias if bias is not None else values
+            torch.testing.assert_close(values.view_as(record.self_attn.values), record.self_attn.values)
+    if trace.encoder is not None:
+        memory = trace.encoder.layers[-1].output
+        if trace.spec.encoder.final_norm is not None:
+            memory = trace.spec.encoder.final_norm(memory)
+        for layer, record in zip(trace.spec.decoder.layers, trace.decoder.layers, strict=True):
+            weight, bias = layer.cross_attn.value_weight()
+            values = memory @ weight + (bias if bias is not None else 0)
+            torch.testing.assert_close(values.view_as(record.cross_attn.values), record.cross_attn.values)

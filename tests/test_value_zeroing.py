@@ -6,7 +6,7 @@ import torch
 from inseq_mixing.methods.rollout import normalize_rows
 from inseq_mixing.methods.value_zeroing import value_zeroing, value_zeroing_maps
 from inseq_mixing.specs import get_spec
-from inseq_mixing.testing import is_seq2seq
+from inseq_mixing.testing import is_seq2seq, tiny_model
 from inseq_mixing.trace import trace_model
 
 from .conftest import example_kwargs, get_tiny
@@ -130,3 +130,21 @@ def test_unknown_metric_is_refused():
     model = get_tiny("gpt2")
     with pytest.raises(ValueError, match="cosine"):
         value_zeroing(trace_model(model, torch.tensor([[5, 6, 7]])), metric="manhattan")
+
+
+@pytest.mark.parametrize("family", ["marian", "llama"])
+def test_half_precision_runs_and_stays_close(family):
+    kwargs = example_kwargs(family)
+    full = value_zeroing_maps(value_zeroing(trace_of(get_tiny(family), kwargs))).target
+    half_model = tiny_model(family).to(torch.bfloat16)
+    half = value_zeroing_maps(value_zeroing(trace_of(half_model, kwargs))).target
+    assert half.dtype == torch.float32 and torch.isfinite(half).all()
+    assert (half - full).abs().max() < 0.1
+
+
+def test_non_finite_scores_are_refused():
+    model = get_tiny("gpt2")
+    trace = trace_of(model, example_kwargs("gpt2"))
+    trace.decoder.layers[0].self_attn.values[0, 0, 0, 0] = float("inf")
+    with pytest.raises(FloatingPointError, match="float32"):
+        value_zeroing(trace)

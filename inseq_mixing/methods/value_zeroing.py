@@ -176,13 +176,25 @@ def value_zeroing(
     spec, dec = trace.spec, trace.decoder
     decoder = stack_distances(spec.decoder.layers, dec, "self", dec.mask, True, metric, max_chunk_elements)
     if not spec.is_encoder_decoder:
-        return ValueZeroingScores(decoder=decoder)
+        return check_finite(ValueZeroingScores(decoder=decoder))
     enc = trace.encoder
     cross = stack_distances(spec.decoder.layers, dec, "cross", enc.mask, False, metric, max_chunk_elements)
     encoder = None
     if encoder_scores:
         encoder = stack_distances(spec.encoder.layers, enc, "self", enc.mask, False, metric, max_chunk_elements)
-    return ValueZeroingScores(decoder=decoder, cross=cross, encoder=encoder)
+    return check_finite(ValueZeroingScores(decoder=decoder, cross=cross, encoder=encoder))
+
+
+def check_finite(scores: ValueZeroingScores) -> ValueZeroingScores:
+    """Refuse NaN or infinite distances (overflowing half-precision activations) instead of returning them."""
+    for name in ("decoder", "cross", "encoder"):
+        block = getattr(scores, name)
+        if block is not None and not torch.isfinite(block).all():
+            raise FloatingPointError(
+                f"Value zeroing produced non-finite {name} scores: the model's activations overflow in "
+                f"this precision. Run the model in float32 (model.float()) and retry."
+            )
+    return scores
 
 
 @dataclass

@@ -5,7 +5,7 @@ position-wise parts of a block (norms, FFN) exactly as the architecture computes
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -113,7 +113,6 @@ class ModelSpec:
     lm_head: nn.Module | None = None
     logits_scale: float = 1.0
     logits_bias: torch.Tensor | None = None
-    extra: dict = field(default_factory=dict)
 
     @property
     def is_encoder_decoder(self) -> bool:
