@@ -45,12 +45,12 @@ def inputs_for(family: str, length: int) -> tuple[str, str]:
 
 def time_forward(model, tokenizer, family: str, source: str, target: str, repeats: int = 3) -> float:
     if is_seq2seq(family):
-        enc = tokenizer(source, return_tensors="pt")
+        enc = {key: value for key, value in tokenizer(source, return_tensors="pt").items() if key != "token_type_ids"}
         dec = tokenizer(text_target=target, return_tensors="pt").input_ids
         dec = torch.cat([torch.zeros_like(dec[:, :1]), dec[:, :-1]], dim=1)
         kwargs = {**enc, "decoder_input_ids": dec}
     else:
-        kwargs = dict(tokenizer(target, return_tensors="pt"))
+        kwargs = {key: value for key, value in tokenizer(target, return_tensors="pt").items() if key != "token_type_ids"}
     best = float("inf")
     with torch.no_grad():
         for _ in range(repeats):
