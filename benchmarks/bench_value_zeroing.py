@@ -43,14 +43,20 @@ def inputs_for(family: str, length: int) -> tuple[str, str]:
     return prompt, prompt + " " + sentence(length - length // 2, 4)
 
 
+def model_inputs(tokenizer, text: str) -> dict:
+    """Ids and mask only (transformers 4.x tokenizers also return token_type_ids, which these models refuse)."""
+    encoded = tokenizer(text, return_tensors="pt")
+    return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+
+
 def time_forward(model, tokenizer, family: str, source: str, target: str, repeats: int = 3) -> float:
     if is_seq2seq(family):
-        enc = {key: value for key, value in tokenizer(source, return_tensors="pt").items() if key != "token_type_ids"}
+        enc = model_inputs(tokenizer, source)
         dec = tokenizer(text_target=target, return_tensors="pt").input_ids
         dec = torch.cat([torch.zeros_like(dec[:, :1]), dec[:, :-1]], dim=1)
         kwargs = {**enc, "decoder_input_ids": dec}
     else:
-        kwargs = {key: value for key, value in tokenizer(target, return_tensors="pt").items() if key != "token_type_ids"}
+        kwargs = model_inputs(tokenizer, target)
     best = float("inf")
     with torch.no_grad():
         for _ in range(repeats):
