@@ -133,7 +133,8 @@ def main() -> None:
                     for method, value in results.items()
                     if method != "value_zeroing" and isinstance(value, float)
                 ]
-                print("          ratios: " + ", ".join(ratios))
+                if ratios:
+                    print("          ratios: " + ", ".join(ratios))
             failures = [f"{m}: {v}" for m, v in results.items() if isinstance(v, str)]
             for failure in failures:
                 print(f"          {failure}")
