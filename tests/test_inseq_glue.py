@@ -50,7 +50,7 @@ def test_shapes_with_attribute_target(family):
     model = load_tiny(family, "value_zeroing")
     out = attribute(model, family)
     seq = out.sequence_attributions[0]
-    num_layers = model.model.config.num_hidden_layers if not is_seq2seq(family) else 2
+    num_layers = model.model.config.num_hidden_layers
     generated = len(seq.target) - seq.attr_pos_start
     assert seq.target_attributions.shape == (len(seq.target), generated, num_layers)
     if is_seq2seq(family):

@@ -9,7 +9,7 @@ from inseq_mixing.specs import get_spec
 from inseq_mixing.testing import is_seq2seq, load_tiny, tiny_model
 from inseq_mixing.trace import trace_model
 
-from .conftest import example_kwargs, get_tiny
+from .conftest import example_kwargs, get_tiny, trace_of, traced_stacks
 
 
 def forward_logits(model, kwargs):
@@ -25,11 +25,8 @@ def test_blocks_recompose_every_layer(family):
     """Re-applying each block's position-wise rest with the spec reproduces the HF layer outputs exactly."""
     model = get_tiny(family)
     kwargs = example_kwargs(family)
-    trace = trace_model(model, kwargs["input_ids"], decoder_input_ids=kwargs.get("decoder_input_ids"))
-    stacks = [(trace.spec.decoder, trace.decoder)]
-    if trace.encoder is not None:
-        stacks.append((trace.spec.encoder, trace.encoder))
-    for stack_spec, stack in stacks:
+    trace = trace_of(model, kwargs)
+    for stack_spec, stack in traced_stacks(trace):
         assert len(stack.layers) == len(stack_spec.layers)
         for layer, record in zip(stack_spec.layers, stack.layers, strict=True):
             index = torch.arange(record.input.shape[0])
@@ -47,10 +44,8 @@ def test_blocks_recompose_every_layer(family):
 def test_hooks_removed_and_model_unchanged_after_failure_inside_forward(family):
     model = tiny_model(family, attn_implementation="sdpa")
     implementation = model.config._attn_implementation  # sdpa, or eager where the family has no sdpa
-    model.train()
     kwargs = {**example_kwargs(family), "use_cache": False}
-    model.eval()
-    before = forward_logits(model, kwargs)
+    before = forward_logits(model, kwargs)  # tiny_model returns the model in eval mode
     model.train()
     hooks_before = all_hooks(model)
     spec = get_spec(model)
@@ -58,7 +53,7 @@ def test_hooks_removed_and_model_unchanged_after_failure_inside_forward(family):
         lambda *a: (_ for _ in ()).throw(RuntimeError("boom"))
     )
     with pytest.raises(RuntimeError, match="boom"):
-        trace_model(model, kwargs["input_ids"], decoder_input_ids=kwargs.get("decoder_input_ids"), spec=spec)
+        trace_of(model, kwargs, spec=spec)
     failing.remove()
     assert all_hooks(model) == hooks_before
     assert model.training and all(m.training for m in model.modules())
@@ -104,9 +99,8 @@ def test_value_projection_spec_reproduces_recorded_values(family):
 
     model = get_tiny(family)
     kwargs = example_kwargs(family)
-    trace = trace_model(model, kwargs["input_ids"], decoder_input_ids=kwargs.get("decoder_input_ids"))
-    stacks = [(trace.spec.decoder, trace.decoder)] + ([(trace.spec.encoder, trace.encoder)] if trace.encoder else [])
-    for stack_spec, stack in stacks:
+    trace = trace_of(model, kwargs)
+    for stack_spec, stack in traced_stacks(trace):
         for layer, record in zip(stack_spec.layers, stack.layers, strict=True):
             weight, bias = layer.self_attn.value_weight()
             values = attention_input(layer.self_attn, record.input) @ weight

@@ -9,13 +9,8 @@ from inseq_mixing.specs import get_spec
 from inseq_mixing.testing import is_seq2seq, tiny_model
 from inseq_mixing.trace import trace_model
 
-from .conftest import example_kwargs, get_tiny
+from .conftest import example_kwargs, get_tiny, trace_of
 from .reference import naive_value_zeroing
-
-
-def trace_of(model, kwargs):
-    return trace_model(model, kwargs["input_ids"], kwargs.get("attention_mask"), kwargs.get("decoder_input_ids"),
-                       kwargs.get("decoder_attention_mask"))  # fmt: skip
 
 
 def valid_mask(num_queries: int, num_keys: int, causal: bool) -> torch.Tensor:

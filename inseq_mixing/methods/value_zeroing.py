@@ -173,16 +173,17 @@ def value_zeroing(
     """
     if metric not in SIMILARITY_METRICS:
         raise ValueError(f"Unknown similarity metric {metric!r}: use one of {SIMILARITY_METRICS}.")
-    spec, dec = trace.spec, trace.decoder
-    decoder = stack_distances(spec.decoder.layers, dec, "self", dec.mask, True, metric, max_chunk_elements)
-    if not spec.is_encoder_decoder:
-        return check_finite(ValueZeroingScores(decoder=decoder))
-    enc = trace.encoder
-    cross = stack_distances(spec.decoder.layers, dec, "cross", enc.mask, False, metric, max_chunk_elements)
-    encoder = None
-    if encoder_scores:
-        encoder = stack_distances(spec.encoder.layers, enc, "self", enc.mask, False, metric, max_chunk_elements)
-    return check_finite(ValueZeroingScores(decoder=decoder, cross=cross, encoder=encoder))
+    spec, dec, enc = trace.spec, trace.decoder, trace.encoder
+    scores = ValueZeroingScores(
+        decoder=stack_distances(spec.decoder.layers, dec, "self", dec.mask, True, metric, max_chunk_elements)
+    )
+    if spec.is_encoder_decoder:
+        scores.cross = stack_distances(spec.decoder.layers, dec, "cross", enc.mask, False, metric, max_chunk_elements)
+        if encoder_scores:
+            scores.encoder = stack_distances(
+                spec.encoder.layers, enc, "self", enc.mask, False, metric, max_chunk_elements
+            )
+    return check_finite(scores)
 
 
 def check_finite(scores: ValueZeroingScores) -> ValueZeroingScores:
@@ -192,7 +193,7 @@ def check_finite(scores: ValueZeroingScores) -> ValueZeroingScores:
         if block is not None and not torch.isfinite(block).all():
             raise FloatingPointError(
                 f"Value zeroing produced non-finite {name} scores: the model's activations overflow in "
-                f"this precision. Run the model in float32 (model.float()) and retry."
+                "this precision. Run the model in float32 (model.float()) and retry."
             )
     return scores
 
@@ -236,17 +237,18 @@ def value_zeroing_maps(scores: ValueZeroingScores, normalization: str = "separat
         if encoder is None:
             raise ValueError("The encoder–decoder rollout needs the encoder scores: keep output_encoder_self_scores.")
         encoder = rollout_stack(encoder)[:, -1]
-        source, target = split_joint(normalize_rows(torch.cat([scores.cross, scores.decoder], dim=-1)), scores.cross)
+        source, target = joint_blocks(scores)
         source, target = encoder_decoder_rollout(encoder, source, target)
         return ValueZeroingMaps(target=target[:, -1], source=source[:, -1], encoder=encoder)
     if normalization == "joint":
-        source, target = split_joint(normalize_rows(torch.cat([scores.cross, scores.decoder], dim=-1)), scores.cross)
+        source, target = joint_blocks(scores)
     else:
         source, target = normalize_rows(scores.cross), normalize_rows(scores.decoder)
     return ValueZeroingMaps(target=target, source=source, encoder=encoder)
 
 
-def split_joint(joint: torch.Tensor, source_like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split ``[source | target]`` blocks along the last axis."""
-    num_source = source_like.shape[-1]
+def joint_blocks(scores: ValueZeroingScores) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross and decoder self distances normalised together per row, split back into (source, target) blocks."""
+    num_source = scores.cross.shape[-1]
+    joint = normalize_rows(torch.cat([scores.cross, scores.decoder], dim=-1))
     return joint[..., :num_source], joint[..., num_source:]
