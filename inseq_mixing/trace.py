@@ -1,8 +1,9 @@
 """One teacher-forced forward pass that records what the context-mixing methods need.
 
-Per layer it records the block input and output and, for each attention sub-block, the attention probabilities
-(after softmax), the value vectors, the attention output (after the output projection) and, for cross-attention, the
-call itself so that it can be re-run on new queries. Hooks are removed and the model's attention implementation and
+Per layer it records the block input and output, the input of every layer norm (whose statistics the methods freeze)
+and, for each attention sub-block, the attention probabilities (after softmax), the value vectors, the attention
+output (after the output projection) and, for cross-attention, the call itself so that it can be re-run on new
+queries. Hooks are removed and the model's attention implementation and
 training flag are restored in ``finally`` blocks, so a failed call leaves the model exactly as it was.
 """
 
@@ -36,22 +37,26 @@ class AttentionTrace:
         probs: Attention probabilities ``(batch, heads, queries, keys)``.
         values: Value vectors ``(batch, keys, kv_heads, head_dim)``, value-projection bias included.
         output: Attention output after the output projection ``(batch, queries, d_model)``.
+        norm_input: Input of the sub-block's layer norm ``(batch, queries, d_model)``: its statistics are the ones
+            the methods freeze.
         call: ``(args, kwargs)`` of the module call, kept for cross-attention so it can be re-run on new queries.
     """
 
     probs: torch.Tensor
     values: torch.Tensor
     output: torch.Tensor
+    norm_input: torch.Tensor
     call: tuple[tuple, dict] | None = None
 
 
 @dataclass
 class LayerTrace:
-    """Input, output and attention records of one block."""
+    """Input, output and attention records of one block, and the input of its FFN sub-block's norm."""
 
     input: torch.Tensor
     output: torch.Tensor
     self_attn: AttentionTrace
+    ffn_norm_input: torch.Tensor
     cross_attn: AttentionTrace | None = None
 
 
@@ -63,11 +68,13 @@ class StackTrace:
         layers: One record per block.
         mask: ``(batch, positions)`` boolean mask of real (non-padding) tokens.
         causal: Whether self-attention is causal.
+        final_norm_input: Input of the stack's final norm, if it has one.
     """
 
     layers: list[LayerTrace]
     mask: torch.Tensor
     causal: bool
+    final_norm_input: torch.Tensor | None = None
 
 
 @dataclass
@@ -87,14 +94,19 @@ class _Recorder:
         self.stack = stack
         self.keep_cross_call = keep_cross_call
         self.store: list[dict] = [{} for _ in stack.layers]
+        self.final: dict = {}
 
     def register(self, hooks: ExitStack) -> None:
+        if self.stack.final_norm is not None:
+            hooks.callback(self.stack.final_norm.register_forward_pre_hook(self._norm_hook(self.final, "input")).remove)
         for store, layer in zip(self.store, self.stack.layers, strict=True):
             hooks.callback(layer.module.register_forward_pre_hook(self._input_hook(store), with_kwargs=True).remove)
             hooks.callback(layer.module.register_forward_hook(self._output_hook(store)).remove)
+            hooks.callback(layer.ffn.norm.register_forward_pre_hook(self._norm_hook(store, "ffn_norm_input")).remove)
             for name, attn in (("self", layer.self_attn), ("cross", layer.cross_attn)):
                 if attn is None:
                     continue
+                hooks.callback(attn.norm.register_forward_pre_hook(self._norm_hook(store, f"{name}_norm_input")).remove)
                 keep_call = name == "cross" and self.keep_cross_call
                 hooks.callback(
                     attn.module.register_forward_hook(
@@ -107,6 +119,13 @@ class _Recorder:
     def _input_hook(store):
         def hook(module, args, kwargs):
             store["input"] = (args[0] if args else kwargs["hidden_states"]).detach()
+
+        return hook
+
+    @staticmethod
+    def _norm_hook(store, key: str):
+        def hook(module, args):
+            store[key] = args[0].detach()
 
         return hook
 
@@ -150,6 +169,7 @@ class _Recorder:
                         probs=store[f"{name}_probs"].detach(),
                         values=store[f"{name}_values"],
                         output=store[f"{name}_output"],
+                        norm_input=store[f"{name}_norm_input"],
                         call=store.get(f"{name}_call"),
                     )
             layers.append(
@@ -157,10 +177,11 @@ class _Recorder:
                     input=store["input"],
                     output=store["output"],
                     self_attn=attn["self"],
+                    ffn_norm_input=store["ffn_norm_input"],
                     cross_attn=attn.get("cross"),
                 )
             )
-        return StackTrace(layers=layers, mask=mask.bool(), causal=causal)
+        return StackTrace(layers=layers, mask=mask.bool(), causal=causal, final_norm_input=self.final.get("input"))
 
 
 @contextmanager

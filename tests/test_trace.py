@@ -5,6 +5,7 @@ import torch
 
 import inseq_mixing.methods.value_zeroing as vz_math
 from inseq_mixing.methods.blocks import cross_attention_input, finish_layer
+from inseq_mixing.methods.norms import freeze_norm
 from inseq_mixing.specs import get_spec
 from inseq_mixing.testing import is_seq2seq, load_tiny, tiny_model
 from inseq_mixing.trace import trace_model
@@ -114,3 +115,39 @@ def test_value_projection_spec_reproduces_recorded_values(family):
             weight, bias = layer.cross_attn.value_weight()
             values = memory @ weight + (bias if bias is not None else 0)
             torch.testing.assert_close(values.view_as(record.cross_attn.values), record.cross_attn.values)
+
+
+def test_spec_recomposes_logits_from_last_layer(family):
+    """Final norm, LM-head scale, LM head and logit bias of the spec give the model's own logits."""
+    model = get_tiny(family)
+    trace = trace_of(model, example_kwargs(family))
+    spec, stack = trace.spec, trace.decoder
+    hidden = stack.layers[-1].output
+    if spec.decoder.final_norm is not None:
+        torch.testing.assert_close(stack.final_norm_input, hidden, rtol=0, atol=0)
+        hidden = spec.decoder.final_norm(hidden)
+    logits = spec.lm_head(hidden * spec.logits_scale)
+    if spec.logits_bias is not None:
+        logits = logits + spec.logits_bias
+    torch.testing.assert_close(logits, trace.logits, rtol=1e-5, atol=1e-5)
+
+
+def test_frozen_norms_reproduce_every_recorded_norm(family):
+    """Each norm, frozen at its recorded input's statistics, is an affine map that gives the norm's output."""
+    model = get_tiny(family)
+    trace = trace_of(model, example_kwargs(family))
+    for stack_spec, stack in traced_stacks(trace):
+        pairs = [(stack_spec.final_norm, stack.final_norm_input)] if stack_spec.final_norm is not None else []
+        for layer, record in zip(stack_spec.layers, stack.layers, strict=True):
+            pairs.append((layer.ffn.norm, record.ffn_norm_input))
+            pairs.append((layer.self_attn.norm, record.self_attn.norm_input))
+            if layer.cross_attn is not None:
+                pairs.append((layer.cross_attn.norm, record.cross_attn.norm_input))
+        for norm, norm_input in pairs:
+            frozen = freeze_norm(norm, norm_input)
+            shift = 0 if frozen.shift is None else frozen.shift
+            torch.testing.assert_close(frozen.linear(norm_input) + shift, norm(norm_input), rtol=0, atol=2e-6)
+            other, direction = torch.randn_like(norm_input), torch.randn_like(norm_input)
+            torch.testing.assert_close(
+                (frozen.linear(other) * direction).sum(), (other * frozen.transpose(direction)).sum()
+            )

@@ -1,4 +1,5 @@
-"""Re-applying the position-wise rest of a block on batched tensors, with the model's own submodules.
+"""Shared block algebra: per-head value outputs, score masks, and re-applying the position-wise rest of a block on
+batched tensors with the model's own submodules.
 
 After an attention sub-block, everything in a Transformer block acts on one position at a time: the residual sum,
 the layer norms, the FFN, and (in decoders) the cross-attention, whose queries come from that position only and whose
@@ -10,6 +11,20 @@ import torch
 
 from ..specs import AttentionSpec, FFNSpec, LayerSpec
 from ..trace import AttentionTrace, LayerTrace
+
+
+def head_value_outputs(attn: AttentionSpec, record: AttentionTrace) -> torch.Tensor:
+    """Each head's output-projected value vector :math:`v^h_j W^h_O`, ``(batch, heads, keys, d_model)``."""
+    values = record.values[:, :, attn.kv_head_of_query_head().to(record.values.device)]
+    return torch.einsum("bkhe,hed->bhkd", values.float(), attn.out_weight_per_head().float())
+
+
+def valid_cells(query_mask: torch.Tensor, key_mask: torch.Tensor, causal: bool) -> torch.Tensor:
+    """``(batch, queries, keys)`` mask of cells that can carry a score: real tokens, and no future keys if causal."""
+    valid = query_mask[:, :, None] & key_mask[:, None, :]
+    if causal:
+        valid = valid & torch.ones(valid.shape[-2:], dtype=torch.bool, device=valid.device).tril()
+    return valid
 
 
 def attention_input(attn: AttentionSpec, hidden: torch.Tensor) -> torch.Tensor:
@@ -79,8 +94,26 @@ def rerun_attention(
 
 
 def cross_attention_input(layer: LayerSpec, record: LayerTrace) -> torch.Tensor:
-    """The clean residual stream entering the cross-attention sub-block."""
-    return close_attention(layer.self_attn, record.input, record.self_attn.output)
+    """The clean residual stream entering the cross-attention sub-block (read from the recorded norm inputs)."""
+    if layer.cross_attn.pre_norm:
+        return record.cross_attn.norm_input
+    return layer.self_attn.norm(record.self_attn.norm_input)
+
+
+def ffn_input(layer: LayerSpec, record: LayerTrace) -> torch.Tensor:
+    """The clean residual stream entering the FFN sub-block (read from the recorded norm inputs)."""
+    if layer.ffn.pre_norm:
+        return record.ffn_norm_input
+    last, last_record = (
+        (layer.self_attn, record.self_attn) if layer.cross_attn is None else (layer.cross_attn, record.cross_attn)
+    )
+    return last.norm(last_record.norm_input)
+
+
+def ffn_output(layer: LayerSpec, record: LayerTrace) -> torch.Tensor:
+    """What the FFN branch added to the residual stream (before the norm, in post-LN blocks)."""
+    total = record.output if layer.ffn.pre_norm else record.ffn_norm_input
+    return total - ffn_input(layer, record)
 
 
 def finish_layer(

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..specs import AttentionSpec, LayerSpec
-from ..trace import AttentionTrace, LayerTrace, ModelTrace, StackTrace
-from .blocks import cross_attention_input, finish_layer
+from ..specs import LayerSpec
+from ..trace import LayerTrace, ModelTrace, StackTrace
+from .blocks import cross_attention_input, finish_layer, head_value_outputs, valid_cells
 from .rollout import encoder_decoder_rollout, normalize_rows
 from .rollout import rollout as rollout_stack
 
@@ -52,12 +52,6 @@ class ValueZeroingScores:
     encoder: torch.Tensor | None = None
 
 
-def head_value_outputs(attn: AttentionSpec, record: AttentionTrace) -> torch.Tensor:
-    """Each head's output-projected value vector :math:`v^h_j W^h_O`, ``(batch, heads, keys, d_model)``."""
-    values = record.values[:, :, attn.kv_head_of_query_head().to(record.values.device)]
-    return torch.einsum("bkhe,hed->bhkd", values.float(), attn.out_weight_per_head().float())
-
-
 def distance(corrupted: torch.Tensor, clean: torch.Tensor, metric: str) -> torch.Tensor:
     """Distance between hidden states along the last axis: cosine distance or Euclidean distance."""
     if metric == "cosine":
@@ -65,14 +59,6 @@ def distance(corrupted: torch.Tensor, clean: torch.Tensor, metric: str) -> torch
     if metric == "euclidean":
         return torch.linalg.vector_norm(corrupted - clean, dim=-1)
     raise ValueError(f"Unknown similarity metric {metric!r}: use one of {SIMILARITY_METRICS}.")
-
-
-def valid_cells(query_mask: torch.Tensor, key_mask: torch.Tensor, causal: bool) -> torch.Tensor:
-    """``(batch, queries, keys)`` mask of cells that can carry a score: real tokens, and no future keys if causal."""
-    valid = query_mask[:, :, None] & key_mask[:, None, :]
-    if causal:
-        valid = valid & torch.ones(valid.shape[-2:], dtype=torch.bool, device=valid.device).tril()
-    return valid
 
 
 def chunk_size_for(batch: int, positions: int, d_model: int, max_elements: int) -> int:

@@ -119,6 +119,39 @@ class ModelSpec:
         return self.encoder is not None
 
 
+@dataclass(frozen=True)
+class NormParams:
+    """What a layer norm computes, so that the methods can apply it with statistics frozen at the forward pass.
+
+    Attributes:
+        kind: ``"layer"`` (LayerNorm: ``γ ⊙ (z − mean z) / σ + β``) or ``"rms"`` (RMSNorm: ``γ ⊙ z / rms(z)``).
+        weight: The gain ``γ``, or None.
+        bias: The shift ``β``, or None.
+        eps: The epsilon added to the variance.
+    """
+
+    kind: str
+    weight: torch.Tensor | None
+    bias: torch.Tensor | None
+    eps: float
+
+
+def norm_params(module: nn.Module) -> NormParams:
+    """Describe a norm module: ``nn.LayerNorm`` or an RMSNorm (T5, Llama, Mistral, Qwen2).
+
+    Raises:
+        UnsupportedModelError: The module is neither.
+    """
+    if isinstance(module, nn.LayerNorm):
+        return NormParams("layer", module.weight, module.bias, module.eps)
+    eps = getattr(module, "variance_epsilon", None)  # the RMSNorms of T5/mT5/umT5 and Llama-style models
+    if eps is not None:
+        return NormParams("rms", module.weight, None, eps)
+    raise UnsupportedModelError(
+        f"Unknown norm module {type(module).__name__}: inseq-mixing handles nn.LayerNorm and RMSNorm (T5, Llama)."
+    )
+
+
 def _as_in_out_matrix(module: nn.Module, out_slice: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Weight of a linear map as ``(in, out)``.
 

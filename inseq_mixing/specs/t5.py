@@ -1,10 +1,12 @@
 """T5 and mT5 (v1.0 with ReLU FFN, v1.1 with gated-GELU FFN): pre-RMSNorm blocks, relative position bias."""
 
+import transformers
 from torch import nn
 
 from .base import AttentionSpec, FFNSpec, LayerSpec, ModelSpec, StackSpec, linear_in_out
 
 MODEL_TYPES = {"t5", "mt5", "umt5"}
+TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
 
 
 def attention_spec(sublayer: nn.Module, attn: nn.Module) -> AttentionSpec:
@@ -41,16 +43,26 @@ def stack_spec(stack: nn.Module) -> StackSpec:
     return StackSpec(layers=[layer_spec(block) for block in stack.block], final_norm=stack.final_layer_norm)
 
 
+def rescales_decoder_output(config) -> bool:
+    """Whether the model multiplies the final decoder state by ``d_model ** -0.5`` before the LM head.
+
+    T5 on transformers 5 names the flag. Before that, T5, mT5 and umT5 rescale whenever the embeddings are tied;
+    mT5 on transformers 5 never rescales (its config always says tied).
+    """
+    flag = getattr(config, "scale_decoder_outputs", None)
+    if flag is not None:
+        return bool(flag)
+    if config.model_type == "mt5" and TRANSFORMERS_MAJOR >= 5:
+        return False
+    return bool(getattr(config, "tie_word_embeddings", True))
+
+
 def build(model: nn.Module) -> ModelSpec:
     config = model.config
-    # transformers 5 names the flag; 4.x rescales whenever the embeddings are tied.
-    scale = getattr(config, "scale_decoder_outputs", None)
-    if scale is None:
-        scale = getattr(config, "tie_word_embeddings", True)
     return ModelSpec(
         family=config.model_type,
         encoder=stack_spec(model.encoder),
         decoder=stack_spec(model.decoder),
         lm_head=model.get_output_embeddings(),
-        logits_scale=config.d_model**-0.5 if scale else 1.0,
+        logits_scale=config.d_model**-0.5 if rescales_decoder_output(config) else 1.0,
     )

@@ -1,0 +1,234 @@
+r"""ALTI (Ferrando et al., EMNLP 2022) and ALTI+ for encoder–decoders, on a recorded forward pass.
+
+Papers: Javier Ferrando, Gerard I. Gállego, Marta R. Costa-jussà. "Measuring the Mixing of Contextual Information in
+the Transformer". EMNLP 2022. https://aclanthology.org/2022.emnlp-main.595/ ; Javier Ferrando, Gerard I. Gállego,
+Belen Alastruey, Carlos Escolano, Marta R. Costa-jussà. "Towards Opening the Black Box of Neural Machine Translation:
+Source and Target Interpretations of the Transformer". EMNLP 2022. https://aclanthology.org/2022.emnlp-main.599/
+
+An attention sub-block's output at position :math:`i` is a sum of one vector per context token,
+
+.. math:: T_i(x_j) = \sum_h \alpha^h_{ij}\, v^h_j W^h_O \;(+\, x_i \text{ if } j = i), \qquad
+          y_i = \sum_j T_i(x_j) + b_O \;\text{(pre-LN)}.
+
+Post-LN blocks apply their norm with statistics frozen at the forward pass, :math:`L_i`, to every part; its shift
+:math:`\beta` and :math:`L_i(b_O)` stay outside the parts, and :math:`y_i` is the norm's real output. The contribution
+of token :math:`j` is its proximity to the output,
+
+.. math:: c_{ij} = \max\big(0,\; \lVert y_i\rVert_1 - \lVert y_i - T_i(x_j)\rVert_1\big),
+
+with rows normalised to sum to 1. Layer maps roll out as :math:`R^l = C^l R^{l-1}` (the residual is already inside
+:math:`C^l`). Cross-attention (ALTI+) gives a ``T×(S+1)`` map whose last column is the decoder residual; the joint
+decoder layer map is :math:`[C_{ca}[:, :S],\; \mathrm{diag}(C_{ca}[:, S])\, C_{sa}]` (see :mod:`.rollout`).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from ..specs import AttentionSpec, StackSpec
+from ..trace import AttentionTrace, ModelTrace, StackTrace
+from .blocks import cross_attention_input, head_value_outputs, valid_cells
+from .norms import freeze_norm
+from .rollout import encoder_decoder_rollout, normalize_rows
+from .rollout import rollout as rollout_stack
+
+#: Upper bound on the elements of one chunk of per-(position, token) parts ``(rows, keys, d_model)``.
+DEFAULT_CHUNK_ELEMENTS = 2**24
+
+
+@dataclass
+class AltiScores:
+    """ALTI layer maps, rows normalised, ``(batch, layers, positions i, tokens j)``.
+
+    Attributes:
+        decoder: Decoder self-attention contributions :math:`C_{sa}` (the only map of decoder-only models).
+        cross: Cross-attention contributions :math:`C_{ca}` ``(B, L, T, S + 1)``; the last column is the decoder's own
+            residual stream.
+        encoder: Encoder self-attention contributions ``(B, L, S, S)``.
+    """
+
+    decoder: torch.Tensor
+    cross: torch.Tensor | None = None
+    encoder: torch.Tensor | None = None
+
+
+@dataclass
+class AltiMaps:
+    """ALTI maps per layer ``(B, L, i, j)`` or rolled out ``(B, i, j)``.
+
+    Attributes:
+        target: Relevance of target-prefix tokens (decoder-only: the whole sequence).
+        source: Relevance of source tokens (encoder–decoders).
+        encoder: Encoder self-attention map (encoder–decoders).
+    """
+
+    target: torch.Tensor
+    source: torch.Tensor | None = None
+    encoder: torch.Tensor | None = None
+
+
+def proximity(output: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
+    r""":math:`\max(0, \lVert y\rVert_1 - \lVert y - T_j\rVert_1)` for outputs ``(B, q, D)`` and parts ``(B, q, k, D)``."""
+    whole = output.abs().sum(-1, keepdim=True)
+    rest = (output[:, :, None] - parts).abs().sum(-1)
+    return (whole - rest).clamp(min=0)
+
+
+def contributions(
+    attn: AttentionSpec,
+    record: AttentionTrace,
+    residual: torch.Tensor,
+    self_mixing: bool,
+    causal: bool,
+    max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """Unnormalised ALTI contributions of one attention sub-block.
+
+    Args:
+        attn: The sub-block's spec.
+        record: Its trace.
+        residual: The residual stream entering the sub-block ``(B, Q, D)``.
+        self_mixing: Self-attention (the residual is token ``i``'s own part, on the diagonal) or cross-attention (the
+            residual is an extra last column).
+        causal: Skip keys after the last query of each chunk.
+        max_chunk_elements: Memory bound of one chunk of parts.
+
+    Returns:
+        ``(B, Q, K)`` for self-attention, ``(B, Q, K + 1)`` for cross-attention.
+    """
+    probs = record.probs.float()
+    batch, _, num_queries, num_keys = probs.shape
+    residual = residual.float()
+    value_outputs = head_value_outputs(attn, record)
+    frozen = None if attn.pre_norm else freeze_norm(attn.norm, record.norm_input)
+    output = residual + record.output.float() if frozen is None else attn.norm(record.norm_input).float()
+    scores = probs.new_zeros(batch, num_queries, num_keys + (0 if self_mixing else 1))
+    chunk = max(1, max_chunk_elements // max(1, batch * (num_keys + 1) * output.shape[-1]))
+    for start in range(0, num_queries, chunk):
+        queries = slice(start, min(start + chunk, num_queries))
+        keys = slice(0, queries.stop) if causal else slice(0, num_keys)
+        parts = torch.einsum("bhqk,bhkd->bqkd", probs[:, :, queries, keys], value_outputs[:, :, keys])
+        own = residual[:, queries]
+        if self_mixing:
+            rows = torch.arange(queries.stop - start, device=parts.device)
+            parts[:, rows, rows + start] += own
+        else:
+            parts = torch.cat([parts, own[:, :, None]], dim=2)
+            keys = slice(0, num_keys + 1)
+        if frozen is not None:
+            parts = frozen.linear(parts, queries)
+        scores[:, queries, keys] = proximity(output[:, queries], parts)
+    return scores
+
+
+def stack_contributions(
+    stack_spec: StackSpec,
+    stack: StackTrace,
+    sub_block: str,
+    key_mask: torch.Tensor,
+    max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """Normalised ALTI maps of every layer of a stack for one kind of sub-block: ``(B, L, Q, K[+1])``."""
+    self_mixing = sub_block == "self"
+    causal = stack.causal and self_mixing
+    if not self_mixing:
+        key_mask = torch.cat([key_mask, torch.ones_like(key_mask[:, :1])], dim=-1)
+    valid = valid_cells(stack.mask, key_mask, causal)
+    per_layer = []
+    for layer, record in zip(stack_spec.layers, stack.layers, strict=True):
+        if self_mixing:
+            attn, attn_record, residual = layer.self_attn, record.self_attn, record.input
+        else:
+            attn, attn_record, residual = layer.cross_attn, record.cross_attn, cross_attention_input(layer, record)
+        scores = contributions(attn, attn_record, residual, self_mixing, causal, max_chunk_elements)
+        per_layer.append(normalize_rows(scores.masked_fill(~valid, 0.0)))
+    return check_rows(torch.stack(per_layer, dim=1), stack.mask)
+
+
+def check_rows(maps: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
+    """Refuse maps with non-finite values or a real token's row without any contribution (it would lose its mass)."""
+    if not torch.isfinite(maps).all():
+        raise FloatingPointError(
+            "ALTI produced non-finite contributions: the model's activations overflow in this precision. Run the "
+            "model in float32 (model.float()) and retry."
+        )
+    empty = (maps.sum(-1) == 0) & query_mask[:, None, :]
+    if empty.any():
+        raise FloatingPointError(
+            f"ALTI found {int(empty.sum())} position(s) to which no token contributes (every part is farther from "
+            "the output than the origin), so their rows cannot be normalised. This happens only with degenerate "
+            "weights; check the model."
+        )
+    return maps
+
+
+@torch.no_grad()
+def alti(trace: ModelTrace, encoder_scores: bool = True, max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS):
+    """ALTI maps of every layer and attention sub-block of a traced model.
+
+    Args:
+        trace: A recorded forward pass.
+        encoder_scores: Also compute the encoder maps (encoder–decoders; the rollouts need them).
+        max_chunk_elements: Memory bound of one chunk of parts.
+
+    Returns:
+        :class:`AltiScores`.
+    """
+    spec, dec, enc = trace.spec, trace.decoder, trace.encoder
+    scores = AltiScores(decoder=stack_contributions(spec.decoder, dec, "self", dec.mask, max_chunk_elements))
+    if spec.is_encoder_decoder:
+        scores.cross = stack_contributions(spec.decoder, dec, "cross", enc.mask, max_chunk_elements)
+        if encoder_scores:
+            scores.encoder = stack_contributions(spec.encoder, enc, "self", enc.mask, max_chunk_elements)
+    return scores
+
+
+def joint_layer_blocks(scores: AltiScores) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""ALTI+ decoder layer maps :math:`C^l_x = C_{ca}[:, :S]` and :math:`C^l_y = \mathrm{diag}(C_{ca}[:, S]) C_{sa}`."""
+    source = scores.cross[..., :-1]
+    target = scores.cross[..., -1:] * scores.decoder
+    return source, target
+
+
+@dataclass
+class AltiRollouts:
+    """Rollouts at every depth.
+
+    Attributes:
+        target: ``(B, L, T, T)``: relevance of target tokens for the decoder state after each layer.
+        source: ``(B, L, T, S)``: relevance of source tokens (encoder–decoders).
+        encoder: ``(B, S, S)``: the final encoder rollout (encoder–decoders).
+    """
+
+    target: torch.Tensor
+    source: torch.Tensor | None = None
+    encoder: torch.Tensor | None = None
+
+
+def alti_rollouts(scores: AltiScores) -> AltiRollouts:
+    """Roll the layer maps out through the model: plain rollout, or ALTI+ for encoder–decoders."""
+    if scores.cross is None:
+        return AltiRollouts(target=rollout_stack(scores.decoder))
+    if scores.encoder is None:
+        raise ValueError("The encoder–decoder rollout needs the encoder maps: compute them with encoder_scores=True.")
+    encoder = rollout_stack(scores.encoder)[:, -1]
+    source, target = encoder_decoder_rollout(encoder, *joint_layer_blocks(scores))
+    return AltiRollouts(target=target, source=source, encoder=encoder)
+
+
+def alti_maps(scores: AltiScores, rollout: bool = True) -> AltiMaps:
+    """Per-layer ALTI maps (encoder–decoders: the joint ALTI+ layer blocks) or their final rollout.
+
+    Args:
+        scores: Layer maps from :func:`alti`.
+        rollout: Return the rollout through all layers (ALTI / ALTI+) instead of the layer maps.
+    """
+    encoder = scores.encoder
+    if rollout:
+        rolled = alti_rollouts(scores)
+        source = None if rolled.source is None else rolled.source[:, -1]
+        return AltiMaps(target=rolled.target[:, -1], source=source, encoder=rolled.encoder)
+    if scores.cross is None:
+        return AltiMaps(target=scores.decoder)
+    source, target = joint_layer_blocks(scores)
+    return AltiMaps(target=target, source=source, encoder=encoder)

@@ -1,0 +1,196 @@
+r"""ALTI-logit (Ferrando et al., ACL 2023): signed contributions of input tokens to a predicted token's logit.
+
+Paper: Javier Ferrando, Gerard I. Gállego, Ioannis Tsiamas, Marta R. Costa-jussà. "Explaining How Transformers Use
+Context to Build Predictions". ACL 2023. https://aclanthology.org/2023.acl-long.301/
+
+With every norm's statistics frozen at the forward pass, the logit of token :math:`w` at position :math:`t` is linear
+in the residual stream: :math:`\mathrm{logit}_w = u_t \cdot h^L_t + \text{const}`, where
+:math:`u_t = s\, A_f^\top U_w` (final norm's frozen map :math:`A_f`, LM-head scale :math:`s`; :math:`U_w - U_{foil}`
+for a contrastive explanation). Carrying :math:`u` down the residual stream (through the transpose of every post-LN
+norm it crosses) gives a direction :math:`g^l_t` at each sub-block, and the logit splits exactly into
+
+* the part of attention sub-block :math:`l` for context token :math:`j`,
+  :math:`\Delta^l_{tj} = g^l_t \cdot \sum_h \alpha^h_{tj} v^h_j W^h_O` (value bias inside :math:`v`);
+* the embedding's direct term :math:`g^0_t \cdot h^0_t`;
+* terms not attributed to tokens: FFN outputs :math:`g \cdot f^l`, output-projection biases :math:`g \cdot b_O`,
+  norm shifts :math:`g \cdot \beta`, and the logit bias (LM-head bias, BART's ``final_logits_bias``).
+
+Each :math:`\Delta^l_{tj}` is traced back to the input tokens with the ALTI rollout of the layers below,
+:math:`\mathrm{score}_{ts} = \sum_l \sum_j \Delta^l_{tj} R^{l-1}_{js}` (:math:`R^{-1} = I`), plus the direct term on
+token :math:`t`. Rollout rows sum to 1, so token scores plus the unattributed terms equal the model's logit.
+
+Encoder–decoders (our extension of the paper, which covers decoder-only models): decoder self-attention parts travel
+through the ALTI+ decoder rollout over [source; target] of the layers below, cross-attention parts through the final
+encoder rollout. Post-LN models (Marian, BART) carry :math:`u` through every later norm's frozen map.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..specs import AttentionSpec, ModelSpec
+from ..trace import AttentionTrace, ModelTrace
+from .alti import DEFAULT_CHUNK_ELEMENTS, AltiScores, alti, alti_rollouts
+from .blocks import ffn_output
+from .norms import freeze_norm
+
+#: Names of the logit terms that are not attributed to tokens, in :attr:`AltiLogitScores.unattributed`.
+UNATTRIBUTED_TERMS = ("ffn", "attention_bias", "norm_bias", "logit_bias")
+
+
+@dataclass
+class AltiLogitScores:
+    """Signed logit contributions for the token predicted at every position.
+
+    Attributes:
+        target: ``(B, T, T)``: contribution of target-prefix token ``j`` (decoder-only: any token) to the logit at
+            position ``t``; 0 for ``j > t`` and padding.
+        source: ``(B, T, S)``: contribution of source token ``s`` (encoder–decoders).
+        unattributed: Terms not attributed to tokens, each ``(B, T)`` (see :data:`UNATTRIBUTED_TERMS`).
+        logit: The model's own logit of the explained token (minus the foil's), ``(B, T)``.
+    """
+
+    target: torch.Tensor
+    source: torch.Tensor | None = None
+    unattributed: dict[str, torch.Tensor] = field(default_factory=dict)
+    logit: torch.Tensor | None = None
+
+
+def unembedding_direction(spec: ModelSpec, ids: torch.Tensor, foil_ids: torch.Tensor | None) -> torch.Tensor:
+    """:math:`U_w` (or :math:`U_w - U_{foil}`) for the token at every position, ``(B, T, D)``."""
+    rows = spec.lm_head.weight.float()
+    direction = rows[ids]
+    return direction if foil_ids is None else direction - rows[foil_ids]
+
+
+def logit_bias(spec: ModelSpec, ids: torch.Tensor, foil_ids: torch.Tensor | None) -> torch.Tensor:
+    """Bias added to the logit outside the hidden state (LM-head bias and ``final_logits_bias``), ``(B, T)``."""
+    bias = torch.zeros(ids.shape, device=ids.device)
+    for vector in (getattr(spec.lm_head, "bias", None), spec.logits_bias):
+        if vector is not None:
+            vector = vector.reshape(-1).float()
+            bias = bias + vector[ids] - (0 if foil_ids is None else vector[foil_ids])
+    return bias
+
+
+def recorded_logit(trace: ModelTrace, ids: torch.Tensor, foil_ids: torch.Tensor | None) -> torch.Tensor:
+    """The model's own logit of ``ids`` (minus ``foil_ids``'s) at every position, ``(B, T)``."""
+    logits = trace.logits.float()
+    logit = logits.gather(-1, ids[..., None])[..., 0]
+    return logit if foil_ids is None else logit - logits.gather(-1, foil_ids[..., None])[..., 0]
+
+
+def attention_logit_parts(attn: AttentionSpec, record: AttentionTrace, direction: torch.Tensor) -> torch.Tensor:
+    r""":math:`\Delta_{tj} = g_t \cdot \sum_h \alpha^h_{tj} v^h_j W^h_O`, ``(B, T, K)``, heads contracted first."""
+    values = record.values[:, :, attn.kv_head_of_query_head().to(record.values.device)].float()
+    projected = torch.einsum("hed,bqd->bhqe", attn.out_weight_per_head().float(), direction)
+    per_key = torch.einsum("bkhe,bhqe->bhqk", values, projected)
+    return torch.einsum("bhqk,bhqk->bqk", record.probs.float(), per_key)
+
+
+def _dot(direction: torch.Tensor, vector: torch.Tensor | None) -> torch.Tensor:
+    """Per-position dot product of ``(B, T, D)`` directions with a ``(D,)`` or ``(B, T, D)`` vector."""
+    if vector is None:
+        return torch.zeros(direction.shape[:-1], device=direction.device)
+    return (direction * vector.float()).sum(-1)
+
+
+@dataclass
+class LogitSweep:
+    """Result of carrying the logit direction down the decoder.
+
+    Attributes:
+        self_parts: Per layer, :math:`\\Delta` of the self-attention sub-block ``(B, T, T)``.
+        cross_parts: Per layer, :math:`\\Delta` of the cross-attention sub-block ``(B, T, S)``.
+        direct: The embedding's direct term ``(B, T)``.
+        unattributed: Terms not attributed to tokens, each ``(B, T)``.
+    """
+
+    self_parts: list[torch.Tensor]
+    cross_parts: list[torch.Tensor]
+    direct: torch.Tensor
+    unattributed: dict[str, torch.Tensor]
+
+
+def _through_norm(norm, norm_input, direction, terms) -> torch.Tensor:
+    """Carry a direction from a norm's output to its input; book the norm's shift."""
+    frozen = freeze_norm(norm, norm_input)
+    terms["norm_bias"] += _dot(direction, frozen.shift)
+    return frozen.transpose(direction)
+
+
+def sweep_logit(trace: ModelTrace, direction: torch.Tensor) -> LogitSweep:
+    """Carry :math:`u` from the logit down the decoder's residual stream, splitting the logit on the way."""
+    spec, stack = trace.spec, trace.decoder
+    terms = {name: torch.zeros(direction.shape[:-1], device=direction.device) for name in UNATTRIBUTED_TERMS}
+    direction = direction * spec.logits_scale
+    if spec.decoder.final_norm is not None:
+        direction = _through_norm(spec.decoder.final_norm, stack.final_norm_input, direction, terms)
+    self_parts, cross_parts = [], []
+    for layer, record in reversed(list(zip(spec.decoder.layers, stack.layers, strict=True))):
+        if not layer.ffn.pre_norm:
+            direction = _through_norm(layer.ffn.norm, record.ffn_norm_input, direction, terms)
+        terms["ffn"] += _dot(direction, ffn_output(layer, record).float())
+        for attn, attn_record, parts in (
+            (layer.cross_attn, record.cross_attn, cross_parts),
+            (layer.self_attn, record.self_attn, self_parts),
+        ):
+            if attn is None:
+                continue
+            if not attn.pre_norm:
+                direction = _through_norm(attn.norm, attn_record.norm_input, direction, terms)
+            terms["attention_bias"] += _dot(direction, attn.out_bias)
+            parts.insert(0, attention_logit_parts(attn, attn_record, direction))
+    direct = _dot(direction, stack.layers[0].input.float())
+    return LogitSweep(self_parts=self_parts, cross_parts=cross_parts, direct=direct, unattributed=terms)
+
+
+def _below(rollouts: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """Rollouts of the layers below each layer: ``first`` for layer 0, then depths 0 .. L-2."""
+    return torch.cat([first[:, None], rollouts[:, :-1]], dim=1)
+
+
+@torch.no_grad()
+def alti_logit(
+    trace: ModelTrace,
+    target_ids: torch.Tensor,
+    foil_ids: torch.Tensor | None = None,
+    scores: AltiScores | None = None,
+    max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> AltiLogitScores:
+    """ALTI-logit scores of the token predicted at every position.
+
+    Args:
+        trace: A recorded forward pass.
+        target_ids: ``(B, T)``: the token whose logit is explained at each position (usually the next token).
+        foil_ids: ``(B, T)``: contrast tokens; explains ``logit(target) - logit(foil)``.
+        scores: Precomputed ALTI maps of ``trace`` (with encoder maps for encoder–decoders).
+        max_chunk_elements: Memory bound of one chunk of ALTI parts.
+
+    Returns:
+        :class:`AltiLogitScores`; ``target.sum(-1) + source.sum(-1) + sum(unattributed) == logit``.
+    """
+    if trace.spec.lm_head is None:
+        raise ValueError("ALTI-logit needs a model with an LM head (...ForConditionalGeneration or ...ForCausalLM).")
+    scores = scores or alti(trace, encoder_scores=True, max_chunk_elements=max_chunk_elements)
+    sweep = sweep_logit(trace, unembedding_direction(trace.spec, target_ids, foil_ids))
+    sweep.unattributed["logit_bias"] = logit_bias(trace.spec, target_ids, foil_ids)
+    rolled = alti_rollouts(scores)
+    self_parts = torch.stack(sweep.self_parts, dim=1)
+    identity = torch.eye(self_parts.shape[-1], device=self_parts.device).expand_as(self_parts[:, 0])
+    target = torch.diag_embed(sweep.direct) + torch.einsum(
+        "bltj,bljs->bts", self_parts, _below(rolled.target, identity)
+    )
+    source = None
+    if rolled.source is not None:
+        no_source = torch.zeros_like(rolled.source[:, 0])
+        source = torch.einsum("bltj,bljs->bts", self_parts, _below(rolled.source, no_source))
+        cross_parts = torch.stack(sweep.cross_parts, dim=1).sum(1)
+        source = source + cross_parts @ rolled.encoder
+    real = trace.decoder.mask[..., None]
+    return AltiLogitScores(
+        target=target * real,
+        source=None if source is None else source * real,
+        unattributed={name: term * trace.decoder.mask for name, term in sweep.unattributed.items()},
+        logit=recorded_logit(trace, target_ids, foil_ids) * trace.decoder.mask,
+    )

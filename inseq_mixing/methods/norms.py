@@ -1,0 +1,62 @@
+r"""Layer norms with their statistics frozen at the forward pass: affine maps that can be applied to parts of a sum.
+
+With the statistics of the real input :math:`z` frozen, a LayerNorm is the linear map
+:math:`A(x) = \gamma \odot (x - \bar x) / \sigma_z` plus the shift :math:`\beta`, and an RMSNorm is
+:math:`A(x) = \gamma \odot x / \mathrm{rms}(z)`. So :math:`\mathrm{LN}(z) = \sum_k A(x_k) + \beta` for any split
+:math:`z = \sum_k x_k`. The transpose :math:`A^\top` carries a direction in the norm's output space (e.g. an
+unembedding row) back to its input space.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..specs.base import NormParams, norm_params
+
+
+@dataclass
+class FrozenNorm:
+    """One norm's affine map at fixed statistics, for every position of a batch.
+
+    Attributes:
+        params: What the norm computes.
+        inv_scale: ``1 / σ`` (LayerNorm) or ``1 / rms`` (RMSNorm) of the real input, ``(batch, positions, 1)``.
+    """
+
+    params: NormParams
+    inv_scale: torch.Tensor
+
+    @property
+    def shift(self) -> torch.Tensor | None:
+        """The shift :math:`\\beta` (None for RMSNorm or a norm without bias)."""
+        return None if self.params.bias is None else self.params.bias.float()
+
+    def _gain(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if self.params.weight is None else tensor * self.params.weight.float()
+
+    def linear(self, parts: torch.Tensor, positions: slice = slice(None)) -> torch.Tensor:
+        """:math:`A(x)` for parts ``(batch, positions, *, d_model)`` of the inputs at ``positions``."""
+        if self.params.kind == "layer":
+            parts = parts - parts.mean(-1, keepdim=True)
+        scale = self.inv_scale[:, positions]
+        scale = scale.reshape(*scale.shape[:2], *[1] * (parts.dim() - 2))
+        return self._gain(parts * scale)
+
+    def transpose(self, direction: torch.Tensor) -> torch.Tensor:
+        """:math:`A^\\top g` for one direction per position, ``(batch, positions, d_model)``."""
+        carried = self._gain(direction) * self.inv_scale
+        if self.params.kind == "layer":
+            carried = carried - carried.mean(-1, keepdim=True)
+        return carried
+
+
+def freeze_norm(norm: nn.Module, norm_input: torch.Tensor) -> FrozenNorm:
+    """Freeze ``norm`` at the statistics of its recorded input ``(batch, positions, d_model)``."""
+    params = norm_params(norm)
+    hidden = norm_input.float()
+    if params.kind == "layer":
+        variance = hidden.var(-1, unbiased=False, keepdim=True)
+    else:
+        variance = hidden.pow(2).mean(-1, keepdim=True)
+    return FrozenNorm(params=params, inv_scale=torch.rsqrt(variance + params.eps))
