@@ -98,7 +98,8 @@ class _Recorder:
 
     def register(self, hooks: ExitStack) -> None:
         if self.stack.final_norm is not None:
-            hooks.callback(self.stack.final_norm.register_forward_pre_hook(self._norm_hook(self.final, "input")).remove)
+            final_hook = self._norm_hook(self.final, "input")
+            hooks.callback(self.stack.final_norm.register_forward_pre_hook(final_hook).remove)
         for store, layer in zip(self.store, self.stack.layers, strict=True):
             hooks.callback(layer.module.register_forward_pre_hook(self._input_hook(store), with_kwargs=True).remove)
             hooks.callback(layer.module.register_forward_hook(self._output_hook(store)).remove)
@@ -106,7 +107,8 @@ class _Recorder:
             for name, attn in (("self", layer.self_attn), ("cross", layer.cross_attn)):
                 if attn is None:
                     continue
-                hooks.callback(attn.norm.register_forward_pre_hook(self._norm_hook(store, f"{name}_norm_input")).remove)
+                norm_hook = self._norm_hook(store, f"{name}_norm_input")
+                hooks.callback(attn.norm.register_forward_pre_hook(norm_hook).remove)
                 keep_call = name == "cross" and self.keep_cross_call
                 hooks.callback(
                     attn.module.register_forward_hook(

@@ -1,10 +1,11 @@
 import warnings
+from dataclasses import dataclass
 
 import pytest
 import torch
 
 from inseq_mixing.testing import ALL_FAMILIES, DECODER_FAMILIES, SEQ2SEQ_FAMILIES, is_seq2seq, tiny_model
-from inseq_mixing.trace import trace_model
+from inseq_mixing.trace import ModelTrace, trace_model
 
 warnings.filterwarnings("ignore", message=".*Unused arguments.*")
 
@@ -62,3 +63,50 @@ def traced_stacks(trace) -> list:
     if trace.encoder is not None:
         stacks.append((trace.spec.encoder, trace.encoder))
     return stacks
+
+
+def pad_batch(rows: list[torch.Tensor], left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad id rows into one batch (left padding for decoder-only models) and its mask."""
+    width = max(len(row) for row in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for idx, row in enumerate(rows):
+        span = slice(width - len(row), width) if left else slice(0, len(row))
+        ids[idx, span], mask[idx, span] = row, 1
+    return ids, mask
+
+
+@dataclass
+class PaddedCase:
+    """A padded batch of sentences of different lengths, traced together and one by one.
+
+    Attributes:
+        batched: Trace of the padded batch.
+        alone: Trace of each sentence alone.
+        spans: For each sentence, its ``(source, decoder)`` position slices inside the batch (decoder-only: the
+            source slice is the decoder slice).
+        ids: Each sentence's decoder ids alone.
+    """
+
+    batched: ModelTrace
+    alone: list[ModelTrace]
+    spans: list[tuple[slice, slice]]
+    ids: list[torch.Tensor]
+
+
+def padded_case(model, family: str, lengths=((6, 5), (3, 2)), seed: int = 3) -> PaddedCase:
+    """Right-padded sources and targets for encoder–decoders, left-padded sequences for decoder-only models."""
+    gen = torch.Generator().manual_seed(seed)
+    sources = [torch.randint(4, 60, (s,), generator=gen) for s, _ in lengths]
+    targets = [torch.cat([torch.tensor([0]), torch.randint(4, 60, (t - 1,), generator=gen)]) for _, t in lengths]
+    if is_seq2seq(family):
+        src, src_mask = pad_batch(sources, left=False)
+        tgt, tgt_mask = pad_batch(targets, left=False)
+        batched = trace_model(model, src, src_mask, tgt, tgt_mask)
+        alone = [trace_model(model, s[None], decoder_input_ids=t[None]) for s, t in zip(sources, targets, strict=True)]
+        spans = [(slice(0, s), slice(0, t)) for s, t in lengths]
+        return PaddedCase(batched, alone, spans, targets)
+    ids, mask = pad_batch(sources, left=True)
+    width = ids.shape[1]
+    spans = [(slice(width - s, width),) * 2 for s, _ in lengths]
+    return PaddedCase(trace_model(model, ids, mask), [trace_model(model, s[None]) for s in sources], spans, sources)

@@ -65,3 +65,130 @@ def naive_value_zeroing(model, spec: ModelSpec, model_kwargs: dict, stack: str, 
                 columns.append((corrupted[0] - clean[0]).norm(dim=-1))
         per_layer.append(torch.stack(columns, dim=-1))
     return torch.stack(per_layer)
+
+
+def capture_value_inputs(model, spec: ModelSpec, model_kwargs: dict) -> dict:
+    """Run the model once and keep the input of every value projection, keyed by (stack, layer, sub-block)."""
+    inputs, handles = {}, []
+    for name in ("decoder", "encoder"):
+        stack = getattr(spec, name)
+        if stack is None:
+            continue
+        for idx, layer in enumerate(stack.layers):
+            for sub_block, attn in (("self", layer.self_attn), ("cross", layer.cross_attn)):
+                if attn is None:
+                    continue
+
+                def hook(module, args, key=(name, idx, sub_block)):
+                    inputs[key] = args[0].detach()
+
+                handles.append(attn.value_proj.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            model(**model_kwargs, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return inputs
+
+
+def frozen_layer_norm(norm, real_input: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
+    """A LayerNorm's gain and centring applied to ``part`` with the standard deviation of ``real_input``."""
+    std = torch.sqrt(real_input.var(unbiased=False) + norm.eps)
+    return norm.weight * (part - part.mean()) / std
+
+
+def naive_alti_layer(model, spec: ModelSpec, trace, model_kwargs: dict, stack: str, idx: int, sub_block: str):
+    """ALTI contributions of one layer's attention sub-block for batch 0, token pair by token pair, from the HF
+    value and output projection modules. Returns ``(queries, keys)`` (cross-attention: ``keys + 1``, the last column
+    being the decoder residual), rows normalised."""
+    layer = getattr(spec, stack).layers[idx]
+    record = getattr(trace, stack).layers[idx]
+    attn = layer.self_attn if sub_block == "self" else layer.cross_attn
+    attn_record = record.self_attn if sub_block == "self" else record.cross_attn
+    value_input = capture_value_inputs(model, spec, model_kwargs)[(stack, idx, sub_block)]
+    with torch.no_grad():
+        values = attn.value_proj(value_input)[0, :, attn.value_slice]
+        values = values.reshape(values.shape[0], attn.num_kv_heads, attn.head_dim)
+        zero_out = attn.out_proj(torch.zeros(attn.num_heads * attn.head_dim))
+        if sub_block == "self":
+            residual = record.input[0]
+        elif attn.pre_norm:
+            residual = record.input[0] + record.self_attn.output[0]
+        else:
+            residual = layer.self_attn.norm(record.input[0] + record.self_attn.output[0])
+        total = residual + attn_record.output[0]
+        output = total if attn.pre_norm else attn.norm(total)
+        probs = attn_record.probs[0]
+        group = attn.num_heads // attn.num_kv_heads
+        num_queries, num_keys = probs.shape[1:]
+        scores = torch.zeros(num_queries, num_keys + (sub_block == "cross"))
+        for i in range(num_queries):
+            parts = []
+            for j in range(num_keys):
+                heads = [probs[h, i, j] * values[j, h // group] for h in range(attn.num_heads)]
+                part = attn.out_proj(torch.cat(heads)) - zero_out
+                if sub_block == "self" and i == j:
+                    part = part + residual[i]
+                parts.append(part)
+            if sub_block == "cross":
+                parts.append(residual[i])
+            for j, part in enumerate(parts):
+                if not attn.pre_norm:
+                    part = frozen_layer_norm(attn.norm, total[i], part)
+                closeness = output[i].abs().sum() - (output[i] - part).abs().sum()
+                scores[i, j] = closeness.clamp(min=0)
+        return scores / scores.sum(-1, keepdim=True)
+
+
+def frozen_norm_map(norm, real_input: torch.Tensor):
+    """The linear part of a LayerNorm or RMSNorm at the statistics of ``real_input`` (one position)."""
+    if isinstance(norm, torch.nn.LayerNorm):
+        return lambda part: frozen_layer_norm(norm, real_input, part)
+    rms = torch.sqrt(real_input.pow(2).mean() + norm.variance_epsilon)
+    return lambda part: norm.weight * part / rms
+
+
+def naive_alti_logit_pre_ln(model, spec: ModelSpec, trace, model_kwargs: dict, rollouts, ids: torch.Tensor):
+    """ALTI-logit token scores of batch 0 for a pre-LN model, from the definition: every attention part
+    ``out_proj(α v_j) − b_O`` (HF modules) dotted with ``∂ logit / ∂ h`` of the frozen final norm (autograd),
+    traced back with the given rollouts (:class:`AltiRollouts` of the trace). Returns (target, source) scores."""
+    value_inputs = capture_value_inputs(model, spec, model_kwargs)
+    stack, layers = trace.decoder, spec.decoder.layers
+    num_positions = stack.layers[0].input.shape[1]
+    directions = []
+    for t in range(num_positions):
+        hidden = stack.layers[-1].output[0, t].clone().requires_grad_(True)
+        frozen = frozen_norm_map(spec.decoder.final_norm, hidden.detach()) if spec.decoder.final_norm else None
+        final = hidden if frozen is None else frozen(hidden)
+        (spec.lm_head.weight[ids[0, t]] @ (final * spec.logits_scale)).backward()
+        directions.append(hidden.grad)
+    target = torch.zeros(num_positions, num_positions)
+    source = None if trace.encoder is None else torch.zeros(num_positions, trace.encoder.layers[0].input.shape[1])
+    with torch.no_grad():
+        for t in range(num_positions):
+            target[t, t] += directions[t] @ stack.layers[0].input[0, t]
+        for idx, (layer, record) in enumerate(zip(layers, stack.layers, strict=True)):
+            for sub_block, attn, attn_record in (
+                ("self", layer.self_attn, record.self_attn),
+                ("cross", layer.cross_attn, record.cross_attn),
+            ):
+                if attn is None:
+                    continue
+                values = attn.value_proj(value_inputs[("decoder", idx, sub_block)])[0, :, attn.value_slice]
+                values = values.reshape(values.shape[0], attn.num_kv_heads, attn.head_dim)
+                zero_out = attn.out_proj(torch.zeros(attn.num_heads * attn.head_dim))
+                probs, group = attn_record.probs[0], attn.num_heads // attn.num_kv_heads
+                for t in range(num_positions):
+                    for j in range(values.shape[0]):
+                        heads = [probs[h, t, j] * values[j, h // group] for h in range(attn.num_heads)]
+                        delta = directions[t] @ (attn.out_proj(torch.cat(heads)) - zero_out)
+                        if sub_block == "cross":
+                            source[t] += delta * rollouts.encoder[0, j]
+                        elif idx == 0:
+                            target[t, j] += delta
+                        else:
+                            target[t] += delta * rollouts.target[0, idx - 1, j]
+                            if source is not None:
+                                source[t] += delta * rollouts.source[0, idx - 1, j]
+    return target, source

@@ -9,7 +9,7 @@ from inseq_mixing.specs import get_spec
 from inseq_mixing.testing import is_seq2seq, tiny_model
 from inseq_mixing.trace import trace_model
 
-from .conftest import example_kwargs, get_tiny, trace_of
+from .conftest import example_kwargs, get_tiny, padded_case, trace_of
 from .reference import naive_value_zeroing
 
 
@@ -86,39 +86,20 @@ def test_chunking_does_not_change_scores(family):
             torch.testing.assert_close(getattr(whole, name), getattr(chunked, name), rtol=0, atol=1e-6)
 
 
-def pad_batch(rows: list[torch.Tensor], left: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(row) for row in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for idx, row in enumerate(rows):
-        span = slice(width - len(row), width) if left else slice(0, len(row))
-        ids[idx, span], mask[idx, span] = row, 1
-    return ids, mask
-
-
 def test_padded_batch_equals_each_sentence_alone(family):
-    model = get_tiny(family)
-    gen = torch.Generator().manual_seed(3)
-    lengths = [(6, 5), (3, 2)]
-    sources = [torch.randint(4, 60, (s,), generator=gen) for s, _ in lengths]
-    targets = [torch.cat([torch.tensor([0]), torch.randint(4, 60, (t - 1,), generator=gen)]) for _, t in lengths]
-    if is_seq2seq(family):
-        src, src_mask = pad_batch(sources, left=False)
-        tgt, tgt_mask = pad_batch(targets, left=False)
-        batched = value_zeroing(trace_model(model, src, src_mask, tgt, tgt_mask))
-        for idx, ((s, t), source, target) in enumerate(zip(lengths, sources, targets, strict=True)):
-            alone = value_zeroing(trace_model(model, source[None], decoder_input_ids=target[None]))
-            torch.testing.assert_close(batched.decoder[idx, :, :t, :t], alone.decoder[0], atol=1e-5, rtol=1e-4)
-            torch.testing.assert_close(batched.cross[idx, :, :t, :s], alone.cross[0], atol=1e-5, rtol=1e-4)
-            torch.testing.assert_close(batched.encoder[idx, :, :s, :s], alone.encoder[0], atol=1e-5, rtol=1e-4)
-            assert (batched.cross[idx, :, :, s:] == 0).all() and (batched.encoder[idx, :, :, s:] == 0).all()
-    else:
-        ids, mask = pad_batch(sources, left=True)
-        batched = value_zeroing(trace_model(model, ids, mask))
-        for idx, (source, (s, _)) in enumerate(zip(sources, lengths, strict=True)):
-            alone = value_zeroing(trace_model(model, source[None]))
-            torch.testing.assert_close(batched.decoder[idx, :, -s:, -s:], alone.decoder[0], atol=1e-5, rtol=1e-4)
-            assert (batched.decoder[idx, :, :, : ids.shape[1] - s] == 0).all()
+    case = padded_case(get_tiny(family), family)
+    batched = value_zeroing(case.batched)
+    for idx, (source, target) in enumerate(case.spans):
+        alone = value_zeroing(case.alone[idx])
+        torch.testing.assert_close(batched.decoder[idx, :, target, target], alone.decoder[0], atol=1e-5, rtol=1e-4)
+        outside = torch.ones(batched.decoder.shape[-1], dtype=torch.bool)
+        outside[target] = False
+        assert (batched.decoder[idx][..., outside] == 0).all()
+        if batched.cross is not None:
+            torch.testing.assert_close(batched.cross[idx, :, target, source], alone.cross[0], atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(batched.encoder[idx, :, source, source], alone.encoder[0], atol=1e-5, rtol=1e-4)
+            assert (batched.cross[idx, :, :, source.stop :] == 0).all()
+            assert (batched.encoder[idx, :, :, source.stop :] == 0).all()
 
 
 def test_unknown_metric_is_refused():

@@ -27,7 +27,7 @@ import torch
 
 from ..specs import AttentionSpec, StackSpec
 from ..trace import AttentionTrace, ModelTrace, StackTrace
-from .blocks import cross_attention_input, head_value_outputs, valid_cells
+from .blocks import cross_attention_input, head_value_outputs, upcast, valid_cells
 from .norms import freeze_norm
 from .rollout import encoder_decoder_rollout, normalize_rows
 from .rollout import rollout as rollout_stack
@@ -68,7 +68,7 @@ class AltiMaps:
 
 
 def proximity(output: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
-    r""":math:`\max(0, \lVert y\rVert_1 - \lVert y - T_j\rVert_1)` for outputs ``(B, q, D)`` and parts ``(B, q, k, D)``."""
+    r""":math:`\max(0, \lVert y\rVert_1 - \lVert y - T_j\rVert_1)`: outputs ``(B, q, D)``, parts ``(B, q, k, D)``."""
     whole = output.abs().sum(-1, keepdim=True)
     rest = (output[:, :, None] - parts).abs().sum(-1)
     return (whole - rest).clamp(min=0)
@@ -96,12 +96,12 @@ def contributions(
     Returns:
         ``(B, Q, K)`` for self-attention, ``(B, Q, K + 1)`` for cross-attention.
     """
-    probs = record.probs.float()
+    probs = upcast(record.probs)
     batch, _, num_queries, num_keys = probs.shape
-    residual = residual.float()
+    residual = upcast(residual)
     value_outputs = head_value_outputs(attn, record)
     frozen = None if attn.pre_norm else freeze_norm(attn.norm, record.norm_input)
-    output = residual + record.output.float() if frozen is None else attn.norm(record.norm_input).float()
+    output = residual + upcast(record.output) if frozen is None else upcast(attn.norm(record.norm_input))
     scores = probs.new_zeros(batch, num_queries, num_keys + (0 if self_mixing else 1))
     chunk = max(1, max_chunk_elements // max(1, batch * (num_keys + 1) * output.shape[-1]))
     for start in range(0, num_queries, chunk):
@@ -141,25 +141,25 @@ def stack_contributions(
         else:
             attn, attn_record, residual = layer.cross_attn, record.cross_attn, cross_attention_input(layer, record)
         scores = contributions(attn, attn_record, residual, self_mixing, causal, max_chunk_elements)
-        per_layer.append(normalize_rows(scores.masked_fill(~valid, 0.0)))
-    return check_rows(torch.stack(per_layer, dim=1), stack.mask)
+        per_layer.append(normalize_rows(check_rows(scores.masked_fill(~valid, 0.0), stack.mask)))
+    return torch.stack(per_layer, dim=1)
 
 
-def check_rows(maps: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
-    """Refuse maps with non-finite values or a real token's row without any contribution (it would lose its mass)."""
-    if not torch.isfinite(maps).all():
+def check_rows(scores: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
+    """Refuse raw contributions that are non-finite, or a real token's row without any (it would lose its mass)."""
+    if not torch.isfinite(scores).all():
         raise FloatingPointError(
             "ALTI produced non-finite contributions: the model's activations overflow in this precision. Run the "
             "model in float32 (model.float()) and retry."
         )
-    empty = (maps.sum(-1) == 0) & query_mask[:, None, :]
+    empty = (scores.sum(-1) == 0) & query_mask
     if empty.any():
         raise FloatingPointError(
             f"ALTI found {int(empty.sum())} position(s) to which no token contributes (every part is farther from "
             "the output than the origin), so their rows cannot be normalised. This happens only with degenerate "
             "weights; check the model."
         )
-    return maps
+    return scores
 
 
 @torch.no_grad()
@@ -184,7 +184,7 @@ def alti(trace: ModelTrace, encoder_scores: bool = True, max_chunk_elements: int
 
 
 def joint_layer_blocks(scores: AltiScores) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""ALTI+ decoder layer maps :math:`C^l_x = C_{ca}[:, :S]` and :math:`C^l_y = \mathrm{diag}(C_{ca}[:, S]) C_{sa}`."""
+    r"""ALTI+ decoder layer maps :math:`C_x = C_{ca}[:, :S]` and :math:`C_y = \mathrm{diag}(C_{ca}[:, S]) C_{sa}`."""
     source = scores.cross[..., :-1]
     target = scores.cross[..., -1:] * scores.decoder
     return source, target

@@ -31,7 +31,7 @@ import torch
 from ..specs import AttentionSpec, ModelSpec
 from ..trace import AttentionTrace, ModelTrace
 from .alti import DEFAULT_CHUNK_ELEMENTS, AltiScores, alti, alti_rollouts
-from .blocks import ffn_output
+from .blocks import ffn_output, upcast
 from .norms import freeze_norm
 
 #: Names of the logit terms that are not attributed to tokens, in :attr:`AltiLogitScores.unattributed`.
@@ -58,41 +58,41 @@ class AltiLogitScores:
 
 def unembedding_direction(spec: ModelSpec, ids: torch.Tensor, foil_ids: torch.Tensor | None) -> torch.Tensor:
     """:math:`U_w` (or :math:`U_w - U_{foil}`) for the token at every position, ``(B, T, D)``."""
-    rows = spec.lm_head.weight.float()
+    rows = upcast(spec.lm_head.weight)
     direction = rows[ids]
     return direction if foil_ids is None else direction - rows[foil_ids]
 
 
 def logit_bias(spec: ModelSpec, ids: torch.Tensor, foil_ids: torch.Tensor | None) -> torch.Tensor:
     """Bias added to the logit outside the hidden state (LM-head bias and ``final_logits_bias``), ``(B, T)``."""
-    bias = torch.zeros(ids.shape, device=ids.device)
+    bias = torch.zeros(ids.shape, device=ids.device, dtype=upcast(spec.lm_head.weight).dtype)
     for vector in (getattr(spec.lm_head, "bias", None), spec.logits_bias):
         if vector is not None:
-            vector = vector.reshape(-1).float()
+            vector = upcast(vector.reshape(-1))
             bias = bias + vector[ids] - (0 if foil_ids is None else vector[foil_ids])
     return bias
 
 
 def recorded_logit(trace: ModelTrace, ids: torch.Tensor, foil_ids: torch.Tensor | None) -> torch.Tensor:
     """The model's own logit of ``ids`` (minus ``foil_ids``'s) at every position, ``(B, T)``."""
-    logits = trace.logits.float()
+    logits = upcast(trace.logits)
     logit = logits.gather(-1, ids[..., None])[..., 0]
     return logit if foil_ids is None else logit - logits.gather(-1, foil_ids[..., None])[..., 0]
 
 
 def attention_logit_parts(attn: AttentionSpec, record: AttentionTrace, direction: torch.Tensor) -> torch.Tensor:
     r""":math:`\Delta_{tj} = g_t \cdot \sum_h \alpha^h_{tj} v^h_j W^h_O`, ``(B, T, K)``, heads contracted first."""
-    values = record.values[:, :, attn.kv_head_of_query_head().to(record.values.device)].float()
-    projected = torch.einsum("hed,bqd->bhqe", attn.out_weight_per_head().float(), direction)
+    values = upcast(record.values[:, :, attn.kv_head_of_query_head().to(record.values.device)])
+    projected = torch.einsum("hed,bqd->bhqe", upcast(attn.out_weight_per_head()), direction)
     per_key = torch.einsum("bkhe,bhqe->bhqk", values, projected)
-    return torch.einsum("bhqk,bhqk->bqk", record.probs.float(), per_key)
+    return torch.einsum("bhqk,bhqk->bqk", upcast(record.probs), per_key)
 
 
 def _dot(direction: torch.Tensor, vector: torch.Tensor | None) -> torch.Tensor:
     """Per-position dot product of ``(B, T, D)`` directions with a ``(D,)`` or ``(B, T, D)`` vector."""
     if vector is None:
-        return torch.zeros(direction.shape[:-1], device=direction.device)
-    return (direction * vector.float()).sum(-1)
+        return direction.new_zeros(direction.shape[:-1])
+    return (direction * upcast(vector)).sum(-1)
 
 
 @dataclass
@@ -122,7 +122,7 @@ def _through_norm(norm, norm_input, direction, terms) -> torch.Tensor:
 def sweep_logit(trace: ModelTrace, direction: torch.Tensor) -> LogitSweep:
     """Carry :math:`u` from the logit down the decoder's residual stream, splitting the logit on the way."""
     spec, stack = trace.spec, trace.decoder
-    terms = {name: torch.zeros(direction.shape[:-1], device=direction.device) for name in UNATTRIBUTED_TERMS}
+    terms = {name: direction.new_zeros(direction.shape[:-1]) for name in UNATTRIBUTED_TERMS}
     direction = direction * spec.logits_scale
     if spec.decoder.final_norm is not None:
         direction = _through_norm(spec.decoder.final_norm, stack.final_norm_input, direction, terms)
@@ -130,7 +130,7 @@ def sweep_logit(trace: ModelTrace, direction: torch.Tensor) -> LogitSweep:
     for layer, record in reversed(list(zip(spec.decoder.layers, stack.layers, strict=True))):
         if not layer.ffn.pre_norm:
             direction = _through_norm(layer.ffn.norm, record.ffn_norm_input, direction, terms)
-        terms["ffn"] += _dot(direction, ffn_output(layer, record).float())
+        terms["ffn"] += _dot(direction, upcast(ffn_output(layer, record)))
         for attn, attn_record, parts in (
             (layer.cross_attn, record.cross_attn, cross_parts),
             (layer.self_attn, record.self_attn, self_parts),
@@ -141,7 +141,7 @@ def sweep_logit(trace: ModelTrace, direction: torch.Tensor) -> LogitSweep:
                 direction = _through_norm(attn.norm, attn_record.norm_input, direction, terms)
             terms["attention_bias"] += _dot(direction, attn.out_bias)
             parts.insert(0, attention_logit_parts(attn, attn_record, direction))
-    direct = _dot(direction, stack.layers[0].input.float())
+    direct = _dot(direction, upcast(stack.layers[0].input))
     return LogitSweep(self_parts=self_parts, cross_parts=cross_parts, direct=direct, unattributed=terms)
 
 

@@ -13,10 +13,15 @@ from ..specs import AttentionSpec, FFNSpec, LayerSpec
 from ..trace import AttentionTrace, LayerTrace
 
 
+def upcast(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor in the precision scores accumulate in: float64 stays, anything else becomes float32."""
+    return tensor if tensor.dtype == torch.float64 else tensor.float()
+
+
 def head_value_outputs(attn: AttentionSpec, record: AttentionTrace) -> torch.Tensor:
     """Each head's output-projected value vector :math:`v^h_j W^h_O`, ``(batch, heads, keys, d_model)``."""
     values = record.values[:, :, attn.kv_head_of_query_head().to(record.values.device)]
-    return torch.einsum("bkhe,hed->bhkd", values.float(), attn.out_weight_per_head().float())
+    return torch.einsum("bkhe,hed->bhkd", upcast(values), upcast(attn.out_weight_per_head()))
 
 
 def valid_cells(query_mask: torch.Tensor, key_mask: torch.Tensor, causal: bool) -> torch.Tensor:

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..specs.base import NormParams, norm_params
+from .blocks import upcast
 
 
 @dataclass
@@ -30,10 +31,10 @@ class FrozenNorm:
     @property
     def shift(self) -> torch.Tensor | None:
         """The shift :math:`\\beta` (None for RMSNorm or a norm without bias)."""
-        return None if self.params.bias is None else self.params.bias.float()
+        return None if self.params.bias is None else upcast(self.params.bias)
 
     def _gain(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor if self.params.weight is None else tensor * self.params.weight.float()
+        return tensor if self.params.weight is None else tensor * upcast(self.params.weight)
 
     def linear(self, parts: torch.Tensor, positions: slice = slice(None)) -> torch.Tensor:
         """:math:`A(x)` for parts ``(batch, positions, *, d_model)`` of the inputs at ``positions``."""
@@ -54,9 +55,9 @@ class FrozenNorm:
 def freeze_norm(norm: nn.Module, norm_input: torch.Tensor) -> FrozenNorm:
     """Freeze ``norm`` at the statistics of its recorded input ``(batch, positions, d_model)``."""
     params = norm_params(norm)
-    hidden = norm_input.float()
     if params.kind == "layer":
-        variance = hidden.var(-1, unbiased=False, keepdim=True)
-    else:
-        variance = hidden.pow(2).mean(-1, keepdim=True)
-    return FrozenNorm(params=params, inv_scale=torch.rsqrt(variance + params.eps))
+        variance = upcast(norm_input).var(-1, unbiased=False, keepdim=True)
+        return FrozenNorm(params=params, inv_scale=torch.rsqrt(variance + params.eps))
+    # RMSNorms of T5 and Llama-style models take their statistics in float32 whatever the model's precision.
+    variance = norm_input.float().pow(2).mean(-1, keepdim=True)
+    return FrozenNorm(params=params, inv_scale=upcast(torch.rsqrt(variance + params.eps)).to(upcast(norm_input).dtype))

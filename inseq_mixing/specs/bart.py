@@ -19,6 +19,7 @@ def attention_spec(attn: nn.Module, norm: nn.Module, pre_norm: bool) -> Attentio
         module=attn,
         value_proj=attn.v_proj,
         value_slice=slice(None),
+        out_proj=attn.out_proj,
         out_weight=out_weight,
         out_bias=out_bias,
         num_heads=attn.num_heads,

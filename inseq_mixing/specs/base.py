@@ -24,6 +24,7 @@ class AttentionSpec:
             the output projection) and whose element ``probs_index`` holds the attention probabilities.
         value_proj: The module whose output holds the value vectors ``v_j = x̂_j W_V + b_V``.
         value_slice: Slice of ``value_proj``'s last output dimension holding the values (fused QKV projections).
+        out_proj: The output projection module.
         out_weight: Output projection as an ``(in_features, out_features)`` matrix, ``in = num_heads * head_dim``.
         out_bias: Output projection bias, or None.
         num_heads: Number of query heads.
@@ -38,6 +39,7 @@ class AttentionSpec:
     module: nn.Module
     value_proj: nn.Module
     value_slice: slice
+    out_proj: nn.Module
     out_weight: torch.Tensor
     out_bias: torch.Tensor | None
     num_heads: int

@@ -15,6 +15,7 @@ def layer_spec(block: nn.Module) -> LayerSpec:
         module=attn,
         value_proj=attn.c_attn,
         value_slice=slice(2 * d_model, 3 * d_model),
+        out_proj=attn.c_proj,
         out_weight=out_weight,
         out_bias=out_bias,
         num_heads=attn.num_heads,

@@ -14,6 +14,7 @@ def layer_spec(layer: nn.Module, config) -> LayerSpec:
         module=attn,
         value_proj=attn.v_proj,
         value_slice=slice(None),
+        out_proj=attn.o_proj,
         out_weight=out_weight,
         out_bias=out_bias,
         num_heads=config.num_attention_heads,

@@ -15,6 +15,7 @@ def attention_spec(sublayer: nn.Module, attn: nn.Module) -> AttentionSpec:
         module=attn,
         value_proj=attn.v,
         value_slice=slice(None),
+        out_proj=attn.o,
         out_weight=out_weight,
         out_bias=out_bias,
         num_heads=attn.n_heads,

@@ -1,0 +1,113 @@
+"""ALTI and ALTI+: agreement with a pair-by-pair computation, rows, causality, padding, chunking, rollouts."""
+
+import pytest
+import torch
+
+from inseq_mixing.methods.alti import alti, alti_maps, joint_layer_blocks
+from inseq_mixing.methods.rollout import encoder_decoder_rollout
+from inseq_mixing.specs import get_spec
+from inseq_mixing.testing import is_seq2seq, tiny_model
+
+from .conftest import example_kwargs, get_tiny, padded_case, trace_of
+from .reference import naive_alti_layer
+
+
+def test_matches_pair_by_pair_computation(family):
+    model = get_tiny(family)
+    kwargs = example_kwargs(family)
+    trace = trace_of(model, kwargs)
+    scores = alti(trace)
+    spec = get_spec(model)
+    maps = [("decoder", "self", scores.decoder)]
+    if is_seq2seq(family):
+        maps += [("decoder", "cross", scores.cross), ("encoder", "self", scores.encoder)]
+    for stack, sub_block, fast in maps:
+        for idx in range(fast.shape[1]):
+            naive = naive_alti_layer(model, spec, trace, kwargs, stack, idx, sub_block)
+            torch.testing.assert_close(fast[0, idx], naive, atol=1e-5, rtol=1e-4, msg=f"{stack} {sub_block} {idx}")
+
+
+def test_layer_maps_are_non_negative_rows_summing_to_one(family):
+    scores = alti(trace_of(get_tiny(family), example_kwargs(family, batch=2)))
+    for block in (scores.decoder, scores.cross, scores.encoder):
+        if block is not None:
+            assert (block >= 0).all()
+            torch.testing.assert_close(block.sum(-1), torch.ones(block.shape[:-1]))
+    assert (scores.decoder.triu(1) == 0).all()
+    if scores.cross is not None:
+        source, target = joint_layer_blocks(scores)
+        torch.testing.assert_close(source.sum(-1) + target.sum(-1), torch.ones(target.shape[:-1]))
+
+
+def test_rollout_rows_sum_to_one_and_stay_causal(family):
+    maps = alti_maps(alti(trace_of(get_tiny(family), example_kwargs(family, batch=2))))
+    total = maps.target.sum(-1) + (maps.source.sum(-1) if maps.source is not None else 0)
+    torch.testing.assert_close(total, torch.ones_like(total))
+    assert maps.target.ndim == 3 and (maps.target.triu(1) == 0).all() and (maps.target >= 0).all()
+    if maps.encoder is not None:
+        torch.testing.assert_close(maps.encoder.sum(-1), torch.ones(maps.encoder.shape[:-1]))
+
+
+def test_rollout_follows_the_definition(seq2seq_family):
+    """ALTI+: R^0 = [C_x R_enc, C_y], R^l = rownorm([C_x R_enc + C_y R_x, C_y R_y]), checked for two layers."""
+    scores = alti(trace_of(get_tiny(seq2seq_family), example_kwargs(seq2seq_family)))
+    encoder = scores.encoder[0, 1] @ scores.encoder[0, 0]
+    source, target = (block[0] for block in joint_layer_blocks(scores))
+    first_x, first_y = source[0] @ encoder, target[0]
+    second = torch.cat([source[1] @ encoder + target[1] @ first_x, target[1] @ first_y], dim=-1)
+    second = second / second.sum(-1, keepdim=True)
+    maps = alti_maps(scores)
+    torch.testing.assert_close(maps.encoder[0], encoder)
+    torch.testing.assert_close(torch.cat([maps.source[0], maps.target[0]], -1), second)
+    rolled_source, _ = encoder_decoder_rollout(encoder[None], source[None], target[None])
+    torch.testing.assert_close(rolled_source[0, 0], first_x)
+
+
+def test_future_tokens_do_not_change_past_maps(decoder_family):
+    model = get_tiny(decoder_family)
+    ids = example_kwargs(decoder_family)["input_ids"]
+    changed = ids.clone()
+    changed[0, -2:] = torch.tensor([40, 41])
+    first, second = alti(trace_of(model, {"input_ids": ids})), alti(trace_of(model, {"input_ids": changed}))
+    torch.testing.assert_close(first.decoder[:, :, :-2, :-2], second.decoder[:, :, :-2, :-2], rtol=0, atol=1e-6)
+
+
+def test_padded_batch_equals_each_sentence_alone(family):
+    case = padded_case(get_tiny(family), family)
+    batched = alti(case.batched)
+    for idx, (source, target) in enumerate(case.spans):
+        alone = alti(case.alone[idx])
+        torch.testing.assert_close(batched.decoder[idx, :, target, target], alone.decoder[0], atol=1e-5, rtol=1e-4)
+        outside = torch.ones(batched.decoder.shape[-1], dtype=torch.bool)
+        outside[target] = False
+        assert (batched.decoder[idx][..., outside] == 0).all() and (batched.decoder[idx][..., outside, :] == 0).all()
+        if batched.cross is not None:
+            cross = batched.cross[idx][:, target]
+            torch.testing.assert_close(cross[..., source], alone.cross[0, ..., :-1], atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(cross[..., -1], alone.cross[0, ..., -1], atol=1e-5, rtol=1e-4)
+            assert (cross[..., source.stop : -1] == 0).all()
+            torch.testing.assert_close(batched.encoder[idx, :, source, source], alone.encoder[0], atol=1e-5, rtol=1e-4)
+
+
+def test_chunking_does_not_change_maps(family):
+    trace = trace_of(get_tiny(family), example_kwargs(family, batch=2))
+    whole, chunked = alti(trace), alti(trace, max_chunk_elements=1)
+    for name in ("decoder", "cross", "encoder"):
+        if getattr(whole, name) is not None:
+            torch.testing.assert_close(getattr(whole, name), getattr(chunked, name), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["bart", "qwen2"])
+def test_half_precision_runs_and_stays_close(family):
+    kwargs = example_kwargs(family)
+    full = alti_maps(alti(trace_of(get_tiny(family), kwargs))).target
+    half = alti_maps(alti(trace_of(tiny_model(family).to(torch.bfloat16), kwargs))).target
+    assert half.dtype == torch.float32 and torch.isfinite(half).all()
+    assert (half - full).abs().max() < 0.1
+
+
+def test_non_finite_maps_are_refused():
+    trace = trace_of(get_tiny("llama"), example_kwargs("llama"))
+    trace.decoder.layers[1].self_attn.values[0, 2, 0, 0] = float("nan")
+    with pytest.raises(FloatingPointError, match="float32"):
+        alti(trace)

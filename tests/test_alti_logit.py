@@ -1,0 +1,109 @@
+"""ALTI-logit: completeness against the model's own logits, the definition, contrast, causality and padding."""
+
+import pytest
+import torch
+
+from inseq_mixing.methods.alti import alti, alti_rollouts
+from inseq_mixing.methods.alti_logit import UNATTRIBUTED_TERMS, alti_logit
+from inseq_mixing.specs import get_spec
+from inseq_mixing.testing import tiny_model
+
+from .conftest import example_kwargs, get_tiny, padded_case, trace_of
+from .reference import naive_alti_logit_pre_ln
+
+
+def next_tokens(kwargs: dict) -> torch.Tensor:
+    """The token following each position (the last position gets an arbitrary token)."""
+    ids = kwargs.get("decoder_input_ids", kwargs["input_ids"])
+    return torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], 9)], dim=1)
+
+
+def total(scores) -> torch.Tensor:
+    parts = scores.target.sum(-1) + sum(scores.unattributed.values())
+    return parts if scores.source is None else parts + scores.source.sum(-1)
+
+
+def assert_complete(scores, tolerance: float) -> None:
+    scale = scores.logit.abs().amax(-1, keepdim=True).clamp(min=1e-3)
+    assert ((total(scores) - scores.logit).abs() / scale).max() <= tolerance
+
+
+def test_scores_and_unattributed_terms_add_up_to_the_logit(family):
+    kwargs = example_kwargs(family, batch=2)
+    scores = alti_logit(trace_of(get_tiny(family), kwargs), next_tokens(kwargs))
+    assert set(scores.unattributed) == set(UNATTRIBUTED_TERMS)
+    assert_complete(scores, 1e-4)
+    assert scores.target.abs().sum() > 0 and (scores.source is None or scores.source.abs().sum() > 0)
+
+
+@pytest.mark.parametrize("family", ["marian", "mbart", "t5_gated", "gpt2"])
+def test_completeness_is_tighter_in_float64(family):
+    """Llama-style RMSNorms round their output through float32 even in a float64 model, so they are left out."""
+    kwargs = example_kwargs(family)
+    scores = alti_logit(trace_of(tiny_model(family).double(), kwargs), next_tokens(kwargs))
+    assert_complete(scores, 1e-10)
+
+
+@pytest.mark.parametrize("family", ["mbart", "m2m_100", "t5", "t5_gated", "gpt2", "llama", "qwen2"])
+def test_matches_the_definition_on_pre_ln_models(family):
+    model = get_tiny(family)
+    kwargs = example_kwargs(family)
+    trace = trace_of(model, kwargs)
+    ids = next_tokens(kwargs)
+    scores = alti_logit(trace, ids)
+    rollouts = alti_rollouts(alti(trace))
+    target, source = naive_alti_logit_pre_ln(model, get_spec(model), trace, kwargs, rollouts, ids)
+    torch.testing.assert_close(scores.target[0], target, atol=1e-5, rtol=1e-4)
+    if source is not None:
+        torch.testing.assert_close(scores.source[0], source, atol=1e-5, rtol=1e-4)
+
+
+def test_contrast_explains_the_logit_difference(family):
+    kwargs = example_kwargs(family)
+    trace = trace_of(get_tiny(family), kwargs)
+    ids = next_tokens(kwargs)
+    foils = (ids + 7) % 60 + 4
+    contrast, plain, foil = alti_logit(trace, ids, foils), alti_logit(trace, ids), alti_logit(trace, foils)
+    assert_complete(contrast, 1e-4)
+    torch.testing.assert_close(contrast.logit, plain.logit - foil.logit)
+    torch.testing.assert_close(contrast.target, plain.target - foil.target, atol=1e-5, rtol=1e-4)
+    if contrast.source is not None:
+        torch.testing.assert_close(contrast.source, plain.source - foil.source, atol=1e-5, rtol=1e-4)
+
+
+def test_future_tokens_get_exactly_zero(family):
+    kwargs = example_kwargs(family, batch=2)
+    scores = alti_logit(trace_of(get_tiny(family), kwargs), next_tokens(kwargs))
+    assert (scores.target.triu(1) == 0).all()
+    assert (scores.target.diagonal(dim1=-2, dim2=-1) != 0).all()
+
+
+def test_future_tokens_do_not_change_past_scores(decoder_family):
+    model = get_tiny(decoder_family)
+    ids = example_kwargs(decoder_family)["input_ids"]
+    changed = ids.clone()
+    changed[0, -2:] = torch.tensor([40, 41])
+    first = alti_logit(trace_of(model, {"input_ids": ids}), next_tokens({"input_ids": ids}))
+    second = alti_logit(trace_of(model, {"input_ids": changed}), next_tokens({"input_ids": ids}))
+    torch.testing.assert_close(first.target[:, :-2, :-2], second.target[:, :-2, :-2], rtol=0, atol=1e-5)
+
+
+def test_padded_batch_equals_each_sentence_alone(family):
+    case = padded_case(get_tiny(family), family)
+    width = case.batched.decoder.mask.shape[1]
+    ids = torch.full((len(case.ids), width), 5)
+    for idx, (_, target) in enumerate(case.spans):
+        ids[idx, target] = next_tokens({"input_ids": case.ids[idx][None]})[0]
+    batched = alti_logit(case.batched, ids)
+    for idx, (source, target) in enumerate(case.spans):
+        alone = alti_logit(case.alone[idx], ids[idx : idx + 1, target])
+        torch.testing.assert_close(batched.target[idx][target, target], alone.target[0], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(batched.logit[idx, target], alone.logit[0], atol=1e-5, rtol=1e-4)
+        for name in UNATTRIBUTED_TERMS:
+            torch.testing.assert_close(batched.unattributed[name][idx, target], alone.unattributed[name][0])
+        padding = torch.ones(width, dtype=torch.bool)
+        padding[target] = False
+        assert (batched.target[idx][:, padding] == 0).all() and (batched.target[idx][padding] == 0).all()
+        if batched.source is not None:
+            torch.testing.assert_close(batched.source[idx][target, source], alone.source[0], atol=1e-5, rtol=1e-4)
+            assert (batched.source[idx][:, source.stop :] == 0).all()
