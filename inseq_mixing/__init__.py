@@ -31,9 +31,9 @@ def register() -> list[str]:
         The names of the plugin's methods.
     """
     _rename_builtin_value_zeroing()
-    from .attr import ValueZeroingAttribution
+    from .attr import AltiAttribution, AltiLogitAttribution, ValueZeroingAttribution
 
-    return [ValueZeroingAttribution.method_name]
+    return [cls.method_name for cls in (ValueZeroingAttribution, AltiAttribution, AltiLogitAttribution)]
 
 
 METHODS = register()

@@ -1,6 +1,15 @@
 """Thin Inseq glue: one ``FeatureAttribution`` subclass per method, turning score tensors into Inseq outputs."""
 
-from .base import ContextMixingAttribution, MixingSequenceOutput, MixingStepOutput
+from .alti import AltiAttribution, AltiLogitAttribution
+from .base import ContextMixingAttribution, MixingSequenceOutput, MixingStepOutput, SignedMixingSequenceOutput
 from .value_zeroing import ValueZeroingAttribution
 
-__all__ = ["ContextMixingAttribution", "MixingSequenceOutput", "MixingStepOutput", "ValueZeroingAttribution"]
+__all__ = [
+    "AltiAttribution",
+    "AltiLogitAttribution",
+    "ContextMixingAttribution",
+    "MixingSequenceOutput",
+    "MixingStepOutput",
+    "SignedMixingSequenceOutput",
+    "ValueZeroingAttribution",
+]

@@ -31,13 +31,34 @@ class MixingSequenceOutput(MultiDimensionalFeatureAttributionSequenceOutput):
 
 
 @dataclass(eq=False, repr=False)
+class SignedMixingSequenceOutput(MixingSequenceOutput):
+    """Sequence output of signed scores (logit contributions): heatmap colours are symmetric around 0.
+
+    Inseq colours cells from ``-maximum`` to ``maximum``; here ``maximum`` is the largest absolute score, so negative
+    scores get the full blue half of the diverging scale.
+    """
+
+    @property
+    def maximum(self) -> float:
+        largest = 0.0
+        for scores in (self.source_attributions, self.target_attributions):
+            if scores is not None:
+                largest = max(largest, float(torch.nan_to_num(scores).abs().max()))
+        return largest
+
+    @property
+    def minimum(self) -> float:
+        return -self.maximum
+
+
+@dataclass(eq=False, repr=False)
 class MixingStepOutput(MultiDimensionalFeatureAttributionStepOutput):
-    """Step output producing :class:`MixingSequenceOutput` sequences."""
+    """Step output producing :class:`MixingSequenceOutput` (or, for signed scores, the signed variant) sequences."""
 
     _sequence_cls: type = MixingSequenceOutput
 
     def get_sequence_cls(self, **kwargs):
-        return MixingSequenceOutput(_num_dimensions=self._num_dimensions, **kwargs)
+        return self._sequence_cls(_num_dimensions=self._num_dimensions, **kwargs)
 
 
 @dataclass
@@ -51,6 +72,7 @@ class StepInputs:
         target_mask: Mask of ``target_ids``.
         next_ids: The token predicted at the last position ``(B,)``.
         attribute_target: Whether Inseq asked for target-side attributions.
+        attributed_fn_args: Keyword arguments of Inseq's attributed function (e.g. ``contrast_targets``).
     """
 
     input_ids: torch.Tensor
@@ -59,6 +81,13 @@ class StepInputs:
     target_mask: torch.Tensor | None
     next_ids: torch.Tensor
     attribute_target: bool
+    attributed_fn_args: dict[str, Any]
+
+    @property
+    def predicted_ids(self) -> torch.Tensor:
+        """The token predicted at every decoder position ``(B, T)``: the next prefix token, then ``next_ids``."""
+        prefix = self.input_ids if self.target_ids is None else self.target_ids
+        return torch.cat([prefix[:, 1:], self.next_ids[:, None].to(prefix.device)], dim=1)
 
 
 def read_step_inputs(inputs: tuple, additional_forward_args: tuple, is_encoder_decoder: bool) -> StepInputs:
@@ -66,17 +95,37 @@ def read_step_inputs(inputs: tuple, additional_forward_args: tuple, is_encoder_d
     if is_encoder_decoder:
         attribute_target = len(inputs) > 1
         args = additional_forward_args[0 if attribute_target else 1 :]
-        source_ids, target_ids, next_ids, _, source_mask, target_mask = args[:6]
-        return StepInputs(source_ids, source_mask, target_ids, target_mask, next_ids.reshape(-1), attribute_target)
-    input_ids, next_ids, _, mask = additional_forward_args[:4]
-    return StepInputs(input_ids, mask, None, None, next_ids.reshape(-1), True)
+        source_ids, target_ids, next_ids, _, source_mask, target_mask, _, names = args[:8]
+        fn_args = dict(zip(names, args[8:], strict=False))
+        return StepInputs(
+            source_ids, source_mask, target_ids, target_mask, next_ids.reshape(-1), attribute_target, fn_args
+        )
+    input_ids, next_ids, _, mask, _, names = additional_forward_args[:6]
+    fn_args = dict(zip(names, additional_forward_args[6:], strict=False))
+    return StepInputs(input_ids, mask, None, None, next_ids.reshape(-1), True, fn_args)
+
+
+class MethodCall:
+    """Holder of a method's ``attribute``, whose signature lists the options users pass to ``model.attribute``.
+
+    ``attribute(inputs, additional_forward_args, **options)`` receives Inseq's attributed inputs (their number tells
+    whether target attribution was asked) and its extra arguments (token ids, masks, attributed-function arguments),
+    read with :func:`read_step_inputs`.
+    """
+
+    def __init__(self, owner: "ContextMixingAttribution"):
+        self.owner = owner
+
+    @staticmethod
+    def has_convergence_delta() -> bool:
+        return False
 
 
 class ContextMixingAttribution(FeatureAttribution, Registry):
     """Base of the plugin's methods: final-step methods that trace the model once on the full target.
 
-    Subclasses set ``method_name`` and ``self.method`` (an object whose ``attribute`` signature declares the
-    user-facing keyword arguments, which is how Inseq routes ``model.attribute(..., kw=...)``).
+    Subclasses set ``method_name`` and ``self.method`` (a :class:`MethodCall` whose ``attribute`` signature declares
+    the user-facing keyword arguments, which is how Inseq routes ``model.attribute(..., kw=...)``).
     """
 
     def __init__(self, attribution_model, **kwargs):
@@ -84,7 +133,30 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         self.spec = get_spec(attribution_model.model)
         self.use_predicted_target = False
         self.is_final_step_method = True
+        self._pending_step_scores: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
+        self.first_attributed_position = 1  # index of the first generated token Inseq attributes (unpadded)
         self.hook(**kwargs)
+
+    def attribute(self, batch, *args, **kwargs):
+        """Inseq's attribution, then the per-token scores a final-step method cannot return itself.
+
+        Inseq drops the step scores of final-step methods, so a method that has per-generated-token scores (e.g. the
+        logit terms not attributed to tokens) leaves them with :meth:`keep_step_scores` and they are attached to each
+        sequence's ``step_scores`` here.
+        """
+        self._pending_step_scores = None
+        self.first_attributed_position = kwargs.get("attr_pos_start") or 1
+        try:
+            out = super().attribute(batch, *args, **kwargs)
+            if self._pending_step_scores is not None:
+                attach_step_scores(out.sequence_attributions, *self._pending_step_scores)
+        finally:
+            self._pending_step_scores = None
+        return out
+
+    def keep_step_scores(self, scores: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
+        """Keep ``(B, T)`` scores over the traced decoder positions (with their mask) for :meth:`attribute`."""
+        self._pending_step_scores = ({name: score.detach().float().cpu() for name, score in scores.items()}, mask)
 
     def trace(self, steps: StepInputs) -> ModelTrace:
         """One forward pass of the wrapped model on the step's ids."""
@@ -102,6 +174,32 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
     ) -> MixingStepOutput:
         return self.method.attribute(**attribute_fn_main_args, **(attribution_args or {}))
 
+    def maps_step_output(
+        self, maps, steps: StepInputs, num_dimensions: int, sequence_cls: type = MixingSequenceOutput
+    ) -> MixingStepOutput:
+        """Step output of maps with ``target``, ``source`` and ``encoder`` fields ``(B, [L,] i, j)`` (or None).
+
+        Encoder–decoders: the encoder map goes to ``sequence_scores["encoder_self_scores"]``; without
+        ``attribute_target``, the target map goes to ``sequence_scores["decoder_self_scores"]``.
+        """
+        target = inseq_layout(maps.target, causal=True)
+        if not self.spec.is_encoder_decoder:
+            return MixingStepOutput(
+                target_attributions=target, _num_dimensions=num_dimensions, _sequence_cls=sequence_cls
+            )
+        sequence_scores = {}
+        if getattr(maps, "encoder", None) is not None:
+            sequence_scores["encoder_self_scores"] = inseq_layout(maps.encoder, causal=False)
+        if not steps.attribute_target:
+            sequence_scores["decoder_self_scores"] = target
+        return MixingStepOutput(
+            source_attributions=inseq_layout(maps.source, causal=False),
+            target_attributions=target if steps.attribute_target else None,
+            sequence_scores=sequence_scores,
+            _num_dimensions=num_dimensions,
+            _sequence_cls=sequence_cls,
+        )
+
 
 def inseq_layout(scores: torch.Tensor, causal: bool) -> torch.Tensor:
     """``(B, [L,] positions i, tokens j)`` → Inseq's ``(B, tokens j, positions i[, L])``.
@@ -117,3 +215,20 @@ def inseq_layout(scores: torch.Tensor, causal: bool) -> torch.Tensor:
         future = torch.ones(scores.shape[1:3], dtype=torch.bool).tril(-1)  # rows j > columns i
         scores[:, future] = float("nan")
     return scores
+
+
+def attach_step_scores(sequences: list, scores: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
+    """Put ``(B, T)`` per-position scores into each sequence's ``step_scores``, one value per generated token.
+
+    Generated token ``c`` of a sequence is predicted at its (unpadded) position ``attr_pos_start + c - 1``;
+    decoder-only batches are left-padded, so the traced position adds the sequence's padding.
+    """
+    mask = mask.cpu()
+    for idx, seq in enumerate(sequences):
+        scores_of_seq = seq.source_attributions if seq.source_attributions is not None else seq.target_attributions
+        generated = scores_of_seq.shape[1]
+        first = int((~mask[idx].bool()).sum()) if not bool(mask[idx, 0]) else 0
+        positions = slice(first + seq.attr_pos_start - 1, first + seq.attr_pos_start - 1 + generated)
+        step_scores = dict(seq.step_scores or {})
+        step_scores.update({name: score[idx, positions].clone() for name, score in scores.items()})
+        seq.step_scores = step_scores

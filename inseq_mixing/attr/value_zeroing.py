@@ -1,19 +1,10 @@
 """Inseq glue for Value Zeroing: registered as ``value_zeroing``, replacing Inseq's built-in (renamed)."""
 
 from ..methods.value_zeroing import DEFAULT_CHUNK_ELEMENTS, value_zeroing, value_zeroing_maps
-from .base import ContextMixingAttribution, MixingStepOutput, inseq_layout, read_step_inputs
+from .base import ContextMixingAttribution, MethodCall, MixingStepOutput, read_step_inputs
 
 
-class _ValueZeroing:
-    """Callable holder whose ``attribute`` signature lists the options users pass to ``model.attribute``."""
-
-    def __init__(self, owner: "ValueZeroingAttribution"):
-        self.owner = owner
-
-    @staticmethod
-    def has_convergence_delta() -> bool:
-        return False
-
+class _ValueZeroing(MethodCall):
     def attribute(
         self,
         inputs,
@@ -27,8 +18,6 @@ class _ValueZeroing:
         """Value Zeroing scores of every layer for every generated token.
 
         Args:
-            inputs: Inseq's attributed inputs (their number tells whether target attribution was asked).
-            additional_forward_args: Inseq's extra arguments (token ids and masks).
             similarity_metric: ``"cosine"`` (cosine distance, the paper's) or ``"euclidean"``.
             normalization: ``"separate"`` (each map's rows sum to 1, as in the paper) or ``"joint"``
                 (encoder–decoders: source and target rows of a layer sum to 1 together).
@@ -38,26 +27,11 @@ class _ValueZeroing:
             max_chunk_elements: Memory bound of one chunk of corrupted states.
         """
         owner = self.owner
-        is_enc_dec = owner.spec.is_encoder_decoder
-        steps = read_step_inputs(inputs, additional_forward_args, is_enc_dec)
+        steps = read_step_inputs(inputs, additional_forward_args, owner.spec.is_encoder_decoder)
         trace = owner.trace(steps)
         scores = value_zeroing(trace, similarity_metric, output_encoder_self_scores or rollout, max_chunk_elements)
         maps = value_zeroing_maps(scores, normalization, rollout)
-        num_dimensions = 0 if rollout else 1
-        target = inseq_layout(maps.target, causal=True)
-        if not is_enc_dec:
-            return MixingStepOutput(target_attributions=target, _num_dimensions=num_dimensions)
-        sequence_scores = {}
-        if maps.encoder is not None:
-            sequence_scores["encoder_self_scores"] = inseq_layout(maps.encoder, causal=False)
-        if not steps.attribute_target:
-            sequence_scores["decoder_self_scores"] = target
-        return MixingStepOutput(
-            source_attributions=inseq_layout(maps.source, causal=False),
-            target_attributions=target if steps.attribute_target else None,
-            sequence_scores=sequence_scores,
-            _num_dimensions=num_dimensions,
-        )
+        return owner.maps_step_output(maps, steps, num_dimensions=0 if rollout else 1)
 
 
 class ValueZeroingAttribution(ContextMixingAttribution):

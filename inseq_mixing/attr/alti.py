@@ -1,0 +1,158 @@
+"""Inseq glue for ALTI / ALTI+ (``alti``) and ALTI-logit (``alti_logit``)."""
+
+from dataclasses import dataclass
+
+import torch
+from inseq.data import DecoderOnlyBatch, get_batch_from_inputs
+from inseq.utils.alignment_utils import get_aligned_idx
+
+from ..methods.alti import DEFAULT_CHUNK_ELEMENTS, alti, alti_maps
+from ..methods.alti_logit import alti_logit
+from .base import (
+    ContextMixingAttribution,
+    MethodCall,
+    MixingStepOutput,
+    SignedMixingSequenceOutput,
+    StepInputs,
+    read_step_inputs,
+)
+
+
+class _Alti(MethodCall):
+    def attribute(
+        self,
+        inputs,
+        additional_forward_args,
+        rollout: bool = True,
+        output_encoder_self_scores: bool = True,
+        max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    ) -> MixingStepOutput:
+        """ALTI relevance of source and target-prefix tokens for every generated token.
+
+        Args:
+            rollout: Roll the layer maps out through the model (ALTI; ALTI+ for encoder–decoders). With False,
+                return each layer's map (last dimension: layer).
+            output_encoder_self_scores: Return the encoder map in ``sequence_scores["encoder_self_scores"]``.
+            max_chunk_elements: Memory bound of one chunk of per-(position, token) parts.
+        """
+        owner = self.owner
+        steps = read_step_inputs(inputs, additional_forward_args, owner.spec.is_encoder_decoder)
+        scores = alti(owner.trace(steps), rollout or output_encoder_self_scores, max_chunk_elements)
+        maps = alti_maps(scores, rollout)
+        if not output_encoder_self_scores:
+            maps.encoder = None
+        return owner.maps_step_output(maps, steps, num_dimensions=0 if rollout else 1)
+
+
+class AltiAttribution(ContextMixingAttribution):
+    """ALTI (Ferrando et al., EMNLP 2022) and, for encoder–decoders, ALTI+ (Ferrando et al., EMNLP 2022, NMT).
+
+    Each attention sub-block's output is split into one vector per context token (the residual counted as the token's
+    own part); a token's contribution is ``max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁)``, rows normalised to 1. Post-LN blocks
+    apply their norm, frozen at the forward pass, to every part.
+
+    Outputs: by default the rollout through all layers: for encoder–decoders the ALTI+ joint rollout, whose source and
+    target columns sum to 1 together for each generated token; encoder rollout in
+    ``sequence_scores["encoder_self_scores"]``. With ``rollout=False``, per-layer maps (last dimension: layer; for
+    encoder–decoders the joint ALTI+ layer blocks).
+    """
+
+    method_name = "alti"
+
+    def __init__(self, attribution_model, **kwargs):
+        super().__init__(attribution_model, **kwargs)
+        self.method = _Alti(self)
+
+
+@dataclass
+class _SignedScores:
+    target: torch.Tensor
+    source: torch.Tensor | None
+
+
+class _AltiLogit(MethodCall):
+    def attribute(
+        self,
+        inputs,
+        additional_forward_args,
+        contrast_targets: str | list[str] | None = None,
+        contrast_targets_alignments: list | None = None,
+        max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    ) -> MixingStepOutput:
+        """Signed ALTI-logit contributions of source and target tokens to each generated token's logit.
+
+        Args:
+            contrast_targets: A contrastive target text: explain ``logit(target) − logit(foil)``, the foil being the
+                aligned token of this text at each step. Also read from the arguments of Inseq's
+                ``attributed_fn="contrast_logits_diff"``.
+            contrast_targets_alignments: ``(target index, contrast index)`` pairs, as in Inseq; default 1:1.
+            max_chunk_elements: Memory bound of one chunk of ALTI parts.
+        """
+        owner = self.owner
+        steps = read_step_inputs(inputs, additional_forward_args, owner.spec.is_encoder_decoder)
+        trace = owner.trace(steps)
+        foils = owner.contrast_ids(steps, contrast_targets, contrast_targets_alignments)
+        scores = alti_logit(trace, steps.predicted_ids, foils, max_chunk_elements=max_chunk_elements)
+        step_scores = {f"unattributed_{name}": term for name, term in scores.unattributed.items()}
+        step_scores["logit" if foils is None else "contrast_logits_diff"] = scores.logit
+        owner.keep_step_scores(step_scores, trace.decoder.mask)
+        maps = _SignedScores(target=scores.target, source=scores.source)
+        return owner.maps_step_output(maps, steps, num_dimensions=0, sequence_cls=SignedMixingSequenceOutput)
+
+
+class AltiLogitAttribution(ContextMixingAttribution):
+    """ALTI-logit (Ferrando et al., ACL 2023): signed contributions of input tokens to each generated token's logit.
+
+    Every attention sub-block's part for a context token, projected on the unembedding row of the generated token
+    (through the final norm and, in post-LN models, every later norm, all frozen at the forward pass), is traced back
+    to the input tokens with the ALTI rollout of the layers below. Encoder–decoders use the ALTI+ rollouts: this is
+    our extension of the paper, which covers decoder-only models.
+
+    Outputs (not normalised: show them with ``normalize=False`` kept, as the default aggregation does): signed source
+    and target scores; each sequence's ``step_scores`` holds ``logit`` (or ``contrast_logits_diff``) and the terms not
+    attributed to tokens, ``unattributed_ffn``, ``unattributed_attention_bias``, ``unattributed_norm_bias`` and
+    ``unattributed_logit_bias``. For every generated token, source scores + target scores + the four unattributed
+    terms = the logit.
+    """
+
+    method_name = "alti_logit"
+
+    def __init__(self, attribution_model, **kwargs):
+        super().__init__(attribution_model, **kwargs)
+        self.use_predicted_target = True  # explains the target's logit: Inseq's contrastive functions apply
+        self.method = _AltiLogit(self)
+
+    def contrast_ids(
+        self, steps: StepInputs, contrast_targets: str | list[str] | None, alignments: list | None
+    ) -> torch.Tensor | None:
+        """The foil token at every attributed decoder position ``(1, T)`` from a contrastive target text, or None.
+
+        Positions before the first attributed token keep the target itself (their difference is 0; Inseq does not
+        show them).
+        """
+        contrast_targets = contrast_targets or steps.attributed_fn_args.get("contrast_targets")
+        if contrast_targets is None:
+            return None
+        alignments = steps.attributed_fn_args.get("contrast_targets_alignments") or alignments or []
+        if alignments and isinstance(alignments[0], list):
+            alignments = alignments[0]
+        if steps.input_ids.shape[0] != 1:
+            raise ValueError("Contrastive explanations take one sentence at a time: attribute a single input.")
+        is_enc_dec = self.spec.is_encoder_decoder
+        batch = get_batch_from_inputs(self.attribution_model, inputs=contrast_targets, as_targets=is_enc_dec)
+        contrast = DecoderOnlyBatch.from_batch(batch).target_ids.to(steps.next_ids.device)
+        predicted = steps.predicted_ids
+        foils = predicted.clone()  # positions before the attributed ones are not shown: no contrast there
+        missing = []
+        for position in range(self.first_attributed_position - 1, predicted.shape[1]):
+            aligned = get_aligned_idx(position + 1, alignments)
+            if 0 <= aligned < contrast.shape[1]:
+                foils[:, position] = contrast[:, aligned]
+            else:
+                missing.append(position + 1)
+        if missing:
+            raise ValueError(
+                f"The contrast target has {contrast.shape[1]} tokens and no token aligned with target position(s) "
+                f"{missing}: give a contrast target as long as the target, or contrast_targets_alignments."
+            )
+        return foils

@@ -1,0 +1,130 @@
+"""``alti`` and ``alti_logit`` through Inseq: shapes, completeness against the model's own logits, contrast, padded
+batches, signed heatmaps, save/load."""
+
+import inseq
+import pytest
+import torch
+from inseq.data.viz import get_attribution_colors
+from inseq.utils.viz_utils import red_transparent_blue_colormap
+
+from inseq_mixing.attr import SignedMixingSequenceOutput
+from inseq_mixing.testing import is_seq2seq, load_tiny
+
+from .test_inseq_glue import CONTINUATION, PROMPT, SOURCE, TARGET, attribute
+
+UNATTRIBUTED = ("unattributed_ffn", "unattributed_attention_bias", "unattributed_norm_bias", "unattributed_logit_bias")
+
+
+def token_ids(tokens) -> torch.Tensor:
+    return torch.tensor([[token.id for token in tokens]])
+
+
+def own_logits(model, seq) -> torch.Tensor:
+    """The HF model's logit of every generated token of ``seq``, teacher-forced, without the plugin."""
+    target = token_ids(seq.target)
+    positions = torch.arange(seq.attr_pos_start, target.shape[1])
+    with torch.no_grad():
+        if model.is_encoder_decoder:
+            logits = model.model(input_ids=token_ids(seq.source), decoder_input_ids=target).logits
+        else:
+            logits = model.model(input_ids=target).logits
+    return logits[0, positions - 1, target[0, positions]]
+
+
+def token_total(seq) -> torch.Tensor:
+    total = seq.target_attributions.nansum(0)
+    return total if seq.source_attributions is None else total + seq.source_attributions.sum(0)
+
+
+def test_alti_logit_scores_add_up_to_the_models_own_logit(family):
+    model = load_tiny(family, "alti_logit")
+    seq = attribute(model, family).sequence_attributions[0]
+    assert isinstance(seq, SignedMixingSequenceOutput)
+    generated = len(seq.target) - seq.attr_pos_start
+    assert seq.target_attributions.shape == (len(seq.target), generated)
+    assert set(seq.step_scores) == {"logit", *UNATTRIBUTED}
+    torch.testing.assert_close(seq.step_scores["logit"], own_logits(model, seq), atol=1e-5, rtol=1e-5)
+    total = token_total(seq) + sum(seq.step_scores[name] for name in UNATTRIBUTED)
+    torch.testing.assert_close(total, seq.step_scores["logit"], atol=1e-4, rtol=1e-4)
+    for col in range(generated):
+        assert seq.target_attributions[seq.attr_pos_start + col :, col].isnan().all()
+        assert not seq.target_attributions[: seq.attr_pos_start + col, col].isnan().any()
+
+
+def test_alti_rollout_columns_sum_to_one_and_layers_on_request(family):
+    model = load_tiny(family, "alti")
+    seq = attribute(model, family).sequence_attributions[0]
+    torch.testing.assert_close(token_total(seq), torch.ones(seq.target_attributions.shape[1]))
+    assert (seq.target_attributions.nan_to_num() >= 0).all()
+    if is_seq2seq(family):
+        num_source = len(seq.source)
+        assert seq.sequence_scores["encoder_self_scores"].shape == (num_source, num_source)
+    layers = attribute(model, family, rollout=False).sequence_attributions[0]
+    assert layers.target_attributions.shape[-1] == model.model.config.num_hidden_layers
+    html = layers.show(display=False, return_html=True)
+    assert "Target Saliency Heatmap" in html
+
+
+@pytest.mark.parametrize("family", ["marian", "t5", "gpt2"])
+def test_contrastive_explanation_follows_inseq_convention(family):
+    model = load_tiny(family, "alti_logit")
+    if is_seq2seq(family):
+        text, target, foil = SOURCE, TARGET, TARGET.replace("livres", "ont").replace("lus", "été")
+    else:
+        text, target, foil = PROMPT, CONTINUATION, CONTINUATION.replace("mat", "cat")
+    plain = model.attribute(text, target, attribute_target=True, show_progress=False).sequence_attributions[0]
+    contrast = model.attribute(
+        text, target, attribute_target=True, show_progress=False,
+        attributed_fn="contrast_logits_diff", contrast_targets=foil,
+    ).sequence_attributions[0]  # fmt: skip
+    direct = model.attribute(
+        text, target, attribute_target=True, show_progress=False, contrast_targets=foil
+    ).sequence_attributions[0]
+    difference = contrast.step_scores["contrast_logits_diff"]
+    torch.testing.assert_close(direct.step_scores["contrast_logits_diff"], difference)
+    total = token_total(contrast) + sum(contrast.step_scores[name] for name in UNATTRIBUTED)
+    torch.testing.assert_close(total, difference, atol=1e-4, rtol=1e-4)
+    assert (difference == 0).any() and (difference != 0).any()  # foil = target at some steps only
+    assert not torch.allclose(difference, plain.step_scores["logit"])
+
+
+def test_contrast_target_without_aligned_token_is_refused():
+    model = load_tiny("marian", "alti_logit")
+    with pytest.raises(ValueError, match="contrast_targets_alignments"):
+        model.attribute(SOURCE, TARGET, attribute_target=True, show_progress=False, contrast_targets="les")
+
+
+def test_padded_batch_equals_one_by_one():
+    model = load_tiny("llama", "alti_logit")
+    texts = ["the cat sat on the mat", "the dog"]
+    together = model.attribute(texts, show_progress=False, generation_args={"max_new_tokens": 3})
+    for text, seq in zip(texts, together.sequence_attributions, strict=True):
+        generated = " ".join([text, *(t.token for t in seq.target[len(text.split()) :])])
+        alone = model.attribute(text, generated, show_progress=False).sequence_attributions[0]
+        torch.testing.assert_close(seq.target_attributions, alone.target_attributions, equal_nan=True)
+        for name in ("logit", *UNATTRIBUTED):
+            torch.testing.assert_close(seq.step_scores[name], alone.step_scores[name], atol=1e-5, rtol=1e-4)
+
+
+def test_signed_heatmap_uses_a_diverging_scale_and_survives_save_load(tmp_path):
+    out = attribute(load_tiny("bart", "alti_logit"), "bart")
+    seq = out.sequence_attributions[0]
+    scores = torch.cat([seq.source_attributions.flatten(), seq.target_attributions.flatten()]).nan_to_num()
+    assert scores.min() < 0 < scores.max()
+    aggregated = seq.aggregate()
+    torch.testing.assert_close(aggregated.source_attributions, seq.source_attributions)  # not renormalised
+    assert aggregated.maximum == -aggregated.minimum == float(scores.abs().max())
+    colours = get_attribution_colors([aggregated], cmap=red_transparent_blue_colormap(), return_strings=False)
+    source_colours = colours[0]
+    row, col = divmod(int(seq.source_attributions.argmin()), seq.source_attributions.shape[1])
+    red, _, blue, _ = source_colours[row][col]
+    assert blue > red  # negative scores are blue, positive ones red
+    html = out.show(display=False, return_html=True)
+    assert "Source Saliency Heatmap" in html and "unattributed_ffn" in html
+    path = tmp_path / "out.json"
+    out.save(path)
+    loaded = inseq.FeatureAttributionOutput.load(path).sequence_attributions[0]
+    assert isinstance(loaded, SignedMixingSequenceOutput)
+    torch.testing.assert_close(loaded.source_attributions, seq.source_attributions)
+    torch.testing.assert_close(loaded.step_scores["unattributed_ffn"], seq.step_scores["unattributed_ffn"])
+    assert "Target Saliency Heatmap" in loaded.show(display=False, return_html=True)
