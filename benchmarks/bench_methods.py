@@ -1,4 +1,5 @@
-"""Time value_zeroing against Inseq's own methods on the same inputs, in one run, and print ratios.
+"""Time the plugin's methods against Inseq's own on the same inputs, in one run, and print ratios; measure the peak
+memory of a long input.
 
 Models are full-size with random weights (nothing is downloaded): an opus-mt-sized Marian (d_model 512, 6+6 layers,
 8 heads, FFN 2048), a T5-small-sized model (d_model 512, 6+6 layers, 8 heads, FFN 2048) and a GPT-2-small-sized model
@@ -6,13 +7,20 @@ Models are full-size with random weights (nothing is downloaded): an opus-mt-siz
 words and N/2 generated words (decoder-only).
 
 Usage:
-    python benchmarks/bench_value_zeroing.py [--lengths 20 40 80] [--models marian t5 gpt2] [--methods ...]
+    python benchmarks/bench_methods.py [--lengths 20 40 80] [--models marian t5 gpt2] [--methods ...]
         [--ig-max-length 40]
+    python benchmarks/bench_methods.py --memory-tokens 1000 [--methods alti alti_logit value_zeroing]
+
+The second form runs each method through Inseq on a GPT-2-small-sized model with a prompt of that many tokens, each
+in a fresh process, and prints its time and peak resident memory (total, and above the loaded model).
 """
 
 import argparse
 import logging
 import random
+import resource
+import subprocess
+import sys
 import time
 import warnings
 from importlib.metadata import version
@@ -20,7 +28,7 @@ from importlib.metadata import version
 import inseq
 import torch
 
-import inseq_mixing  # noqa: F401  (registers value_zeroing, renames the built-in)
+import inseq_mixing  # registers the plugin's methods, renames the built-in value_zeroing
 from inseq_mixing.testing import WORDS, is_seq2seq, tiny_model, word_tokenizer
 
 FULL_SIZE = {
@@ -28,7 +36,7 @@ FULL_SIZE = {
     "t5": {"d_model": 512, "layers": 6, "heads": 8, "ffn": 2048, "vocab": 32128},
     "gpt2": {"d_model": 768, "layers": 12, "heads": 12, "ffn": 3072, "vocab": 50257},
 }
-DEFAULT_METHODS = ["value_zeroing", "integrated_gradients", "deeplift", "inseq_value_zeroing"]
+DEFAULT_METHODS = ["value_zeroing", "alti", "alti_logit", "integrated_gradients", "deeplift", "inseq_value_zeroing"]
 
 
 def sentence(num_words: int, seed: int) -> str:
@@ -94,6 +102,46 @@ def time_method(model, tokenizer, family: str, method: str, source: str, target:
         return f"fails: {type(error).__name__}: {str(error).splitlines()[0][:60]} ({leftovers} hooks left on model)"
 
 
+def print_ratios(results: dict) -> None:
+    """Each baseline's time over each plugin method's time (how many times faster ours is)."""
+    for ours in inseq_mixing.METHODS:
+        if not isinstance(results.get(ours), float):
+            continue
+        ratios = [
+            f"{method}/{ours} = {value / results[ours]:.1f}×"
+            for method, value in results.items()
+            if method not in inseq_mixing.METHODS and isinstance(value, float)
+        ]
+        if ratios:
+            print(f"          {ours}: " + ", ".join(ratios))
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+def memory_child(method: str, num_tokens: int) -> None:
+    """Run one method on a long prompt in this (fresh) process and print time and peak memory."""
+    model = tiny_model("gpt2", **FULL_SIZE["gpt2"])
+    attribution_model = inseq.load_model(model, method, tokenizer=word_tokenizer(seq2seq=False))
+    prompt = sentence(num_tokens - 2, 5)
+    loaded = peak_rss_gb()
+    start = time.perf_counter()
+    attribution_model.attribute(prompt, prompt + " the end", show_progress=False)
+    elapsed = time.perf_counter() - start
+    peak = peak_rss_gb()
+    print(f"{method:14} {num_tokens:>6} {elapsed:>8.1f}s {peak:>8.2f} GB {peak - loaded:>8.2f} GB")
+
+
+def memory_report(methods: list[str], num_tokens: int) -> None:
+    print(f"GPT-2-small-sized model, {num_tokens}-token prompt, through Inseq, one fresh process per method")
+    print(f"{'method':14} {'tokens':>6} {'time':>9} {'peak RSS':>11} {'above model':>11}")
+    for method in methods:
+        command = [sys.executable, __file__, "--memory-child", method, str(num_tokens)]
+        result = subprocess.run(command, capture_output=True, text=True)
+        print(result.stdout.strip() or f"{method:14} fails: {result.stderr.strip().splitlines()[-1][:100]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[20, 40, 80])
@@ -102,9 +150,18 @@ def main() -> None:
     parser.add_argument(
         "--ig-max-length", type=int, default=None, help="skip integrated_gradients above this length (it is slow)"
     )
+    parser.add_argument("--memory-tokens", type=int, default=None, help="measure peak memory at this prompt length")
+    parser.add_argument("--memory-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
+    if args.memory_child:
+        memory_child(args.memory_child[0], int(args.memory_child[1]))
+        return
+    if args.memory_tokens:
+        methods = [m for m in args.methods if m in inseq_mixing.METHODS] if args.methods != DEFAULT_METHODS else None
+        memory_report(methods or list(inseq_mixing.METHODS), args.memory_tokens)
+        return
     versions = f"inseq {version('inseq')}, transformers {version('transformers')}"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {versions}")
     header = f"{'model':7} {'N':>4} {'forward':>9} " + " ".join(f"{m:>22}" for m in args.methods)
@@ -126,15 +183,7 @@ def main() -> None:
                 value = results[method]
                 cells.append(f"{value:>8.2f}s ({value / forward:>6.0f}×fw)" if isinstance(value, float) else "  n/a")
             print(f"{family:7} {length:>4} {forward * 1000:>7.1f}ms " + " ".join(f"{c:>22}" for c in cells))
-            ours = results.get("value_zeroing")
-            if isinstance(ours, float):
-                ratios = [
-                    f"{method}/value_zeroing = {value / ours:.1f}×"
-                    for method, value in results.items()
-                    if method != "value_zeroing" and isinstance(value, float)
-                ]
-                if ratios:
-                    print("          ratios: " + ", ".join(ratios))
+            print_ratios(results)
             failures = [f"{m}: {v}" for m, v in results.items() if isinstance(v, str)]
             for failure in failures:
                 print(f"          {failure}")
