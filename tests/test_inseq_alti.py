@@ -49,6 +49,8 @@ def test_alti_logit_scores_add_up_to_the_models_own_logit(family):
     for col in range(generated):
         assert seq.target_attributions[seq.attr_pos_start + col :, col].isnan().all()
         assert not seq.target_attributions[: seq.attr_pos_start + col, col].isnan().any()
+    html = seq.show(display=False, return_html=True)
+    assert "Target Saliency Heatmap" in html and "unattributed_ffn" in html
 
 
 def test_alti_rollout_columns_sum_to_one_and_layers_on_request(family):
