@@ -151,3 +151,16 @@ def test_frozen_norms_reproduce_every_recorded_norm(family):
             torch.testing.assert_close(
                 (frozen.linear(other) * direction).sum(), (other * frozen.transpose(direction)).sum()
             )
+
+
+def test_ffn_spec_recomposes_the_ffn(family):
+    """The FFN's linear maps and activation, as the spec names them, give the model's own FFN output."""
+    model = get_tiny(family)
+    trace = trace_of(model, example_kwargs(family))
+    for stack_spec, stack in traced_stacks(trace):
+        for layer, record in zip(stack_spec.layers, stack.layers, strict=True):
+            ffn = layer.ffn
+            hidden = ffn.norm(record.ffn_norm_input) if ffn.pre_norm else record.ffn_norm_input
+            inner = ffn.w_in(hidden)
+            inner = ffn.activation(ffn.w_gate(hidden)) * inner if ffn.is_gated else ffn.activation(inner)
+            torch.testing.assert_close(ffn.w_out(inner), ffn.forward(hidden), rtol=0, atol=1e-6)

@@ -45,7 +45,14 @@ def layer_spec(layer: nn.Module, pre_norm: bool) -> LayerSpec:
         module=layer,
         self_attn=attention_spec(layer.self_attn, layer.self_attn_layer_norm, pre_norm),
         cross_attn=cross,
-        ffn=FFNSpec(forward=ffn_forward(layer), norm=layer.final_layer_norm, pre_norm=pre_norm),
+        ffn=FFNSpec(
+            forward=ffn_forward(layer),
+            norm=layer.final_layer_norm,
+            pre_norm=pre_norm,
+            w_in=layer.fc1,
+            w_out=layer.fc2,
+            activation=layer.activation_fn,
+        ),
     )
 
 

@@ -67,15 +67,30 @@ class AttentionSpec:
 class FFNSpec:
     """The position-wise feed-forward sub-block.
 
+    Plain FFNs compute ``w_out(activation(w_in(x)))``; gated ones (SwiGLU, gated-GELU) compute
+    ``w_out(activation(w_gate(x)) * w_in(x))``.
+
     Attributes:
         forward: The FFN on its (normalised, for pre-LN) input, without the residual.
         norm: The layer norm of this sub-block.
         pre_norm: Placement of ``norm`` (see :class:`AttentionSpec`).
+        w_in: The first linear map (the linear branch of a gated FFN).
+        w_out: The second linear map.
+        activation: The element-wise activation.
+        w_gate: The branch that goes through the activation in a gated FFN, else None.
     """
 
     forward: Callable[[torch.Tensor], torch.Tensor]
     norm: nn.Module
     pre_norm: bool
+    w_in: nn.Module
+    w_out: nn.Module
+    activation: Callable[[torch.Tensor], torch.Tensor]
+    w_gate: nn.Module | None = None
+
+    @property
+    def is_gated(self) -> bool:
+        return self.w_gate is not None
 
 
 @dataclass(frozen=True)

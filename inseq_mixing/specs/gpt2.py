@@ -24,7 +24,9 @@ def layer_spec(block: nn.Module) -> LayerSpec:
         norm=block.ln_1,
         pre_norm=True,
     )
-    return LayerSpec(module=block, self_attn=self_attn, ffn=FFNSpec(forward=block.mlp, norm=block.ln_2, pre_norm=True))
+    mlp = block.mlp
+    ffn = FFNSpec(forward=mlp, norm=block.ln_2, pre_norm=True, w_in=mlp.c_fc, w_out=mlp.c_proj, activation=mlp.act)
+    return LayerSpec(module=block, self_attn=self_attn, ffn=ffn)
 
 
 def build(model: nn.Module) -> ModelSpec:

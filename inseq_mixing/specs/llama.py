@@ -23,7 +23,16 @@ def layer_spec(layer: nn.Module, config) -> LayerSpec:
         norm=layer.input_layernorm,
         pre_norm=True,
     )
-    ffn = FFNSpec(forward=layer.mlp, norm=layer.post_attention_layernorm, pre_norm=True)
+    mlp = layer.mlp
+    ffn = FFNSpec(
+        forward=mlp,
+        norm=layer.post_attention_layernorm,
+        pre_norm=True,
+        w_in=mlp.up_proj,
+        w_out=mlp.down_proj,
+        activation=mlp.act_fn,
+        w_gate=mlp.gate_proj,
+    )
     return LayerSpec(module=layer, self_attn=self_attn, ffn=ffn)
 
 

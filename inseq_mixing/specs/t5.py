@@ -27,6 +27,20 @@ def attention_spec(sublayer: nn.Module, attn: nn.Module) -> AttentionSpec:
     )
 
 
+def ffn_spec(ff_sub: nn.Module) -> FFNSpec:
+    dense = ff_sub.DenseReluDense
+    gated = hasattr(dense, "wi_0")  # v1.1: gelu(wi_0 x) * wi_1 x
+    return FFNSpec(
+        forward=dense,
+        norm=ff_sub.layer_norm,
+        pre_norm=True,
+        w_in=dense.wi_1 if gated else dense.wi,
+        w_out=dense.wo,
+        activation=dense.act,
+        w_gate=dense.wi_0 if gated else None,
+    )
+
+
 def layer_spec(block: nn.Module) -> LayerSpec:
     self_sub, ff_sub = block.layer[0], block.layer[-1]
     cross = None
@@ -36,7 +50,7 @@ def layer_spec(block: nn.Module) -> LayerSpec:
         module=block,
         self_attn=attention_spec(self_sub, self_sub.SelfAttention),
         cross_attn=cross,
-        ffn=FFNSpec(forward=ff_sub.DenseReluDense, norm=ff_sub.layer_norm, pre_norm=True),
+        ffn=ffn_spec(ff_sub),
     )
 
 

@@ -1,0 +1,416 @@
+r"""DecompX (Modarressi et al., ACL 2023): every hidden state as a sum of per-input-token components, through all
+layers, read out on the logit.
+
+Paper: Ali Modarressi, Mohsen Fayyaz, Ehsan Aghazadeh, Yadollah Yaghoobzadeh, Mohammad Taher Pilehvar. "DecompX:
+Explaining Transformers Decisions by Propagating Token Decomposition". ACL 2023.
+https://aclanthology.org/2023.acl-long.149/
+
+Each hidden state is kept as :math:`x_i = \sum_k x_{i \Leftarrow k}`, a ``(positions, components, d_model)`` tensor.
+Every operation of a block is linear once the non-linear parts are frozen at the forward pass:
+
+* attention: :math:`z_{i \Leftarrow k} = \sum_h \sum_j \alpha^h_{ij} (x_{j \Leftarrow k} W^h_V) W^h_O` (heads
+  contracted over :math:`j` before the output projection); the residual adds its own components;
+* norms: shared statistics of the whole vector, applied to each component (exact);
+* FFN: first linear per component; the activation linearised per neuron at the true pre-activation :math:`z`, the
+  same for every component: slope :math:`f(z)/z` (the default, "zero-origin", exact in sum) or the tangent
+  :math:`f'(z)` (its intercept :math:`f(z) - z f'(z)` is then a bias); second linear per component. Gated FFNs hold
+  one branch at its true value and decompose the other;
+* biases (value bias, carried through :math:`W_O` since attention rows sum to 1; output bias; FFN biases; norm
+  shifts; the logit bias) are split over the components of the vector they are added to, in proportion to
+  :math:`|x_{\Leftarrow k} \cdot b|` (the paper's default), to :math:`\lVert x_{\Leftarrow k}\rVert`, equally over
+  the tokens available at that position, or kept in one extra "bias" component.
+
+Read-out: the final decomposed state goes through the final norm and the LM-head scaling and is projected on
+:math:`U_w` (or :math:`U_w - U_{foil}`); the component scores sum to the model's logit.
+
+Encoder–decoders (our extension of the paper, which decomposes encoder classifiers): the encoder is decomposed over
+source tokens; decoder components are [source | target (| bias)], and cross-attention carries the encoder output's
+components into the source block. Decoder-only models (also our extension) decompose over the whole sequence.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..specs import AttentionSpec, FFNSpec, LayerSpec, StackSpec
+from ..specs.base import linear_in_out
+from ..trace import AttentionTrace, LayerTrace, ModelTrace, StackTrace
+from .alti_logit import logit_bias, recorded_logit, unembedding_direction
+from .blocks import upcast
+from .norms import freeze_norm
+
+BIAS_SPLITS = ("absdot", "norm", "equal", "separate")
+FFN_LINEARIZATIONS = ("zero_origin", "tangent")
+GATED_SPLITS = ("linear", "gate")
+
+#: Upper bound on the elements of one chunk of FFN activations ``(positions, components, d_ff)``.
+DEFAULT_CHUNK_ELEMENTS = 2**24
+
+
+@dataclass(frozen=True)
+class DecompXOptions:
+    """Choices of the decomposition.
+
+    Attributes:
+        bias: How biases are split over components: ``"absdot"`` (by :math:`|x_k \\cdot b|`, the paper's default),
+            ``"norm"`` (by :math:`\\lVert x_k\\rVert`), ``"equal"`` (equally over the tokens available at the
+            position), or ``"separate"`` (one extra bias component).
+        ffn_linearization: ``"zero_origin"`` (slope :math:`f(z)/z`) or ``"tangent"`` (slope :math:`f'(z)`, intercept
+            treated as a bias).
+        gated_split: In gated FFNs, decompose the ``"linear"`` branch (the gate held at its true value, default) or
+            the ``"gate"`` branch (the linear branch held).
+        include_ffn: Decompose through the FFNs. With False, each FFN output is treated as a bias and split by
+            ``bias``.
+        max_chunk_elements: Memory bound of one chunk of FFN activations.
+    """
+
+    bias: str = "absdot"
+    ffn_linearization: str = "zero_origin"
+    gated_split: str = "linear"
+    include_ffn: bool = True
+    max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
+
+    def __post_init__(self):
+        for name, allowed in (
+            ("bias", BIAS_SPLITS),
+            ("ffn_linearization", FFN_LINEARIZATIONS),
+            ("gated_split", GATED_SPLITS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"DecompX {name}={getattr(self, name)!r} is unknown: use one of {allowed}.")
+
+
+@dataclass
+class Components:
+    """A decomposed stream: ``parts`` ``(B, positions, components, D)`` and which components each position may use.
+
+    Attributes:
+        parts: The components; they sum over axis 2 to the hidden state.
+        available: ``(B, positions, components)``: real tokens the position can see (for ``"equal"`` splits).
+        bias_index: Index of the bias component, or None.
+    """
+
+    parts: torch.Tensor
+    available: torch.Tensor
+    bias_index: int | None
+
+    def total(self) -> torch.Tensor:
+        return self.parts.sum(2)
+
+    def like(self, parts: torch.Tensor, positions: slice = slice(None)) -> "Components":
+        return Components(parts, self.available[:, positions], self.bias_index)
+
+
+def bias_shares(components: Components, bias: torch.Tensor, mode: str) -> torch.Tensor:
+    """Share of a bias ``(B, P, D)`` that goes to each component ``(B, P, K)`` (not for ``"separate"``).
+
+    A position whose weights are all 0 (e.g. a bias orthogonal to every component) splits equally.
+    """
+    available = components.available.to(components.parts.dtype)
+    if mode == "absdot":
+        weights = torch.einsum("bpkd,bpd->bpk", components.parts, bias).abs()
+    elif mode == "norm":
+        weights = torch.linalg.vector_norm(components.parts, dim=-1)
+    else:
+        weights = available
+    return normalized_shares(weights * available, available)
+
+
+def normalized_shares(weights: torch.Tensor, available: torch.Tensor) -> torch.Tensor:
+    """Weights normalised over the last axis, equal over the available components where they sum to 0."""
+    total = weights.sum(-1, keepdim=True)
+    equal = available / available.sum(-1, keepdim=True).clamp(min=1)
+    return torch.where(total > 0, weights / torch.where(total > 0, total, 1), equal)
+
+
+def split_bias(components: Components, bias: torch.Tensor, mode: str, onto: torch.Tensor | None = None):
+    """Add ``bias`` (``(D,)`` or ``(B, P, D)``) to a decomposed vector, split over its components by ``mode``.
+
+    Args:
+        components: The decomposed vector the bias is added to (its components set the shares).
+        bias: The bias.
+        mode: One of :data:`BIAS_SPLITS`.
+        onto: Parts to add the shares to, if not ``components.parts`` (e.g. zeros, to get the shares alone).
+    """
+    parts = components.parts if onto is None else onto
+    bias = upcast(bias).to(parts.device)
+    if bias.dim() == 1:
+        bias = bias.expand(*parts.shape[:2], -1)
+    if mode == "separate":
+        parts = parts.clone()
+        parts[:, :, components.bias_index] += bias
+        return parts
+    return parts + bias_shares(components, bias, mode)[..., None] * bias[:, :, None]
+
+
+def split_scalar_bias(scores: torch.Tensor, components: Components, bias: torch.Tensor, mode: str) -> torch.Tensor:
+    """Split a per-position scalar bias ``(B, P)`` over component scores ``(B, P, K)`` (by ``|score|`` for
+    ``"absdot"`` and ``"norm"``)."""
+    if mode == "separate":
+        scores = scores.clone()
+        scores[..., components.bias_index] += bias
+        return scores
+    available = components.available.to(scores.dtype)
+    weights = scores.abs() * available if mode in ("absdot", "norm") else available
+    return scores + normalized_shares(weights, available) * bias[..., None]
+
+
+def linear_parts(module, components: Components, mode: str) -> Components:
+    """A linear module applied to each component, its bias split over the results."""
+    weight, bias = linear_in_out(module)
+    parts = components.parts @ upcast(weight)
+    parts = parts if bias is None else split_bias(components.like(parts), bias, mode)
+    return components.like(parts)
+
+
+def linear_total(module, hidden: torch.Tensor) -> torch.Tensor:
+    """A linear module (bias included) applied in the scores' precision."""
+    weight, bias = linear_in_out(module)
+    out = hidden @ upcast(weight)
+    return out if bias is None else out + upcast(bias)
+
+
+def decompose_norm(norm, norm_input: torch.Tensor, components: Components, mode: str) -> Components:
+    """A norm at its recorded statistics applied to each component, its shift split over them."""
+    frozen = freeze_norm(norm, norm_input)
+    parts = frozen.linear(components.parts)
+    if frozen.shift is not None:
+        parts = split_bias(components.like(parts), frozen.shift, mode)
+    return components.like(parts)
+
+
+def attention_bias(attn: AttentionSpec) -> torch.Tensor | None:
+    r"""Output bias plus the value bias carried through :math:`W_O` (attention rows sum to 1): ``(D,)`` or None."""
+    _, value_bias = attn.value_weight()
+    bias = None if attn.out_bias is None else upcast(attn.out_bias)
+    if value_bias is not None:
+        per_head = upcast(value_bias).reshape(attn.num_kv_heads, attn.head_dim)[attn.kv_head_of_query_head()]
+        carried = torch.einsum("he,hed->d", per_head, upcast(attn.out_weight_per_head()))
+        bias = carried if bias is None else bias + carried
+    return bias
+
+
+def mix_values(attn: AttentionSpec, record: AttentionTrace, keys: torch.Tensor) -> torch.Tensor:
+    r""":math:`\sum_h \sum_j \alpha^h_{ij} (x_{j \Leftarrow k} W^h_V) W^h_O` for key-side components ``(B, J, K, D)``;
+    heads are contracted over keys before the output projection. Returns ``(B, Q, K, D)``, biases excluded."""
+    value_weight, _ = attn.value_weight()
+    values = (keys @ upcast(value_weight)).unflatten(-1, (attn.num_kv_heads, attn.head_dim))
+    values = values[..., attn.kv_head_of_query_head().to(values.device), :]
+    mixed = torch.einsum("bhqj,bjkhe->bqkhe", upcast(record.probs), values)
+    return torch.einsum("bqkhe,hed->bqkd", mixed, upcast(attn.out_weight_per_head()))
+
+
+def linearized_activation(activation, branch: Components, options: DecompXOptions) -> torch.Tensor:
+    """Components of ``activation(z)`` from components of ``z``, the activation linearised at the true ``z``."""
+    pre = branch.total()
+    if options.ffn_linearization == "zero_origin":
+        value = activation(pre)
+        safe = torch.where(pre == 0, torch.ones_like(pre), pre)
+        return branch.parts * torch.where(pre == 0, torch.zeros_like(pre), value / safe)[:, :, None]
+    with torch.enable_grad():
+        point = pre.detach().requires_grad_(True)
+        value = activation(point)
+        (slope,) = torch.autograd.grad(value.sum(), point)
+    hidden = branch.parts * slope[:, :, None]
+    return split_bias(branch.like(hidden), value.detach() - slope * pre, options.bias)
+
+
+def decompose_ffn(ffn: FFNSpec, inputs: Components, options: DecompXOptions) -> torch.Tensor:
+    """FFN output components ``(B, P, K, D)`` for components of its (normalised) input."""
+    if not options.include_ffn:  # the FFN's real output, split like a bias over its input's components
+        output = upcast(ffn.forward(inputs.total().to(ffn.w_in.weight.dtype)))
+        return split_bias(inputs, output, options.bias, onto=torch.zeros_like(inputs.parts))
+    linear = linear_parts(ffn.w_in, inputs, options.bias)
+    if not ffn.is_gated:
+        hidden = linearized_activation(ffn.activation, linear, options)
+    elif options.gated_split == "linear":
+        gate = ffn.activation(linear_total(ffn.w_gate, inputs.total()))
+        hidden = linear.parts * gate[:, :, None]
+    else:
+        gate = linear_parts(ffn.w_gate, inputs, options.bias)
+        hidden = linearized_activation(ffn.activation, gate, options) * linear.total()[:, :, None]
+    return linear_parts(ffn.w_out, linear.like(hidden), options.bias).parts
+
+
+def add_attention(
+    attn: AttentionSpec, record: AttentionTrace, stream: Components, mixed: torch.Tensor, mode: str
+) -> Components:
+    """Residual plus an attention output whose components are ``mixed`` (biases split over them), then the norm in
+    post-LN blocks."""
+    bias = attention_bias(attn)
+    if bias is not None:
+        mixed = split_bias(stream.like(mixed), bias, mode)
+    stream = stream.like(stream.parts + mixed)
+    return stream if attn.pre_norm else decompose_norm(attn.norm, record.norm_input, stream, mode)
+
+
+def decompose_ffn_block(layer: LayerSpec, record: LayerTrace, stream: Components, options: DecompXOptions):
+    """The FFN sub-block on a decomposed stream: norm (pre-LN), FFN chunked over positions, residual, norm
+    (post-LN)."""
+    ffn, mode = layer.ffn, options.bias
+    inputs = decompose_norm(ffn.norm, record.ffn_norm_input, stream, mode) if ffn.pre_norm else stream
+    batch, positions, num_components, _ = inputs.parts.shape
+    width = ffn.w_out.weight.numel() // inputs.parts.shape[-1]
+    chunk = max(1, options.max_chunk_elements // max(1, batch * num_components * width))
+    outputs = [
+        decompose_ffn(ffn, inputs.like(inputs.parts[:, rows], rows), options)
+        for rows in (slice(start, start + chunk) for start in range(0, positions, chunk))
+    ]
+    stream = stream.like(stream.parts + torch.cat(outputs, dim=1))
+    return stream if ffn.pre_norm else decompose_norm(ffn.norm, record.ffn_norm_input, stream, mode)
+
+
+def decompose_layer(
+    layer: LayerSpec,
+    record: LayerTrace,
+    stream: Components,
+    options: DecompXOptions,
+    encoder: Components | None = None,
+    place_encoder=None,
+) -> Components:
+    """One block on a decomposed stream.
+
+    Args:
+        layer: The block's spec.
+        record: Its trace.
+        stream: Components of the block input.
+        options: Decomposition choices.
+        encoder: Components of the encoder output (decoder blocks of encoder–decoders).
+        place_encoder: Maps encoder-layout components ``(B, Q, K_enc, D)`` into the decoder layout.
+    """
+    mode, attn = options.bias, layer.self_attn
+    keys = decompose_norm(attn.norm, record.self_attn.norm_input, stream, mode) if attn.pre_norm else stream
+    stream = add_attention(attn, record.self_attn, stream, mix_values(attn, record.self_attn, keys.parts), mode)
+    if layer.cross_attn is not None:
+        cross = place_encoder(mix_values(layer.cross_attn, record.cross_attn, encoder.parts))
+        stream = add_attention(layer.cross_attn, record.cross_attn, stream, cross, mode)
+    return decompose_ffn_block(layer, record, stream, options)
+
+
+def initial_components(hidden: torch.Tensor, offset: int, available: torch.Tensor, bias_index) -> Components:
+    """The stack input: position ``p`` is entirely component ``offset + p``."""
+    batch, positions, d_model = hidden.shape
+    parts = hidden.new_zeros(batch, positions, available.shape[-1], d_model, dtype=upcast(hidden).dtype)
+    index = torch.arange(positions, device=hidden.device)
+    parts[:, index, offset + index] = upcast(hidden)
+    return Components(parts, available, bias_index)
+
+
+def available_components(query_mask, blocks: list[tuple[torch.Tensor, bool]], has_bias: bool) -> torch.Tensor:
+    """``(B, Q, K)``: for each position, the real tokens of each component block it can see (causal blocks: only up
+    to itself); the bias component is never part of an equal split."""
+    masks = []
+    for key_mask, causal in blocks:
+        visible = query_mask.bool()[:, :, None] & key_mask.bool()[:, None, :]
+        if causal:
+            visible = visible & torch.ones(visible.shape[1:], dtype=torch.bool, device=visible.device).tril()
+        masks.append(visible)
+    if has_bias:
+        masks.append(torch.zeros_like(masks[0][..., :1]))
+    return torch.cat(masks, dim=-1)
+
+
+def decompose_stack(
+    stack_spec: StackSpec,
+    stack: StackTrace,
+    stream: Components,
+    options: DecompXOptions,
+    encoder: Components | None = None,
+    place_encoder=None,
+    keep_layers: bool = False,
+) -> tuple[Components, list[Components]]:
+    """Every block of a stack, then its final norm; returns the output and (if asked) each block's output."""
+    layers = []
+    for layer, record in zip(stack_spec.layers, stack.layers, strict=True):
+        stream = decompose_layer(layer, record, stream, options, encoder, place_encoder)
+        if keep_layers:
+            layers.append(stream)
+    if stack_spec.final_norm is not None:
+        stream = decompose_norm(stack_spec.final_norm, stack.final_norm_input, stream, options.bias)
+    return stream, layers
+
+
+@dataclass
+class DecompXScores:
+    """Signed logit contributions for the token predicted at every decoder position.
+
+    Attributes:
+        target: ``(B, T, T)``: contribution of target-prefix token ``j`` (decoder-only: any token) at position
+            ``t``; exactly 0 for ``j > t`` and padding.
+        source: ``(B, T, S)``: contribution of source token ``s`` (encoder–decoders).
+        bias: ``(B, T)``: the bias component (``bias="separate"``), else None.
+        logit: The model's own logit (minus the foil's), ``(B, T)``.
+        layers: With ``keep_layers``: components of each block's output, ``{"encoder": [...], "decoder": [...]}``.
+    """
+
+    target: torch.Tensor
+    source: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+    logit: torch.Tensor | None = None
+    layers: dict[str, list[Components]] = field(default_factory=dict)
+
+
+@torch.no_grad()
+def decompx(
+    trace: ModelTrace,
+    target_ids: torch.Tensor,
+    foil_ids: torch.Tensor | None = None,
+    options: DecompXOptions | None = None,
+    keep_layers: bool = False,
+) -> DecompXScores:
+    """DecompX scores of the token predicted at every decoder position.
+
+    Args:
+        trace: A recorded forward pass.
+        target_ids: ``(B, T)``: the token whose logit is explained at each position.
+        foil_ids: ``(B, T)``: contrast tokens: explain ``logit(target) - logit(foil)``.
+        options: Decomposition choices (:class:`DecompXOptions`).
+        keep_layers: Also return every block's output components (for checks; memory grows with depth).
+
+    Returns:
+        :class:`DecompXScores`; ``target.sum(-1) + source.sum(-1) (+ bias) == logit``.
+    """
+    options = options or DecompXOptions()
+    spec, dec, enc = trace.spec, trace.decoder, trace.encoder
+    separate = options.bias == "separate"
+    layers, encoder, place = {}, None, None
+    offset = 0
+    blocks = [(dec.mask, True)]
+    if spec.is_encoder_decoder:
+        num_source = enc.mask.shape[1]
+        available = available_components(enc.mask, [(enc.mask, False)], separate)
+        start = initial_components(enc.layers[0].input, 0, available, num_source if separate else None)
+        encoder, layers["encoder"] = decompose_stack(spec.encoder, enc, start, options, keep_layers=keep_layers)
+        offset, blocks = num_source, [(enc.mask, False), (dec.mask, True)]
+        place = encoder_placement(num_source, dec.mask.shape[1], separate)
+    available = available_components(dec.mask, blocks, separate)
+    bias_index = available.shape[-1] - 1 if separate else None
+    start = initial_components(dec.layers[0].input, offset, available, bias_index)
+    stream, layers["decoder"] = decompose_stack(
+        spec.decoder, dec, start, options, encoder, place, keep_layers=keep_layers
+    )
+    direction = unembedding_direction(spec, target_ids, foil_ids) * spec.logits_scale
+    scores = torch.einsum("btkd,btd->btk", stream.parts, direction)
+    scores = split_scalar_bias(scores, stream, logit_bias(spec, target_ids, foil_ids), options.bias)
+    real = dec.mask[..., None].to(scores.dtype)
+    scores = scores * real
+    return DecompXScores(
+        target=scores[..., offset : offset + dec.mask.shape[1]],
+        source=scores[..., :offset] if spec.is_encoder_decoder else None,
+        bias=scores[..., -1] if separate else None,
+        logit=recorded_logit(trace, target_ids, foil_ids) * dec.mask,
+        layers=layers if keep_layers else {},
+    )
+
+
+def encoder_placement(num_source: int, num_target: int, separate: bool):
+    """Map encoder-layout components ``(B, Q, S [+1], D)`` into the decoder layout [source | target (| bias)]."""
+
+    def place(parts: torch.Tensor) -> torch.Tensor:
+        placed = parts.new_zeros(*parts.shape[:2], num_source + num_target + int(separate), parts.shape[-1])
+        placed[:, :, :num_source] = parts[:, :, :num_source]
+        if separate:
+            placed[:, :, -1] = parts[:, :, num_source]
+        return placed
+
+    return place
