@@ -31,9 +31,10 @@ def register() -> list[str]:
         The names of the plugin's methods.
     """
     _rename_builtin_value_zeroing()
-    from .attr import AltiAttribution, AltiLogitAttribution, ValueZeroingAttribution
+    from .attr import AltiAttribution, AltiLogitAttribution, DecompXAttribution, ValueZeroingAttribution
 
-    return [cls.method_name for cls in (ValueZeroingAttribution, AltiAttribution, AltiLogitAttribution)]
+    methods = (ValueZeroingAttribution, AltiAttribution, AltiLogitAttribution, DecompXAttribution)
+    return [cls.method_name for cls in methods]
 
 
 METHODS = register()

@@ -45,6 +45,12 @@ def example_kwargs(family: str, batch: int = 1, seed: int = 0) -> dict:
     return {"input_ids": torch.randint(4, 60, (batch, 8), generator=generator)}
 
 
+def next_tokens(kwargs: dict) -> torch.Tensor:
+    """The token following each decoder position (the last position gets an arbitrary token)."""
+    ids = kwargs.get("decoder_input_ids", kwargs["input_ids"])
+    return torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], 9)], dim=1)
+
+
 def trace_of(model, kwargs: dict, **options):
     """Trace ``model`` on model kwargs as built by :func:`example_kwargs`."""
     return trace_model(
@@ -92,6 +98,13 @@ class PaddedCase:
     alone: list[ModelTrace]
     spans: list[tuple[slice, slice]]
     ids: list[torch.Tensor]
+
+    def next_ids(self) -> torch.Tensor:
+        """:func:`next_tokens` of each sentence, laid out like the batch (padding positions get token 5)."""
+        ids = torch.full(self.batched.decoder.mask.shape, 5)
+        for idx, (_, target) in enumerate(self.spans):
+            ids[idx, target] = next_tokens({"input_ids": self.ids[idx][None]})[0]
+        return ids
 
 
 def padded_case(model, family: str, lengths=((6, 5), (3, 2)), seed: int = 3) -> PaddedCase:

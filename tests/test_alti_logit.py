@@ -8,14 +8,8 @@ from inseq_mixing.methods.alti_logit import UNATTRIBUTED_TERMS, alti_logit
 from inseq_mixing.specs import get_spec
 from inseq_mixing.testing import tiny_model
 
-from .conftest import example_kwargs, get_tiny, padded_case, trace_of
+from .conftest import example_kwargs, get_tiny, next_tokens, padded_case, trace_of
 from .reference import naive_alti_logit_pre_ln
-
-
-def next_tokens(kwargs: dict) -> torch.Tensor:
-    """The token following each position (the last position gets an arbitrary token)."""
-    ids = kwargs.get("decoder_input_ids", kwargs["input_ids"])
-    return torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], 9)], dim=1)
 
 
 def total(scores) -> torch.Tensor:
@@ -90,10 +84,8 @@ def test_future_tokens_do_not_change_past_scores(decoder_family):
 
 def test_padded_batch_equals_each_sentence_alone(family):
     case = padded_case(get_tiny(family), family)
-    width = case.batched.decoder.mask.shape[1]
-    ids = torch.full((len(case.ids), width), 5)
-    for idx, (_, target) in enumerate(case.spans):
-        ids[idx, target] = next_tokens({"input_ids": case.ids[idx][None]})[0]
+    ids = case.next_ids()
+    width = ids.shape[1]
     batched = alti_logit(case.batched, ids)
     for idx, (source, target) in enumerate(case.spans):
         alone = alti_logit(case.alone[idx], ids[idx : idx + 1, target])

@@ -1,5 +1,5 @@
-"""``alti`` and ``alti_logit`` through Inseq: shapes, completeness against the model's own logits, contrast, padded
-batches, signed heatmaps, save/load."""
+"""``alti``, ``alti_logit`` and ``decompx`` through Inseq: shapes, completeness against the model's own logits,
+contrast, padded batches, signed heatmaps, save/load."""
 
 import inseq
 import pytest
@@ -13,6 +13,8 @@ from inseq_mixing.testing import is_seq2seq, load_tiny
 from .test_inseq_glue import CONTINUATION, PROMPT, SOURCE, TARGET, attribute
 
 UNATTRIBUTED = ("unattributed_ffn", "unattributed_attention_bias", "unattributed_norm_bias", "unattributed_logit_bias")
+LOGIT_METHODS = ("alti_logit", "decompx")
+EXPLAINED = ("logit", "contrast_logits_diff")
 
 
 def token_ids(tokens) -> torch.Tensor:
@@ -36,21 +38,26 @@ def token_total(seq) -> torch.Tensor:
     return total if seq.source_attributions is None else total + seq.source_attributions.sum(0)
 
 
-def test_alti_logit_scores_add_up_to_the_models_own_logit(family):
-    model = load_tiny(family, "alti_logit")
+def explained_total(seq) -> torch.Tensor:
+    """Token scores plus every returned term not attributed to tokens."""
+    return token_total(seq) + sum(score for name, score in seq.step_scores.items() if name not in EXPLAINED)
+
+
+@pytest.mark.parametrize("method", LOGIT_METHODS)
+def test_logit_scores_add_up_to_the_models_own_logit(family, method):
+    model = load_tiny(family, method)
     seq = attribute(model, family).sequence_attributions[0]
     assert isinstance(seq, SignedMixingSequenceOutput)
     generated = len(seq.target) - seq.attr_pos_start
     assert seq.target_attributions.shape == (len(seq.target), generated)
-    assert set(seq.step_scores) == {"logit", *UNATTRIBUTED}
+    assert set(seq.step_scores) == ({"logit", *UNATTRIBUTED} if method == "alti_logit" else {"logit"})
     torch.testing.assert_close(seq.step_scores["logit"], own_logits(model, seq), atol=1e-5, rtol=1e-5)
-    total = token_total(seq) + sum(seq.step_scores[name] for name in UNATTRIBUTED)
-    torch.testing.assert_close(total, seq.step_scores["logit"], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(explained_total(seq), seq.step_scores["logit"], atol=1e-4, rtol=1e-4)
     for col in range(generated):
         assert seq.target_attributions[seq.attr_pos_start + col :, col].isnan().all()
         assert not seq.target_attributions[: seq.attr_pos_start + col, col].isnan().any()
     html = seq.show(display=False, return_html=True)
-    assert "Target Saliency Heatmap" in html and "unattributed_ffn" in html
+    assert "Target Saliency Heatmap" in html and "logit" in html
 
 
 def test_alti_rollout_columns_sum_to_one_and_layers_on_request(family):
@@ -67,9 +74,10 @@ def test_alti_rollout_columns_sum_to_one_and_layers_on_request(family):
     assert "Target Saliency Heatmap" in html
 
 
+@pytest.mark.parametrize("method", LOGIT_METHODS)
 @pytest.mark.parametrize("family", ["marian", "t5", "gpt2"])
-def test_contrastive_explanation_follows_inseq_convention(family):
-    model = load_tiny(family, "alti_logit")
+def test_contrastive_explanation_follows_inseq_convention(family, method):
+    model = load_tiny(family, method)
     if is_seq2seq(family):
         text, target, foil = SOURCE, TARGET, TARGET.replace("livres", "ont").replace("lus", "été")
     else:
@@ -84,8 +92,7 @@ def test_contrastive_explanation_follows_inseq_convention(family):
     ).sequence_attributions[0]
     difference = contrast.step_scores["contrast_logits_diff"]
     torch.testing.assert_close(direct.step_scores["contrast_logits_diff"], difference)
-    total = token_total(contrast) + sum(contrast.step_scores[name] for name in UNATTRIBUTED)
-    torch.testing.assert_close(total, difference, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(explained_total(contrast), difference, atol=1e-4, rtol=1e-4)
     assert (difference == 0).any() and (difference != 0).any()  # foil = target at some steps only
     assert not torch.allclose(difference, plain.step_scores["logit"])
 
@@ -96,20 +103,25 @@ def test_contrast_target_without_aligned_token_is_refused():
         model.attribute(SOURCE, TARGET, attribute_target=True, show_progress=False, contrast_targets="les")
 
 
-def test_padded_batch_equals_one_by_one():
-    model = load_tiny("llama", "alti_logit")
+@pytest.mark.parametrize("method", LOGIT_METHODS)
+def test_padded_batch_equals_one_by_one(method):
+    model = load_tiny("llama", method)
     texts = ["the cat sat on the mat", "the dog"]
     together = model.attribute(texts, show_progress=False, generation_args={"max_new_tokens": 3})
     for text, seq in zip(texts, together.sequence_attributions, strict=True):
         generated = " ".join([text, *(t.token for t in seq.target[len(text.split()) :])])
         alone = model.attribute(text, generated, show_progress=False).sequence_attributions[0]
-        torch.testing.assert_close(seq.target_attributions, alone.target_attributions, equal_nan=True)
-        for name in ("logit", *UNATTRIBUTED):
+        torch.testing.assert_close(
+            seq.target_attributions, alone.target_attributions, equal_nan=True, atol=1e-5, rtol=1e-4
+        )
+        assert set(seq.step_scores) == set(alone.step_scores)
+        for name in seq.step_scores:
             torch.testing.assert_close(seq.step_scores[name], alone.step_scores[name], atol=1e-5, rtol=1e-4)
 
 
-def test_signed_heatmap_uses_a_diverging_scale_and_survives_save_load(tmp_path):
-    out = attribute(load_tiny("bart", "alti_logit"), "bart")
+@pytest.mark.parametrize("method", LOGIT_METHODS)
+def test_signed_heatmap_uses_a_diverging_scale_and_survives_save_load(tmp_path, method):
+    out = attribute(load_tiny("bart", method), "bart", **({"bias": "separate"} if method == "decompx" else {}))
     seq = out.sequence_attributions[0]
     scores = torch.cat([seq.source_attributions.flatten(), seq.target_attributions.flatten()]).nan_to_num()
     assert scores.min() < 0 < scores.max()
@@ -122,11 +134,36 @@ def test_signed_heatmap_uses_a_diverging_scale_and_survives_save_load(tmp_path):
     red, _, blue, _ = source_colours[row][col]
     assert blue > red  # negative scores are blue, positive ones red
     html = out.show(display=False, return_html=True)
-    assert "Source Saliency Heatmap" in html and "unattributed_ffn" in html
+    extra = "unattributed_ffn" if method == "alti_logit" else "bias_component"
+    assert "Source Saliency Heatmap" in html and extra in html
     path = tmp_path / "out.json"
     out.save(path)
     loaded = inseq.FeatureAttributionOutput.load(path).sequence_attributions[0]
     assert isinstance(loaded, SignedMixingSequenceOutput)
     torch.testing.assert_close(loaded.source_attributions, seq.source_attributions)
-    torch.testing.assert_close(loaded.step_scores["unattributed_ffn"], seq.step_scores["unattributed_ffn"])
+    torch.testing.assert_close(loaded.step_scores[extra], seq.step_scores[extra])
     assert "Target Saliency Heatmap" in loaded.show(display=False, return_html=True)
+
+
+@pytest.mark.parametrize(
+    ("family", "options"),
+    [
+        ("mbart", {"bias": "norm"}),
+        ("mbart", {"bias": "equal"}),
+        ("gpt2", {"ffn_linearization": "tangent"}),
+        ("t5_gated", {"gated_split": "gate"}),
+        ("t5_gated", {"include_ffn": False}),
+    ],
+)
+def test_decompx_options_are_routed(family, options):
+    """T5 has no biases at all, so bias splits are checked on mBART."""
+    model = load_tiny(family, "decompx")
+    base = attribute(model, family).sequence_attributions[0]
+    seq = attribute(model, family, **options).sequence_attributions[0]
+    assert not torch.allclose(seq.target_attributions, base.target_attributions, equal_nan=True)
+    torch.testing.assert_close(explained_total(seq), seq.step_scores["logit"], atol=1e-4, rtol=1e-4)
+
+
+def test_unknown_decompx_option_is_refused():
+    with pytest.raises(ValueError, match="absdot"):
+        attribute(load_tiny("gpt2", "decompx"), "gpt2", bias="proportional")

@@ -2,12 +2,14 @@
 
 from .alti import AltiAttribution, AltiLogitAttribution
 from .base import ContextMixingAttribution, MixingSequenceOutput, MixingStepOutput, SignedMixingSequenceOutput
+from .decompx import DecompXAttribution
 from .value_zeroing import ValueZeroingAttribution
 
 __all__ = [
     "AltiAttribution",
     "AltiLogitAttribution",
     "ContextMixingAttribution",
+    "DecompXAttribution",
     "MixingSequenceOutput",
     "MixingStepOutput",
     "SignedMixingSequenceOutput",

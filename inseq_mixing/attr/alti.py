@@ -1,21 +1,8 @@
 """Inseq glue for ALTI / ALTI+ (``alti``) and ALTI-logit (``alti_logit``)."""
 
-from dataclasses import dataclass
-
-import torch
-from inseq.data import DecoderOnlyBatch, get_batch_from_inputs
-from inseq.utils.alignment_utils import get_aligned_idx
-
 from ..methods.alti import DEFAULT_CHUNK_ELEMENTS, alti, alti_maps
 from ..methods.alti_logit import alti_logit
-from .base import (
-    ContextMixingAttribution,
-    MethodCall,
-    MixingStepOutput,
-    SignedMixingSequenceOutput,
-    StepInputs,
-    read_step_inputs,
-)
+from .base import ContextMixingAttribution, MethodCall, MixingStepOutput, read_step_inputs
 
 
 class _Alti(MethodCall):
@@ -64,12 +51,6 @@ class AltiAttribution(ContextMixingAttribution):
         self.method = _Alti(self)
 
 
-@dataclass
-class _SignedScores:
-    target: torch.Tensor
-    source: torch.Tensor | None
-
-
 class _AltiLogit(MethodCall):
     def attribute(
         self,
@@ -94,10 +75,7 @@ class _AltiLogit(MethodCall):
         foils = owner.contrast_ids(steps, contrast_targets, contrast_targets_alignments)
         scores = alti_logit(trace, steps.predicted_ids, foils, max_chunk_elements=max_chunk_elements)
         step_scores = {f"unattributed_{name}": term for name, term in scores.unattributed.items()}
-        step_scores["logit" if foils is None else "contrast_logits_diff"] = scores.logit
-        owner.keep_step_scores(step_scores, trace.decoder.mask)
-        maps = _SignedScores(target=scores.target, source=scores.source)
-        return owner.maps_step_output(maps, steps, num_dimensions=0, sequence_cls=SignedMixingSequenceOutput)
+        return owner.logit_step_output(steps, trace, scores, foils is not None, step_scores)
 
 
 class AltiLogitAttribution(ContextMixingAttribution):
@@ -121,38 +99,3 @@ class AltiLogitAttribution(ContextMixingAttribution):
         super().__init__(attribution_model, **kwargs)
         self.use_predicted_target = True  # explains the target's logit: Inseq's contrastive functions apply
         self.method = _AltiLogit(self)
-
-    def contrast_ids(
-        self, steps: StepInputs, contrast_targets: str | list[str] | None, alignments: list | None
-    ) -> torch.Tensor | None:
-        """The foil token at every attributed decoder position ``(1, T)`` from a contrastive target text, or None.
-
-        Positions before the first attributed token keep the target itself (their difference is 0; Inseq does not
-        show them).
-        """
-        contrast_targets = contrast_targets or steps.attributed_fn_args.get("contrast_targets")
-        if contrast_targets is None:
-            return None
-        alignments = steps.attributed_fn_args.get("contrast_targets_alignments") or alignments or []
-        if alignments and isinstance(alignments[0], list):
-            alignments = alignments[0]
-        if steps.input_ids.shape[0] != 1:
-            raise ValueError("Contrastive explanations take one sentence at a time: attribute a single input.")
-        is_enc_dec = self.spec.is_encoder_decoder
-        batch = get_batch_from_inputs(self.attribution_model, inputs=contrast_targets, as_targets=is_enc_dec)
-        contrast = DecoderOnlyBatch.from_batch(batch).target_ids.to(steps.next_ids.device)
-        predicted = steps.predicted_ids
-        foils = predicted.clone()  # positions before the attributed ones are not shown: no contrast there
-        missing = []
-        for position in range(self.first_attributed_position - 1, predicted.shape[1]):
-            aligned = get_aligned_idx(position + 1, alignments)
-            if 0 <= aligned < contrast.shape[1]:
-                foils[:, position] = contrast[:, aligned]
-            else:
-                missing.append(position + 1)
-        if missing:
-            raise ValueError(
-                f"The contrast target has {contrast.shape[1]} tokens and no token aligned with target position(s) "
-                f"{missing}: give a contrast target as long as the target, or contrast_targets_alignments."
-            )
-        return foils

@@ -5,9 +5,10 @@ from typing import Any
 
 import torch
 from inseq.attr.feat.feature_attribution import FeatureAttribution
-from inseq.data import MultiDimensionalFeatureAttributionStepOutput
+from inseq.data import DecoderOnlyBatch, MultiDimensionalFeatureAttributionStepOutput, get_batch_from_inputs
 from inseq.data.attribution import MultiDimensionalFeatureAttributionSequenceOutput
 from inseq.utils import Registry
+from inseq.utils.alignment_utils import get_aligned_idx
 
 from ..specs import get_spec
 from ..trace import ModelTrace, trace_model
@@ -88,6 +89,14 @@ class StepInputs:
         """The token predicted at every decoder position ``(B, T)``: the next prefix token, then ``next_ids``."""
         prefix = self.input_ids if self.target_ids is None else self.target_ids
         return torch.cat([prefix[:, 1:], self.next_ids[:, None].to(prefix.device)], dim=1)
+
+
+@dataclass
+class SignedScores:
+    """Signed target ``(B, T, T)`` and source ``(B, T, S)`` (or None) token scores, for ``maps_step_output``."""
+
+    target: torch.Tensor
+    source: torch.Tensor | None = None
 
 
 def read_step_inputs(inputs: tuple, additional_forward_args: tuple, is_encoder_decoder: bool) -> StepInputs:
@@ -173,6 +182,51 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         self, attribute_fn_main_args: dict[str, Any], attribution_args: dict[str, Any] | None = None
     ) -> MixingStepOutput:
         return self.method.attribute(**attribute_fn_main_args, **(attribution_args or {}))
+
+    def contrast_ids(
+        self, steps: StepInputs, contrast_targets: str | list[str] | None, alignments: list | None
+    ) -> torch.Tensor | None:
+        """The foil token at every attributed decoder position ``(1, T)`` from a contrastive target text, or None.
+
+        Positions before the first attributed token keep the target itself (their difference is 0; Inseq does not
+        show them).
+        """
+        contrast_targets = contrast_targets or steps.attributed_fn_args.get("contrast_targets")
+        if contrast_targets is None:
+            return None
+        alignments = steps.attributed_fn_args.get("contrast_targets_alignments") or alignments or []
+        if alignments and isinstance(alignments[0], list):
+            alignments = alignments[0]
+        if steps.input_ids.shape[0] != 1:
+            raise ValueError("Contrastive explanations take one sentence at a time: attribute a single input.")
+        is_enc_dec = self.spec.is_encoder_decoder
+        batch = get_batch_from_inputs(self.attribution_model, inputs=contrast_targets, as_targets=is_enc_dec)
+        contrast = DecoderOnlyBatch.from_batch(batch).target_ids.to(steps.next_ids.device)
+        predicted = steps.predicted_ids
+        foils = predicted.clone()  # positions before the attributed ones are not shown: no contrast there
+        missing = []
+        for position in range(self.first_attributed_position - 1, predicted.shape[1]):
+            aligned = get_aligned_idx(position + 1, alignments)
+            if 0 <= aligned < contrast.shape[1]:
+                foils[:, position] = contrast[:, aligned]
+            else:
+                missing.append(position + 1)
+        if missing:
+            raise ValueError(
+                f"The contrast target has {contrast.shape[1]} tokens and no token aligned with target position(s) "
+                f"{missing}: give a contrast target as long as the target, or contrast_targets_alignments."
+            )
+        return foils
+
+    def logit_step_output(
+        self, steps: StepInputs, trace: ModelTrace, scores, contrastive: bool, step_scores: dict[str, torch.Tensor]
+    ) -> MixingStepOutput:
+        """Step output of signed logit contributions (``scores.target``/``scores.source``), keeping per-token terms
+        and the model's own ``logit`` (``contrast_logits_diff`` when contrastive) for the sequences' step scores."""
+        step_scores = {**step_scores, "contrast_logits_diff" if contrastive else "logit": scores.logit}
+        self.keep_step_scores(step_scores, trace.decoder.mask)
+        maps = SignedScores(target=scores.target, source=scores.source)
+        return self.maps_step_output(maps, steps, num_dimensions=0, sequence_cls=SignedMixingSequenceOutput)
 
     def maps_step_output(
         self, maps, steps: StepInputs, num_dimensions: int, sequence_cls: type = MixingSequenceOutput

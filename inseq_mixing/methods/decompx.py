@@ -190,14 +190,47 @@ def attention_bias(attn: AttentionSpec) -> torch.Tensor | None:
     return bias
 
 
-def mix_values(attn: AttentionSpec, record: AttentionTrace, keys: torch.Tensor) -> torch.Tensor:
-    r""":math:`\sum_h \sum_j \alpha^h_{ij} (x_{j \Leftarrow k} W^h_V) W^h_O` for key-side components ``(B, J, K, D)``;
-    heads are contracted over keys before the output projection. Returns ``(B, Q, K, D)``, biases excluded."""
+def mix_values(
+    attn: AttentionSpec,
+    record: AttentionTrace,
+    keys: Components,
+    queries: Components | None,
+    max_chunk_elements: int,
+) -> torch.Tensor:
+    r""":math:`\sum_h \sum_j \alpha^h_{ij} (x_{j \Leftarrow k} W^h_V) W^h_O` for key-side components ``(B, J, K, D)``.
+
+    Heads are contracted over keys before the output projection. Chunked over query positions; a chunk computes only
+    the components its positions can carry (:func:`active_components` of ``queries``, the query-side stream of a
+    self-attention: causally, not the future; None for cross-attention: all). Returns ``(B, Q, K, D)`` in the
+    layout of ``keys``, biases excluded.
+    """
     value_weight, _ = attn.value_weight()
-    values = (keys @ upcast(value_weight)).unflatten(-1, (attn.num_kv_heads, attn.head_dim))
+    values = (keys.parts @ upcast(value_weight)).unflatten(-1, (attn.num_kv_heads, attn.head_dim))
     values = values[..., attn.kv_head_of_query_head().to(values.device), :]
-    mixed = torch.einsum("bhqj,bjkhe->bqkhe", upcast(record.probs), values)
-    return torch.einsum("bqkhe,hed->bqkd", mixed, upcast(attn.out_weight_per_head()))
+    out_weight = upcast(attn.out_weight_per_head())
+    probs = upcast(record.probs)
+    batch, num_queries = probs.shape[0], probs.shape[2]
+    mixed = values.new_zeros(batch, num_queries, keys.parts.shape[2], keys.parts.shape[-1])
+    for rows in position_chunks(num_queries, batch * keys.parts.shape[2] * keys.parts.shape[-1], max_chunk_elements):
+        active = slice(None) if queries is None else active_components(queries, rows)
+        part = torch.einsum("bhqj,bjkhe->bqkhe", probs[:, :, rows], values[:, :, active])
+        mixed[:, rows, active] = torch.einsum("bqkhe,hed->bqkd", part, out_weight)
+    return mixed
+
+
+def position_chunks(num_positions: int, elements_per_position: int, max_chunk_elements: int) -> list[slice]:
+    """Slices of positions with about ``max_chunk_elements`` elements each."""
+    chunk = max(1, max_chunk_elements // max(1, elements_per_position))
+    return [slice(start, min(start + chunk, num_positions)) for start in range(0, num_positions, chunk)]
+
+
+def active_components(components: Components, rows: slice) -> torch.Tensor:
+    """Components that may be non-zero at some position of ``rows``: the tokens those positions can see (all others
+    are exactly 0 there), and the bias component."""
+    active = components.available[:, rows].any(0).any(0)
+    if components.bias_index is not None:
+        active[components.bias_index] = True
+    return active.nonzero().squeeze(-1)
 
 
 def linearized_activation(activation, branch: Components, options: DecompXOptions) -> torch.Tensor:
@@ -251,12 +284,16 @@ def decompose_ffn_block(layer: LayerSpec, record: LayerTrace, stream: Components
     inputs = decompose_norm(ffn.norm, record.ffn_norm_input, stream, mode) if ffn.pre_norm else stream
     batch, positions, num_components, _ = inputs.parts.shape
     width = ffn.w_out.weight.numel() // inputs.parts.shape[-1]
-    chunk = max(1, options.max_chunk_elements // max(1, batch * num_components * width))
-    outputs = [
-        decompose_ffn(ffn, inputs.like(inputs.parts[:, rows], rows), options)
-        for rows in (slice(start, start + chunk) for start in range(0, positions, chunk))
-    ]
-    stream = stream.like(stream.parts + torch.cat(outputs, dim=1))
+    output = torch.zeros_like(inputs.parts)
+    for rows in position_chunks(positions, batch * num_components * width, options.max_chunk_elements):
+        active = active_components(inputs, rows)
+        chunk = Components(
+            inputs.parts[:, rows][:, :, active],
+            inputs.available[:, rows][:, :, active],
+            None if inputs.bias_index is None else int((active == inputs.bias_index).nonzero()),
+        )
+        output[:, rows, active] = decompose_ffn(ffn, chunk, options)
+    stream = stream.like(stream.parts + output)
     return stream if ffn.pre_norm else decompose_norm(ffn.norm, record.ffn_norm_input, stream, mode)
 
 
@@ -279,10 +316,12 @@ def decompose_layer(
         place_encoder: Maps encoder-layout components ``(B, Q, K_enc, D)`` into the decoder layout.
     """
     mode, attn = options.bias, layer.self_attn
+    chunk_elements = options.max_chunk_elements
     keys = decompose_norm(attn.norm, record.self_attn.norm_input, stream, mode) if attn.pre_norm else stream
-    stream = add_attention(attn, record.self_attn, stream, mix_values(attn, record.self_attn, keys.parts), mode)
+    mixed = mix_values(attn, record.self_attn, keys, stream, chunk_elements)
+    stream = add_attention(attn, record.self_attn, stream, mixed, mode)
     if layer.cross_attn is not None:
-        cross = place_encoder(mix_values(layer.cross_attn, record.cross_attn, encoder.parts))
+        cross = place_encoder(mix_values(layer.cross_attn, record.cross_attn, encoder, None, chunk_elements))
         stream = add_attention(layer.cross_attn, record.cross_attn, stream, cross, mode)
     return decompose_ffn_block(layer, record, stream, options)
 

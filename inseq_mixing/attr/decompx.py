@@ -1,0 +1,66 @@
+"""Inseq glue for DecompX (``decompx``)."""
+
+from ..methods.decompx import DEFAULT_CHUNK_ELEMENTS, DecompXOptions, decompx
+from .base import ContextMixingAttribution, MethodCall, MixingStepOutput, read_step_inputs
+
+
+class _DecompX(MethodCall):
+    def attribute(
+        self,
+        inputs,
+        additional_forward_args,
+        bias: str = "absdot",
+        ffn_linearization: str = "zero_origin",
+        gated_split: str = "linear",
+        include_ffn: bool = True,
+        contrast_targets: str | list[str] | None = None,
+        contrast_targets_alignments: list | None = None,
+        max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    ) -> MixingStepOutput:
+        """Signed DecompX contributions of source and target tokens to each generated token's logit.
+
+        Args:
+            bias: How biases are split over token components: ``"absdot"`` (by ``|component · bias|``, the paper's
+                default), ``"norm"`` (by component norm), ``"equal"``, or ``"separate"`` (kept in one bias component,
+                returned in ``step_scores["bias_component"]``).
+            ffn_linearization: ``"zero_origin"`` (slope ``f(z)/z`` at the true pre-activation, exact) or
+                ``"tangent"`` (slope ``f'(z)``; the intercept is split like a bias).
+            gated_split: Gated FFNs (SwiGLU, gated-GELU): decompose the ``"linear"`` branch with the gate held at its
+                true value, or the ``"gate"`` branch with the linear branch held.
+            include_ffn: Decompose through the FFNs; with False their outputs are split like biases.
+            contrast_targets: A contrastive target text: explain ``logit(target) − logit(foil)``. Also read from the
+                arguments of Inseq's ``attributed_fn="contrast_logits_diff"``.
+            contrast_targets_alignments: ``(target index, contrast index)`` pairs, as in Inseq; default 1:1.
+            max_chunk_elements: Memory bound of one chunk of FFN activations.
+        """
+        owner = self.owner
+        options = DecompXOptions(bias, ffn_linearization, gated_split, include_ffn, max_chunk_elements)
+        steps = read_step_inputs(inputs, additional_forward_args, owner.spec.is_encoder_decoder)
+        trace = owner.trace(steps)
+        foils = owner.contrast_ids(steps, contrast_targets, contrast_targets_alignments)
+        scores = decompx(trace, steps.predicted_ids, foils, options)
+        step_scores = {} if scores.bias is None else {"bias_component": scores.bias}
+        return owner.logit_step_output(steps, trace, scores, foils is not None, step_scores)
+
+
+class DecompXAttribution(ContextMixingAttribution):
+    """DecompX (Modarressi et al., ACL 2023): signed, exact contributions of each input token to a generated token's
+    logit, propagating a per-token decomposition of the hidden states through every layer, FFNs included.
+
+    Each hidden state is a sum of one component per input token; attention, norms (frozen statistics), FFNs (the
+    activation linearised at the true pre-activation) and biases (split over components) are applied to every
+    component, and the final state is projected on the unembedding row. Encoder–decoders decompose the encoder over
+    source tokens and the decoder over [source | target]: **the encoder–decoder and decoder-only versions are our
+    extension of the paper**, which explains encoder classifiers.
+
+    Outputs: signed source and target scores; each sequence's ``step_scores`` holds ``logit`` (or
+    ``contrast_logits_diff``) and, with ``bias="separate"``, ``bias_component``. Source + target scores
+    (+ ``bias_component``) = the logit, for every generated token.
+    """
+
+    method_name = "decompx"
+
+    def __init__(self, attribution_model, **kwargs):
+        super().__init__(attribution_model, **kwargs)
+        self.use_predicted_target = True  # explains the target's logit: Inseq's contrastive functions apply
+        self.method = _DecompX(self)

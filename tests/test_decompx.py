@@ -1,0 +1,124 @@
+"""DecompX: completeness at every layer and at the logit for every family and option, causality, padding, contrast,
+chunking."""
+
+import pytest
+import torch
+
+from inseq_mixing.methods.decompx import DecompXOptions, decompx
+from inseq_mixing.testing import tiny_model
+
+from .conftest import example_kwargs, get_tiny, next_tokens, padded_case, trace_of
+
+OPTIONS = [
+    DecompXOptions(),
+    DecompXOptions(bias="norm"),
+    DecompXOptions(bias="equal"),
+    DecompXOptions(bias="separate"),
+    DecompXOptions(ffn_linearization="tangent"),
+    DecompXOptions(gated_split="gate"),
+    DecompXOptions(gated_split="gate", ffn_linearization="tangent", bias="separate"),
+    DecompXOptions(include_ffn=False),
+    DecompXOptions(max_chunk_elements=1),
+]
+
+
+def logit_total(scores) -> torch.Tensor:
+    total = scores.target.sum(-1)
+    if scores.source is not None:
+        total = total + scores.source.sum(-1)
+    return total if scores.bias is None else total + scores.bias
+
+
+def assert_complete(trace, scores, tolerance: float) -> None:
+    """Components sum to every recorded block output (real positions) and the token scores to the logit."""
+    stacks = {"decoder": trace.decoder, "encoder": trace.encoder}
+    for name, layers in scores.layers.items():
+        stack = stacks[name]
+        for components, record in zip(layers, stack.layers, strict=True):
+            real = stack.mask.bool()
+            error = (components.total() - record.output)[real].abs().max()
+            assert error <= tolerance * record.output[real].abs().max(), (name, float(error))
+    scale = scores.logit.abs().amax(-1, keepdim=True).clamp(min=1e-3)
+    assert ((logit_total(scores) - scores.logit).abs() / scale).max() <= tolerance
+
+
+@pytest.mark.parametrize(
+    "options",
+    OPTIONS,
+    ids=lambda o: f"{o.bias}-{o.ffn_linearization}-{o.gated_split}-{o.include_ffn}-{o.max_chunk_elements}",
+)
+def test_components_add_up_at_every_layer_and_at_the_logit(family, options):
+    kwargs = example_kwargs(family, batch=2)
+    trace = trace_of(get_tiny(family), kwargs)
+    scores = decompx(trace, next_tokens(kwargs), options=options, keep_layers=True)
+    assert len(scores.layers["decoder"]) == len(trace.decoder.layers)
+    assert_complete(trace, scores, 1e-4)
+    assert (scores.bias is not None) == (options.bias == "separate")
+    assert scores.target.abs().sum() > 0 and (scores.source is None or scores.source.abs().sum() > 0)
+
+
+@pytest.mark.parametrize("family", ["marian", "mbart", "t5_gated", "gpt2"])
+def test_completeness_is_tighter_in_float64(family):
+    kwargs = example_kwargs(family)
+    trace = trace_of(tiny_model(family).double(), kwargs)
+    assert_complete(trace, decompx(trace, next_tokens(kwargs), keep_layers=True), 1e-10)
+
+
+def test_future_tokens_and_padding_get_exactly_zero_at_every_layer(family):
+    case = padded_case(get_tiny(family), family)
+    ids = torch.full(case.batched.decoder.mask.shape, 5)
+    scores = decompx(case.batched, ids, keep_layers=True)
+    offset = 0 if case.batched.encoder is None else case.batched.encoder.mask.shape[1]
+    real = case.batched.decoder.mask.bool()[:, :, None]
+    for components in scores.layers["decoder"]:
+        carried = components.parts[:, :, offset : offset + ids.shape[1]].abs().sum(-1) * real
+        assert (carried.triu(1) == 0).all()  # a real position i carries no component k > i
+    assert (scores.target.triu(1) == 0).all()
+    for idx, (source, target) in enumerate(case.spans):
+        padding = torch.ones(ids.shape[1], dtype=torch.bool)
+        padding[target] = False
+        assert (scores.target[idx][:, padding] == 0).all() and (scores.target[idx][padding] == 0).all()
+        if scores.source is not None:
+            assert (scores.source[idx][:, source.stop :] == 0).all()
+
+
+def test_padded_batch_equals_each_sentence_alone(family):
+    case = padded_case(get_tiny(family), family)
+    ids = case.next_ids()
+    for options in (DecompXOptions(), DecompXOptions(bias="equal")):
+        batched = decompx(case.batched, ids, options=options)
+        for idx, (source, target) in enumerate(case.spans):
+            alone = decompx(case.alone[idx], ids[idx : idx + 1, target], options=options)
+            torch.testing.assert_close(batched.target[idx][target, target], alone.target[0], atol=1e-5, rtol=1e-4)
+            if batched.source is not None:
+                torch.testing.assert_close(batched.source[idx][target, source], alone.source[0], atol=1e-5, rtol=1e-4)
+
+
+def test_future_tokens_do_not_change_past_scores(decoder_family):
+    model = get_tiny(decoder_family)
+    ids = example_kwargs(decoder_family)["input_ids"]
+    changed = ids.clone()
+    changed[0, -2:] = torch.tensor([40, 41])
+    targets = next_tokens({"input_ids": ids})
+    first = decompx(trace_of(model, {"input_ids": ids}), targets)
+    second = decompx(trace_of(model, {"input_ids": changed}), targets)
+    torch.testing.assert_close(first.target[:, :-2, :-2], second.target[:, :-2, :-2], rtol=0, atol=1e-5)
+
+
+def test_contrast_is_the_difference_of_two_explanations(family):
+    kwargs = example_kwargs(family)
+    trace = trace_of(get_tiny(family), kwargs)
+    ids = next_tokens(kwargs)
+    foils = (ids + 7) % 60 + 4
+    options = DecompXOptions(bias="separate")  # the other splits depend on the explained direction
+    contrast = decompx(trace, ids, foils, options)
+    plain, foil = decompx(trace, ids, options=options), decompx(trace, foils, options=options)
+    torch.testing.assert_close(contrast.logit, plain.logit - foil.logit)
+    torch.testing.assert_close(contrast.target, plain.target - foil.target, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(contrast.bias, plain.bias - foil.bias, atol=1e-5, rtol=1e-4)
+
+
+def test_single_token_gets_everything_but_the_bias(decoder_family):
+    trace = trace_of(get_tiny(decoder_family), {"input_ids": torch.tensor([[7]])})
+    scores = decompx(trace, torch.tensor([[9]]), options=DecompXOptions(bias="separate"))
+    torch.testing.assert_close(scores.target[0, 0, 0] + scores.bias[0, 0], scores.logit[0, 0])
