@@ -122,3 +122,19 @@ def test_single_token_gets_everything_but_the_bias(decoder_family):
     trace = trace_of(get_tiny(decoder_family), {"input_ids": torch.tensor([[7]])})
     scores = decompx(trace, torch.tensor([[9]]), options=DecompXOptions(bias="separate"))
     torch.testing.assert_close(scores.target[0, 0, 0] + scores.bias[0, 0], scores.logit[0, 0])
+
+
+def test_non_finite_scores_are_refused():
+    trace = trace_of(get_tiny("gpt2"), example_kwargs("gpt2"))
+    trace.decoder.layers[0].self_attn.probs[0, 0, 3, 1] = float("inf")
+    with pytest.raises(FloatingPointError, match="float32"):
+        decompx(trace, next_tokens(example_kwargs("gpt2")))
+
+
+@pytest.mark.parametrize("family", ["marian", "llama"])
+def test_half_precision_runs_and_stays_close(family):
+    kwargs = example_kwargs(family)
+    full = decompx(trace_of(get_tiny(family), kwargs), next_tokens(kwargs))
+    half = decompx(trace_of(tiny_model(family).to(torch.bfloat16), kwargs), next_tokens(kwargs))
+    assert half.target.dtype == torch.float32 and torch.isfinite(half.target).all()
+    assert (half.target - full.target).abs().max() < 0.1 * full.logit.abs().max()

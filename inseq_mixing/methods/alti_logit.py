@@ -31,7 +31,7 @@ import torch
 from ..specs import AttentionSpec, ModelSpec
 from ..trace import AttentionTrace, ModelTrace
 from .alti import DEFAULT_CHUNK_ELEMENTS, AltiScores, alti, alti_rollouts
-from .blocks import ffn_output, upcast
+from .blocks import ffn_output, refuse_non_finite, upcast
 from .norms import freeze_norm
 
 #: Names of the logit terms that are not attributed to tokens, in :attr:`AltiLogitScores.unattributed`.
@@ -187,6 +187,7 @@ def alti_logit(
         source = torch.einsum("bltj,bljs->bts", self_parts, _below(rolled.source, no_source))
         cross_parts = torch.stack(sweep.cross_parts, dim=1).sum(1)
         source = source + cross_parts @ rolled.encoder
+    refuse_non_finite("ALTI-logit", target, source, *sweep.unattributed.values())
     real = trace.decoder.mask[..., None]
     return AltiLogitScores(
         target=target * real,

@@ -18,6 +18,15 @@ def upcast(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.dtype == torch.float64 else tensor.float()
 
 
+def refuse_non_finite(method: str, *tensors: torch.Tensor | None) -> None:
+    """Raise instead of returning NaN or infinite scores (overflowing half-precision activations)."""
+    if any(tensor is not None and not torch.isfinite(tensor).all() for tensor in tensors):
+        raise FloatingPointError(
+            f"{method} produced non-finite scores: the model's activations overflow in this precision. Run the "
+            "model in float32 (model.float()) and retry."
+        )
+
+
 def head_value_outputs(attn: AttentionSpec, record: AttentionTrace) -> torch.Tensor:
     """Each head's output-projected value vector :math:`v^h_j W^h_O`, ``(batch, heads, keys, d_model)``."""
     values = record.values[:, :, attn.kv_head_of_query_head().to(record.values.device)]

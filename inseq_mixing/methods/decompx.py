@@ -36,7 +36,7 @@ from ..specs import AttentionSpec, FFNSpec, LayerSpec, StackSpec
 from ..specs.base import linear_in_out
 from ..trace import AttentionTrace, LayerTrace, ModelTrace, StackTrace
 from .alti_logit import logit_bias, recorded_logit, unembedding_direction
-from .blocks import upcast
+from .blocks import refuse_non_finite, upcast
 from .norms import freeze_norm
 
 BIAS_SPLITS = ("absdot", "norm", "equal", "separate")
@@ -431,6 +431,7 @@ def decompx(
     direction = unembedding_direction(spec, target_ids, foil_ids) * spec.logits_scale
     scores = torch.einsum("btkd,btd->btk", stream.parts, direction)
     scores = split_scalar_bias(scores, stream, logit_bias(spec, target_ids, foil_ids), options.bias)
+    refuse_non_finite("DecompX", scores)
     real = dec.mask[..., None].to(scores.dtype)
     scores = scores * real
     return DecompXScores(
