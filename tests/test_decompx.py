@@ -4,6 +4,7 @@ chunking."""
 import pytest
 import torch
 
+from inseq_mixing.methods.alti_logit import alti_logit
 from inseq_mixing.methods.decompx import DecompXOptions, decompx
 from inseq_mixing.testing import tiny_model
 
@@ -131,10 +132,11 @@ def test_non_finite_scores_are_refused():
         decompx(trace, next_tokens(example_kwargs("gpt2")))
 
 
+@pytest.mark.parametrize("explain", [decompx, alti_logit], ids=["decompx", "alti_logit"])
 @pytest.mark.parametrize("family", ["marian", "llama"])
-def test_half_precision_runs_and_stays_close(family):
+def test_logit_methods_run_in_half_precision_and_stay_close(family, explain):
     kwargs = example_kwargs(family)
-    full = decompx(trace_of(get_tiny(family), kwargs), next_tokens(kwargs))
-    half = decompx(trace_of(tiny_model(family).to(torch.bfloat16), kwargs), next_tokens(kwargs))
+    full = explain(trace_of(get_tiny(family), kwargs), next_tokens(kwargs))
+    half = explain(trace_of(tiny_model(family).to(torch.bfloat16), kwargs), next_tokens(kwargs))
     assert half.target.dtype == torch.float32 and torch.isfinite(half.target).all()
     assert (half.target - full.target).abs().max() < 0.1 * full.logit.abs().max()
