@@ -1,4 +1,5 @@
-"""Quickstart: Value Zeroing on a Marian translation model, with source and target heatmaps.
+"""Quickstart: Value Zeroing, then ALTI-logit and DecompX, on a Marian translation model, with source and target
+heatmaps.
 
 Runs offline: the model is a small Marian built from a config with random weights and a local word-level tokenizer
 (swap in ``inseq.load_model("Helsinki-NLP/opus-mt-en-fr", "value_zeroing")`` when you have the hub).
@@ -14,6 +15,24 @@ import inseq
 import inseq_mixing  # noqa: F401  (registers the plugin's methods inside Inseq)
 from inseq_mixing.testing import tiny_model, word_tokenizer
 
+SOURCE = "the books in the library were read by many people"
+TARGET = "les livres dans la bibliothèque ont été lus par beaucoup de gens"
+
+
+def logit_explanations(model) -> str:
+    """ALTI-logit and DecompX: signed contributions that, with the returned extra terms, add up to the logit."""
+    html = ""
+    for method in ("alti_logit", "decompx"):
+        attribution_model = inseq.load_model(model, method, tokenizer=word_tokenizer())
+        out = attribution_model.attribute(SOURCE, TARGET, attribute_target=True, show_progress=False)
+        seq = out.sequence_attributions[0]
+        tokens = seq.source_attributions.sum(0) + seq.target_attributions.nansum(0)
+        other = sum(score for name, score in seq.step_scores.items() if name != "logit")
+        gap = (tokens + other - seq.step_scores["logit"]).abs().max()
+        print(f"{method}: token scores + {sorted(set(seq.step_scores) - {'logit'})} = logit (max gap {gap:.1e})")
+        html += f"<h2>{method}</h2>" + out.show(display=False, return_html=True)
+    return html
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -22,12 +41,7 @@ def main() -> None:
 
     model = tiny_model("marian", d_model=64, layers=3, heads=4, ffn=128)
     attribution_model = inseq.load_model(model, "value_zeroing", tokenizer=word_tokenizer())
-    out = attribution_model.attribute(
-        "the books in the library were read by many people",
-        "les livres dans la bibliothèque ont été lus par beaucoup de gens",
-        attribute_target=True,
-        show_progress=False,
-    )
+    out = attribution_model.attribute(SOURCE, TARGET, attribute_target=True, show_progress=False)
     seq = out.sequence_attributions[0]
     print(f"source scores {tuple(seq.source_attributions.shape)} = (source tokens, generated tokens, layers)")
     print(f"target scores {tuple(seq.target_attributions.shape)} = (target tokens, generated tokens, layers)")
@@ -41,11 +55,13 @@ def main() -> None:
         cells = " ".join(f"{value:9.3f}" for value in last_layer.source_attributions[row].tolist())
         print(f"{token.token[:11]:>11} {cells}")
 
-    html = out.show(display=False, return_html=True)
+    html = "<h2>value_zeroing (mean over layers)</h2>" + out.show(display=False, return_html=True)
+    print()
+    html += logit_explanations(model)
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(html, encoding="utf-8")
-    print(f"\nHeatmaps (mean over layers) written to {path}")
+    print(f"\nHeatmaps written to {path}")
 
 
 if __name__ == "__main__":
