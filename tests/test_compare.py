@@ -1,0 +1,95 @@
+"""compare(): faithfulness metrics on a model whose answer is known, rank agreement, tables, every family."""
+
+import csv
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import inseq_mixing
+from inseq_mixing.testing import load_tiny
+from inseq_mixing.views import compare, faithfulness, rank_correlation
+from inseq_mixing.views.faithfulness import TokenExample, perturbed_contexts
+
+from .test_inseq_glue import CONTINUATION, PROMPT, SOURCE, TARGET
+
+KEY, ANSWER, VOCAB = 7, 9, 20
+
+
+class CountingLM(torch.nn.Module):
+    """A decoder-only 'model' whose logit for ANSWER is 3 × the number of KEY tokens in its input."""
+
+    def __init__(self):
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids, decoder_input_ids=None):
+        logits = torch.zeros(*input_ids.shape, VOCAB)
+        logits[:, -1, ANSWER] = 3.0 * (input_ids == KEY).sum(-1)
+        return SimpleNamespace(logits=logits)
+
+
+def counting_example() -> TokenExample:
+    ids = torch.tensor([4, 5, KEY, 6, 8, 10, 11, 12, ANSWER])
+    return TokenExample(None, ids, position=8, candidates=torch.ones(8, dtype=torch.bool))
+
+
+def test_perturbed_contexts_remove_or_keep_the_top_tokens():
+    example = counting_example()
+    ranking = torch.tensor([2, 0, 1, 3, 4, 5, 6, 7])
+    removed, kept = perturbed_contexts(example, ranking, (0.1, 0.5), replacement_id=0)
+    assert removed[0].tolist() == [4, 5, 0, 6, 8, 10, 11, 12]  # ceil(0.8) = 1 token: KEY
+    assert (removed[1] == 0).sum() == 4 and (kept[1] == 0).sum() == 4
+    assert kept[0].tolist() == [0, 0, KEY, 0, 0, 0, 0, 0]
+
+
+def test_faithful_ranking_beats_random_and_unfaithful_one_loses():
+    example = counting_example()
+    key_first = torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    good = faithfulness(CountingLM(), example, key_first, random_draws=5)
+    assert good["comprehensiveness_logit"] == pytest.approx(3.0) and good["sufficiency_logit"] == pytest.approx(0.0)
+    assert good["random_comprehensiveness_logit"] < 3.0 and good["random_sufficiency_logit"] > 0.0
+    bad = faithfulness(CountingLM(), example, -key_first, fractions=(0.1, 0.2), random_draws=0)
+    assert bad["comprehensiveness_logit"] == 0.0 and bad["sufficiency_logit"] == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="candidate"):
+        faithfulness(CountingLM(), example, key_first[:3])
+
+
+def test_rank_correlation():
+    values = torch.tensor([0.3, 0.1, 0.9, 0.5])
+    assert rank_correlation(values, values * 2 + 1) == pytest.approx(1.0)
+    assert rank_correlation(values, -values) == pytest.approx(-1.0)
+
+
+def test_compare_every_method_on_every_family(family, tmp_path):
+    model = load_tiny(family, "alti")
+    text, target = (SOURCE, TARGET) if model.is_encoder_decoder else (PROMPT, CONTINUATION)
+    methods = [*inseq_mixing.METHODS, "integrated_gradients", "deeplift"]
+    result = compare(
+        model, methods, text, target, fractions=(0.5,), random_draws=1,
+        method_kwargs={"integrated_gradients": {"n_steps": 4}},
+    )  # fmt: skip
+    assert list(result.outputs) == methods
+    generated = {row["position"] for row in result.tokens}
+    assert len(result.tokens) == len(methods) * len(generated) > 0
+    assert all(torch.isfinite(torch.tensor(row["comprehensiveness_logit"])) for row in result.tokens)
+    assert len(result.agreement) == len(generated) * len(methods) * (len(methods) - 1) // 2
+    summary = {row["method"]: row for row in result.summary()}
+    assert set(summary) == set(methods) and summary["decompx"]["tokens"] == len(generated)
+    with result.to_csv(tmp_path / "tokens.csv").open() as handle:
+        assert len(list(csv.DictReader(handle))) == len(result.tokens)
+    saved = json.loads(result.to_json(tmp_path / "result.json").read_text())
+    assert saved["summary"][0]["method"] == methods[0] and len(saved["agreement"]) == len(result.agreement)
+
+
+def test_forced_targets_are_the_same_for_every_method():
+    model = load_tiny("gpt2", "alti")
+    result = compare(model, ["alti_logit", "deeplift"], PROMPT, fractions=(0.5,), random_draws=0)
+    first, second = (out.sequence_attributions[0] for out in result.outputs.values())
+    assert [t.token for t in first.target] == [t.token for t in second.target]
+
+
+def test_unknown_method_is_refused():
+    with pytest.raises(ValueError, match="Unknown attribution method"):
+        compare(load_tiny("gpt2", "alti"), ["alti", "magic"], PROMPT, CONTINUATION)
