@@ -39,8 +39,12 @@ def register() -> list[str]:
 
 METHODS = register()
 
+from .views import Comparison, compare  # noqa: E402  (views use the registered methods)
+
 __all__ = [
     "METHODS",
+    "Comparison",
+    "compare",
     "SUPPORTED_FAMILIES",
     "UnsupportedModelError",
     "get_spec",
