@@ -1,0 +1,107 @@
+"""The ``inseq-mixing`` command: list methods, compare methods on a model and write a report."""
+
+import argparse
+import logging
+import sys
+import warnings
+
+METHOD_SUMMARIES = {
+    "value_zeroing": "Value Zeroing (Mohebbi et al., 2023): effect of zeroing a token's values on each layer's output",
+    "alti": "ALTI / ALTI+ (Ferrando et al., 2022): token contributions to each representation, rolled out",
+    "alti_logit": "ALTI-logit (Ferrando et al., 2023): signed contributions to the predicted token's logit",
+    "decompx": "DecompX (Modarressi et al., 2023): exact signed logit contributions through every layer and FFN",
+}
+
+
+def list_methods() -> list[tuple[str, str]]:
+    """``(name, one line)`` for every registered attribution method: the plugin's first, then Inseq's."""
+    import inseq
+    from inseq.attr.feat.feature_attribution import FeatureAttribution
+
+    import inseq_mixing
+
+    classes = FeatureAttribution.available_classes()
+    rows = [(name, METHOD_SUMMARIES.get(name, "")) for name in inseq_mixing.METHODS]
+    for name in sorted(set(inseq.list_feature_attribution_methods()) - set(inseq_mixing.METHODS)):
+        doc = (classes[name].__doc__ or "").strip().splitlines()
+        rows.append((name, f"Inseq: {doc[0].strip()}" if doc else "Inseq"))
+    return rows
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    """A plain-text table of ``rows`` restricted to ``columns``."""
+    cells = [columns] + [
+        [f"{row.get(c):.3f}" if isinstance(row.get(c), float) else str(row.get(c, "")) for c in columns]
+        for row in rows
+    ]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    for line in cells:
+        print("  ".join(value.rjust(width) for value, width in zip(line, widths, strict=True)))
+
+
+SUMMARY_COLUMNS = [
+    "method",
+    "tokens",
+    "comprehensiveness_prob",
+    "random_comprehensiveness_prob",
+    "sufficiency_prob",
+    "random_sufficiency_prob",
+]
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    import inseq
+
+    import inseq_mixing
+    from inseq_mixing.views.report import write_report
+
+    known = set(inseq.list_feature_attribution_methods())
+    unknown = [name for name in args.methods if name not in known]
+    if unknown:
+        print(f"error: unknown method(s) {unknown}; run `inseq-mixing methods` to list them.", file=sys.stderr)
+        return 2
+    try:
+        model = inseq.load_model(args.model, args.methods[0], device=args.device)
+    except Exception as error:  # report what went wrong in one line, not a traceback
+        print(f"error: could not load model {args.model!r}: {type(error).__name__}: {error}", file=sys.stderr)
+        return 2
+    result = inseq_mixing.compare(
+        model, args.methods, args.text, args.target, show_progress=True, random_draws=args.random_draws
+    )
+    path = write_report(result, args.out, title=f"inseq-mixing: {args.model}")
+    if args.json:
+        result.to_json(args.json)
+    print_table(result.summary(), SUMMARY_COLUMNS)
+    print(f"report written to {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="inseq-mixing", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("methods", help="list the registered attribution methods")
+    compare = commands.add_parser("compare", help="compare methods on a model and write an HTML report")
+    compare.add_argument("text", help="source text (encoder–decoders) or prompt (decoder-only models)")
+    compare.add_argument("--model", required=True, help="a Hugging Face model name or local path")
+    compare.add_argument("--methods", nargs="+", default=["alti_logit", "decompx", "integrated_gradients"])
+    compare.add_argument("--target", default=None, help="forced target (default: the model's generation)")
+    compare.add_argument("--out", default="report.html")
+    compare.add_argument("--json", default=None, help="also write the metrics as JSON here")
+    compare.add_argument("--device", default=None, help="e.g. cpu or cuda (default: Inseq's choice)")
+    compare.add_argument("--random-draws", type=int, default=3)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    if args.command == "methods":
+        for name, line in list_methods():
+            print(f"{name:34} {line}")
+        return 0
+    return run_compare(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""The HTML report (self-contained, checked in a real headless browser), the per-layer figures and the CLI."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from PIL import Image
+
+import inseq_mixing
+from inseq_mixing.cli import main
+from inseq_mixing.testing import load_tiny, tiny_model, word_tokenizer
+from inseq_mixing.views.figures import layer_figure
+from inseq_mixing.views.report import render_report, write_report
+
+from .test_inseq_glue import SOURCE, TARGET
+
+METHODS = ["value_zeroing", "alti_logit", "decompx", "integrated_gradients"]
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+
+
+@pytest.fixture(scope="module")
+def comparison():
+    return inseq_mixing.compare(
+        load_tiny("marian", "alti"), METHODS, SOURCE, TARGET, fractions=(0.5,), random_draws=1,
+        method_kwargs={"integrated_gradients": {"n_steps": 4}},
+    )  # fmt: skip
+
+
+def browser() -> str | None:
+    found = next((shutil.which(name) for name in BROWSERS if shutil.which(name)), None)
+    if found is None and os.environ.get("INSEQ_MIXING_REQUIRE_BROWSER"):
+        pytest.fail("No headless browser found, but INSEQ_MIXING_REQUIRE_BROWSER is set (CI installs chromium).")
+    if found is None:
+        pytest.skip("chromium is not installed here (.ci/run installs it)")
+    return found
+
+
+def test_report_is_self_contained_with_every_method(comparison):
+    page = render_report(comparison)
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)  # no network assets
+    assert 'id="metrics"' in page
+    for method in METHODS:
+        assert f'id="method-{method}"' in page and f'id="{method}-0-source"' in page
+    assert page.count("data:image/png;base64,") == 2  # value_zeroing's per-layer panels: source and target
+
+
+def test_report_loads_in_headless_browser(comparison, tmp_path):
+    executable = browser()
+    path = write_report(comparison, tmp_path / "report.html")
+    common = [executable, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1200,1600"]
+    dom = subprocess.run([*common, "--dump-dom", path.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    assert "<table" in dom and 'id="metrics"' in dom
+    for method in METHODS:
+        assert f'id="method-{method}"' in dom and f'id="{method}-0-target"' in dom
+    screenshot = tmp_path / "shot.png"
+    subprocess.run([*common, f"--screenshot={screenshot}", path.as_uri()], capture_output=True, timeout=120)
+    image = Image.open(screenshot).convert("L")
+    low, high = image.getextrema()
+    assert high - low > 100  # not blank: dark text and coloured cells on white
+
+
+def test_layer_figure_has_one_panel_per_layer():
+    scores = torch.rand(5, 4, 6)
+    scores[0, 0, 0] = float("nan")
+    figure = layer_figure(scores, list("abcde"), list("wxyz"))
+    panels = [axis for axis in figure.axes if axis.get_title().startswith("layer")]
+    assert len(panels) == 6
+    with pytest.raises(ValueError, match="layers"):
+        layer_figure(scores[..., 0], list("abcde"), list("wxyz"))
+
+
+def test_cli_methods_lists_ours_and_inseqs(capsys):
+    assert main(["methods"]) == 0
+    listed = capsys.readouterr().out
+    for name in [*inseq_mixing.METHODS, "integrated_gradients", "deeplift"]:
+        assert re.search(rf"^{name}\s", listed, re.MULTILINE)
+
+
+def test_cli_compare_on_a_local_model(tmp_path, capsys):
+    folder = tmp_path / "model"
+    tiny_model("bart").save_pretrained(folder)
+    word_tokenizer().save_pretrained(folder)
+    out = tmp_path / "report.html"
+    code = main(["compare", SOURCE, "--target", TARGET, "--model", str(folder), "--methods", "alti", "decompx",
+                 "--out", str(out), "--json", str(tmp_path / "m.json"), "--random-draws", "1"])  # fmt: skip
+    assert code == 0 and out.exists() and (tmp_path / "m.json").exists()
+    assert "decompx" in capsys.readouterr().out
+
+
+def test_cli_reports_unknown_methods_and_models(tmp_path, capsys):
+    assert main(["compare", "hi", "--model", "x", "--methods", "magic"]) == 2
+    assert "unknown method" in capsys.readouterr().err
+    assert main(["compare", "hi", "--model", str(tmp_path / "missing"), "--methods", "alti"]) == 2
+    assert "could not load model" in capsys.readouterr().err
+
+
+def test_console_script_is_installed():
+    result = subprocess.run([sys.executable, "-m", "inseq_mixing.cli", "methods"], capture_output=True, text=True)
+    assert result.returncode == 0 and "decompx" in result.stdout
