@@ -1,4 +1,4 @@
-"""The ``inseq-mixing`` command: list methods, compare methods on a model and write a report."""
+"""The ``inseq-mixing`` command: list methods, compare methods on a model and write a report, run the demo."""
 
 import argparse
 import logging
@@ -76,10 +76,18 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_demo(args: argparse.Namespace) -> int:
+    from inseq_mixing.demo import run_demo as demo
+
+    return demo(args.out)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inseq-mixing", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("methods", help="list the registered attribution methods")
+    demo = commands.add_parser("demo", help="compare every method on the embedded demo model and write a report")
+    demo.add_argument("--out", default="out/demo.html")
     compare = commands.add_parser("compare", help="compare methods on a model and write an HTML report")
     compare.add_argument("text", help="source text (encoder–decoders) or prompt (decoder-only models)")
     compare.add_argument("--model", required=True, help="a Hugging Face model name or local path")
@@ -100,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, line in list_methods():
             print(f"{name:34} {line}")
         return 0
+    if args.command == "demo":
+        return run_demo(args)
     return run_compare(args)
 
 

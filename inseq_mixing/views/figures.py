@@ -38,7 +38,7 @@ def layer_figure(
     values = scores.float().nan_to_num(nan=float("nan")).numpy()
     finite = scores[torch.isfinite(scores)]
     vmax = float(finite.abs().max()) if finite.numel() else 1.0
-    signed = bool((finite < 0).any()) if finite.numel() else False
+    signed = bool((finite < -1e-6 * vmax).any()) if finite.numel() else False  # not float noise
     for layer in range(rows * columns):
         axis = axes[layer // columns][layer % columns]
         if layer >= num_layers:

@@ -42,7 +42,7 @@ def heatmap_table(scores: torch.Tensor, rows: list[str], columns: list[str], cap
     """An HTML table of ``(rows, columns)`` scores with coloured cells."""
     finite = scores[torch.isfinite(scores)]
     scale = float(finite.abs().max()) if finite.numel() else 0.0
-    signed = bool((finite < 0).any()) if finite.numel() else False
+    signed = bool((finite < -1e-6 * scale).any()) if finite.numel() else False  # not float noise
     head = "".join(f"<th>{html.escape(token)}</th>" for token in columns)
     body = []
     for row, token in enumerate(rows):
