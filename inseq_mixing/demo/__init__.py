@@ -66,6 +66,7 @@ def run_demo(out: str | Path = "out/demo.html", methods: list[str] | None = None
         tokenizer=tokenizer,
         random_draws=random_draws,
         method_kwargs={"integrated_gradients": {"n_steps": 20}},
+        show_progress=True,
     )
     accuracy = {method: alignment_accuracy(output, examples) for method, output in result.outputs.items()}
     summary = result.summary()

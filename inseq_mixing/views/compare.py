@@ -10,6 +10,7 @@ from pathlib import Path
 
 import inseq
 import torch
+from tqdm.auto import tqdm
 
 from .faithfulness import DEFAULT_FRACTIONS, TokenExample, faithfulness, rank_correlation
 
@@ -136,7 +137,7 @@ def compare(
         random_draws: Random rankings averaged for the baseline.
         method_kwargs: Per method, keyword arguments for ``model.attribute`` (e.g. ``{"integrated_gradients":
             {"n_steps": 50}}``).
-        show_progress: Show Inseq's progress bars.
+        show_progress: Show progress bars (Inseq's, then one over the generated tokens scored).
 
     Returns:
         A :class:`Comparison`.
@@ -169,8 +170,11 @@ def compare(
         comparison.outputs[method] = out
         scores[method] = [token_level_scores(seq) for seq in out.sequence_attributions]
     reference = comparison.outputs[methods[0]].sequence_attributions
+    progress = tqdm(total=sum(len(seq.target) - seq.attr_pos_start for seq in reference), disable=not show_progress)
+    progress.set_description("faithfulness")
     for sentence, seq in enumerate(reference):
         for example, column in token_examples(seq, special_ids):
+            progress.update()
             if not example.candidates.any():
                 continue
             token = seq.target[example.position].token
@@ -189,4 +193,5 @@ def compare(
                         "spearman": rank_correlation(ranked[first], ranked[second]),
                     }
                 )
+    progress.close()
     return comparison
