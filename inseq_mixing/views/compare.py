@@ -137,7 +137,7 @@ def compare(
         random_draws: Random rankings averaged for the baseline.
         method_kwargs: Per method, keyword arguments for ``model.attribute`` (e.g. ``{"integrated_gradients":
             {"n_steps": 50}}``).
-        show_progress: Show progress bars (Inseq's, then one over the generated tokens scored).
+        show_progress: Show progress bars over the methods and over the generated tokens scored.
 
     Returns:
         A :class:`Comparison`.
@@ -160,18 +160,18 @@ def compare(
         replacement_id = tokenizer.unk_token_id if tokenizer.unk_token_id is not None else tokenizer.pad_token_id
     comparison = Comparison()
     scores = {}
-    for method in methods:
+    for method in tqdm(methods, desc="attributing", disable=not show_progress):
         attribution_model = inseq.load_model(hf_model, method, tokenizer=tokenizer)
         out = attribution_model.attribute(
-            inputs, targets, attribute_target=True, show_progress=show_progress, **method_kwargs.get(method, {})
+            inputs, targets, attribute_target=True, show_progress=False, **method_kwargs.get(method, {})
         )
         if targets is None:
             targets = out.info["generated_texts"]
         comparison.outputs[method] = out
         scores[method] = [token_level_scores(seq) for seq in out.sequence_attributions]
     reference = comparison.outputs[methods[0]].sequence_attributions
-    progress = tqdm(total=sum(len(seq.target) - seq.attr_pos_start for seq in reference), disable=not show_progress)
-    progress.set_description("faithfulness")
+    total = sum(len(seq.target) - seq.attr_pos_start for seq in reference)
+    progress = tqdm(total=total, desc="faithfulness", disable=not show_progress)
     for sentence, seq in enumerate(reference):
         for example, column in token_examples(seq, special_ids):
             progress.update()
