@@ -99,6 +99,12 @@ class PaddedCase:
     spans: list[tuple[slice, slice]]
     ids: list[torch.Tensor]
 
+    def outside(self, index: int) -> torch.Tensor:
+        """``(positions,)`` mask of the batch's decoder positions that are padding for sentence ``index``."""
+        mask = torch.ones(self.batched.decoder.mask.shape[1], dtype=torch.bool)
+        mask[self.spans[index][1]] = False
+        return mask
+
     def next_ids(self) -> torch.Tensor:
         """:func:`next_tokens` of each sentence, laid out like the batch (padding positions get token 5)."""
         ids = torch.full(self.batched.decoder.mask.shape, 5)

@@ -6,6 +6,16 @@ import torch.nn.functional as F
 from inseq_mixing.specs import ModelSpec
 
 
+def forward_with_hooks(model, model_kwargs: dict, handles: list) -> None:
+    """Run the model once without gradients, then remove the hook ``handles``, even on failure."""
+    try:
+        with torch.no_grad():
+            model(**model_kwargs, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def capture_layer_calls(model, spec: ModelSpec, model_kwargs: dict) -> dict:
     """Run the model once and keep each layer's call ``(args, kwargs)`` and output, keyed by (stack, layer index)."""
     calls, handles = {}, []
@@ -19,12 +29,7 @@ def capture_layer_calls(model, spec: ModelSpec, model_kwargs: dict) -> dict:
                 calls[key] = (args, kwargs)
 
             handles.append(layer.module.register_forward_pre_hook(hook, with_kwargs=True))
-    try:
-        with torch.no_grad():
-            model(**model_kwargs, use_cache=False)
-    finally:
-        for handle in handles:
-            handle.remove()
+    forward_with_hooks(model, model_kwargs, handles)
     return calls
 
 
@@ -83,13 +88,21 @@ def capture_value_inputs(model, spec: ModelSpec, model_kwargs: dict) -> dict:
                     inputs[key] = args[0].detach()
 
                 handles.append(attn.value_proj.register_forward_pre_hook(hook))
-    try:
-        with torch.no_grad():
-            model(**model_kwargs, use_cache=False)
-    finally:
-        for handle in handles:
-            handle.remove()
+    forward_with_hooks(model, model_kwargs, handles)
     return inputs
+
+
+def hf_value_vectors(attn, value_input: torch.Tensor) -> torch.Tensor:
+    """Batch 0's value vectors ``(keys, kv_heads, head_dim)`` from the HF value projection module."""
+    values = attn.value_proj(value_input)[0, :, attn.value_slice]
+    return values.reshape(values.shape[0], attn.num_kv_heads, attn.head_dim)
+
+
+def hf_attention_part(attn, values: torch.Tensor, probs: torch.Tensor, i: int, j: int) -> torch.Tensor:
+    """``Σ_h α^h_ij v^h_j W^h_O``: the HF output projection module on token j's weighted values, minus its bias."""
+    group = attn.num_heads // attn.num_kv_heads
+    heads = [probs[h, i, j] * values[j, h // group] for h in range(attn.num_heads)]
+    return attn.out_proj(torch.cat(heads)) - attn.out_proj(torch.zeros(attn.num_heads * attn.head_dim))
 
 
 def frozen_layer_norm(norm, real_input: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
@@ -108,9 +121,7 @@ def naive_alti_layer(model, spec: ModelSpec, trace, model_kwargs: dict, stack: s
     attn_record = record.self_attn if sub_block == "self" else record.cross_attn
     value_input = capture_value_inputs(model, spec, model_kwargs)[(stack, idx, sub_block)]
     with torch.no_grad():
-        values = attn.value_proj(value_input)[0, :, attn.value_slice]
-        values = values.reshape(values.shape[0], attn.num_kv_heads, attn.head_dim)
-        zero_out = attn.out_proj(torch.zeros(attn.num_heads * attn.head_dim))
+        values = hf_value_vectors(attn, value_input)
         if sub_block == "self":
             residual = record.input[0]
         elif attn.pre_norm:
@@ -120,14 +131,12 @@ def naive_alti_layer(model, spec: ModelSpec, trace, model_kwargs: dict, stack: s
         total = residual + attn_record.output[0]
         output = total if attn.pre_norm else attn.norm(total)
         probs = attn_record.probs[0]
-        group = attn.num_heads // attn.num_kv_heads
         num_queries, num_keys = probs.shape[1:]
         scores = torch.zeros(num_queries, num_keys + (sub_block == "cross"))
         for i in range(num_queries):
             parts = []
             for j in range(num_keys):
-                heads = [probs[h, i, j] * values[j, h // group] for h in range(attn.num_heads)]
-                part = attn.out_proj(torch.cat(heads)) - zero_out
+                part = hf_attention_part(attn, values, probs, i, j)
                 if sub_block == "self" and i == j:
                     part = part + residual[i]
                 parts.append(part)
@@ -175,14 +184,10 @@ def naive_alti_logit_pre_ln(model, spec: ModelSpec, trace, model_kwargs: dict, r
             ):
                 if attn is None:
                     continue
-                values = attn.value_proj(value_inputs[("decoder", idx, sub_block)])[0, :, attn.value_slice]
-                values = values.reshape(values.shape[0], attn.num_kv_heads, attn.head_dim)
-                zero_out = attn.out_proj(torch.zeros(attn.num_heads * attn.head_dim))
-                probs, group = attn_record.probs[0], attn.num_heads // attn.num_kv_heads
+                values = hf_value_vectors(attn, value_inputs[("decoder", idx, sub_block)])
                 for t in range(num_positions):
                     for j in range(values.shape[0]):
-                        heads = [probs[h, t, j] * values[j, h // group] for h in range(attn.num_heads)]
-                        delta = directions[t] @ (attn.out_proj(torch.cat(heads)) - zero_out)
+                        delta = directions[t] @ hf_attention_part(attn, values, attn_record.probs[0], t, j)
                         if sub_block == "cross":
                             source[t] += delta * rollouts.encoder[0, j]
                         elif idx == 0:

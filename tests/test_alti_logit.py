@@ -85,7 +85,6 @@ def test_future_tokens_do_not_change_past_scores(decoder_family):
 def test_padded_batch_equals_each_sentence_alone(family):
     case = padded_case(get_tiny(family), family)
     ids = case.next_ids()
-    width = ids.shape[1]
     batched = alti_logit(case.batched, ids)
     for idx, (source, target) in enumerate(case.spans):
         alone = alti_logit(case.alone[idx], ids[idx : idx + 1, target])
@@ -93,8 +92,7 @@ def test_padded_batch_equals_each_sentence_alone(family):
         torch.testing.assert_close(batched.logit[idx, target], alone.logit[0], atol=1e-5, rtol=1e-4)
         for name in UNATTRIBUTED_TERMS:
             torch.testing.assert_close(batched.unattributed[name][idx, target], alone.unattributed[name][0])
-        padding = torch.ones(width, dtype=torch.bool)
-        padding[target] = False
+        padding = case.outside(idx)
         assert (batched.target[idx][:, padding] == 0).all() and (batched.target[idx][padding] == 0).all()
         if batched.source is not None:
             torch.testing.assert_close(batched.source[idx][target, source], alone.source[0], atol=1e-5, rtol=1e-4)

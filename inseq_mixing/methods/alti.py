@@ -27,7 +27,7 @@ import torch
 
 from ..specs import AttentionSpec, StackSpec
 from ..trace import AttentionTrace, ModelTrace, StackTrace
-from .blocks import cross_attention_input, head_value_outputs, upcast, valid_cells
+from .blocks import cross_attention_input, head_value_outputs, refuse_non_finite, upcast, valid_cells
 from .norms import freeze_norm
 from .rollout import encoder_decoder_rollout, normalize_rows
 from .rollout import rollout as rollout_stack
@@ -147,11 +147,7 @@ def stack_contributions(
 
 def check_rows(scores: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
     """Refuse raw contributions that are non-finite, or a real token's row without any (it would lose its mass)."""
-    if not torch.isfinite(scores).all():
-        raise FloatingPointError(
-            "ALTI produced non-finite contributions: the model's activations overflow in this precision. Run the "
-            "model in float32 (model.float()) and retry."
-        )
+    refuse_non_finite("ALTI", scores)
     empty = (scores.sum(-1) == 0) & query_mask
     if empty.any():
         raise FloatingPointError(

@@ -36,7 +36,7 @@ from ..specs import AttentionSpec, FFNSpec, LayerSpec, StackSpec
 from ..specs.base import linear_in_out
 from ..trace import AttentionTrace, LayerTrace, ModelTrace, StackTrace
 from .alti_logit import logit_bias, recorded_logit, unembedding_direction
-from .blocks import refuse_non_finite, upcast
+from .blocks import refuse_non_finite, upcast, valid_cells
 from .norms import freeze_norm
 
 BIAS_SPLITS = ("absdot", "norm", "equal", "separate")
@@ -338,12 +338,7 @@ def initial_components(hidden: torch.Tensor, offset: int, available: torch.Tenso
 def available_components(query_mask, blocks: list[tuple[torch.Tensor, bool]], has_bias: bool) -> torch.Tensor:
     """``(B, Q, K)``: for each position, the real tokens of each component block it can see (causal blocks: only up
     to itself); the bias component is never part of an equal split."""
-    masks = []
-    for key_mask, causal in blocks:
-        visible = query_mask.bool()[:, :, None] & key_mask.bool()[:, None, :]
-        if causal:
-            visible = visible & torch.ones(visible.shape[1:], dtype=torch.bool, device=visible.device).tril()
-        masks.append(visible)
+    masks = [valid_cells(query_mask.bool(), key_mask.bool(), causal) for key_mask, causal in blocks]
     if has_bias:
         masks.append(torch.zeros_like(masks[0][..., :1]))
     return torch.cat(masks, dim=-1)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..specs import LayerSpec
 from ..trace import LayerTrace, ModelTrace, StackTrace
-from .blocks import cross_attention_input, finish_layer, head_value_outputs, valid_cells
+from .blocks import cross_attention_input, finish_layer, head_value_outputs, refuse_non_finite, valid_cells
 from .rollout import encoder_decoder_rollout, normalize_rows
 from .rollout import rollout as rollout_stack
 
@@ -175,12 +175,7 @@ def value_zeroing(
 def check_finite(scores: ValueZeroingScores) -> ValueZeroingScores:
     """Refuse NaN or infinite distances (overflowing half-precision activations) instead of returning them."""
     for name in ("decoder", "cross", "encoder"):
-        block = getattr(scores, name)
-        if block is not None and not torch.isfinite(block).all():
-            raise FloatingPointError(
-                f"Value zeroing produced non-finite {name} scores: the model's activations overflow in "
-                "this precision. Run the model in float32 (model.float()) and retry."
-            )
+        refuse_non_finite(f"Value zeroing ({name} scores)", getattr(scores, name))
     return scores
 
 
