@@ -12,7 +12,14 @@ import inseq
 import torch
 from tqdm.auto import tqdm
 
-from .faithfulness import DEFAULT_FRACTIONS, TokenExample, faithfulness, rank_correlation
+from .faithfulness import (
+    DEFAULT_FRACTIONS,
+    TokenExample,
+    faithfulness,
+    random_baseline,
+    rank_correlation,
+    target_scores,
+)
 
 METRICS = ("comprehensiveness_prob", "sufficiency_prob", "comprehensiveness_logit", "sufficiency_logit")
 
@@ -179,8 +186,12 @@ def compare(
                 continue
             token = seq.target[example.position].token
             ranked = {method: candidate_scores(scores[method][sentence], example, column) for method in methods}
+            original = target_scores(hf_model, example, example.context_ids[None])
+            baseline = random_baseline(hf_model, example, fractions, replacement_id, random_draws, original=original)
             for method, values in ranked.items():
-                metrics = faithfulness(hf_model, example, values, fractions, replacement_id, random_draws)
+                metrics = faithfulness(
+                    hf_model, example, values, fractions, replacement_id, baseline=baseline, original=original
+                )
                 row = {"sentence": sentence, "method": method, "position": example.position, "token": token}
                 comparison.tokens.append({**row, **metrics})
             for first, second in combinations(methods, 2):

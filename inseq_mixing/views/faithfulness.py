@@ -69,16 +69,45 @@ def target_scores(model, example: TokenExample, contexts: torch.Tensor) -> tuple
     return logits.softmax(-1)[:, token], logits[:, token]
 
 
-def aopc(model, example: TokenExample, ranking: torch.Tensor, fractions, replacement_id: int) -> dict[str, float]:
-    """Comprehensiveness and sufficiency (probability and logit drops, averaged over fractions) of one ranking."""
+AOPC_KEYS = ("comprehensiveness_prob", "comprehensiveness_logit", "sufficiency_prob", "sufficiency_logit")
+
+
+def aopc(
+    model,
+    example: TokenExample,
+    ranking: torch.Tensor,
+    fractions,
+    replacement_id: int,
+    original: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> dict[str, float]:
+    """Comprehensiveness and sufficiency (probability and logit drops, averaged over fractions) of one ranking.
+
+    ``original`` is the unperturbed ``(probability, logit)`` from :func:`target_scores`, if already computed.
+    """
     removed, kept = perturbed_contexts(example, ranking, fractions, replacement_id)
-    original_prob, original_logit = target_scores(model, example, example.context_ids[None])
+    original_prob, original_logit = original or target_scores(model, example, example.context_ids[None])
     scores = {}
     for name, contexts in (("comprehensiveness", removed), ("sufficiency", kept)):
         prob, logit = target_scores(model, example, contexts)
         scores[f"{name}_prob"] = float((original_prob - prob).mean())
         scores[f"{name}_logit"] = float((original_logit - logit).mean())
     return scores
+
+
+def random_baseline(
+    model, example: TokenExample, fractions, replacement_id: int, draws: int, seed: int = 0, original=None
+) -> dict[str, float]:
+    """:func:`aopc` averaged over ``draws`` random rankings of the candidates (``random_*`` keys; 0 without draws).
+
+    It does not depend on any method's scores, so a comparison computes it once per generated token.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    num_candidates = int(example.candidates.sum())
+    runs = [
+        aopc(model, example, torch.randperm(num_candidates, generator=generator), fractions, replacement_id, original)
+        for _ in range(draws)
+    ]
+    return {f"random_{key}": sum(run[key] for run in runs) / max(1, len(runs)) for key in AOPC_KEYS}
 
 
 def faithfulness(
@@ -89,20 +118,23 @@ def faithfulness(
     replacement_id: int = 2,
     random_draws: int = 3,
     seed: int = 0,
+    baseline: dict[str, float] | None = None,
+    original: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """AOPC comprehensiveness and sufficiency of the ranking given by ``scores`` (one per candidate, highest first),
-    and the same for ``random_draws`` random rankings (``random_*`` keys, averaged)."""
+    and the same for ``random_draws`` random rankings (``random_*`` keys, averaged).
+
+    ``baseline`` (from :func:`random_baseline`) and ``original`` (from :func:`target_scores`) skip recomputing what
+    every method shares for the same token.
+    """
     if len(scores) != int(example.candidates.sum()):
         raise ValueError(f"Got {len(scores)} scores for {int(example.candidates.sum())} candidate tokens.")
-    result = aopc(model, example, torch.argsort(scores, descending=True, stable=True), fractions, replacement_id)
-    generator = torch.Generator().manual_seed(seed)
-    draws = [
-        aopc(model, example, torch.randperm(len(scores), generator=generator), fractions, replacement_id)
-        for _ in range(random_draws)
-    ]
-    for key in list(result):
-        result[f"random_{key}"] = sum(draw[key] for draw in draws) / max(1, len(draws))
-    return result
+    original = original or target_scores(model, example, example.context_ids[None])
+    ranking = torch.argsort(scores, descending=True, stable=True)
+    result = aopc(model, example, ranking, fractions, replacement_id, original)
+    if baseline is None:
+        baseline = random_baseline(model, example, fractions, replacement_id, random_draws, seed, original)
+    return {**result, **baseline}
 
 
 def rank_correlation(first: torch.Tensor, second: torch.Tensor) -> float:
