@@ -39,11 +39,14 @@ def register() -> list[str]:
 
 METHODS = register()
 
+from .runs import attribute_dataset, load_run  # noqa: E402  (runs use the registered methods)
 from .views import Comparison, compare  # noqa: E402  (views use the registered methods)
 
 __all__ = [
     "METHODS",
     "Comparison",
+    "attribute_dataset",
+    "load_run",
     "compare",
     "SUPPORTED_FAMILIES",
     "UnsupportedModelError",

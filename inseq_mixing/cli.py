@@ -1,4 +1,5 @@
-"""The ``inseq-mixing`` command: list methods, compare methods on a model and write a report, run the demo."""
+"""The ``inseq-mixing`` command: list methods, compare methods on a model and write a report, run the demo, attribute
+a dataset."""
 
 import argparse
 import logging
@@ -76,6 +77,48 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_options(pairs: list[str]) -> dict:
+    """``key=value`` pairs into method options; values are read as JSON (``true``, ``3``, ``"x"``) or kept as text."""
+    import json
+
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option takes key=value, not {pair!r}")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = {"True": True, "False": False, "None": None}.get(value, value)
+    return options
+
+
+def run_attribute_dataset(args: argparse.Namespace) -> int:
+    import inseq_mixing
+    from inseq_mixing.runs import DatasetInputError, RunStoreError
+
+    try:
+        options = parse_options(args.option)
+        summary = inseq_mixing.attribute_dataset(
+            args.model,
+            args.method,
+            args.data,
+            args.out,
+            batch_size=args.batch_size,
+            device=args.device,
+            dtype=args.dtype,
+            source_column=args.source_column,
+            target_column=args.target_column,
+            id_column=args.id_column,
+            **options,
+        )
+    except (DatasetInputError, RunStoreError, ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(summary)
+    return 0
+
+
 def run_demo(args: argparse.Namespace) -> int:
     from inseq_mixing.demo import run_demo as demo
 
@@ -97,6 +140,20 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--json", default=None, help="also write the metrics as JSON here")
     compare.add_argument("--device", default=None, help="e.g. cpu or cuda (default: Inseq's choice)")
     compare.add_argument("--random-draws", type=int, default=3)
+    dataset = commands.add_parser(
+        "attribute-dataset", help="attribute every example of a JSONL/CSV/Parquet file into a resumable run store"
+    )
+    dataset.add_argument("data", help="a .jsonl, .csv or .parquet file of examples")
+    dataset.add_argument("--model", required=True, help="a Hugging Face model name or local path")
+    dataset.add_argument("--method", required=True, help="one of the plugin's methods (see `inseq-mixing methods`)")
+    dataset.add_argument("--out", required=True, help="folder of the run store (created, or resumed)")
+    dataset.add_argument("--source-column", default="source")
+    dataset.add_argument("--target-column", default="target", help="missing column or value: the model generates")
+    dataset.add_argument("--id-column", default=None, help="column of unique ids (default: the row number)")
+    dataset.add_argument("--batch-size", type=int, default=16)
+    dataset.add_argument("--device", default=None, help="e.g. cpu or cuda (default: Inseq's, or each process's)")
+    dataset.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    dataset.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="a method option")
     return parser
 
 
@@ -110,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "demo":
         return run_demo(args)
+    if args.command == "attribute-dataset":
+        return run_attribute_dataset(args)
     return run_compare(args)
 
 

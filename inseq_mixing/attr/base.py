@@ -163,6 +163,11 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
             self._pending_step_scores = None
         return out
 
+    def filtered_attribute_step(self, batch, target_ids, attributed_fn, target_attention_mask=None, **kwargs):
+        """Inseq's step on the whole padded batch: a final-step method must not drop the sentences that end before the
+        longest one (Inseq filters them out at its last step), since its scores cover every position at once."""
+        return super().filtered_attribute_step(batch, target_ids, attributed_fn, None, **kwargs)
+
     def keep_step_scores(self, scores: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
         """Keep ``(B, T)`` scores over the traced decoder positions (with their mask) for :meth:`attribute`."""
         self._pending_step_scores = ({name: score.detach().float().cpu() for name, score in scores.items()}, mask)

@@ -1,0 +1,366 @@
+"""Attributing a whole dataset: padded batches through one trace and the method math each, a resumable store, and
+several processes (or GPUs) through Hugging Face Accelerate.
+
+The plugin's methods are final-step methods whose scores are padding-invariant, so a batch of sentences of different
+lengths is traced once and each sentence's output is the one ``model.attribute`` gives it alone. Inseq builds the
+outputs (tokens, positions, step scores) exactly as in ``model.attribute``.
+"""
+
+import hashlib
+import inspect
+import json
+import logging
+import time
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import torch
+
+from .data import DatasetInputError, Example, fingerprint_examples, read_examples
+from .store import RunStore, RunStoreError, sequence_to_row
+
+logger = logging.getLogger(__name__)
+
+#: Arguments of Inseq's ``model.attribute`` that a dataset run accepts besides the method's own options.
+INSEQ_ARGUMENTS = ("attribute_target", "attributed_fn", "attr_pos_start", "attr_pos_end", "skip_special_tokens")
+#: Contrastive explanations need a foil text per example, which a dataset run does not take (yet).
+PER_EXAMPLE_ARGUMENTS = ("contrast_targets", "contrast_targets_alignments")
+#: Manifest entries that must match for a run to resume in a store.
+IDENTITY_KEYS = ("model", "method", "options", "dtype", "data", "batching")
+
+
+@dataclass
+class RunSummary:
+    """What a call of :func:`attribute_dataset` did.
+
+    Attributes:
+        out: The store folder.
+        examples: Examples in the data.
+        attributed: Examples attributed by this call (this process).
+        skipped: Examples found already stored (this process's share).
+        seconds: Wall time of the attribution loop.
+    """
+
+    out: Path
+    examples: int
+    attributed: int
+    skipped: int
+    seconds: float
+
+    @property
+    def examples_per_second(self) -> float:
+        return self.attributed / self.seconds if self.seconds > 0 else 0.0
+
+    def __str__(self) -> str:
+        if not self.attributed:
+            return f"nothing to do: all {self.skipped} examples of this share are already in {self.out}"
+        return (
+            f"attributed {self.attributed} examples in {self.seconds:.1f} s ({self.examples_per_second:.2f} ex/s), "
+            f"{self.skipped} already stored, {self.examples} in the data → {self.out}"
+        )
+
+
+def attribute_dataset(
+    model,
+    method: str,
+    data,
+    out: str | Path,
+    *,
+    tokenizer=None,
+    batch_size: int = 16,
+    device: str | None = None,
+    dtype: str | torch.dtype | None = None,
+    source_column: str = "source",
+    target_column: str | None = "target",
+    id_column: str | None = None,
+    show_progress: bool = True,
+    **method_kwargs,
+) -> RunSummary:
+    """Attribute every example of ``data`` with ``method`` and store the results in ``out``.
+
+    Examples go through the model in padded batches (one trace and one pass of the method math per batch). Each
+    finished batch is written to its own shard at once, so a killed run started again with the same arguments skips
+    the finished batches; a finished run started again does nothing. Under ``accelerate launch`` the batches are
+    split over the processes, which write into the same store.
+
+    Args:
+        model: A model name or local path, a Hugging Face model (with ``tokenizer``), or an Inseq
+            ``AttributionModel``.
+        method: One of the plugin's methods (``inseq_mixing.METHODS``).
+        data: A ``.jsonl``/``.csv``/``.parquet`` path, a ``datasets.Dataset``, a DataFrame or a list of dicts.
+        out: Folder of the run store (created if missing).
+        tokenizer: Tokenizer of a Hugging Face model object.
+        batch_size: Examples per batch (and per shard). Part of the run's identity: resume with the same value.
+        device: Device to run on (default: the model's, or each Accelerate process's own).
+        dtype: Run the model in this dtype (``"float32"``, ``"bfloat16"``, ``"float16"``); for a model given as an
+            object, convert it yourself.
+        source_column: Column of the source text (decoder-only models: the prompt).
+        target_column: Column of the target (decoder-only: the full text, prompt included). Rows without one, or
+            data without the column, get the model's greedy generation, as in Inseq.
+        id_column: Column of unique ids (default: the row number).
+        show_progress: Show a progress bar (main process only).
+        **method_kwargs: The method's options (as for ``model.attribute``) and ``attribute_target`` (default True
+            for encoder–decoders), ``attributed_fn``, ``attr_pos_start``, ``attr_pos_end``, ``skip_special_tokens``.
+
+    Returns:
+        A :class:`RunSummary`. Read the results with :func:`~inseq_mixing.load_run`.
+
+    Raises:
+        DatasetInputError: Unreadable or empty data, a missing column, repeated ids, a decoder-only target that does
+            not start with its prompt.
+        RunStoreError: ``out`` holds a run of another model, method, option set or dataset.
+        ValueError: An unknown method or option.
+    """
+    from accelerate import PartialState
+
+    import inseq_mixing
+
+    if method not in inseq_mixing.METHODS:
+        raise ValueError(f"Unknown method {method!r} for a dataset run; choose one of {inseq_mixing.METHODS}.")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}.")
+    examples = read_examples(data, source_column, target_column, id_column)
+    state = PartialState()
+    if device is None and state.num_processes > 1:
+        device = str(state.device)
+    attribution_model = load_attribution_model(model, method, tokenizer, device, dtype)
+    inseq_args, options = split_arguments(attribution_model, method_kwargs)
+    check_targets(attribution_model, examples)
+    batches = length_sorted_batches(examples, batch_size)
+    manifest = build_manifest(attribution_model, method, options, inseq_args, examples, batch_size, model)
+    store = RunStore(out)
+    existing = store.read_manifest()
+    if existing is not None:
+        store.open(manifest, IDENTITY_KEYS)  # refuses another run's store, in every process
+    if state.is_main_process:
+        store.open(manifest, IDENTITY_KEYS)
+    state.wait_for_everyone()
+    done = store.done_batches()
+    mine = [number for number in range(len(batches)) if number % state.num_processes == state.process_index]
+    todo = [number for number in mine if number not in done]
+    skipped = sum(len(batches[number]) for number in mine if number in done)
+    summary = RunSummary(Path(out), len(examples), 0, skipped, 0.0)
+    start = time.perf_counter()
+    with _progress(sum(len(batches[n]) for n in todo), show_progress and state.is_main_process) as bar:
+        for number in todo:
+            rows = attribute_batch(attribution_model, batches[number], inseq_args, options)
+            store.write_shard(number, rows)
+            summary.attributed += len(rows)
+            bar.update(len(rows))
+    summary.seconds = time.perf_counter() - start
+    state.wait_for_everyone()
+    return summary
+
+
+def load_attribution_model(model, method: str, tokenizer, device: str | None, dtype):
+    """An Inseq ``AttributionModel`` with ``method`` as its method, from a name, a HF model or an Inseq model."""
+    import inseq
+    from inseq.models import AttributionModel
+
+    torch_dtype = _torch_dtype(dtype)
+    if isinstance(model, AttributionModel):
+        if torch_dtype is not None and model.model.dtype != torch_dtype:
+            raise ValueError(f"The model runs in {model.model.dtype}; convert it to {torch_dtype} before the run.")
+        attribution_model = model
+        if device is not None:
+            attribution_model.device = device
+        attribution_model.attribution_method = attribution_model.get_attribution_method(method)
+        return attribution_model
+    if isinstance(model, str | Path):
+        try:
+            attribution_model = inseq.load_model(str(model), method, device=device, tokenizer=tokenizer)
+        except Exception as error:  # a missing folder, no tokenizer files, an unsupported architecture...
+            raise ValueError(f"Could not load model {str(model)!r}: {type(error).__name__}: {error}") from error
+        if torch_dtype is not None:
+            attribution_model.model.to(torch_dtype)
+        return attribution_model
+    if tokenizer is None:
+        raise ValueError("A Hugging Face model object needs its tokenizer: pass tokenizer=...")
+    if torch_dtype is not None and model.dtype != torch_dtype:
+        raise ValueError(f"The model runs in {model.dtype}; convert it to {torch_dtype} before the run.")
+    return inseq.load_model(model, method, tokenizer=tokenizer, device=device)
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+def _torch_dtype(dtype) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"Unknown dtype {dtype!r}; choose one of {list(DTYPES)}.")
+    return DTYPES[dtype]
+
+
+def split_arguments(attribution_model, kwargs: dict) -> tuple[dict, dict]:
+    """Split ``kwargs`` into Inseq's attribute arguments and the method's options, rejecting unknown names."""
+    method = attribution_model.attribution_method
+    known = [
+        name
+        for name in inspect.signature(method.method.attribute).parameters
+        if name not in ("inputs", "additional_forward_args")
+    ]
+    unknown = sorted(set(kwargs) - set(known) - set(INSEQ_ARGUMENTS))
+    if unknown:
+        raise ValueError(
+            f"Unknown option(s) {unknown} for {method.method_name}; its options are {known}, and a dataset run "
+            f"also takes {list(INSEQ_ARGUMENTS)}."
+        )
+    per_example = sorted(set(kwargs) & set(PER_EXAMPLE_ARGUMENTS))
+    if per_example:
+        raise ValueError(f"{per_example} take one text per call: use model.attribute for contrastive explanations.")
+    inseq_args = {name: kwargs[name] for name in INSEQ_ARGUMENTS if name in kwargs}
+    inseq_args.setdefault("attribute_target", True)
+    if not attribution_model.is_encoder_decoder:
+        inseq_args["attribute_target"] = False  # decoder-only: the target side is the whole context
+    return inseq_args, {name: value for name, value in kwargs.items() if name in known}
+
+
+def check_targets(attribution_model, examples: list[Example]) -> None:
+    """Decoder-only targets are the full text: each must start with its prompt (Inseq's convention)."""
+    if attribution_model.is_encoder_decoder:
+        return
+    for example in examples:
+        if example.target is not None and not example.target.startswith(example.source):
+            raise DatasetInputError(
+                f"Row {example.index} (id {example.id!r}): the target of a decoder-only model is the full text and "
+                f"must start with the prompt {example.source!r}; it is {example.target!r}."
+            )
+
+
+def length_sorted_batches(examples: list[Example], batch_size: int) -> list[list[Example]]:
+    """Batches of examples of similar length (less padding); the same data always gives the same batches."""
+    ordered = sorted(examples, key=lambda ex: len(ex.source) + len(ex.target or ""))
+    return [ordered[start : start + batch_size] for start in range(0, len(ordered), batch_size)]
+
+
+def attribute_batch(attribution_model, batch: list[Example], inseq_args: dict, options: dict) -> list[dict]:
+    """Attribute one batch (generating missing targets first) and return its store rows, in batch order."""
+    sources = [example.source for example in batch]
+    missing = [idx for idx, example in enumerate(batch) if example.target is None]
+    targets = [example.target for example in batch]
+    if missing:
+        generated = attribution_model.generate([sources[idx] for idx in missing])
+        for idx, text in zip(missing, generated, strict=True):
+            targets[idx] = text
+    output = attribute_texts(attribution_model, sources, targets, inseq_args, options)
+    return [
+        sequence_to_row(sequence, example, source, target)
+        for sequence, example, source, target in zip(output.sequence_attributions, batch, sources, targets, strict=True)
+    ]
+
+
+def attribute_texts(attribution_model, sources: list[str], targets: list[str], inseq_args: dict, options: dict):
+    """Inseq's attribution of a whole batch of (source, target) pairs in one step of the final-step method.
+
+    Inseq gives a whole batch one first attributed position, which does not fit prompts of different lengths in a
+    left-padded decoder-only batch: such a batch is right-padded (causal attention makes the padding invisible to real
+    tokens), attributed from position 1, and each sequence then keeps the columns after its own prompt, as
+    ``model.attribute`` gives them for the sequence alone.
+    """
+    from inseq.attr.feat import extract_args
+    from inseq.data.attribution import merge_attributions
+
+    method = attribution_model.attribution_method
+    args = dict(inseq_args)
+    attributed_fn = attribution_model.get_attributed_fn(args.pop("attributed_fn", None))
+    attribution_args, attributed_fn_args, step_scores_args = extract_args(
+        method, attributed_fn, [], default_args=attribution_model.formatter.get_step_function_reserved_args(), **options
+    )
+    common = {
+        "show_progress": False,
+        "attributed_fn": attributed_fn,
+        "attribution_args": attribution_args,
+        "attributed_fn_args": attributed_fn_args,
+        "step_scores_args": step_scores_args,
+        "attribute_target": args.pop("attribute_target"),
+        "skip_special_tokens": args.pop("skip_special_tokens", False),
+    }
+    if attribution_model.is_encoder_decoder:
+        outputs = method.prepare_and_attribute(sources, targets, batch_size=len(sources), **common, **args)
+        return merge_attributions(outputs)
+    tokenizer = attribution_model.tokenizer
+    padding_side, tokenizer.padding_side = tokenizer.padding_side, "right"
+    try:
+        batch = attribution_model.formatter.prepare_inputs_for_attribution(
+            attribution_model, targets, False, common["skip_special_tokens"]
+        )
+    finally:
+        tokenizer.padding_side = padding_side
+    output = method.attribute(batch, attr_pos_start=1, attr_pos_end=None, **common)
+    for sequence, source in zip(output.sequence_attributions, sources, strict=True):
+        prompt = attribution_model.encode(source, add_special_tokens=not common["skip_special_tokens"]).input_ids
+        start = max(prompt.shape[1], args.get("attr_pos_start") or 0)
+        end = min(len(sequence.target), args.get("attr_pos_end") or len(sequence.target))
+        keep_generated(sequence, start, end)
+    return output
+
+
+def keep_generated(sequence, start: int, end: int) -> None:
+    """Restrict a decoder-only sequence output to the generated positions ``start:end`` (the prompt is its source)."""
+    first, last = start - sequence.attr_pos_start, end - sequence.attr_pos_start
+    sequence.target_attributions = sequence.target_attributions[:, first:last]
+    sequence.step_scores = {name: score[first:last] for name, score in (sequence.step_scores or {}).items()}
+    sequence.source = sequence.target[:start]
+    sequence.attr_pos_start, sequence.attr_pos_end = start, end
+
+
+def build_manifest(attribution_model, method, options, inseq_args, examples, batch_size, model_arg) -> dict:
+    """What identifies a run (model, method, options, data, batching), and the package versions that made it."""
+    hf_model = attribution_model.model
+    return {
+        "format": 1,
+        "model": {
+            "name": str(model_arg) if isinstance(model_arg, str | Path) else attribution_model.model_name,
+            "class": type(hf_model).__name__,
+            "config_sha": _sha(hf_model.config.to_json_string(use_diff=False)),
+            "weights_sha": weights_fingerprint(hf_model),
+        },
+        "method": method,
+        "options": json.loads(json.dumps({**options, **inseq_args}, sort_keys=True, default=repr)),
+        "dtype": str(hf_model.dtype).removeprefix("torch."),
+        "data": {"sha": fingerprint_examples(examples)},
+        "examples": len(examples),
+        "batching": {"batch_size": batch_size, "order": "length"},
+        "versions": {name: _version(name) for name in ("inseq-mixing", "inseq", "transformers", "torch")},
+    }
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """A hash of every parameter's name, shape and first values: tells two checkpoints of one config apart."""
+    digest = hashlib.sha256()
+    for name, param in model.named_parameters():
+        head = param.detach().reshape(-1)[:64].float().cpu().numpy().tobytes()
+        digest.update(f"{name}{tuple(param.shape)}".encode() + head)
+    return digest.hexdigest()[:16]
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+class _progress:
+    """A tqdm bar over examples (examples/s and time left), or nothing."""
+
+    def __init__(self, total: int, show: bool):
+        self.total, self.show = total, show
+
+    def __enter__(self):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=self.total, unit="ex", desc="attributing", disable=not self.show or not self.total, dynamic_ncols=True)
+        return self.bar
+
+    def __exit__(self, *exc):
+        self.bar.close()
+
+
+__all__ = ["DatasetInputError", "RunStoreError", "RunSummary", "attribute_dataset"]
