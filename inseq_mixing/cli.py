@@ -94,9 +94,12 @@ def parse_options(pairs: list[str]) -> dict:
 
 
 def run_attribute_dataset(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as hf_logging
+
     import inseq_mixing
     from inseq_mixing.runs import DatasetInputError, RunStoreError
 
+    hf_logging.disable_progress_bar()  # the run's own bar is the one to watch
     try:
         options = parse_options(args.option)
         summary = inseq_mixing.attribute_dataset(

@@ -149,7 +149,9 @@ def read_examples(
             raise DatasetInputError(f"Row {index} has no {source_column!r} value.")
         example_id = str(row.get(id_column)) if id_column is not None else str(index)
         if example_id in seen:
-            raise DatasetInputError(f"Rows {seen[example_id]} and {index} share the id {example_id!r}: ids must be unique.")
+            raise DatasetInputError(
+                f"Rows {seen[example_id]} and {index} share the id {example_id!r}: ids must be unique."
+            )
         seen[example_id] = index
         target = _text(row.get(target_column)) if has_target else None
         examples.append(Example(index, example_id, source, target or None))

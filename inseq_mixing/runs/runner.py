@@ -247,7 +247,9 @@ def attribute_batch(attribution_model, batch: list[Example], inseq_args: dict, o
     output = attribute_texts(attribution_model, sources, targets, inseq_args, options)
     return [
         sequence_to_row(sequence, example, source, target)
-        for sequence, example, source, target in zip(output.sequence_attributions, batch, sources, targets, strict=True)
+        for sequence, example, source, target in zip(
+            output.sequence_attributions, batch, sources, targets, strict=True
+        )
     ]
 
 
@@ -266,7 +268,11 @@ def attribute_texts(attribution_model, sources: list[str], targets: list[str], i
     args = dict(inseq_args)
     attributed_fn = attribution_model.get_attributed_fn(args.pop("attributed_fn", None))
     attribution_args, attributed_fn_args, step_scores_args = extract_args(
-        method, attributed_fn, [], default_args=attribution_model.formatter.get_step_function_reserved_args(), **options
+        method,
+        attributed_fn,
+        [],
+        default_args=attribution_model.formatter.get_step_function_reserved_args(),
+        **options,
     )
     common = {
         "show_progress": False,
@@ -356,7 +362,13 @@ class _progress:
     def __enter__(self):
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(total=self.total, unit="ex", desc="attributing", disable=not self.show or not self.total, dynamic_ncols=True)
+        self.bar = tqdm(
+            total=self.total,
+            unit="ex",
+            desc="attributing",
+            disable=not self.show or not self.total,
+            dynamic_ncols=True,
+        )
         return self.bar
 
     def __exit__(self, *exc):

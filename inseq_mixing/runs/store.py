@@ -156,7 +156,9 @@ class RunStore:
             return
         different = [key for key in identity_keys if existing.get(key) != manifest.get(key)]
         if different:
-            details = "; ".join(f"{key}: store has {existing.get(key)!r}, this run {manifest.get(key)!r}" for key in different)
+            details = "; ".join(
+                f"{key}: store has {existing.get(key)!r}, this run {manifest.get(key)!r}" for key in different
+            )
             raise RunStoreError(
                 f"{self.root} holds a different run ({details}). Use another --out folder, or delete this one to "
                 "start over."
@@ -200,7 +202,8 @@ class Run:
         if self.manifest is None:
             raise RunStoreError(f"{root} is not a run store (no {MANIFEST}); run attribute_dataset first.")
         self._index = {
-            example_id: position for position, example_id in enumerate(self.store.read_table(["index", "id"])["id"].to_pylist())
+            example_id: position
+            for position, example_id in enumerate(self.store.read_table(["index", "id"])["id"].to_pylist())
         }
         self._rows: list[dict] | None = None
 
