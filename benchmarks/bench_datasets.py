@@ -19,11 +19,10 @@ import warnings
 
 import inseq
 import torch
+from bench_methods import FULL_SIZE, sentence  # the benchmarks folder is on sys.path when run as a script
 
 import inseq_mixing
 from inseq_mixing.testing import is_seq2seq, tiny_model, word_tokenizer
-
-from bench_methods import FULL_SIZE, sentence  # noqa: E402  (run from the benchmarks folder or with it on sys.path)
 
 
 def examples(family: str, count: int, words: int = 20) -> list[dict]:
@@ -78,7 +77,9 @@ def main() -> None:
             batched = dataset_run(model, method, rows, args.batch_size)
             looped = loop_of_attribute(model, rows, is_seq2seq(family))
             n = len(rows)
-            print(f"{family:8} {method:14} {n / looped:10.2f} {n / batched:13.2f} {looped / batched:6.1f}x", flush=True)
+            print(
+                f"{family:8} {method:14} {n / looped:10.2f} {n / batched:13.2f} {looped / batched:6.1f}x", flush=True
+            )
 
 
 if __name__ == "__main__":
