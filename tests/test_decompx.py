@@ -139,3 +139,34 @@ def test_logit_methods_run_in_half_precision_and_stay_close(family, explain):
     half = explain(trace_of(tiny_model(family).to(torch.bfloat16), kwargs), next_tokens(kwargs))
     assert half.target.dtype == torch.float32 and torch.isfinite(half.target).all()
     assert (half.target - full.target).abs().max() < 0.1 * full.logit.abs().max()
+
+
+@pytest.mark.parametrize("family", ["marian", "t5_gated", "gpt2", "llama"])
+@pytest.mark.parametrize("bias", ["absdot", "separate"])
+def test_chunked_storage_gives_the_same_scores_and_bounds_every_block(family, bias, monkeypatch):
+    """Small ``max_chunk_elements``: many position blocks and component slabs, the same scores as one chunk, every
+    stored block within the bound, and a causal stream stored packed (a block keeps only the tokens it can see)."""
+    from inseq_mixing.methods import decompx as module
+
+    kwargs = example_kwargs(family, batch=2)
+    trace = trace_of(get_tiny(family), kwargs)
+    whole = decompx(trace, next_tokens(kwargs), options=DecompXOptions(bias=bias))
+    num_components = sum(stack.mask.shape[1] for stack in (trace.decoder, trace.encoder) if stack is not None) + 1
+    limit = 2 * 16 * num_components * 2  # batch × d_model × components × 2 positions
+    blocks_seen = []
+    original = module.decompose_layer
+
+    def spy(layer, record, stream, *args, **kw):
+        blocks_seen.extend((block.rows, block.cols, block.stream.parts.numel()) for block in stream.blocks)
+        return original(layer, record, stream, *args, **kw)
+
+    monkeypatch.setattr(module, "decompose_layer", spy)
+    chunked = decompx(trace, next_tokens(kwargs), options=DecompXOptions(bias=bias, max_chunk_elements=limit))
+    torch.testing.assert_close(chunked.target, whole.target, atol=1e-5, rtol=1e-5)
+    if whole.source is not None:
+        torch.testing.assert_close(chunked.source, whole.source, atol=1e-5, rtol=1e-5)
+    assert len({rows.start for rows, _, _ in blocks_seen}) > 1
+    assert all(numel <= limit or rows.stop - rows.start == 1 for rows, _, numel in blocks_seen)
+    if trace.encoder is None:  # decoder-only: position p keeps components 0..p (and the bias one)
+        for rows, cols, _ in blocks_seen:
+            assert int(cols[cols < trace.decoder.mask.shape[1]].max()) == rows.stop - 1

@@ -20,7 +20,8 @@ class _Alti(MethodCall):
             rollout: Roll the layer maps out through the model (ALTI; ALTI+ for encoder–decoders). With False,
                 return each layer's map (last dimension: layer).
             output_encoder_self_scores: Return the encoder map in ``sequence_scores["encoder_self_scores"]``.
-            max_chunk_elements: Memory bound of one chunk of per-(position, token) parts.
+            max_chunk_elements: Elements of one chunk of per-(position, token) parts (batch × positions × tokens ×
+                d_model); at least one position per chunk.
         """
         owner = self.owner
         steps = read_step_inputs(inputs, additional_forward_args, owner.spec.is_encoder_decoder)
@@ -67,7 +68,8 @@ class _AltiLogit(MethodCall):
                 aligned token of this text at each step. Also read from the arguments of Inseq's
                 ``attributed_fn="contrast_logits_diff"``.
             contrast_targets_alignments: ``(target index, contrast index)`` pairs, as in Inseq; default 1:1.
-            max_chunk_elements: Memory bound of one chunk of ALTI parts.
+            max_chunk_elements: Elements of one chunk of per-(position, token) ALTI parts (batch × positions ×
+                tokens × d_model); at least one position per chunk.
         """
         owner = self.owner
         steps = read_step_inputs(inputs, additional_forward_args, owner.spec.is_encoder_decoder)

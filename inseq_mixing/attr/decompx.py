@@ -31,7 +31,10 @@ class _DecompX(MethodCall):
             contrast_targets: A contrastive target text: explain ``logit(target) − logit(foil)``. Also read from the
                 arguments of Inseq's ``attributed_fn="contrast_logits_diff"``.
             contrast_targets_alignments: ``(target index, contrast index)`` pairs, as in Inseq; default 1:1.
-            max_chunk_elements: Memory bound of one chunk of FFN activations.
+            max_chunk_elements: Elements of the largest temporary tensor of one chunk: a block of the stored stream
+                (positions × components × d_model), an attention slab (positions × components × d_model) or FFN
+                activations (positions × components × d_ff); at least one position or component per chunk. The
+                decomposed stream itself holds about n²/2 × d_model elements for n causal positions.
         """
         owner = self.owner
         options = DecompXOptions(bias, ffn_linearization, gated_split, include_ffn, max_chunk_elements)

@@ -24,7 +24,8 @@ class _ValueZeroing(MethodCall):
             rollout: Return the rollout across layers instead of per-layer scores (encoder–decoders: ALTI+-style
                 joint rollout, our extension).
             output_encoder_self_scores: Compute the encoder self-attention scores (encoder–decoders).
-            max_chunk_elements: Memory bound of one chunk of corrupted states.
+            max_chunk_elements: Elements of one chunk's FFN activations (batch × zeroed tokens × positions ×
+                4·d_model); at least one zeroed token per chunk.
         """
         owner = self.owner
         steps = read_step_inputs(inputs, additional_forward_args, owner.spec.is_encoder_decoder)

@@ -43,7 +43,8 @@ BIAS_SPLITS = ("absdot", "norm", "equal", "separate")
 FFN_LINEARIZATIONS = ("zero_origin", "tangent")
 GATED_SPLITS = ("linear", "gate")
 
-#: Upper bound on the elements of one chunk of FFN activations ``(positions, components, d_ff)``.
+#: Upper bound on the elements of one chunk's largest temporary: a stream block or attention slab
+#: ``(B, positions, components, d_model)``, or FFN activations ``(B, positions, components, d_ff)``.
 DEFAULT_CHUNK_ELEMENTS = 2**24
 
 
@@ -61,7 +62,7 @@ class DecompXOptions:
             the ``"gate"`` branch (the linear branch held).
         include_ffn: Decompose through the FFNs. With False, each FFN output is treated as a bias and split by
             ``bias``.
-        max_chunk_elements: Memory bound of one chunk of FFN activations.
+        max_chunk_elements: Elements of one chunk's largest temporary (see :data:`DEFAULT_CHUNK_ELEMENTS`).
     """
 
     bias: str = "absdot"
@@ -190,36 +191,63 @@ def attention_bias(attn: AttentionSpec) -> torch.Tensor | None:
     return bias
 
 
-def mix_values(
-    attn: AttentionSpec,
-    record: AttentionTrace,
-    keys: Components,
-    queries: Components | None,
-    max_chunk_elements: int,
-) -> torch.Tensor:
-    r""":math:`\sum_h \sum_j \alpha^h_{ij} (x_{j \Leftarrow k} W^h_V) W^h_O` for key-side components ``(B, J, K, D)``.
+@dataclass
+class RowBlock:
+    """Positions ``rows`` of a decomposed stream, with only the components they can carry.
 
-    Heads are contracted over keys before the output projection. Chunked over query positions; a chunk computes only
-    the components its positions can carry (:func:`active_components` of ``queries``, the query-side stream of a
-    self-attention: causally, not the future; None for cross-attention: all). Returns ``(B, Q, K, D)`` in the
-    layout of ``keys``, biases excluded.
+    Attributes:
+        rows: The positions.
+        cols: ``(K_r,)`` sorted indices (in the stack's component layout) of the components kept; every other
+            component is exactly 0 at these positions (causally unreachable or padding).
+        stream: The kept components ``(B, |rows|, K_r, D)``.
     """
-    value_weight, _ = attn.value_weight()
-    values = (keys.parts @ upcast(value_weight)).unflatten(-1, (attn.num_kv_heads, attn.head_dim))
-    values = values[..., attn.kv_head_of_query_head().to(values.device), :]
-    out_weight = upcast(attn.out_weight_per_head())
-    probs = upcast(record.probs)
-    batch, num_queries = probs.shape[0], probs.shape[2]
-    mixed = values.new_zeros(batch, num_queries, keys.parts.shape[2], keys.parts.shape[-1])
-    for rows in position_chunks(num_queries, batch * keys.parts.shape[2] * keys.parts.shape[-1], max_chunk_elements):
-        active = slice(None) if queries is None else active_components(queries, rows)
-        part = torch.einsum("bhqj,bjkhe->bqkhe", probs[:, :, rows], values[:, :, active])
-        mixed[:, rows, active] = torch.einsum("bqkhe,hed->bqkd", part, out_weight)
-    return mixed
+
+    rows: slice
+    cols: torch.Tensor
+    stream: Components
+
+    def local(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """For component ``indices`` of the stack layout: which are kept here, and their local positions."""
+        position = torch.searchsorted(self.cols, indices).clamp(max=len(self.cols) - 1)
+        kept = self.cols[position] == indices
+        return kept, position[kept]
+
+
+@dataclass
+class BlockedStream:
+    """A decomposed stack stream stored as blocks of positions, each with only the components it can carry.
+
+    Position ``i`` of a causal stack carries no token after ``i``, so the blocks hold about half of the dense
+    ``(B, positions, components, D)`` tensor (at 1,000 tokens and ``D = 768``, 1.5 GB instead of 3.1 GB in float32).
+    Position-wise operations (norms, FFN, bias splits) run block by block; attention mixes one slab of components at
+    a time (:func:`attention_sublayer`).
+    """
+
+    blocks: list[RowBlock]
+    num_components: int
+
+    def map(self, update) -> "BlockedStream":
+        """Apply ``update(block) -> Components`` to every block (a position-wise operation)."""
+        for block in self.blocks:
+            block.stream = update(block)
+        return self
+
+    def to_dense(self) -> Components:
+        """The dense :class:`Components` ``(B, positions, components, D)`` (for checks: memory grows as n²)."""
+        first = self.blocks[0].stream
+        batch, _, _, d_model = first.parts.shape
+        positions = self.blocks[-1].rows.stop
+        parts = first.parts.new_zeros(batch, positions, self.num_components, d_model)
+        available = torch.zeros(batch, positions, self.num_components, dtype=torch.bool, device=parts.device)
+        for block in self.blocks:
+            parts[:, block.rows, block.cols] = block.stream.parts
+            available[:, block.rows, block.cols] = block.stream.available
+        bias_index = None if first.bias_index is None else self.num_components - 1
+        return Components(parts, available, bias_index)
 
 
 def position_chunks(num_positions: int, elements_per_position: int, max_chunk_elements: int) -> list[slice]:
-    """Slices of positions with about ``max_chunk_elements`` elements each."""
+    """Slices of positions with at most ``max_chunk_elements`` elements each (at least one position)."""
     chunk = max(1, max_chunk_elements // max(1, elements_per_position))
     return [slice(start, min(start + chunk, num_positions)) for start in range(0, num_positions, chunk)]
 
@@ -231,6 +259,166 @@ def active_components(components: Components, rows: slice) -> torch.Tensor:
     if components.bias_index is not None:
         active[components.bias_index] = True
     return active.nonzero().squeeze(-1)
+
+
+def initial_stream(hidden: torch.Tensor, offset: int, available: torch.Tensor, bias_index, max_elements: int):
+    """The stack input as a :class:`BlockedStream`: position ``p`` is entirely component ``offset + p``."""
+    batch, positions, d_model = hidden.shape
+    num_components = available.shape[-1]
+    full = Components(hidden.new_empty(0), available, bias_index)
+    blocks = []
+    for rows in position_chunks(positions, batch * num_components * d_model, max_elements):
+        own = torch.arange(rows.start, rows.stop, device=hidden.device) + offset
+        cols = torch.unique(torch.cat([active_components(full, rows), own]))
+        local_bias = None if bias_index is None else int((cols == bias_index).nonzero())
+        parts = hidden.new_zeros(batch, len(own), len(cols), d_model, dtype=upcast(hidden).dtype)
+        parts[:, torch.arange(len(own)), torch.searchsorted(cols, own)] = upcast(hidden[:, rows])
+        blocks.append(RowBlock(rows, cols, Components(parts, available[:, rows][:, :, cols], local_bias)))
+    return BlockedStream(blocks, num_components)
+
+
+@dataclass
+class KeyNorm:
+    """A key block's pre-attention norm: frozen map and the shares of its shift over the block's components."""
+
+    frozen: object
+    shares: torch.Tensor | None
+
+    def apply(self, parts: torch.Tensor, local: torch.Tensor, bias_index: int | None) -> torch.Tensor:
+        """The normalised components ``local`` of a block (shift shares included)."""
+        normed = self.frozen.linear(parts)
+        shift = self.frozen.shift
+        if shift is None:
+            return normed
+        if self.shares is None:  # "separate": the whole shift goes to the bias component
+            is_bias = (local == bias_index).to(normed.dtype)
+            return normed + is_bias[:, None] * shift
+        return normed + self.shares[:, :, local, None] * shift
+
+
+def key_norms(attn: AttentionSpec, record: AttentionTrace, stream: BlockedStream, mode: str) -> list[KeyNorm] | None:
+    """Per block, the frozen pre-attention norm of a pre-LN block and its shift's shares (from the stream as it is
+    before the attention adds to it); None for post-LN blocks, whose attention reads the stream itself."""
+    if not attn.pre_norm:
+        return None
+    norms = []
+    for block in stream.blocks:
+        frozen = freeze_norm(attn.norm, record.norm_input[:, block.rows])
+        shares = None
+        if frozen.shift is not None and mode != "separate":
+            normed = block.stream.like(frozen.linear(block.stream.parts))
+            shares = bias_shares(normed, frozen.shift.expand(*normed.parts.shape[:2], -1), mode)
+        norms.append(KeyNorm(frozen, shares))
+    return norms
+
+
+def slab_values(attn: AttentionSpec, keys: BlockedStream, norms, slab: torch.Tensor, rows: slice) -> torch.Tensor:
+    r"""Value vectors ``(B, key positions in rows, |slab|, heads, head_dim)`` of the key-side components ``slab``:
+    :math:`x_{j \Leftarrow k} W^h_V` (normalised first in pre-LN blocks), 0 where a position does not carry one."""
+    value_weight, _ = attn.value_weight()
+    first = keys.blocks[0].stream.parts
+    values = first.new_zeros(first.shape[0], rows.stop - rows.start, len(slab), value_weight.shape[-1])
+    for number, block in enumerate(keys.blocks):
+        if block.rows.stop <= rows.start:
+            continue
+        kept, local = block.local(slab)
+        if not len(local):
+            continue
+        parts = block.stream.parts[:, :, local]
+        if norms is not None:
+            parts = norms[number].apply(parts, local, block.stream.bias_index)
+        target = slice(block.rows.start - rows.start, block.rows.stop - rows.start)
+        values[:, target, kept.nonzero().squeeze(-1)] = parts @ upcast(value_weight)
+    values = values.unflatten(-1, (attn.num_kv_heads, attn.head_dim))
+    return values[..., attn.kv_head_of_query_head().to(values.device), :]
+
+
+def first_carrying_row(stream: BlockedStream, slab: torch.Tensor) -> int:
+    """The first position that carries one of the components ``slab`` (positions before it carry none)."""
+    for block in stream.blocks:
+        kept, _ = block.local(slab)
+        if kept.any():
+            return block.rows.start
+    return stream.blocks[-1].rows.stop
+
+
+def attention_sublayer(
+    attn: AttentionSpec,
+    record: AttentionTrace,
+    stream: BlockedStream,
+    options: DecompXOptions,
+    causal: bool,
+    keys: BlockedStream | None = None,
+    place=None,
+) -> BlockedStream:
+    r"""Residual plus attention output on a blocked stream, then the norm in post-LN blocks.
+
+    Attention output components :math:`\sum_h \sum_j \alpha^h_{ij} (x_{j \Leftarrow k} W^h_V) W^h_O` are computed one
+    slab of components at a time (heads contracted over keys before the output projection) and added to the stream in
+    place: a slab only reads the key-side components it writes, so the stream is never copied. The attention bias is
+    then split over the output's components (their weights are kept per slab).
+
+    Args:
+        attn: The attention's spec.
+        record: Its trace.
+        stream: The query-side stream (updated in place).
+        options: Decomposition choices.
+        causal: Causal self-attention (a slab skips the positions that cannot carry it).
+        keys: The key-side stream of a cross-attention (the encoder output); None for self-attention.
+        place: Maps key-layout component indices to the query layout (cross-attention).
+    """
+    mode = options.bias
+    self_attention = keys is None
+    keys = stream if self_attention else keys
+    norms = key_norms(attn, record, keys, mode) if self_attention else None
+    probs = upcast(record.probs)
+    batch, _, num_queries, num_keys = probs.shape
+    out_weight = upcast(attn.out_weight_per_head())
+    weights = [torch.zeros_like(block.stream.available, dtype=probs.dtype) for block in stream.blocks]
+    # one slab's largest tensors are (B, positions, slab width, heads, head_dim): at most max_chunk_elements
+    width = max(1, options.max_chunk_elements // (batch * max(num_queries, num_keys) * out_weight.shape[-1]))
+    bias = attention_bias(attn)
+    for start in range(0, keys.num_components, width):
+        slab = torch.arange(start, min(start + width, keys.num_components), device=probs.device)
+        key_rows = slice(first_carrying_row(keys, slab) if causal else 0, num_keys)
+        query_rows = slice(key_rows.start if causal and self_attention else 0, num_queries)
+        if key_rows.start >= num_keys:
+            continue
+        values = slab_values(attn, keys, norms, slab, key_rows)
+        part = torch.einsum("bhqj,bjkhe->bqkhe", probs[:, :, query_rows, key_rows], values)
+        mixed = torch.einsum("bqkhe,hed->bqkd", part, out_weight)
+        del part, values
+        query_slab = slab if place is None else place(slab)
+        for block, weight in zip(stream.blocks, weights, strict=True):
+            if block.rows.stop <= query_rows.start:
+                continue
+            kept, local = block.local(query_slab)
+            rows = slice(block.rows.start - query_rows.start, block.rows.stop - query_rows.start)
+            contribution = mixed[:, rows][:, :, kept]
+            block.stream.parts[:, :, local] += contribution
+            if bias is not None and mode == "absdot":
+                weight[:, :, local] = torch.einsum("bpkd,d->bpk", contribution, bias.to(contribution.device)).abs()
+            elif bias is not None and mode == "norm":
+                weight[:, :, local] = torch.linalg.vector_norm(contribution, dim=-1)
+    if bias is not None:
+        for block, weight in zip(stream.blocks, weights, strict=True):
+            block.stream = add_split_bias(block.stream, bias, weight, mode)
+    if attn.pre_norm:
+        return stream
+    return stream.map(lambda block: decompose_norm(attn.norm, record.norm_input[:, block.rows], block.stream, mode))
+
+
+def add_split_bias(stream: Components, bias: torch.Tensor, weights: torch.Tensor, mode: str) -> Components:
+    """Add ``bias`` ``(D,)`` to the components, split by ``weights`` ``(B, P, K)`` (``"absdot"``/``"norm"``), equally
+    over the available tokens (``"equal"``), or into the bias component (``"separate"``)."""
+    bias = bias.to(stream.parts.device)
+    if mode == "separate":
+        stream.parts[:, :, stream.bias_index] += bias
+        return stream
+    available = stream.available.to(stream.parts.dtype)
+    weights = available if mode == "equal" else weights
+    shares = normalized_shares(weights * available, available)
+    return stream.like(stream.parts + shares[..., None] * bias)
 
 
 def linearized_activation(activation, branch: Components, options: DecompXOptions) -> torch.Tensor:
@@ -265,23 +453,11 @@ def decompose_ffn(ffn: FFNSpec, inputs: Components, options: DecompXOptions) -> 
     return linear_parts(ffn.w_out, linear.like(hidden), options.bias).parts
 
 
-def add_attention(
-    attn: AttentionSpec, record: AttentionTrace, stream: Components, mixed: torch.Tensor, mode: str
-) -> Components:
-    """Residual plus an attention output whose components are ``mixed`` (biases split over them), then the norm in
-    post-LN blocks."""
-    bias = attention_bias(attn)
-    if bias is not None:
-        mixed = split_bias(stream.like(mixed), bias, mode)
-    stream = stream.like(stream.parts + mixed)
-    return stream if attn.pre_norm else decompose_norm(attn.norm, record.norm_input, stream, mode)
-
-
-def decompose_ffn_block(layer: LayerSpec, record: LayerTrace, stream: Components, options: DecompXOptions):
-    """The FFN sub-block on a decomposed stream: norm (pre-LN), FFN chunked over positions, residual, norm
-    (post-LN)."""
-    ffn, mode = layer.ffn, options.bias
-    inputs = decompose_norm(ffn.norm, record.ffn_norm_input, stream, mode) if ffn.pre_norm else stream
+def decompose_ffn_block(ffn: FFNSpec, norm_input: torch.Tensor, stream: Components, options: DecompXOptions):
+    """The FFN sub-block on decomposed positions: norm (pre-LN), FFN chunked over positions, residual, norm
+    (post-LN). ``norm_input`` is the recorded input of the FFN's norm at these positions."""
+    mode = options.bias
+    inputs = decompose_norm(ffn.norm, norm_input, stream, mode) if ffn.pre_norm else stream
     batch, positions, num_components, _ = inputs.parts.shape
     width = ffn.w_out.weight.numel() // inputs.parts.shape[-1]
     output = torch.zeros_like(inputs.parts)
@@ -293,46 +469,37 @@ def decompose_ffn_block(layer: LayerSpec, record: LayerTrace, stream: Components
             None if inputs.bias_index is None else int((active == inputs.bias_index).nonzero()),
         )
         output[:, rows, active] = decompose_ffn(ffn, chunk, options)
+    del inputs
     stream = stream.like(stream.parts + output)
-    return stream if ffn.pre_norm else decompose_norm(ffn.norm, record.ffn_norm_input, stream, mode)
+    return stream if ffn.pre_norm else decompose_norm(ffn.norm, norm_input, stream, mode)
 
 
 def decompose_layer(
     layer: LayerSpec,
     record: LayerTrace,
-    stream: Components,
+    stream: BlockedStream,
     options: DecompXOptions,
-    encoder: Components | None = None,
-    place_encoder=None,
-) -> Components:
-    """One block on a decomposed stream.
+    causal: bool,
+    encoder: BlockedStream | None = None,
+    place=None,
+) -> BlockedStream:
+    """One block on a decomposed stream (updated in place).
 
     Args:
         layer: The block's spec.
         record: Its trace.
         stream: Components of the block input.
         options: Decomposition choices.
+        causal: Whether self-attention is causal.
         encoder: Components of the encoder output (decoder blocks of encoder–decoders).
-        place_encoder: Maps encoder-layout components ``(B, Q, K_enc, D)`` into the decoder layout.
+        place: Maps encoder component indices to the decoder layout.
     """
-    mode, attn = options.bias, layer.self_attn
-    chunk_elements = options.max_chunk_elements
-    keys = decompose_norm(attn.norm, record.self_attn.norm_input, stream, mode) if attn.pre_norm else stream
-    mixed = mix_values(attn, record.self_attn, keys, stream, chunk_elements)
-    stream = add_attention(attn, record.self_attn, stream, mixed, mode)
+    stream = attention_sublayer(layer.self_attn, record.self_attn, stream, options, causal)
     if layer.cross_attn is not None:
-        cross = place_encoder(mix_values(layer.cross_attn, record.cross_attn, encoder, None, chunk_elements))
-        stream = add_attention(layer.cross_attn, record.cross_attn, stream, cross, mode)
-    return decompose_ffn_block(layer, record, stream, options)
-
-
-def initial_components(hidden: torch.Tensor, offset: int, available: torch.Tensor, bias_index) -> Components:
-    """The stack input: position ``p`` is entirely component ``offset + p``."""
-    batch, positions, d_model = hidden.shape
-    parts = hidden.new_zeros(batch, positions, available.shape[-1], d_model, dtype=upcast(hidden).dtype)
-    index = torch.arange(positions, device=hidden.device)
-    parts[:, index, offset + index] = upcast(hidden)
-    return Components(parts, available, bias_index)
+        stream = attention_sublayer(layer.cross_attn, record.cross_attn, stream, options, False, encoder, place)
+    return stream.map(
+        lambda block: decompose_ffn_block(layer.ffn, record.ffn_norm_input[:, block.rows], block.stream, options)
+    )
 
 
 def available_components(query_mask, blocks: list[tuple[torch.Tensor, bool]], has_bias: bool) -> torch.Tensor:
@@ -347,21 +514,31 @@ def available_components(query_mask, blocks: list[tuple[torch.Tensor, bool]], ha
 def decompose_stack(
     stack_spec: StackSpec,
     stack: StackTrace,
-    stream: Components,
+    stream: BlockedStream,
     options: DecompXOptions,
-    encoder: Components | None = None,
+    encoder: BlockedStream | None = None,
     place_encoder=None,
     keep_layers: bool = False,
-) -> tuple[Components, list[Components]]:
-    """Every block of a stack, then its final norm; returns the output and (if asked) each block's output."""
+) -> tuple[BlockedStream, list[Components]]:
+    """Every block of a stack, then its final norm; returns the output and (if asked) each block's output, dense."""
     layers = []
     for layer, record in zip(stack_spec.layers, stack.layers, strict=True):
-        stream = decompose_layer(layer, record, stream, options, encoder, place_encoder)
+        stream = decompose_layer(layer, record, stream, options, stack.causal, encoder, place_encoder)
         if keep_layers:
-            layers.append(stream)
+            layers.append(stream.to_dense())
     if stack_spec.final_norm is not None:
-        stream = decompose_norm(stack_spec.final_norm, stack.final_norm_input, stream, options.bias)
+        norm, norm_input = stack_spec.final_norm, stack.final_norm_input
+        stream = stream.map(lambda block: decompose_norm(norm, norm_input[:, block.rows], block.stream, options.bias))
     return stream, layers
+
+
+def read_out(stream: BlockedStream, direction: torch.Tensor) -> torch.Tensor:
+    """Scores ``(B, T, K)``: every component projected on the direction ``(B, T, D)`` of its position."""
+    first = stream.blocks[0].stream.parts
+    scores = first.new_zeros(first.shape[0], direction.shape[1], stream.num_components)
+    for block in stream.blocks:
+        scores[:, block.rows, block.cols] = torch.einsum("btkd,btd->btk", block.stream.parts, direction[:, block.rows])
+    return scores
 
 
 @dataclass
@@ -413,19 +590,22 @@ def decompx(
     if spec.is_encoder_decoder:
         num_source = enc.mask.shape[1]
         available = available_components(enc.mask, [(enc.mask, False)], separate)
-        start = initial_components(enc.layers[0].input, 0, available, num_source if separate else None)
+        bias_index = num_source if separate else None
+        start = initial_stream(enc.layers[0].input, 0, available, bias_index, options.max_chunk_elements)
         encoder, layers["encoder"] = decompose_stack(spec.encoder, enc, start, options, keep_layers=keep_layers)
         offset, blocks = num_source, [(enc.mask, False), (dec.mask, True)]
         place = encoder_placement(num_source, dec.mask.shape[1], separate)
     available = available_components(dec.mask, blocks, separate)
     bias_index = available.shape[-1] - 1 if separate else None
-    start = initial_components(dec.layers[0].input, offset, available, bias_index)
+    start = initial_stream(dec.layers[0].input, offset, available, bias_index, options.max_chunk_elements)
     stream, layers["decoder"] = decompose_stack(
         spec.decoder, dec, start, options, encoder, place, keep_layers=keep_layers
     )
     direction = unembedding_direction(spec, target_ids, foil_ids) * spec.logits_scale
-    scores = torch.einsum("btkd,btd->btk", stream.parts, direction)
-    scores = split_scalar_bias(scores, stream, logit_bias(spec, target_ids, foil_ids), options.bias)
+    scores = read_out(stream, direction)
+    del stream, encoder
+    positions = Components(scores.new_empty(0), available, bias_index)
+    scores = split_scalar_bias(scores, positions, logit_bias(spec, target_ids, foil_ids), options.bias)
     refuse_non_finite("DecompX", scores)
     real = dec.mask[..., None].to(scores.dtype)
     scores = scores * real
@@ -439,13 +619,11 @@ def decompx(
 
 
 def encoder_placement(num_source: int, num_target: int, separate: bool):
-    """Map encoder-layout components ``(B, Q, S [+1], D)`` into the decoder layout [source | target (| bias)]."""
+    """Map encoder component indices [source (| bias)] to the decoder layout [source | target (| bias)]."""
 
-    def place(parts: torch.Tensor) -> torch.Tensor:
-        placed = parts.new_zeros(*parts.shape[:2], num_source + num_target + int(separate), parts.shape[-1])
-        placed[:, :, :num_source] = parts[:, :, :num_source]
-        if separate:
-            placed[:, :, -1] = parts[:, :, num_source]
-        return placed
+    def place(indices: torch.Tensor) -> torch.Tensor:
+        if not separate:
+            return indices
+        return torch.where(indices == num_source, num_source + num_target, indices)
 
     return place
