@@ -212,11 +212,12 @@ def _set_attn_implementation(model: nn.Module, implementation: str) -> None:
 
 
 @contextmanager
-def eval_mode(model: nn.Module) -> Iterator[None]:
-    """Temporarily put a model in eval mode (no dropout), restoring each module's flag afterwards."""
-    flags = {module: module.training for module in model.modules()}
+def eval_mode(*models: nn.Module) -> Iterator[None]:
+    """Temporarily put modules in eval mode (no dropout), restoring each submodule's flag afterwards."""
+    flags = {module: module.training for model in models for module in model.modules()}
     try:
-        model.eval()
+        for model in models:
+            model.eval()
         yield
     finally:
         for module, flag in flags.items():
@@ -228,6 +229,35 @@ def left_padding_position_ids(mask: torch.Tensor) -> torch.Tensor | None:
     if bool(mask[:, 0].all()):
         return None
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def refuse_non_finite_forward(model: nn.Module, logits: torch.Tensor) -> None:
+    """Name the cause when the forward pass itself gives NaN or infinite logits: bad weights, or an overflow."""
+    if bool(torch.isfinite(logits).all()):
+        return
+    bad = [name for name, param in model.named_parameters() if not bool(torch.isfinite(param).all())]
+    if bad:
+        listed = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise ValueError(f"The model's weights contain NaN or infinite values ({listed}): repair or reload them.")
+    dtype = next(model.parameters()).dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        raise FloatingPointError(
+            f"The model's forward pass overflows in {dtype} (non-finite logits): run it in float32 (model.float())."
+        )
+    raise FloatingPointError(
+        f"The model's forward pass gives non-finite logits in {dtype} from finite weights: check the inputs "
+        "(e.g. inputs_embeds) and the scale of the weights."
+    )
+
+
+def check_lengths(spec: ModelSpec, *sequences: torch.Tensor | None) -> None:
+    """Refuse sequences longer than the model's table of position embeddings, before any computation."""
+    longest = max(ids.shape[-1] for ids in sequences if ids is not None)
+    if spec.max_positions is not None and longest > spec.max_positions:
+        raise ValueError(
+            f"The input has {longest} tokens, but this {spec.family} model has position embeddings for "
+            f"{spec.max_positions} (config.max_position_embeddings / n_positions). Shorten or truncate the input."
+        )
 
 
 def trace_model(
@@ -255,6 +285,7 @@ def trace_model(
     spec = spec or get_spec(model)
     if input_ids.numel() == 0:
         raise ValueError("Cannot trace an empty input: pass at least one token.")
+    check_lengths(spec, input_ids, decoder_input_ids)
     attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     recorders = {"decoder": _Recorder(spec.decoder, keep_cross_call=True)}
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
@@ -279,6 +310,7 @@ def trace_model(
             recorder.register(hooks)
         with torch.no_grad():
             logits = model(**kwargs).logits.detach()
+    refuse_non_finite_forward(model, logits)
     if spec.is_encoder_decoder:
         return ModelTrace(
             spec=spec,

@@ -1,5 +1,6 @@
 """Shared Inseq glue for the plugin's final-step methods: read Inseq's step arguments, trace, wrap outputs."""
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -7,11 +8,19 @@ import torch
 from inseq.attr.feat.feature_attribution import FeatureAttribution
 from inseq.data import DecoderOnlyBatch, MultiDimensionalFeatureAttributionStepOutput, get_batch_from_inputs
 from inseq.data.attribution import MultiDimensionalFeatureAttributionSequenceOutput
+from inseq.attr.feat.attribution_utils import check_attribute_positions
+from inseq.attr.step_functions import STEP_SCORES_MAP
 from inseq.utils import Registry
 from inseq.utils.alignment_utils import get_aligned_idx
 
 from ..specs import get_spec
-from ..trace import ModelTrace, trace_model
+from ..trace import ModelTrace, eval_mode, trace_model
+
+
+#: The ``attributed_fn`` values a logit-explaining method accepts.
+LOGIT_TARGETS = ("logit", "contrast_logits_diff")
+#: Keyword arguments Inseq's ``model.attribute`` adds on its own (not method options).
+INSEQ_FORWARDED_ARGUMENTS = ("skip_special_tokens",)
 
 
 @dataclass(eq=False, repr=False)
@@ -119,11 +128,40 @@ class MethodCall:
 
     ``attribute(inputs, additional_forward_args, **options)`` receives Inseq's attributed inputs (their number tells
     whether target attribution was asked) and its extra arguments (token ids, masks, attributed-function arguments),
-    read with :func:`read_step_inputs`.
+    read with :func:`read_step_inputs`. Options annotated ``bool`` must be booleans, options annotated ``int`` positive
+    integers, and options named in :attr:`choices` one of their listed strings.
     """
+
+    #: The accepted values of the options that take one of a few strings.
+    choices: dict[str, tuple[str, ...]] = {}
 
     def __init__(self, owner: "ContextMixingAttribution"):
         self.owner = owner
+
+    def option_names(self) -> list[str]:
+        """The options ``model.attribute`` routes to this method."""
+        parameters = inspect.signature(self.attribute).parameters
+        return [name for name in parameters if name not in ("inputs", "additional_forward_args")]
+
+    def check_options(self, options: dict[str, Any]) -> None:
+        """Refuse unknown option names and wrongly typed values, naming what is accepted."""
+        names = self.option_names()
+        unknown = sorted(set(options) - set(names))
+        if unknown:
+            hint = " Contrastive sources are not supported: use contrast_targets." if "contrast_sources" in unknown else ""
+            raise ValueError(
+                f"Unknown option(s) {unknown} for method {self.owner.method_name!r}: its options are {names}.{hint}"
+            )
+        parameters = inspect.signature(self.attribute).parameters
+        for name, value in options.items():
+            annotation = parameters[name].annotation
+            if name in self.choices and value not in self.choices[name]:
+                raise ValueError(f"{name}={value!r} is not valid for {self.owner.method_name!r}: use one of "
+                                 f"{list(self.choices[name])}.")
+            if annotation is bool and not isinstance(value, bool):
+                raise TypeError(f"{name} takes True or False, not {value!r}.")
+            if annotation is int and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise TypeError(f"{name} takes a positive integer, not {value!r}.")
 
     @staticmethod
     def has_convergence_delta() -> bool:
@@ -144,6 +182,7 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         self.is_final_step_method = True
         self._pending_step_scores: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
         self.first_attributed_position = 1  # index of the first generated token Inseq attributes (unpadded)
+        record_requested_fn(attribution_model)
         self.hook(**kwargs)
 
     def attribute(self, batch, *args, **kwargs):
@@ -154,14 +193,47 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         sequence's ``step_scores`` here.
         """
         self._pending_step_scores = None
-        self.first_attributed_position = kwargs.get("attr_pos_start") or 1
+        self.refuse_other_targets()
+        self.first_attributed_position, _ = check_attribute_positions(
+            batch.max_generation_length, kwargs.get("attr_pos_start"), kwargs.get("attr_pos_end")
+        )
         try:
-            out = super().attribute(batch, *args, **kwargs)
+            with eval_mode(self.attribution_model.model):
+                out = super().attribute(batch, *args, **kwargs)
+            if self.spec.is_encoder_decoder:
+                fix_attributed_positions(out.sequence_attributions, self.first_attributed_position)
             if self._pending_step_scores is not None:
                 attach_step_scores(out.sequence_attributions, *self._pending_step_scores)
         finally:
             self._pending_step_scores = None
         return out
+
+    def refuse_other_targets(self) -> None:
+        """Methods that explain logits (``use_predicted_target``) refuse any other ``attributed_fn`` the user named."""
+        requested = getattr(self.attribution_model, "requested_attributed_fn", None)
+        if not self.use_predicted_target or requested is None or requested in LOGIT_TARGETS:
+            return
+        if requested in [STEP_SCORES_MAP[name] for name in LOGIT_TARGETS]:
+            return
+        name = requested if isinstance(requested, str) else getattr(requested, "__name__", repr(requested))
+        raise ValueError(
+            f"{self.method_name} explains the logit of each generated token (or, with contrast_targets, a logit "
+            f"difference), not attributed_fn={name!r}: leave attributed_fn unset, or use 'logit' or "
+            "'contrast_logits_diff'."
+        )
+
+    def get_attribution_args(self, **kwargs) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The method's options among ``model.attribute``'s keyword arguments, checked before any work: an unknown
+        name or a wrong value raises instead of Inseq's "Unused arguments" warning and a run with defaults."""
+        options = {name: value for name, value in kwargs.items() if name not in INSEQ_FORWARDED_ARGUMENTS}
+        self.method.check_options(options)
+        foils = options.get("contrast_targets")
+        if isinstance(foils, list | tuple) and len(foils) != 1:
+            raise ValueError(
+                f"contrast_targets got {len(foils)} texts, but a contrastive explanation takes one foil for one "
+                "input: call model.attribute once per (input, target, foil)."
+            )
+        return options, {name: value for name, value in kwargs.items() if name not in options}
 
     def filtered_attribute_step(self, batch, target_ids, attributed_fn, target_attention_mask=None, **kwargs):
         """Inseq's step on the whole padded batch: a final-step method must not drop the sentences that end before the
@@ -199,7 +271,10 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         contrast_targets = contrast_targets or steps.attributed_fn_args.get("contrast_targets")
         if contrast_targets is None:
             return None
-        alignments = steps.attributed_fn_args.get("contrast_targets_alignments") or alignments or []
+        if alignments is None:  # 1:1; Inseq's own guess is wrong for encoder–decoders with attr_pos_end
+            alignments = []
+        else:
+            alignments = steps.attributed_fn_args.get("contrast_targets_alignments") or alignments
         if alignments and isinstance(alignments[0], list):
             alignments = alignments[0]
         if steps.input_ids.shape[0] != 1:
@@ -274,6 +349,38 @@ def inseq_layout(scores: torch.Tensor, causal: bool) -> torch.Tensor:
         future = torch.ones(scores.shape[1:3], dtype=torch.bool).tril(-1)  # rows j > columns i
         scores[:, future] = float("nan")
     return scores
+
+
+def record_requested_fn(attribution_model) -> None:
+    """Make an Inseq model remember the ``attributed_fn`` its user named (None when left to the default).
+
+    Inseq resolves a missing ``attributed_fn`` to its default (the probability) before a method sees it, so a method
+    that explains logits could not otherwise tell "not given" from "probability asked for". Later calls that pass the
+    function resolved from the recorded name keep the record.
+    """
+    if getattr(attribution_model, "requested_attributed_fn_recorded", False):
+        return
+    resolve = attribution_model.get_attributed_fn
+
+    def get_attributed_fn(attributed_fn=None):
+        previous = getattr(attribution_model, "requested_attributed_fn", None)
+        if not callable(attributed_fn) or attributed_fn is not resolve(previous):
+            attribution_model.requested_attributed_fn = attributed_fn
+        return resolve(attributed_fn)
+
+    attribution_model.get_attributed_fn = get_attributed_fn
+    attribution_model.requested_attributed_fn_recorded = True
+
+
+def fix_attributed_positions(sequences: list, first: int) -> None:
+    """Set ``attr_pos_start``/``attr_pos_end`` of encoder–decoder sequences to the positions really attributed.
+
+    Inseq 0.7 attributes target positions ``first .. attr_pos_end`` (inclusive) of encoder–decoders, but records
+    ``attr_pos_start = attr_pos_end − steps``, one too low whenever ``attr_pos_end`` is given.
+    """
+    for seq in sequences:
+        scores = seq.source_attributions if seq.source_attributions is not None else seq.target_attributions
+        seq.attr_pos_start, seq.attr_pos_end = first, first + scores.shape[1]
 
 
 def attach_step_scores(sequences: list, scores: dict[str, torch.Tensor], mask: torch.Tensor) -> None:

@@ -1,10 +1,19 @@
 """Inseq glue for DecompX (``decompx``)."""
 
-from ..methods.decompx import DEFAULT_CHUNK_ELEMENTS, DecompXOptions, decompx
+from ..methods.decompx import (
+    BIAS_SPLITS,
+    DEFAULT_CHUNK_ELEMENTS,
+    FFN_LINEARIZATIONS,
+    GATED_SPLITS,
+    DecompXOptions,
+    decompx,
+)
 from .base import ContextMixingAttribution, MethodCall, MixingStepOutput, read_step_inputs
 
 
 class _DecompX(MethodCall):
+    choices = {"bias": BIAS_SPLITS, "ffn_linearization": FFN_LINEARIZATIONS, "gated_split": GATED_SPLITS}
+
     def attribute(
         self,
         inputs,

@@ -1,10 +1,18 @@
 """Inseq glue for Value Zeroing: registered as ``value_zeroing``, replacing Inseq's built-in (renamed)."""
 
-from ..methods.value_zeroing import DEFAULT_CHUNK_ELEMENTS, value_zeroing, value_zeroing_maps
+from ..methods.value_zeroing import (
+    DEFAULT_CHUNK_ELEMENTS,
+    NORMALIZATIONS,
+    SIMILARITY_METRICS,
+    value_zeroing,
+    value_zeroing_maps,
+)
 from .base import ContextMixingAttribution, MethodCall, MixingStepOutput, read_step_inputs
 
 
 class _ValueZeroing(MethodCall):
+    choices = {"similarity_metric": SIMILARITY_METRICS, "normalization": NORMALIZATIONS}
+
     def attribute(
         self,
         inputs,

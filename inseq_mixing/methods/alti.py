@@ -16,11 +16,13 @@ of token :math:`j` is its proximity to the output,
 
 .. math:: c_{ij} = \max\big(0,\; \lVert y_i\rVert_1 - \lVert y_i - T_i(x_j)\rVert_1\big),
 
-with rows normalised to sum to 1. Layer maps roll out as :math:`R^l = C^l R^{l-1}` (the residual is already inside
+with rows normalised to sum to 1. Where no part is closer to :math:`y_i` than the origin (every :math:`c_{ij} = 0`, a
+case the paper leaves undefined), the row goes to position :math:`i`'s own residual stream (our definition). Layer maps roll out as :math:`R^l = C^l R^{l-1}` (the residual is already inside
 :math:`C^l`). Cross-attention (ALTI+) gives a ``T×(S+1)`` map whose last column is the decoder residual; the joint
 decoder layer map is :math:`[C_{ca}[:, :S],\; \mathrm{diag}(C_{ca}[:, S])\, C_{sa}]` (see :mod:`.rollout`).
 """
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -141,21 +143,32 @@ def stack_contributions(
         else:
             attn, attn_record, residual = layer.cross_attn, record.cross_attn, cross_attention_input(layer, record)
         scores = contributions(attn, attn_record, residual, self_mixing, causal, max_chunk_elements)
-        per_layer.append(normalize_rows(check_rows(scores.masked_fill(~valid, 0.0), stack.mask)))
+        per_layer.append(normalize_rows(fill_empty_rows(scores.masked_fill(~valid, 0.0), stack.mask, self_mixing)))
     return torch.stack(per_layer, dim=1)
 
 
-def check_rows(scores: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
-    """Refuse raw contributions that are non-finite, or a real token's row without any (it would lose its mass)."""
+def fill_empty_rows(scores: torch.Tensor, query_mask: torch.Tensor, self_mixing: bool) -> torch.Tensor:
+    """Rows where no part is closer to the output than the origin: the paper's normalisation is undefined there.
+
+    Such a position is given to its own residual stream (self-attention: the diagonal; cross-attention: the residual
+    column), i.e. no measurable mixing: rows still sum to 1 and the rollout keeps the mass where it was. A warning
+    says how many rows this happened to. Non-finite raw contributions are refused.
+    """
     refuse_non_finite("ALTI", scores)
     empty = (scores.sum(-1) == 0) & query_mask
-    if empty.any():
-        raise FloatingPointError(
-            f"ALTI found {int(empty.sum())} position(s) to which no token contributes (every part is farther from "
-            "the output than the origin), so their rows cannot be normalised. This happens only with degenerate "
-            "weights; check the model."
-        )
-    return scores
+    if not empty.any():
+        return scores
+    warnings.warn(
+        f"ALTI: {int(empty.sum())} position(s) had no token closer to the output than the origin (undefined in the "
+        "paper); each is attributed to its own residual stream (an identity row).",
+        stacklevel=2,
+    )
+    own = torch.zeros_like(scores)
+    if self_mixing:
+        own.diagonal(dim1=-2, dim2=-1).fill_(1.0)
+    else:
+        own[..., -1] = 1.0
+    return torch.where(empty[..., None], own, scores)
 
 
 @torch.no_grad()

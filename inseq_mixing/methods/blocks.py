@@ -22,8 +22,8 @@ def refuse_non_finite(method: str, *tensors: torch.Tensor | None) -> None:
     """Raise instead of returning NaN or infinite scores (overflowing half-precision activations)."""
     if any(tensor is not None and not torch.isfinite(tensor).all() for tensor in tensors):
         raise FloatingPointError(
-            f"{method} produced non-finite scores: the model's activations overflow in this precision. Run the "
-            "model in float32 (model.float()) and retry."
+            f"{method} produced non-finite scores: the model's activations overflow. In float16, run the model in "
+            "float32 or bfloat16 (model.float()) and retry; in float32 or float64, check the weights and inputs."
         )
 
 

@@ -24,12 +24,13 @@ import torch
 import torch.nn.functional as F
 
 from ..specs import LayerSpec
-from ..trace import LayerTrace, ModelTrace, StackTrace
-from .blocks import cross_attention_input, finish_layer, head_value_outputs, refuse_non_finite, valid_cells
+from ..trace import LayerTrace, ModelTrace, StackTrace, eval_mode
+from .blocks import cross_attention_input, finish_layer, head_value_outputs, refuse_non_finite, upcast, valid_cells
 from .rollout import encoder_decoder_rollout, normalize_rows
 from .rollout import rollout as rollout_stack
 
 SIMILARITY_METRICS = ("cosine", "euclidean")
+NORMALIZATIONS = ("separate", "joint")
 
 #: Upper bound on the elements of one chunk of corrupted hidden states (times the FFN expansion, about 4).
 DEFAULT_CHUNK_ELEMENTS = 2**23
@@ -90,14 +91,15 @@ def zeroing_distances(
     attn = layer.self_attn if sub_block == "self" else layer.cross_attn
     attn_record = record.self_attn if sub_block == "self" else record.cross_attn
     residual = record.input if sub_block == "self" else cross_attention_input(layer, record)
-    probs = attn_record.probs.float()
+    probs = upcast(attn_record.probs)
     batch, _, num_queries, num_keys = probs.shape
     dtype = residual.dtype
     value_outputs = head_value_outputs(attn, attn_record)
     full = slice(None)
     clean = finish_layer(
         layer, record, sub_block, residual, attn_record.output, torch.arange(batch, device=probs.device), full
-    ).float()
+    )
+    clean = upcast(clean)
     scores = probs.new_zeros(batch, num_queries, num_keys)
     chunk = chunk_size_for(batch, num_queries, residual.shape[-1], max_chunk_elements)
     if causal:  # narrow chunks let each one skip the positions before its first key: ~n²/2 pairs instead of n²
@@ -107,7 +109,7 @@ def zeroing_distances(
         queries = slice(start, None) if causal else full
         width = keys.stop - keys.start
         delta = torch.einsum("bhqk,bhkd->bkqd", probs[:, :, queries, keys], value_outputs[:, :, keys])
-        corrupted_attn = attn_record.output[:, None, queries].float() - delta
+        corrupted_attn = upcast(attn_record.output[:, None, queries]) - delta
         rows = batch * width
         batch_index = torch.arange(batch, device=probs.device).repeat_interleave(width)
         corrupted = finish_layer(
@@ -119,7 +121,7 @@ def zeroing_distances(
             batch_index,
             queries,
         )
-        dist = distance(corrupted.float().view(batch, width, -1, residual.shape[-1]), clean[:, None, queries], metric)
+        dist = distance(upcast(corrupted).view(batch, width, -1, residual.shape[-1]), clean[:, None, queries], metric)
         scores[:, queries, keys] = dist.transpose(1, 2)
     return scores
 
@@ -160,15 +162,19 @@ def value_zeroing(
     if metric not in SIMILARITY_METRICS:
         raise ValueError(f"Unknown similarity metric {metric!r}: use one of {SIMILARITY_METRICS}.")
     spec, dec, enc = trace.spec, trace.decoder, trace.encoder
-    scores = ValueZeroingScores(
-        decoder=stack_distances(spec.decoder.layers, dec, "self", dec.mask, True, metric, max_chunk_elements)
-    )
-    if spec.is_encoder_decoder:
-        scores.cross = stack_distances(spec.decoder.layers, dec, "cross", enc.mask, False, metric, max_chunk_elements)
-        if encoder_scores:
-            scores.encoder = stack_distances(
-                spec.encoder.layers, enc, "self", enc.mask, False, metric, max_chunk_elements
+    blocks = [layer.module for stack in (spec.decoder, spec.encoder) if stack is not None for layer in stack.layers]
+    with eval_mode(*blocks):  # the blocks are re-run: dropout must stay off whatever the model's flags
+        scores = ValueZeroingScores(
+            decoder=stack_distances(spec.decoder.layers, dec, "self", dec.mask, True, metric, max_chunk_elements)
+        )
+        if spec.is_encoder_decoder:
+            scores.cross = stack_distances(
+                spec.decoder.layers, dec, "cross", enc.mask, False, metric, max_chunk_elements
             )
+            if encoder_scores:
+                scores.encoder = stack_distances(
+                    spec.encoder.layers, enc, "self", enc.mask, False, metric, max_chunk_elements
+                )
     return check_finite(scores)
 
 
@@ -208,7 +214,7 @@ def value_zeroing_maps(scores: ValueZeroingScores, normalization: str = "separat
     Returns:
         :class:`ValueZeroingMaps`.
     """
-    if normalization not in ("separate", "joint"):
+    if normalization not in NORMALIZATIONS:
         raise ValueError(f"normalization must be 'separate' or 'joint', not {normalization!r}.")
     if scores.cross is None:
         target = normalize_rows(scores.decoder)

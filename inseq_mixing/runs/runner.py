@@ -7,7 +7,6 @@ outputs (tokens, positions, step scores) exactly as in ``model.attribute``.
 """
 
 import hashlib
-import inspect
 import json
 import logging
 import time
@@ -196,11 +195,7 @@ def _torch_dtype(dtype) -> torch.dtype | None:
 def split_arguments(attribution_model, kwargs: dict) -> tuple[dict, dict]:
     """Split ``kwargs`` into Inseq's attribute arguments and the method's options, rejecting unknown names."""
     method = attribution_model.attribution_method
-    known = [
-        name
-        for name in inspect.signature(method.method.attribute).parameters
-        if name not in ("inputs", "additional_forward_args")
-    ]
+    known = method.method.option_names()
     unknown = sorted(set(kwargs) - set(known) - set(INSEQ_ARGUMENTS))
     if unknown:
         raise ValueError(
@@ -210,6 +205,7 @@ def split_arguments(attribution_model, kwargs: dict) -> tuple[dict, dict]:
     per_example = sorted(set(kwargs) & set(PER_EXAMPLE_ARGUMENTS))
     if per_example:
         raise ValueError(f"{per_example} take one text per call: use model.attribute for contrastive explanations.")
+    method.method.check_options({name: value for name, value in kwargs.items() if name in known})
     inseq_args = {name: kwargs[name] for name in INSEQ_ARGUMENTS if name in kwargs}
     inseq_args.setdefault("attribute_target", True)
     if not attribution_model.is_encoder_decoder:

@@ -48,6 +48,11 @@ def get_spec(model: nn.Module) -> ModelSpec:
             f"inseq-mixing has no architecture spec for model_type={model_type!r} "
             f"({type(model).__name__}). Supported families: {families}."
         )
+    if model.get_output_embeddings() is None:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} has no LM head, and every method explains next-token predictions. Load the model "
+            "with its head: AutoModelForSeq2SeqLM for encoder–decoders, AutoModelForCausalLM for decoder-only models."
+        )
     return _BUILDERS[model_type](model)
 
 

@@ -73,4 +73,5 @@ def build(model: nn.Module) -> ModelSpec:
         decoder=stack_spec(base.decoder, pre_norm),
         lm_head=model.get_output_embeddings(),
         logits_bias=getattr(model, "final_logits_bias", None),
+        max_positions=None if model_type == "m2m_100" else model.config.max_position_embeddings,  # M2M100: sinusoids
     )

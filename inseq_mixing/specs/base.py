@@ -122,6 +122,8 @@ class ModelSpec:
         lm_head: The unembedding module.
         logits_scale: Factor applied to the final hidden state before the LM head (T5 with tied embeddings).
         logits_bias: Bias added to the logits outside the LM head module (BART's ``final_logits_bias``), or None.
+        max_positions: Longest sequence a fixed-size table of absolute position embeddings covers, or None where
+            positions are relative, rotary or computed on the fly.
     """
 
     family: str
@@ -130,6 +132,7 @@ class ModelSpec:
     lm_head: nn.Module | None = None
     logits_scale: float = 1.0
     logits_bias: torch.Tensor | None = None
+    max_positions: int | None = None
 
     @property
     def is_encoder_decoder(self) -> bool:

@@ -37,4 +37,5 @@ def build(model: nn.Module) -> ModelSpec:
         family="gpt2",
         decoder=StackSpec(layers=[layer_spec(block) for block in base.h], final_norm=base.ln_f),
         lm_head=model.get_output_embeddings(),
+        max_positions=model.config.n_positions,
     )
