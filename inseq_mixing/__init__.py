@@ -18,10 +18,14 @@ BUILTIN_VALUE_ZEROING_NAME = "inseq_value_zeroing"
 
 
 def _rename_builtin_value_zeroing() -> None:
-    """Inseq picks among same-named methods at random, so its ``value_zeroing`` must give up the name."""
+    """Inseq picks among same-named methods at random, so its ``value_zeroing`` must give up the name. Under its new
+    name a failure restores the model (see :mod:`inseq_mixing.attr.builtin`)."""
     from inseq.attr.feat.perturbation_attribution import ValueZeroingAttribution as BuiltinValueZeroing
 
+    from .attr.builtin import guard_builtin_value_zeroing
+
     BuiltinValueZeroing.method_name = BUILTIN_VALUE_ZEROING_NAME
+    guard_builtin_value_zeroing(BuiltinValueZeroing)
 
 
 def register() -> list[str]:
@@ -38,6 +42,10 @@ def register() -> list[str]:
 
 
 METHODS = register()
+
+from .views.colors import repair_inseq_colours  # noqa: E402
+
+repair_inseq_colours()
 
 from .runs import attribute_dataset, load_run  # noqa: E402  (runs use the registered methods)
 from .views import Comparison, compare  # noqa: E402  (views use the registered methods)

@@ -3,8 +3,10 @@ a dataset."""
 
 import argparse
 import logging
+import os
 import sys
 import warnings
+from pathlib import Path
 
 METHOD_SUMMARIES = {
     "value_zeroing": "Value Zeroing (Mohebbi et al., 2023): effect of zeroing a token's values on each layer's output",
@@ -50,31 +52,71 @@ SUMMARY_COLUMNS = [
 ]
 
 
-def run_compare(args: argparse.Namespace) -> int:
+class UserError(ValueError):
+    """A problem with the command's arguments, reported in one line with exit code 2."""
+
+
+def check_writable(path: str | None) -> None:
+    """Refuse an output file that cannot be written, before any computation (its folder is created if missing)."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise UserError(f"{path} is a folder: give a file path")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"cannot create the folder of {path}: {error.strerror}") from error
+    if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise UserError(f"{path} cannot be written (permission denied)")
+
+
+def load_for_compare(args: argparse.Namespace):
+    """The Inseq model of ``args.model`` for the first method, with a one-line error for what a user can fix."""
     import inseq
 
-    import inseq_mixing
-    from inseq_mixing.views.report import write_report
+    from inseq_mixing.attr.base import refuse_mismatched_tokenizer
 
     known = set(inseq.list_feature_attribution_methods())
     unknown = [name for name in args.methods if name not in known]
     if unknown:
-        print(f"error: unknown method(s) {unknown}; run `inseq-mixing methods` to list them.", file=sys.stderr)
-        return 2
+        raise UserError(f"unknown method(s) {unknown}; run `inseq-mixing methods` to list them")
     try:
         model = inseq.load_model(args.model, args.methods[0], device=args.device)
     except Exception as error:  # report what went wrong in one line, not a traceback
-        print(f"error: could not load model {args.model!r}: {type(error).__name__}: {error}", file=sys.stderr)
+        hint = " (a local folder needs the tokenizer files next to the weights)" if Path(args.model).is_dir() else ""
+        raise UserError(f"could not load model {args.model!r}{hint}: {type(error).__name__}: {error}") from error
+    try:
+        refuse_mismatched_tokenizer(model.tokenizer, model.model)
+    except ValueError as error:
+        raise UserError(str(error)) from error
+    if not model.is_encoder_decoder and args.target is not None and not args.target.startswith(args.text):
+        raise UserError("for a decoder-only model, --target is the whole text and must start with the prompt")
+    return model
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    import inseq_mixing
+    from inseq_mixing.views.report import write_report
+
+    try:
+        check_writable(args.out)
+        check_writable(args.json)
+        model = load_for_compare(args)
+        result = inseq_mixing.compare(
+            model, args.methods, args.text, args.target, show_progress=True, random_draws=args.random_draws
+        )
+    except (UserError, RuntimeError) as error:  # RuntimeError: every method failed
+        print(f"error: {error}", file=sys.stderr)
         return 2
-    result = inseq_mixing.compare(
-        model, args.methods, args.text, args.target, show_progress=True, random_draws=args.random_draws
-    )
     path = write_report(result, args.out, title=f"inseq-mixing: {args.model}")
     if args.json:
         result.to_json(args.json)
     print_table(result.summary(), SUMMARY_COLUMNS)
+    for method, reason in result.failed.items():
+        print(f"failed: {method}: {reason}", file=sys.stderr)
     print(f"report written to {path}")
-    return 0
+    return 1 if result.failed else 0
 
 
 def parse_options(pairs: list[str]) -> dict:
@@ -94,12 +136,9 @@ def parse_options(pairs: list[str]) -> dict:
 
 
 def run_attribute_dataset(args: argparse.Namespace) -> int:
-    from transformers.utils import logging as hf_logging
-
     import inseq_mixing
     from inseq_mixing.runs import DatasetInputError, RunStoreError
 
-    hf_logging.disable_progress_bar()  # the run's own bar is the one to watch
     try:
         options = parse_options(args.option)
         summary = inseq_mixing.attribute_dataset(
@@ -125,6 +164,11 @@ def run_attribute_dataset(args: argparse.Namespace) -> int:
 def run_demo(args: argparse.Namespace) -> int:
     from inseq_mixing.demo import run_demo as demo
 
+    try:
+        check_writable(args.out)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     return demo(args.out)
 
 
@@ -161,9 +205,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from transformers.utils import logging as hf_logging
+
     args = build_parser().parse_args(argv)
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
+    hf_logging.disable_progress_bar()  # loading bars would bury one-line errors; the commands show their own
     if args.command == "methods":
         for name, line in list_methods():
             print(f"{name:34} {line}")

@@ -250,6 +250,17 @@ def refuse_non_finite_forward(model: nn.Module, logits: torch.Tensor) -> None:
     )
 
 
+def check_vocabulary(model: nn.Module, *sequences: torch.Tensor | None) -> None:
+    """Refuse token ids the model has no embedding for (a tokenizer from another model)."""
+    size = model.get_input_embeddings().num_embeddings
+    largest = max(int(ids.max()) for ids in sequences if ids is not None and ids.numel())
+    if largest >= size:
+        raise ValueError(
+            f"Token id {largest} is outside the model's vocabulary of {size}: the tokenizer does not match the model. "
+            "Load the model's own tokenizer."
+        )
+
+
 def check_lengths(spec: ModelSpec, *sequences: torch.Tensor | None) -> None:
     """Refuse sequences longer than the model's table of position embeddings, before any computation."""
     longest = max(ids.shape[-1] for ids in sequences if ids is not None)
@@ -286,6 +297,7 @@ def trace_model(
     if input_ids.numel() == 0:
         raise ValueError("Cannot trace an empty input: pass at least one token.")
     check_lengths(spec, input_ids, decoder_input_ids)
+    check_vocabulary(model, input_ids, decoder_input_ids)
     attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     recorders = {"decoder": _Recorder(spec.decoder, keep_cross_call=True)}
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}

@@ -101,3 +101,34 @@ def test_cli_reports_unknown_methods_and_models(tmp_path, capsys):
 def test_console_script_is_installed():
     result = subprocess.run([sys.executable, "-m", "inseq_mixing.cli", "methods"], capture_output=True, text=True)
     assert result.returncode == 0 and "decompx" in result.stdout
+
+
+def computed_cell_colours(html_page: str, folder, executable: str) -> list[tuple[str, str]]:
+    """``(inline style, computed background colour)`` of every cell with an inline background, in Chromium."""
+    probe = (
+        "<script>window.addEventListener('load', () => { const cells = [...document.querySelectorAll("
+        "'[style*=\"background\"]')]; const out = document.createElement('pre'); out.id = 'colours'; "
+        "out.textContent = cells.map(c => c.getAttribute('style') + '=>' + getComputedStyle(c).backgroundColor)"
+        ".join('|'); document.body.appendChild(out); });</script>"
+    )
+    path = folder / "show.html"
+    path.write_text(f"<!DOCTYPE html><html><body>{html_page}{probe}</body></html>", encoding="utf-8")
+    command = [executable, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", path.as_uri()]
+    dom = subprocess.run(command, capture_output=True, text=True, timeout=120).stdout
+    found = re.search(r'<pre id="colours">([^<]*)</pre>', dom)
+    assert found, "the probe did not run"
+    return [tuple(cell.split("=&gt;")) for cell in found.group(1).split("|")]
+
+
+@pytest.mark.parametrize("method", ["alti", "alti_logit"])
+def test_inseq_show_heatmaps_have_colours_in_chromium(method, tmp_path):
+    """Inseq 0.7 under numpy 2 writes ``rgba(np.float64(...))``, which browsers drop: cells would be transparent.
+    Every cell Inseq meant to colour (alpha above 0; NaN and zero scores are transparent by design) must be painted."""
+    executable = browser()
+    model = load_tiny("marian", method)
+    out = model.attribute(SOURCE, TARGET, attribute_target=True, show_progress=False)
+    page = out.show(display=False, return_html=True)
+    cells = computed_cell_colours(page, tmp_path, executable)
+    meant = [computed for style, computed in cells if not re.search(r",\s*0(\.0)?\)", style)]
+    assert len(meant) > 10
+    assert all(colour not in ("", "rgba(0, 0, 0, 0)", "transparent") for colour in meant)

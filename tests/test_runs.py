@@ -94,9 +94,7 @@ def test_missing_targets_are_generated(family, tmp_path):
         if row["target"] is None:
             assert "".join(t.token for t in got.target)  # something was generated
         target = model.convert_tokens_to_string([t.token for t in got.target], skip_special_tokens=True)
-        ref = model.attribute(
-            row["source"], target, attribute_target=is_seq2seq(family), show_progress=False
-        )
+        ref = model.attribute(row["source"], target, attribute_target=is_seq2seq(family), show_progress=False)
         assert_same_sequence(got, ref.sequence_attributions[0])
 
 

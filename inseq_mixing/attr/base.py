@@ -5,17 +5,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from inseq.attr.feat.attribution_utils import check_attribute_positions
 from inseq.attr.feat.feature_attribution import FeatureAttribution
+from inseq.attr.step_functions import STEP_SCORES_MAP
 from inseq.data import DecoderOnlyBatch, MultiDimensionalFeatureAttributionStepOutput, get_batch_from_inputs
 from inseq.data.attribution import MultiDimensionalFeatureAttributionSequenceOutput
-from inseq.attr.feat.attribution_utils import check_attribute_positions
-from inseq.attr.step_functions import STEP_SCORES_MAP
 from inseq.utils import Registry
 from inseq.utils.alignment_utils import get_aligned_idx
 
 from ..specs import get_spec
 from ..trace import ModelTrace, eval_mode, trace_model
-
 
 #: The ``attributed_fn`` values a logit-explaining method accepts.
 LOGIT_TARGETS = ("logit", "contrast_logits_diff")
@@ -148,7 +147,7 @@ class MethodCall:
         names = self.option_names()
         unknown = sorted(set(options) - set(names))
         if unknown:
-            hint = " Contrastive sources are not supported: use contrast_targets." if "contrast_sources" in unknown else ""
+            hint = " Contrastive sources are not supported: use contrast_targets." * ("contrast_sources" in unknown)
             raise ValueError(
                 f"Unknown option(s) {unknown} for method {self.owner.method_name!r}: its options are {names}.{hint}"
             )
@@ -156,8 +155,10 @@ class MethodCall:
         for name, value in options.items():
             annotation = parameters[name].annotation
             if name in self.choices and value not in self.choices[name]:
-                raise ValueError(f"{name}={value!r} is not valid for {self.owner.method_name!r}: use one of "
-                                 f"{list(self.choices[name])}.")
+                raise ValueError(
+                    f"{name}={value!r} is not valid for {self.owner.method_name!r}: use one of "
+                    f"{list(self.choices[name])}."
+                )
             if annotation is bool and not isinstance(value, bool):
                 raise TypeError(f"{name} takes True or False, not {value!r}.")
             if annotation is int and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -178,6 +179,7 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
     def __init__(self, attribution_model, **kwargs):
         super().__init__(attribution_model, hook_to_model=False)
         self.spec = get_spec(attribution_model.model)
+        refuse_mismatched_tokenizer(attribution_model.tokenizer, attribution_model.model)
         self.use_predicted_target = False
         self.is_final_step_method = True
         self._pending_step_scores: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
@@ -349,6 +351,25 @@ def inseq_layout(scores: torch.Tensor, causal: bool) -> torch.Tensor:
         future = torch.ones(scores.shape[1:3], dtype=torch.bool).tril(-1)  # rows j > columns i
         scores[:, future] = float("nan")
     return scores
+
+
+def refuse_mismatched_tokenizer(tokenizer, model) -> None:
+    """Refuse, at load, a tokenizer with no ordinary token (transformers builds one from a folder without tokenizer
+    files; every text would become nothing) or with ids the model has no embedding for (another model's tokenizer)."""
+    if tokenizer is None:
+        return
+    if len(tokenizer) <= len(set(tokenizer.all_special_tokens)):
+        raise ValueError(
+            f"The tokenizer has {len(tokenizer)} token(s), all special: it was probably built from a folder without "
+            "tokenizer files. Save the tokenizer next to the weights (tokenizer.save_pretrained(folder)), or pass "
+            "tokenizer= to inseq.load_model."
+        )
+    embeddings = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > embeddings:
+        raise ValueError(
+            f"The tokenizer has {len(tokenizer)} tokens but the model embeds {embeddings}: the tokenizer does not "
+            "match the model. Load the model's own tokenizer (or resize the model's embeddings after adding tokens)."
+        )
 
 
 def record_requested_fn(attribution_model) -> None:

@@ -17,7 +17,8 @@ of token :math:`j` is its proximity to the output,
 .. math:: c_{ij} = \max\big(0,\; \lVert y_i\rVert_1 - \lVert y_i - T_i(x_j)\rVert_1\big),
 
 with rows normalised to sum to 1. Where no part is closer to :math:`y_i` than the origin (every :math:`c_{ij} = 0`, a
-case the paper leaves undefined), the row goes to position :math:`i`'s own residual stream (our definition). Layer maps roll out as :math:`R^l = C^l R^{l-1}` (the residual is already inside
+case the paper leaves undefined), the row goes to position :math:`i`'s own residual stream (our definition). Layer
+maps roll out as :math:`R^l = C^l R^{l-1}` (the residual is already inside
 :math:`C^l`). Cross-attention (ALTI+) gives a ``T×(S+1)`` map whose last column is the decoder residual; the joint
 decoder layer map is :math:`[C_{ca}[:, :S],\; \mathrm{diag}(C_{ca}[:, S])\, C_{sa}]` (see :mod:`.rollout`).
 """

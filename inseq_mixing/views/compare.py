@@ -4,6 +4,7 @@ and score each generated token's attributions for faithfulness and agreement bet
 import csv
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
@@ -34,9 +35,11 @@ class Comparison:
             baselines under ``random_*``.
         agreement: One row per (sentence, generated token, pair of methods): Spearman rank correlation of their scores
             over the candidate context tokens.
+        failed: Method name → the error it raised; the other methods are compared without it.
     """
 
     outputs: dict = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
     tokens: list[dict] = field(default_factory=list)
     agreement: list[dict] = field(default_factory=list)
 
@@ -74,7 +77,12 @@ class Comparison:
         """Write per-token rows, agreement rows and the summary as JSON."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        content = {"summary": self.summary(), "tokens": self.tokens, "agreement": self.agreement}
+        content = {
+            "summary": self.summary(),
+            "tokens": self.tokens,
+            "agreement": self.agreement,
+            "failed": self.failed,
+        }
         path.write_text(json.dumps(content, indent=1, ensure_ascii=False), encoding="utf-8")
         return path
 
@@ -147,7 +155,11 @@ def compare(
         show_progress: Show progress bars over the methods and over the generated tokens scored.
 
     Returns:
-        A :class:`Comparison`.
+        A :class:`Comparison`. A method that raises is recorded in ``failed`` (with a warning) and the others are
+        compared without it.
+
+    Raises:
+        RuntimeError: Every method failed.
     """
     if not methods:
         raise ValueError("Give at least one attribution method.")
@@ -168,14 +180,22 @@ def compare(
     comparison = Comparison()
     scores = {}
     for method in tqdm(methods, desc="attributing", disable=not show_progress):
-        attribution_model = inseq.load_model(hf_model, method, tokenizer=tokenizer)
-        out = attribution_model.attribute(
-            inputs, targets, attribute_target=True, show_progress=False, **method_kwargs.get(method, {})
-        )
+        try:
+            attribution_model = inseq.load_model(hf_model, method, tokenizer=tokenizer)
+            out = attribution_model.attribute(
+                inputs, targets, attribute_target=True, show_progress=False, **method_kwargs.get(method, {})
+            )
+        except Exception as error:  # keep what the other methods computed; report this one
+            comparison.failed[method] = f"{type(error).__name__}: {error}"
+            warnings.warn(f"compare: {method} failed and is left out ({comparison.failed[method]})", stacklevel=2)
+            continue
         if targets is None:
             targets = out.info["generated_texts"]
         comparison.outputs[method] = out
         scores[method] = [token_level_scores(seq) for seq in out.sequence_attributions]
+    if not comparison.outputs:
+        raise RuntimeError(f"Every method failed: {comparison.failed}")
+    methods = list(comparison.outputs)
     reference = comparison.outputs[methods[0]].sequence_attributions
     total = sum(len(seq.target) - seq.attr_pos_start for seq in reference)
     progress = tqdm(total=total, desc="faithfulness", disable=not show_progress)

@@ -114,6 +114,11 @@ def method_section(method: str, out) -> str:
 def render_report(comparison: Comparison, title: str = "inseq-mixing report", notes: str = "") -> str:
     """The whole report as one HTML string."""
     sections = "".join(method_section(method, out) for method, out in comparison.outputs.items())
+    if comparison.failed:
+        failures = "".join(
+            f"<li><b>{html.escape(name)}</b>: {html.escape(reason)}</li>" for name, reason in comparison.failed.items()
+        )
+        notes += f'<div class="failed"><h2>Methods that failed</h2><ul>{failures}</ul></div>'
     return (
         f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
         f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>{notes}"
