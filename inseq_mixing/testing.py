@@ -83,7 +83,7 @@ def _t5(vocab: int, d_model: int, layers: int, heads: int, ffn: int, gated: bool
     return model_cls(config)
 
 
-def _decoder_only(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn: int):
+def _decoder_only(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn: int, kv_heads: int | None):
     if family == "gpt2":
         config = transformers.GPT2Config(
             vocab_size=vocab, n_embd=d_model, n_layer=layers, n_head=heads, n_inner=ffn, n_positions=1024,
@@ -101,7 +101,7 @@ def _decoder_only(family: str, vocab: int, d_model: int, layers: int, heads: int
         intermediate_size=ffn,
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=max(1, heads // 2),
+        num_key_value_heads=kv_heads or max(1, heads // 2),
         max_position_embeddings=1024,
         bos_token_id=BOS_ID,
         eos_token_id=EOS_ID,
@@ -138,6 +138,7 @@ def tiny_model(
     vocab: int | None = None,
     seed: int = 0,
     attn_implementation: str = "eager",
+    kv_heads: int | None = None,
 ) -> torch.nn.Module:
     """A random model of ``family`` (see :data:`ALL_FAMILIES`), in eval mode.
 
@@ -147,6 +148,7 @@ def tiny_model(
         vocab: Vocabulary size; defaults to the word tokenizer's.
         seed: Seed of the random weights.
         attn_implementation: Attention implementation to load with (``"eager"`` or ``"sdpa"``).
+        kv_heads: Key/value heads of Llama-style models (must divide ``heads``); default ``heads // 2``.
     """
     vocab = vocab or len(SPECIAL_TOKENS) + len(WORDS)
     torch.manual_seed(seed)
@@ -166,7 +168,7 @@ def tiny_model(
             vocab, d_model, layers, heads, ffn, True, transformers.MT5Config, transformers.MT5ForConditionalGeneration
         )
     elif family in DECODER_FAMILIES:
-        model = _decoder_only(family, vocab, d_model, layers, heads, ffn)
+        model = _decoder_only(family, vocab, d_model, layers, heads, ffn, kv_heads)
     else:
         raise ValueError(f"No builder for family {family!r}; known: {ALL_FAMILIES}")
     randomize_weights(model, seed)

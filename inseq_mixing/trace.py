@@ -231,15 +231,22 @@ def left_padding_position_ids(mask: torch.Tensor) -> torch.Tensor | None:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def refuse_non_finite_forward(model: nn.Module, logits: torch.Tensor) -> None:
-    """Name the cause when the forward pass itself gives NaN or infinite logits: bad weights, or an overflow."""
-    if bool(torch.isfinite(logits).all()):
+def refuse_non_finite_forward(model: nn.Module, logits: torch.Tensor, mask: torch.Tensor) -> None:
+    """Name the cause when the forward pass gives NaN or infinite logits at real positions: bad weights, or an
+    overflow. (Padding positions may hold NaN: their attention rows can be fully masked.)"""
+    if bool(torch.isfinite(logits[mask.bool()]).all()):
         return
     bad = [name for name, param in model.named_parameters() if not bool(torch.isfinite(param).all())]
     if bad:
         listed = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
         raise ValueError(f"The model's weights contain NaN or infinite values ({listed}): repair or reload them.")
     dtype = next(model.parameters()).dtype
+    if not bool(mask[:, 0].all()):
+        raise FloatingPointError(
+            f"The model's forward pass gives non-finite logits at real tokens of this left-padded batch in {dtype}: "
+            "transformers' attention returns NaN for fully padded rows (Llama-style models in float64 do), and it "
+            "reaches the real tokens. Attribute the sentences one at a time, or run the model in float32."
+        )
     if dtype in (torch.float16, torch.bfloat16):
         raise FloatingPointError(
             f"The model's forward pass overflows in {dtype} (non-finite logits): run it in float32 (model.float())."
@@ -322,7 +329,7 @@ def trace_model(
             recorder.register(hooks)
         with torch.no_grad():
             logits = model(**kwargs).logits.detach()
-    refuse_non_finite_forward(model, logits)
+    refuse_non_finite_forward(model, logits, decoder_attention_mask if spec.is_encoder_decoder else attention_mask)
     if spec.is_encoder_decoder:
         return ModelTrace(
             spec=spec,

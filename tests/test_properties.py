@@ -1,0 +1,221 @@
+"""Properties that must hold for every configuration, drawn at random with Hypothesis: family, depth, width, heads
+and key/value heads, FFN size, sentence lengths, padding, dtype and method options.
+
+- completeness: ALTI-logit's and DecompX's parts add up to the model's own logit;
+- padding invariance: a padded batch gives each sentence's scores alone, for all four methods;
+- causality: future tokens get exactly zero;
+- rows that must sum to 1 do (value zeroing and ALTI maps, ALTI rollouts), and nothing is NaN;
+- a call that fails half-way through the forward pass leaves the model bit-identical.
+
+Example counts are small so the suite stays fast; ``HYPOTHESIS_PROFILE=ci`` (set by ``.ci/run``) draws the same
+examples on every run, ``HYPOTHESIS_PROFILE=thorough`` draws ten times more.
+"""
+
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from inseq_mixing.methods.alti import alti, alti_maps
+from inseq_mixing.methods.alti_logit import alti_logit
+from inseq_mixing.methods.decompx import BIAS_SPLITS, FFN_LINEARIZATIONS, GATED_SPLITS, DecompXOptions, decompx
+from inseq_mixing.methods.value_zeroing import value_zeroing, value_zeroing_maps
+from inseq_mixing.testing import ALL_FAMILIES, is_seq2seq, tiny_model
+from inseq_mixing.trace import trace_model
+
+from .conftest import padded_case
+
+settings.register_profile(
+    "dev", max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+settings.register_profile("ci", parent=settings.get_profile("dev"), derandomize=True)
+settings.register_profile("thorough", parent=settings.get_profile("dev"), max_examples=200)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+LLAMA_STYLE = ("llama", "qwen2", "mistral")
+
+
+@dataclass
+class Config:
+    """One drawn configuration."""
+
+    family: str
+    layers: int
+    heads: int
+    head_dim: int
+    kv_heads: int | None
+    ffn: int
+    lengths: tuple[tuple[int, int], ...]
+    seed: int
+
+    def case(self, dtype: torch.dtype):
+        """The padded batch traced together and one by one. Llama-style models in float64 give NaN through padded
+        rows in transformers (refused by the trace, see the test below), so they get one sentence there."""
+        lengths = self.lengths[:1] if dtype == torch.float64 and self.family in LLAMA_STYLE else self.lengths
+        return padded_case(self.model(dtype), self.family, lengths, seed=self.seed)
+
+    def model(self, dtype: torch.dtype = torch.float32, **kwargs) -> torch.nn.Module:
+        model = tiny_model(
+            self.family, d_model=self.heads * self.head_dim, layers=self.layers, heads=self.heads, ffn=self.ffn,
+            seed=self.seed, kv_heads=self.kv_heads, **kwargs,
+        )  # fmt: skip
+        return model.to(dtype)
+
+
+@st.composite
+def configs(draw) -> Config:
+    family = draw(st.sampled_from(ALL_FAMILIES))
+    heads = draw(st.sampled_from([1, 2, 4]))
+    kv_heads = draw(st.sampled_from([k for k in (1, 2, 4) if heads % k == 0])) if family in LLAMA_STYLE else None
+    length = st.tuples(st.integers(1, 7), st.integers(1, 6))
+    return Config(
+        family=family,
+        layers=draw(st.integers(1, 3)),
+        heads=heads,
+        head_dim=draw(st.sampled_from([4, 8])),
+        kv_heads=kv_heads,
+        ffn=draw(st.sampled_from([8, 16, 32])),
+        lengths=tuple(draw(st.lists(length, min_size=1, max_size=3))),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+def predicted_ids(case) -> torch.Tensor:
+    return case.next_ids()
+
+
+def model_logits(trace, ids: torch.Tensor) -> torch.Tensor:
+    """The model's own logit of ``ids`` at every decoder position, read from its output."""
+    return trace.logits.gather(-1, ids[..., None].to(trace.logits.device))[..., 0].double()
+
+
+def parts_total(scores) -> torch.Tensor:
+    total = scores.target.sum(-1).double()
+    if scores.source is not None:
+        total = total + scores.source.sum(-1).double()
+    for term in getattr(scores, "unattributed", {}).values():
+        total = total + term.double()
+    if getattr(scores, "bias", None) is not None:
+        total = total + scores.bias.double()
+    return total
+
+
+decompx_options = st.builds(
+    DecompXOptions,
+    bias=st.sampled_from(BIAS_SPLITS),
+    ffn_linearization=st.sampled_from(FFN_LINEARIZATIONS),
+    gated_split=st.sampled_from(GATED_SPLITS),
+    include_ffn=st.booleans(),
+)
+
+
+@given(config=configs(), dtype=st.sampled_from([torch.float32, torch.float64]), options=decompx_options)
+def test_logit_methods_add_up_to_the_models_logit(config, dtype, options):
+    case = config.case(dtype)
+    ids = predicted_ids(case)
+    real = case.batched.decoder.mask
+    logit = model_logits(case.batched, ids)
+    # Llama-style RMSNorms round their output through float32 even in a float64 model
+    tolerance = 1e-4 if dtype == torch.float32 else 1e-6 if config.family in LLAMA_STYLE else 1e-9
+    scale = logit[real].abs().max().clamp(min=1.0)
+    for scores in (alti_logit(case.batched, ids), decompx(case.batched, ids, options=options)):
+        error = (parts_total(scores) - logit)[real].abs().max() / scale
+        assert error <= tolerance, f"{type(scores).__name__}: relative error {float(error):.2e}"
+
+
+def method_outputs(trace, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every method's scores over the decoder positions, as ``name → (B, [L,] T, tokens)``."""
+    vz = value_zeroing(trace)
+    outputs = {
+        "value_zeroing target": vz.decoder,
+        "alti rollout": alti_maps(alti(trace), rollout=True).target,
+        "alti_logit target": alti_logit(trace, ids).target,
+        "decompx target": decompx(trace, ids).target,
+    }
+    if trace.encoder is not None:
+        outputs["value_zeroing source"] = vz.cross
+        outputs["alti_logit source"] = alti_logit(trace, ids).source
+        outputs["decompx source"] = decompx(trace, ids).source
+    return outputs
+
+
+@given(config=configs())
+def test_padded_batch_equals_each_sentence_alone_and_future_tokens_get_zero(config):
+    case = config.case(torch.float64)
+    ids = predicted_ids(case)
+    batched = method_outputs(case.batched, ids)
+    for index, (source, target) in enumerate(case.spans):
+        alone = method_outputs(case.alone[index], ids[index : index + 1, target])
+        for name, scores in batched.items():
+            keys = source if name.endswith("source") else target
+            mine = scores[index][..., target, :][..., keys]
+            torch.testing.assert_close(mine, alone[name][0].to(mine.dtype), atol=1e-9, rtol=1e-7, msg=name)
+            if name.endswith("target"):
+                future = torch.ones(mine.shape[-2:], dtype=torch.bool).triu(1)
+                assert (mine[..., future] == 0).all(), f"{name}: a future token got a score"
+
+
+@given(config=configs(), dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]))
+def test_rows_sum_to_one_and_nothing_is_nan(config, dtype):
+    case = config.case(dtype)
+    trace, real = case.batched, case.batched.decoder.mask
+    maps = {
+        "value_zeroing": value_zeroing_maps(value_zeroing(trace)).target,
+        "alti layers": alti(trace).decoder,
+        "alti rollout": alti_maps(alti(trace), rollout=True).target,
+    }
+    if trace.encoder is not None:
+        maps["value_zeroing source"] = value_zeroing_maps(value_zeroing(trace)).source
+        maps["alti+ rollout (source and target)"] = torch.cat(
+            [alti_maps(alti(trace), rollout=True).source, maps.pop("alti rollout")], dim=-1
+        )
+    for name, scores in maps.items():
+        assert not scores.isnan().any(), name
+        rows = scores.sum(-1)  # (B, [L,] T)
+        rows = rows.movedim(1, -1) if rows.ndim == 3 else rows[..., None]
+        torch.testing.assert_close(rows[real], torch.ones_like(rows[real]), atol=1e-5, rtol=0, msg=name)
+    ids = predicted_ids(case)
+    for scores in (alti_logit(trace, ids), decompx(trace, ids)):
+        assert torch.isfinite(scores.target).all() and torch.isfinite(parts_total(scores)).all()
+
+
+@pytest.mark.parametrize("family", LLAMA_STYLE)
+def test_float64_left_padding_nan_of_transformers_is_refused_with_the_reason(family):
+    model = tiny_model(family, d_model=4, heads=1, kv_heads=1).double()
+    with pytest.raises(FloatingPointError, match="left-padded batch in torch.float64.*one at a time"):
+        padded_case(model, family, ((1, 1), (2, 1)))
+
+
+class ProvokedFailure(RuntimeError):
+    pass
+
+
+@given(config=configs(), failing_layer=st.integers(0, 2), train=st.booleans())
+def test_a_failed_trace_leaves_the_model_bit_identical(config, failing_layer, train):
+    model = config.model(attn_implementation="sdpa")
+    model.train(train)
+    weights = {name: value.clone() for name, value in model.state_dict().items()}
+    flags = [module.training for module in model.modules()]
+    stack = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+    blocks = next(child for child in stack.modules() if isinstance(child, torch.nn.ModuleList))
+    block = blocks[min(failing_layer, len(blocks) - 1)]
+
+    def fail(module, args):
+        assert model.config._attn_implementation == "eager"  # the trace switched it...
+        raise ProvokedFailure
+
+    handle = block.register_forward_pre_hook(fail)
+    try:
+        ids = torch.tensor([[5, 6, 7]])
+        with pytest.raises(ProvokedFailure):
+            trace_model(model, ids, decoder_input_ids=ids if is_seq2seq(config.family) else None)
+    finally:
+        handle.remove()
+    assert model.config._attn_implementation == "sdpa"  # ...and restored it
+    assert [module.training for module in model.modules()] == flags
+    hooks = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs")
+    assert not any(getattr(module, name) for module in model.modules() for name in hooks)
+    assert all(torch.equal(weights[name], value) for name, value in model.state_dict().items())
