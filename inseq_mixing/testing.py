@@ -19,8 +19,10 @@ WORDS = (
 
 #: Families with a builder, the names used by test parametrization.
 SEQ2SEQ_FAMILIES = ("marian", "bart", "mbart", "m2m_100", "t5", "t5_gated", "mt5")
-DECODER_FAMILIES = ("gpt2", "llama", "qwen2", "mistral")
+DECODER_FAMILIES = ("gpt2", "llama", "qwen2", "mistral", "qwen3", "gemma", "phi3")
 ALL_FAMILIES = SEQ2SEQ_FAMILIES + DECODER_FAMILIES
+#: Families with grouped-query attention whose RMSNorms round through float32 (even in a float64 model).
+LLAMA_STYLE_FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma", "phi3")
 
 
 def word_tokenizer(seq2seq: bool = True, words: list[str] | None = None) -> PreTrainedTokenizerFast:
@@ -94,7 +96,11 @@ def _decoder_only(family: str, vocab: int, d_model: int, layers: int, heads: int
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM),
+        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
     }[family]
+    extra = {"head_dim": d_model // heads} if family in ("qwen3", "gemma") else {}
     config = config_cls(
         vocab_size=vocab,
         hidden_size=d_model,
@@ -107,6 +113,7 @@ def _decoder_only(family: str, vocab: int, d_model: int, layers: int, heads: int
         eos_token_id=EOS_ID,
         pad_token_id=PAD_ID,
         tie_word_embeddings=False,
+        **extra,
     )
     return model_cls(config)
 

@@ -23,7 +23,7 @@ from inseq_mixing.methods.alti import alti, alti_maps
 from inseq_mixing.methods.alti_logit import alti_logit
 from inseq_mixing.methods.decompx import BIAS_SPLITS, FFN_LINEARIZATIONS, GATED_SPLITS, DecompXOptions, decompx
 from inseq_mixing.methods.value_zeroing import value_zeroing, value_zeroing_maps
-from inseq_mixing.testing import ALL_FAMILIES, is_seq2seq, tiny_model
+from inseq_mixing.testing import ALL_FAMILIES, LLAMA_STYLE_FAMILIES, is_seq2seq, tiny_model
 from inseq_mixing.trace import trace_model
 
 from .conftest import padded_case
@@ -35,7 +35,7 @@ settings.register_profile("ci", parent=settings.get_profile("dev"), derandomize=
 settings.register_profile("thorough", parent=settings.get_profile("dev"), max_examples=200)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
-LLAMA_STYLE = ("llama", "qwen2", "mistral")
+LLAMA_STYLE = LLAMA_STYLE_FAMILIES
 
 
 @dataclass

@@ -3,25 +3,15 @@
 from torch import nn
 from transformers import PreTrainedModel
 
-from . import bart, gpt2, llama, t5
+from . import bart, gemma, gpt2, llama, phi3, t5
 from .base import AttentionSpec, FFNSpec, LayerSpec, ModelSpec, StackSpec, UnsupportedModelError
 
-_BUILDERS = {
-    **dict.fromkeys(bart.MODEL_TYPES, bart.build),
-    **dict.fromkeys(t5.MODEL_TYPES, t5.build),
-    **dict.fromkeys(gpt2.MODEL_TYPES, gpt2.build),
-    **dict.fromkeys(llama.MODEL_TYPES, llama.build),
-}
+#: One module per family: its ``FAMILY`` name, the ``MODEL_TYPES`` (``config.model_type``) it covers, and ``build``.
+SPEC_MODULES = (bart, t5, gpt2, llama, gemma, phi3)
 
-SUPPORTED_FAMILIES = {
-    "Marian": "marian",
-    "BART": "bart",
-    "mBART": "mbart",
-    "M2M100 / NLLB": "m2m_100",
-    "T5 / mT5 (v1.0 and gated-GELU v1.1)": "t5, mt5, umt5",
-    "GPT-2": "gpt2",
-    "Llama-style": "llama, mistral, qwen2",
-}
+_BUILDERS = {model_type: module.build for module in SPEC_MODULES for model_type in module.MODEL_TYPES}
+
+SUPPORTED_FAMILIES = {module.FAMILY: ", ".join(sorted(module.MODEL_TYPES)) for module in SPEC_MODULES}
 
 
 def supported_model_types() -> list[str]:

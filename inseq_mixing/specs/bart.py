@@ -10,6 +10,7 @@ from torch import nn
 from .base import AttentionSpec, FFNSpec, LayerSpec, ModelSpec, StackSpec, linear_in_out
 
 POST_LN_TYPES = {"marian", "bart"}
+FAMILY = "Marian, BART, mBART, M2M100 / NLLB"
 MODEL_TYPES = {"marian", "bart", "mbart", "m2m_100"}
 
 

@@ -156,14 +156,20 @@ class NormParams:
     eps: float
 
 
+#: RMSNorm classes that scale by ``1 + weight`` (Gemma); their spec files register them here.
+UNIT_OFFSET_RMS_NORMS: set[type] = set()
+
+
 def norm_params(module: nn.Module) -> NormParams:
-    """Describe a norm module: ``nn.LayerNorm`` or an RMSNorm (T5, Llama, Mistral, Qwen2).
+    """Describe a norm module: ``nn.LayerNorm`` or an RMSNorm (T5, Llama-style; Gemma's with gain ``1 + weight``).
 
     Raises:
         UnsupportedModelError: The module is neither.
     """
     if isinstance(module, nn.LayerNorm):
         return NormParams("layer", module.weight, module.bias, module.eps)
+    if type(module) in UNIT_OFFSET_RMS_NORMS:
+        return NormParams("rms", 1 + module.weight, None, module.eps)
     eps = getattr(module, "variance_epsilon", None)  # the RMSNorms of T5/mT5/umT5 and Llama-style models
     if eps is not None:
         return NormParams("rms", module.weight, None, eps)
@@ -178,10 +184,32 @@ def _as_in_out_matrix(module: nn.Module, out_slice: slice) -> tuple[torch.Tensor
     ``nn.Linear`` stores ``(out, in)``, GPT-2's ``Conv1D`` stores ``(in, out)``.
     """
     weight = module.weight
-    if isinstance(module, nn.Linear):
+    if isinstance(module, nn.Linear | SlicedLinear):
         weight = weight.T
     bias = module.bias[out_slice] if getattr(module, "bias", None) is not None else None
     return weight[:, out_slice], bias
+
+
+class SlicedLinear(nn.Module):
+    """Some outputs of a fused ``nn.Linear`` (Phi-3's ``gate_up_proj``) as a linear map of their own.
+
+    ``weight`` and ``bias`` are views of the fused module's (``(out, in)``, as ``nn.Linear`` stores them).
+    """
+
+    def __init__(self, fused: nn.Linear, outputs: slice):
+        super().__init__()
+        self.fused, self.outputs = fused, outputs
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.fused.weight[self.outputs]
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return None if self.fused.bias is None else self.fused.bias[self.outputs]
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(hidden, self.weight, self.bias)
 
 
 def linear_in_out(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:

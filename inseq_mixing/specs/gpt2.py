@@ -4,6 +4,7 @@ from torch import nn
 
 from .base import AttentionSpec, FFNSpec, LayerSpec, ModelSpec, StackSpec, linear_in_out
 
+FAMILY = "GPT-2"
 MODEL_TYPES = {"gpt2"}
 
 

@@ -1,19 +1,25 @@
-"""Llama-style decoders (Llama, Mistral, Qwen2): pre-RMSNorm, RoPE, grouped-query attention, SwiGLU FFN."""
+"""Llama-style decoders (Llama, Mistral, Qwen2, Qwen3): pre-RMSNorm, RoPE, grouped-query attention, SwiGLU FFN.
+
+Qwen3's q/k norms act inside attention, on queries and keys only: they shape the recorded attention probabilities and
+leave the value path (what the methods decompose) as in Llama.
+"""
 
 from torch import nn
 
 from .base import AttentionSpec, FFNSpec, LayerSpec, ModelSpec, StackSpec, linear_in_out
 
-MODEL_TYPES = {"llama", "mistral", "qwen2"}
+FAMILY = "Llama-style (Llama, Mistral, Qwen2, Qwen3)"
+MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 
 
-def layer_spec(layer: nn.Module, config) -> LayerSpec:
+def attention_spec(layer: nn.Module, config, value_proj: nn.Module, value_slice: slice = slice(None)) -> AttentionSpec:
+    """The self-attention of a Llama-layout block whose values are ``value_proj``'s outputs ``value_slice``."""
     attn = layer.self_attn
     out_weight, out_bias = linear_in_out(attn.o_proj)
-    self_attn = AttentionSpec(
+    return AttentionSpec(
         module=attn,
-        value_proj=attn.v_proj,
-        value_slice=slice(None),
+        value_proj=value_proj,
+        value_slice=value_slice,
         out_proj=attn.o_proj,
         out_weight=out_weight,
         out_bias=out_bias,
@@ -23,20 +29,32 @@ def layer_spec(layer: nn.Module, config) -> LayerSpec:
         norm=layer.input_layernorm,
         pre_norm=True,
     )
-    mlp = layer.mlp
-    ffn = FFNSpec(
-        forward=mlp,
+
+
+def gated_ffn(layer: nn.Module, w_in: nn.Module, w_gate: nn.Module, activation) -> FFNSpec:
+    """The gated FFN sub-block of a Llama-layout block: ``down_proj(activation(w_gate(x)) * w_in(x))``."""
+    return FFNSpec(
+        forward=layer.mlp,
         norm=layer.post_attention_layernorm,
         pre_norm=True,
-        w_in=mlp.up_proj,
-        w_out=mlp.down_proj,
-        activation=mlp.act_fn,
-        w_gate=mlp.gate_proj,
+        w_in=w_in,
+        w_out=layer.mlp.down_proj,
+        activation=activation,
+        w_gate=w_gate,
     )
-    return LayerSpec(module=layer, self_attn=self_attn, ffn=ffn)
 
 
-def build(model: nn.Module) -> ModelSpec:
+def layer_spec(layer: nn.Module, config) -> LayerSpec:
+    mlp = layer.mlp
+    return LayerSpec(
+        module=layer,
+        self_attn=attention_spec(layer, config, layer.self_attn.v_proj),
+        ffn=gated_ffn(layer, mlp.up_proj, mlp.gate_proj, mlp.act_fn),
+    )
+
+
+def build(model: nn.Module, layer_spec=layer_spec) -> ModelSpec:
+    """The spec of a Llama-layout decoder; ``layer_spec`` builds each block's (families with other projections)."""
     base = model.base_model
     return ModelSpec(
         family=model.config.model_type,

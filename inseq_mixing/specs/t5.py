@@ -5,6 +5,7 @@ from torch import nn
 
 from .base import AttentionSpec, FFNSpec, LayerSpec, ModelSpec, StackSpec, linear_in_out
 
+FAMILY = "T5 / mT5 (v1.0 and gated-GELU v1.1)"
 MODEL_TYPES = {"t5", "mt5", "umt5"}
 TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
 
