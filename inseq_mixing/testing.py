@@ -19,7 +19,7 @@ WORDS = (
 
 #: Families with a builder, the names used by test parametrization.
 SEQ2SEQ_FAMILIES = ("marian", "bart", "mbart", "m2m_100", "t5", "t5_gated", "mt5")
-DECODER_FAMILIES = ("gpt2", "llama", "qwen2", "mistral", "qwen3", "gemma", "phi3")
+DECODER_FAMILIES = ("gpt2", "opt", "opt_post_ln", "llama", "qwen2", "mistral", "qwen3", "gemma", "phi3")
 ALL_FAMILIES = SEQ2SEQ_FAMILIES + DECODER_FAMILIES
 #: Families with grouped-query attention whose RMSNorms round through float32 (even in a float64 model).
 LLAMA_STYLE_FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma", "phi3")
@@ -92,6 +92,14 @@ def _decoder_only(family: str, vocab: int, d_model: int, layers: int, heads: int
             bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
         )  # fmt: skip
         return transformers.GPT2LMHeadModel(config)
+    if family in ("opt", "opt_post_ln"):  # the post-LN variant is laid out like OPT-350m: project_in / project_out
+        config = transformers.OPTConfig(
+            vocab_size=vocab, hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads, ffn_dim=ffn,
+            max_position_embeddings=1024, do_layer_norm_before=family == "opt",
+            word_embed_proj_dim=d_model if family == "opt" else d_model // 2,
+            bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+        )  # fmt: skip
+        return transformers.OPTForCausalLM(config)
     config_cls, model_cls = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),

@@ -159,6 +159,8 @@ class _Recorder:
     def result(self, mask: torch.Tensor, causal: bool) -> StackTrace:
         layers = []
         for idx, store in enumerate(self.store):
+            for key in [key for key in store if key.endswith("norm_input")]:  # OPT flattens before its FFN norm
+                store[key] = store[key].reshape(*store["input"].shape[:-1], -1)
             if store.get("self_probs") is None:
                 raise TraceError(
                     f"Layer {idx} returned no attention probabilities. inseq-mixing needs eager attention; "
@@ -183,7 +185,9 @@ class _Recorder:
                     cross_attn=attn.get("cross"),
                 )
             )
-        return StackTrace(layers=layers, mask=mask.bool(), causal=causal, final_norm_input=self.final.get("input"))
+        final = self.final.get("input")
+        final = None if final is None else final.reshape(*mask.shape, -1)
+        return StackTrace(layers=layers, mask=mask.bool(), causal=causal, final_norm_input=final)
 
 
 @contextmanager
@@ -244,8 +248,8 @@ def refuse_non_finite_forward(model: nn.Module, logits: torch.Tensor, mask: torc
     if not bool(mask[:, 0].all()):
         raise FloatingPointError(
             f"The model's forward pass gives non-finite logits at real tokens of this left-padded batch in {dtype}: "
-            "transformers' attention returns NaN for fully padded rows (Llama-style models in float64 do), and it "
-            "reaches the real tokens. Attribute the sentences one at a time, or run the model in float32."
+            "transformers' attention returns NaN for fully padded rows (Llama-style and OPT models in float64 do), "
+            "and it reaches the real tokens. Attribute the sentences one at a time, or run the model in float32."
         )
     if dtype in (torch.float16, torch.bfloat16):
         raise FloatingPointError(

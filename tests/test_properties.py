@@ -36,6 +36,8 @@ settings.register_profile("thorough", parent=settings.get_profile("dev"), max_ex
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 LLAMA_STYLE = LLAMA_STYLE_FAMILIES
+NAN_WHEN_LEFT_PADDED_IN_FLOAT64 = (*LLAMA_STYLE_FAMILIES, "opt", "opt_post_ln")
+FLOAT32_INSIDE = NAN_WHEN_LEFT_PADDED_IN_FLOAT64
 
 
 @dataclass
@@ -52,9 +54,10 @@ class Config:
     seed: int
 
     def case(self, dtype: torch.dtype):
-        """The padded batch traced together and one by one. Llama-style models in float64 give NaN through padded
-        rows in transformers (refused by the trace, see the test below), so they get one sentence there."""
-        lengths = self.lengths[:1] if dtype == torch.float64 and self.family in LLAMA_STYLE else self.lengths
+        """The padded batch traced together and one by one. Llama-style models and OPT in float64 give NaN through
+        padded rows in transformers (refused by the trace, see the test below), so they get one sentence there."""
+        nan_padding = dtype == torch.float64 and self.family in NAN_WHEN_LEFT_PADDED_IN_FLOAT64
+        lengths = self.lengths[:1] if nan_padding else self.lengths
         return padded_case(self.model(dtype), self.family, lengths, seed=self.seed)
 
     def model(self, dtype: torch.dtype = torch.float32, **kwargs) -> torch.nn.Module:
@@ -118,8 +121,9 @@ def test_logit_methods_add_up_to_the_models_logit(config, dtype, options):
     ids = predicted_ids(case)
     real = case.batched.decoder.mask
     logit = model_logits(case.batched, ids)
-    # Llama-style RMSNorms round their output through float32 even in a float64 model
-    tolerance = 1e-4 if dtype == torch.float32 else 1e-6 if config.family in LLAMA_STYLE else 1e-9
+    # Llama-style RMSNorms and OPT's softmax round through float32 even in a float64 model (rows of attention
+    # probabilities then sum to 1 only to float32 precision, which the value bias carried through W_O feels)
+    tolerance = 1e-4 if dtype == torch.float32 else 1e-5 if config.family in FLOAT32_INSIDE else 1e-8
     scale = logit[real].abs().max().clamp(min=1.0)
     for scores in (alti_logit(case.batched, ids), decompx(case.batched, ids, options=options)):
         error = (parts_total(scores) - logit)[real].abs().max() / scale
@@ -182,9 +186,9 @@ def test_rows_sum_to_one_and_nothing_is_nan(config, dtype):
         assert torch.isfinite(scores.target).all() and torch.isfinite(parts_total(scores)).all()
 
 
-@pytest.mark.parametrize("family", LLAMA_STYLE)
+@pytest.mark.parametrize("family", NAN_WHEN_LEFT_PADDED_IN_FLOAT64)
 def test_float64_left_padding_nan_of_transformers_is_refused_with_the_reason(family):
-    model = tiny_model(family, d_model=4, heads=1, kv_heads=1).double()
+    model = tiny_model(family, d_model=4, heads=1, kv_heads=1 if family in LLAMA_STYLE else None).double()
     with pytest.raises(FloatingPointError, match="left-padded batch in torch.float64.*one at a time"):
         padded_case(model, family, ((1, 1), (2, 1)))
 

@@ -126,6 +126,8 @@ def test_spec_recomposes_logits_from_last_layer(family):
     if spec.decoder.final_norm is not None:
         torch.testing.assert_close(stack.final_norm_input, hidden, rtol=0, atol=0)
         hidden = spec.decoder.final_norm(hidden)
+    if spec.readout_proj is not None:
+        hidden = spec.readout_proj(hidden)
     logits = spec.lm_head(hidden * spec.logits_scale)
     if spec.logits_bias is not None:
         logits = logits + spec.logits_bias

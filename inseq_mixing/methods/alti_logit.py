@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..specs import AttentionSpec, ModelSpec
+from ..specs.base import linear_in_out
 from ..trace import AttentionTrace, ModelTrace
 from .alti import DEFAULT_CHUNK_ELEMENTS, AltiScores, alti, alti_rollouts
 from .blocks import ffn_output, refuse_non_finite, upcast
@@ -57,10 +58,15 @@ class AltiLogitScores:
 
 
 def unembedding_direction(spec: ModelSpec, ids: torch.Tensor, foil_ids: torch.Tensor | None) -> torch.Tensor:
-    """:math:`U_w` (or :math:`U_w - U_{foil}`) for the token at every position, ``(B, T, D)``."""
+    """:math:`U_w` (or :math:`U_w - U_{foil}`) for the token at every position, ``(B, T, D)``; through the transpose
+    of the read-out projection :math:`P` when the model has one (:math:`U_w P`)."""
     rows = upcast(spec.lm_head.weight)
     direction = rows[ids]
-    return direction if foil_ids is None else direction - rows[foil_ids]
+    direction = direction if foil_ids is None else direction - rows[foil_ids]
+    if spec.readout_proj is not None:
+        weight, _ = linear_in_out(spec.readout_proj)  # (D, E)
+        direction = direction @ upcast(weight).T
+    return direction
 
 
 def logit_bias(spec: ModelSpec, ids: torch.Tensor, foil_ids: torch.Tensor | None) -> torch.Tensor:

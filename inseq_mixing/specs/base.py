@@ -124,6 +124,8 @@ class ModelSpec:
         logits_bias: Bias added to the logits outside the LM head module (BART's ``final_logits_bias``), or None.
         max_positions: Longest sequence a fixed-size table of absolute position embeddings covers, or None where
             positions are relative, rotary or computed on the fly.
+        readout_proj: A bias-free linear map between the decoder's final norm and the LM head (OPT's
+            ``project_out``), or None.
     """
 
     family: str
@@ -133,6 +135,7 @@ class ModelSpec:
     logits_scale: float = 1.0
     logits_bias: torch.Tensor | None = None
     max_positions: int | None = None
+    readout_proj: nn.Module | None = None
 
     @property
     def is_encoder_decoder(self) -> bool:
@@ -210,6 +213,34 @@ class SlicedLinear(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return nn.functional.linear(hidden, self.weight, self.bias)
+
+
+def attention(
+    module: nn.Module,
+    value_proj: nn.Module,
+    out_proj: nn.Module,
+    heads: tuple[int, int, int],
+    norm: nn.Module,
+    pre_norm: bool,
+    value_slice: slice = slice(None),
+) -> AttentionSpec:
+    """An :class:`AttentionSpec` whose output projection is read from ``out_proj``; ``heads`` is
+    ``(num_heads, num_kv_heads, head_dim)``."""
+    out_weight, out_bias = linear_in_out(out_proj)
+    num_heads, num_kv_heads, head_dim = heads
+    return AttentionSpec(
+        module=module,
+        value_proj=value_proj,
+        value_slice=value_slice,
+        out_proj=out_proj,
+        out_weight=out_weight,
+        out_bias=out_bias,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        norm=norm,
+        pre_norm=pre_norm,
+    )
 
 
 def linear_in_out(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:

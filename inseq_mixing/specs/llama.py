@@ -6,7 +6,7 @@ leave the value path (what the methods decompose) as in Llama.
 
 from torch import nn
 
-from .base import AttentionSpec, FFNSpec, LayerSpec, ModelSpec, StackSpec, linear_in_out
+from .base import AttentionSpec, FFNSpec, LayerSpec, ModelSpec, StackSpec, attention
 
 FAMILY = "Llama-style (Llama, Mistral, Qwen2, Qwen3)"
 MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
@@ -15,20 +15,8 @@ MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 def attention_spec(layer: nn.Module, config, value_proj: nn.Module, value_slice: slice = slice(None)) -> AttentionSpec:
     """The self-attention of a Llama-layout block whose values are ``value_proj``'s outputs ``value_slice``."""
     attn = layer.self_attn
-    out_weight, out_bias = linear_in_out(attn.o_proj)
-    return AttentionSpec(
-        module=attn,
-        value_proj=value_proj,
-        value_slice=value_slice,
-        out_proj=attn.o_proj,
-        out_weight=out_weight,
-        out_bias=out_bias,
-        num_heads=config.num_attention_heads,
-        num_kv_heads=config.num_key_value_heads,
-        head_dim=attn.head_dim,
-        norm=layer.input_layernorm,
-        pre_norm=True,
-    )
+    heads = (config.num_attention_heads, config.num_key_value_heads, attn.head_dim)
+    return attention(attn, value_proj, attn.o_proj, heads, layer.input_layernorm, True, value_slice)
 
 
 def gated_ffn(layer: nn.Module, w_in: nn.Module, w_gate: nn.Module, activation) -> FFNSpec:
