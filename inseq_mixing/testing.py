@@ -19,7 +19,19 @@ WORDS = (
 
 #: Families with a builder, the names used by test parametrization.
 SEQ2SEQ_FAMILIES = ("marian", "bart", "mbart", "m2m_100", "t5", "t5_gated", "mt5")
-DECODER_FAMILIES = ("gpt2", "opt", "opt_post_ln", "llama", "qwen2", "mistral", "qwen3", "gemma", "phi3")
+DECODER_FAMILIES = (
+    "gpt2",
+    "gpt_neox",
+    "gpt_neox_sequential",
+    "opt",
+    "opt_post_ln",
+    "llama",
+    "qwen2",
+    "mistral",
+    "qwen3",
+    "gemma",
+    "phi3",
+)
 ALL_FAMILIES = SEQ2SEQ_FAMILIES + DECODER_FAMILIES
 #: Families with grouped-query attention whose RMSNorms round through float32 (even in a float64 model).
 LLAMA_STYLE_FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma", "phi3")
@@ -92,6 +104,13 @@ def _decoder_only(family: str, vocab: int, d_model: int, layers: int, heads: int
             bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
         )  # fmt: skip
         return transformers.GPT2LMHeadModel(config)
+    if family in ("gpt_neox", "gpt_neox_sequential"):  # Pythia's layout: parallel residual, partial rotary
+        config = transformers.GPTNeoXConfig(
+            vocab_size=vocab, hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads,
+            intermediate_size=ffn, max_position_embeddings=1024, use_parallel_residual=family == "gpt_neox",
+            bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID, tie_word_embeddings=False,
+        )  # fmt: skip
+        return transformers.GPTNeoXForCausalLM(config)
     if family in ("opt", "opt_post_ln"):  # the post-LN variant is laid out like OPT-350m: project_in / project_out
         config = transformers.OPTConfig(
             vocab_size=vocab, hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads, ffn_dim=ffn,

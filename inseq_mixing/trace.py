@@ -248,7 +248,7 @@ def refuse_non_finite_forward(model: nn.Module, logits: torch.Tensor, mask: torc
     if not bool(mask[:, 0].all()):
         raise FloatingPointError(
             f"The model's forward pass gives non-finite logits at real tokens of this left-padded batch in {dtype}: "
-            "transformers' attention returns NaN for fully padded rows (Llama-style and OPT models in float64 do), "
+            "transformers' attention returns NaN for fully padded rows (most decoder-only models in float64 do), "
             "and it reaches the real tokens. Attribute the sentences one at a time, or run the model in float32."
         )
     if dtype in (torch.float16, torch.bfloat16):

@@ -127,6 +127,8 @@ def ffn_input(layer: LayerSpec, record: LayerTrace) -> torch.Tensor:
 def ffn_output(layer: LayerSpec, record: LayerTrace) -> torch.Tensor:
     """What the FFN branch added to the residual stream (before the norm, in post-LN blocks)."""
     total = record.output if layer.ffn.pre_norm else record.ffn_norm_input
+    if layer.ffn.parallel:  # the block output is input + attention + FFN
+        return total - record.input - record.self_attn.output
     return total - ffn_input(layer, record)
 
 
@@ -156,4 +158,6 @@ def finish_layer(
         query_states = attention_input(layer.cross_attn, hidden)
         cross_out = rerun_attention(layer.cross_attn, record.cross_attn, query_states, batch_index, queries)
         hidden = close_attention(layer.cross_attn, hidden, cross_out)
+    if layer.ffn.parallel:  # the FFN read the block input: its output does not change
+        return hidden + ffn_output(layer, record)[batch_index][:, queries].to(hidden.dtype)
     return apply_ffn(layer.ffn, hidden)

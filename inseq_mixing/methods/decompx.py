@@ -453,11 +453,19 @@ def decompose_ffn(ffn: FFNSpec, inputs: Components, options: DecompXOptions) -> 
     return linear_parts(ffn.w_out, linear.like(hidden), options.bias).parts
 
 
-def decompose_ffn_block(ffn: FFNSpec, norm_input: torch.Tensor, stream: Components, options: DecompXOptions):
+def decompose_ffn_block(
+    ffn: FFNSpec,
+    norm_input: torch.Tensor,
+    stream: Components,
+    options: DecompXOptions,
+    source: Components | None = None,
+):
     """The FFN sub-block on decomposed positions: norm (pre-LN), FFN chunked over positions, residual, norm
-    (post-LN). ``norm_input`` is the recorded input of the FFN's norm at these positions."""
+    (post-LN). ``norm_input`` is the recorded input of the FFN's norm at these positions. ``source``: what a parallel
+    FFN reads (the block input's components), when it is not ``stream``."""
     mode = options.bias
-    inputs = decompose_norm(ffn.norm, norm_input, stream, mode) if ffn.pre_norm else stream
+    source = stream if source is None else source
+    inputs = decompose_norm(ffn.norm, norm_input, source, mode) if ffn.pre_norm else source
     batch, positions, num_components, _ = inputs.parts.shape
     width = ffn.w_out.weight.numel() // inputs.parts.shape[-1]
     output = torch.zeros_like(inputs.parts)
@@ -494,12 +502,17 @@ def decompose_layer(
         encoder: Components of the encoder output (decoder blocks of encoder–decoders).
         place: Maps encoder component indices to the decoder layout.
     """
+    block_input = (
+        [block.stream.like(block.stream.parts.clone()) for block in stream.blocks] if layer.ffn.parallel else None
+    )
     stream = attention_sublayer(layer.self_attn, record.self_attn, stream, options, causal)
     if layer.cross_attn is not None:
         stream = attention_sublayer(layer.cross_attn, record.cross_attn, stream, options, False, encoder, place)
-    return stream.map(
-        lambda block: decompose_ffn_block(layer.ffn, record.ffn_norm_input[:, block.rows], block.stream, options)
-    )
+    sources = block_input or [None] * len(stream.blocks)  # a parallel FFN reads the block input
+    for block, source in zip(stream.blocks, sources, strict=True):
+        norm_input = record.ffn_norm_input[:, block.rows]
+        block.stream = decompose_ffn_block(layer.ffn, norm_input, block.stream, options, source)
+    return stream
 
 
 def available_components(query_mask, blocks: list[tuple[torch.Tensor, bool]], has_bias: bool) -> torch.Tensor:

@@ -3,11 +3,11 @@
 from torch import nn
 from transformers import PreTrainedModel
 
-from . import bart, gemma, gpt2, llama, opt, phi3, t5
+from . import bart, gemma, gpt2, gpt_neox, llama, opt, phi3, t5
 from .base import AttentionSpec, FFNSpec, LayerSpec, ModelSpec, StackSpec, UnsupportedModelError
 
 #: One module per family: its ``FAMILY`` name, the ``MODEL_TYPES`` (``config.model_type``) it covers, and ``build``.
-SPEC_MODULES = (bart, t5, gpt2, opt, llama, gemma, phi3)
+SPEC_MODULES = (bart, t5, gpt2, gpt_neox, opt, llama, gemma, phi3)
 
 _BUILDERS = {model_type: module.build for module in SPEC_MODULES for model_type in module.MODEL_TYPES}
 

@@ -23,7 +23,8 @@ class AttentionSpec:
         module: The attention module. Its forward returns a tuple whose first element is the attention output (after
             the output projection) and whose element ``probs_index`` holds the attention probabilities.
         value_proj: The module whose output holds the value vectors ``v_j = x̂_j W_V + b_V``.
-        value_slice: Slice of ``value_proj``'s last output dimension holding the values (fused QKV projections).
+        value_slice: Slice (or index tensor, for per-head interleaved layouts) of ``value_proj``'s last output
+            dimension holding the values (fused QKV projections).
         out_proj: The output projection module.
         out_weight: Output projection as an ``(in_features, out_features)`` matrix, ``in = num_heads * head_dim``.
         out_bias: Output projection bias, or None.
@@ -38,7 +39,7 @@ class AttentionSpec:
 
     module: nn.Module
     value_proj: nn.Module
-    value_slice: slice
+    value_slice: slice | torch.Tensor
     out_proj: nn.Module
     out_weight: torch.Tensor
     out_bias: torch.Tensor | None
@@ -78,6 +79,8 @@ class FFNSpec:
         w_out: The second linear map.
         activation: The element-wise activation.
         w_gate: The branch that goes through the activation in a gated FFN, else None.
+        parallel: The FFN reads the block input, like the attention, instead of the attention sub-block's output;
+            both branches add to the residual (GPT-NeoX's parallel residual: ``x + attn(ln₁ x) + ffn(ln₂ x)``).
     """
 
     forward: Callable[[torch.Tensor], torch.Tensor]
@@ -87,6 +90,7 @@ class FFNSpec:
     w_out: nn.Module
     activation: Callable[[torch.Tensor], torch.Tensor]
     w_gate: nn.Module | None = None
+    parallel: bool = False
 
     @property
     def is_gated(self) -> bool:
