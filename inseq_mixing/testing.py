@@ -30,11 +30,16 @@ DECODER_FAMILIES = (
     "mistral",
     "qwen3",
     "gemma",
+    "gemma2",
+    "gemma3",
     "phi3",
+    "olmo2",
 )
 ALL_FAMILIES = SEQ2SEQ_FAMILIES + DECODER_FAMILIES
 #: Families with grouped-query attention whose RMSNorms round through float32 (even in a float64 model).
-LLAMA_STYLE_FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma", "phi3")
+LLAMA_STYLE_FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "olmo2")
+#: Sliding-window size of the tiny Gemma 2 / 3 models (every other layer), small enough for test inputs to exceed it.
+TINY_SLIDING_WINDOW = 3
 
 
 def word_tokenizer(seq2seq: bool = True, words: list[str] | None = None) -> PreTrainedTokenizerFast:
@@ -125,9 +130,20 @@ def _decoder_only(family: str, vocab: int, d_model: int, layers: int, heads: int
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
         "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM),
+        "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
+        "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
         "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
+        "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM),
     }[family]
-    extra = {"head_dim": d_model // heads} if family in ("qwen3", "gemma") else {}
+    extra = {"head_dim": d_model // heads} if family in ("qwen3", "gemma", "gemma2", "gemma3") else {}
+    if family in ("gemma2", "gemma3"):  # sliding-window layers every other layer; Gemma 2 soft-caps (small caps bite)
+        extra.update(
+            sliding_window=TINY_SLIDING_WINDOW,
+            layer_types=[("sliding_attention", "full_attention")[i % 2] for i in range(layers)],
+            query_pre_attn_scalar=d_model // heads,
+        )
+        if family == "gemma2":
+            extra.update(final_logit_softcapping=2.0, attn_logit_softcapping=3.0)
     config = config_cls(
         vocab_size=vocab,
         hidden_size=d_model,
@@ -181,7 +197,8 @@ def tiny_model(
         d_model, layers, heads, ffn: Dimensions (full-size models for benchmarks use the real ones).
         vocab: Vocabulary size; defaults to the word tokenizer's.
         seed: Seed of the random weights.
-        attn_implementation: Attention implementation to load with (``"eager"`` or ``"sdpa"``).
+        attn_implementation: Attention implementation to load with (``"eager"`` or ``"sdpa"``; eager where the family
+            has no sdpa).
         kv_heads: Key/value heads of Llama-style models (must divide ``heads``); default ``heads // 2``.
     """
     vocab = vocab or len(SPECIAL_TOKENS) + len(WORDS)
@@ -207,7 +224,10 @@ def tiny_model(
         raise ValueError(f"No builder for family {family!r}; known: {ALL_FAMILIES}")
     randomize_weights(model, seed)
     if attn_implementation != model.config._attn_implementation:
-        model.set_attn_implementation(attn_implementation)
+        try:
+            model.set_attn_implementation(attn_implementation)
+        except ValueError:  # the family has no such implementation (Gemma 2 has no sdpa): keep eager
+            pass
     return model.eval()
 
 

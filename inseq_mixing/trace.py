@@ -38,7 +38,7 @@ class AttentionTrace:
         values: Value vectors ``(batch, keys, kv_heads, head_dim)``, value-projection bias included.
         output: Attention output after the output projection ``(batch, queries, d_model)``.
         norm_input: Input of the sub-block's layer norm ``(batch, queries, d_model)``: its statistics are the ones
-            the methods freeze.
+            the methods freeze. Without a norm (OLMo-2), the sub-block's input.
         call: ``(args, kwargs)`` of the module call, kept for cross-attention so it can be re-run on new queries.
     """
 
@@ -48,16 +48,65 @@ class AttentionTrace:
     norm_input: torch.Tensor
     call: tuple[tuple, dict] | None = None
 
+    def rerun(
+        self, module: nn.Module, query_states: torch.Tensor, batch_index: torch.Tensor, queries: slice
+    ) -> torch.Tensor:
+        """Re-run the recorded (cross-)attention call on new query inputs, with the call's other arguments (keys,
+        masks, position biases) taken from the record for each row. The methods re-run modules only through here:
+        the model's calling conventions stay in the trace.
+
+        Args:
+            module: The attention module that was recorded.
+            query_states: New module inputs ``(rows, len(queries), d_model)``.
+            batch_index: For each row, the index of the recorded batch element it belongs to.
+            queries: Which recorded query positions the rows hold.
+
+        Returns:
+            The attention output ``(rows, len(queries), d_model)``.
+        """
+        if self.call is None:
+            raise ValueError("This attention call was not kept: only cross-attention calls are, for re-running.")
+        args, kwargs = self.call
+        batch_size, num_queries = self.output.shape[:2]
+
+        def select(value):
+            return _select_rows(value, batch_size, num_queries, batch_index, queries)
+
+        kwargs = {key: select(value) for key, value in kwargs.items()}
+        for key in ("past_key_values", "past_key_value", "cache_position"):  # no cache: the keys are recomputed
+            kwargs.pop(key, None)
+        if args:
+            args = (query_states, *[select(arg) for arg in args[1:]])
+        else:
+            kwargs["hidden_states"] = query_states
+        return module(*args, **kwargs)[0]
+
+
+def _select_rows(value, batch_size: int, num_queries: int, batch_index: torch.Tensor, queries: slice):
+    """Index a recorded call argument to the new batch rows and query positions: tensors whose first axis is the batch
+    (or 1, broadcast), and 4-d masks and position biases ``(batch | 1, heads | 1, queries, keys)``."""
+    if not isinstance(value, torch.Tensor) or value.dim() == 0:
+        return value
+    if value.shape[0] == batch_size:
+        value = value[batch_index]
+    elif value.shape[0] == 1:
+        value = value.expand(len(batch_index), *value.shape[1:])
+    if value.dim() == 4 and value.shape[-2] == num_queries:
+        value = value[..., queries, :]
+    return value
+
 
 @dataclass
 class LayerTrace:
-    """Input, output and attention records of one block, and the input of its FFN sub-block's norm."""
+    """Input, output and attention records of one block, and the input of its FFN sub-block's norm (without a norm,
+    of the FFN), and of the norm on the FFN's output if it has one (``ffn_out_norm_input``: the FFN's raw output)."""
 
     input: torch.Tensor
     output: torch.Tensor
     self_attn: AttentionTrace
     ffn_norm_input: torch.Tensor
     cross_attn: AttentionTrace | None = None
+    ffn_out_norm_input: torch.Tensor | None = None
 
 
 @dataclass
@@ -79,12 +128,20 @@ class StackTrace:
 
 @dataclass
 class ModelTrace:
-    """Records of a whole forward pass."""
+    """Records of a whole forward pass: the stacks, the model's own ``logits`` and, for models that soft-cap them
+    (Gemma 2), the LM head's output before the cap."""
 
     spec: ModelSpec
     decoder: StackTrace
     logits: torch.Tensor
     encoder: StackTrace | None = None
+    logits_before_softcap: torch.Tensor | None = None
+
+    @property
+    def explained_logits(self) -> torch.Tensor:
+        """The logits the logit methods decompose: the LM head's output, before the final soft-cap if the model has
+        one (``spec.logit_softcap``), else the model's own logits."""
+        return self.logits if self.logits_before_softcap is None else self.logits_before_softcap
 
 
 class _Recorder:
@@ -103,12 +160,19 @@ class _Recorder:
         for store, layer in zip(self.store, self.stack.layers, strict=True):
             hooks.callback(layer.module.register_forward_pre_hook(self._input_hook(store), with_kwargs=True).remove)
             hooks.callback(layer.module.register_forward_hook(self._output_hook(store)).remove)
-            hooks.callback(layer.ffn.norm.register_forward_pre_hook(self._norm_hook(store, "ffn_norm_input")).remove)
+            ffn_entry = layer.ffn.norm if layer.ffn.norm is not None else layer.ffn.forward
+            if not isinstance(ffn_entry, nn.Module):
+                raise TypeError("An FFNSpec without a norm needs a module as `forward`: the trace records its input.")
+            hooks.callback(ffn_entry.register_forward_pre_hook(self._norm_hook(store, "ffn_norm_input")).remove)
+            if layer.ffn.out_norm is not None:
+                out_hook = self._norm_hook(store, "ffn_out_norm_input")
+                hooks.callback(layer.ffn.out_norm.register_forward_pre_hook(out_hook).remove)
             for name, attn in (("self", layer.self_attn), ("cross", layer.cross_attn)):
                 if attn is None:
                     continue
-                norm_hook = self._norm_hook(store, f"{name}_norm_input")
-                hooks.callback(attn.norm.register_forward_pre_hook(norm_hook).remove)
+                if attn.norm is not None:
+                    norm_hook = self._norm_hook(store, f"{name}_norm_input")
+                    hooks.callback(attn.norm.register_forward_pre_hook(norm_hook).remove)
                 keep_call = name == "cross" and self.keep_cross_call
                 hooks.callback(
                     attn.module.register_forward_hook(
@@ -173,7 +237,7 @@ class _Recorder:
                         probs=store[f"{name}_probs"].detach(),
                         values=store[f"{name}_values"],
                         output=store[f"{name}_output"],
-                        norm_input=store[f"{name}_norm_input"],
+                        norm_input=store.get(f"{name}_norm_input", store["input"]),
                         call=store.get(f"{name}_call"),
                     )
             layers.append(
@@ -182,6 +246,7 @@ class _Recorder:
                     output=store["output"],
                     self_attn=attn["self"],
                     ffn_norm_input=store["ffn_norm_input"],
+                    ffn_out_norm_input=store.get("ffn_out_norm_input"),
                     cross_attn=attn.get("cross"),
                 )
             )
@@ -331,6 +396,10 @@ def trace_model(
         hooks.enter_context(eager_attention(model))
         for recorder in recorders.values():
             recorder.register(hooks)
+        head_output = {}
+        if spec.logit_softcap is not None:
+            head_hook = spec.lm_head.register_forward_hook(lambda _m, _a, out: head_output.update(logits=out.detach()))
+            hooks.callback(head_hook.remove)
         with torch.no_grad():
             logits = model(**kwargs).logits.detach()
     refuse_non_finite_forward(model, logits, decoder_attention_mask if spec.is_encoder_decoder else attention_mask)
@@ -340,5 +409,7 @@ def trace_model(
             encoder=recorders["encoder"].result(attention_mask, causal=False),
             decoder=recorders["decoder"].result(decoder_attention_mask, causal=True),
             logits=logits,
+            logits_before_softcap=head_output.get("logits"),
         )
-    return ModelTrace(spec=spec, decoder=recorders["decoder"].result(attention_mask, causal=True), logits=logits)
+    decoder = recorders["decoder"].result(attention_mask, causal=True)
+    return ModelTrace(spec=spec, decoder=decoder, logits=logits, logits_before_softcap=head_output.get("logits"))

@@ -128,7 +128,8 @@ def naive_alti_layer(model, spec: ModelSpec, trace, model_kwargs: dict, stack: s
             residual = record.input[0] + record.self_attn.output[0]
         else:
             residual = layer.self_attn.norm(record.input[0] + record.self_attn.output[0])
-        total = residual + attn_record.output[0]
+        attn_output = attn_record.output[0]
+        total = residual + (attn_output if attn.out_norm is None else attn.out_norm(attn_output))
         output = total if attn.pre_norm else attn.norm(total)
         probs = attn_record.probs[0]
         num_queries, num_keys = probs.shape[1:]
@@ -137,6 +138,8 @@ def naive_alti_layer(model, spec: ModelSpec, trace, model_kwargs: dict, stack: s
             parts = []
             for j in range(num_keys):
                 part = hf_attention_part(attn, values, probs, i, j)
+                if attn.out_norm is not None:  # sandwich / OLMo-2: the output norm, frozen, on every part
+                    part = frozen_norm_map(attn.out_norm, attn_output[i])(part)
                 if sub_block == "self" and i == j:
                     part = part + residual[i]
                 parts.append(part)
@@ -144,7 +147,7 @@ def naive_alti_layer(model, spec: ModelSpec, trace, model_kwargs: dict, stack: s
                 parts.append(residual[i])
             for j, part in enumerate(parts):
                 if not attn.pre_norm:
-                    part = frozen_layer_norm(attn.norm, total[i], part)
+                    part = frozen_norm_map(attn.norm, total[i])(part)
                 closeness = output[i].abs().sum() - (output[i] - part).abs().sum()
                 scores[i, j] = closeness.clamp(min=0)
         return scores / scores.sum(-1, keepdim=True)
@@ -154,8 +157,10 @@ def frozen_norm_map(norm, real_input: torch.Tensor):
     """The linear part of a LayerNorm or RMSNorm at the statistics of ``real_input`` (one position)."""
     if isinstance(norm, torch.nn.LayerNorm):
         return lambda part: frozen_layer_norm(norm, real_input, part)
-    rms = torch.sqrt(real_input.pow(2).mean() + norm.variance_epsilon)
-    return lambda part: norm.weight * part / rms
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    # through the HF module itself: norm(p) = g ⊙ p / rms(p), so g ⊙ p / rms(x) = norm(p) · rms(p) / rms(x)
+    rms = torch.sqrt(real_input.pow(2).mean() + eps)
+    return lambda part: norm(part) * torch.sqrt(part.pow(2).mean() + eps) / rms
 
 
 def naive_alti_logit_pre_ln(model, spec: ModelSpec, trace, model_kwargs: dict, rollouts, ids: torch.Tensor):
@@ -187,7 +192,10 @@ def naive_alti_logit_pre_ln(model, spec: ModelSpec, trace, model_kwargs: dict, r
                 values = hf_value_vectors(attn, value_inputs[("decoder", idx, sub_block)])
                 for t in range(num_positions):
                     for j in range(values.shape[0]):
-                        delta = directions[t] @ hf_attention_part(attn, values, attn_record.probs[0], t, j)
+                        part = hf_attention_part(attn, values, attn_record.probs[0], t, j)
+                        if attn.out_norm is not None:  # sandwich / OLMo-2: the output norm, frozen, on every part
+                            part = frozen_norm_map(attn.out_norm, attn_record.output[0, t])(part)
+                        delta = directions[t] @ part
                         if sub_block == "cross":
                             source[t] += delta * rollouts.encoder[0, j]
                         elif idx == 0:

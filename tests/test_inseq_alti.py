@@ -14,7 +14,7 @@ from .test_inseq_glue import CONTINUATION, PROMPT, SOURCE, TARGET, attribute
 
 UNATTRIBUTED = ("unattributed_ffn", "unattributed_attention_bias", "unattributed_norm_bias", "unattributed_logit_bias")
 LOGIT_METHODS = ("alti_logit", "decompx")
-EXPLAINED = ("logit", "contrast_logits_diff")
+EXPLAINED = ("logit", "contrast_logits_diff", "logit_after_softcap", "contrast_logits_diff_after_softcap")
 
 
 def token_ids(tokens) -> torch.Tensor:
@@ -50,8 +50,16 @@ def test_logit_scores_add_up_to_the_models_own_logit(family, method):
     assert isinstance(seq, SignedMixingSequenceOutput)
     generated = len(seq.target) - seq.attr_pos_start
     assert seq.target_attributions.shape == (len(seq.target), generated)
-    assert set(seq.step_scores) == ({"logit", *UNATTRIBUTED} if method == "alti_logit" else {"logit"})
-    torch.testing.assert_close(seq.step_scores["logit"], own_logits(model, seq), atol=1e-5, rtol=1e-5)
+    cap = getattr(model.model.config, "final_logit_softcapping", None)
+    expected = {"logit", *UNATTRIBUTED} if method == "alti_logit" else {"logit"}
+    assert set(seq.step_scores) == (expected if cap is None else {*expected, "logit_after_softcap"})
+    if cap is None:
+        torch.testing.assert_close(seq.step_scores["logit"], own_logits(model, seq), atol=1e-5, rtol=1e-5)
+    else:  # the parts add up to the logit before the cap; the model's own logit is reported beside it
+        capped = seq.step_scores["logit_after_softcap"]
+        torch.testing.assert_close(capped, own_logits(model, seq), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(cap * torch.tanh(seq.step_scores["logit"] / cap), capped, atol=1e-5, rtol=1e-5)
+        assert (seq.step_scores["logit"].abs() > capped.abs() + 1e-3).any()  # the cap bites on the tiny model
     torch.testing.assert_close(explained_total(seq), seq.step_scores["logit"], atol=1e-4, rtol=1e-4)
     for col in range(generated):
         assert seq.target_attributions[seq.attr_pos_start + col :, col].isnan().all()

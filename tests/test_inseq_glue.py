@@ -125,12 +125,12 @@ def test_batch_of_sentences_equals_one_by_one():
 
 
 def test_unsupported_model_names_supported_families():
-    from transformers import Olmo2Config, Olmo2ForCausalLM
+    from transformers import BloomConfig, BloomForCausalLM
 
-    config = Olmo2Config(vocab_size=70, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                         intermediate_size=32, pad_token_id=0, bos_token_id=3, eos_token_id=1)  # fmt: skip
-    model = Olmo2ForCausalLM(config)
-    with pytest.raises(inseq_mixing.UnsupportedModelError, match="olmo2.*Marian.*GPT-2.*Llama"):
+    config = BloomConfig(vocab_size=70, hidden_size=16, n_layer=1, n_head=2, pad_token_id=0, bos_token_id=3,
+                         eos_token_id=1)  # fmt: skip
+    model = BloomForCausalLM(config)
+    with pytest.raises(inseq_mixing.UnsupportedModelError, match="bloom.*Marian.*GPT-2.*Llama.*OLMo-2"):
         inseq_mixing.get_spec(model)
     with pytest.raises(inseq_mixing.UnsupportedModelError, match="Supported families"):
         inseq.load_model(model, "value_zeroing", tokenizer=word_tokenizer(seq2seq=False))

@@ -96,7 +96,7 @@ def test_empty_input_is_refused(family):
 
 def test_value_projection_spec_reproduces_recorded_values(family):
     """The spec's W_V, b_V and norm placement give back the values the model computed."""
-    from inseq_mixing.methods.blocks import attention_input
+    from inseq_mixing.methods.blocks import branch_input
 
     model = get_tiny(family)
     kwargs = example_kwargs(family)
@@ -104,7 +104,7 @@ def test_value_projection_spec_reproduces_recorded_values(family):
     for stack_spec, stack in traced_stacks(trace):
         for layer, record in zip(stack_spec.layers, stack.layers, strict=True):
             weight, bias = layer.self_attn.value_weight()
-            values = attention_input(layer.self_attn, record.input) @ weight
+            values = branch_input(layer.self_attn, record.input) @ weight
             values = values + bias if bias is not None else values
             torch.testing.assert_close(values.view_as(record.self_attn.values), record.self_attn.values)
     if trace.encoder is not None:
@@ -131,7 +131,12 @@ def test_spec_recomposes_logits_from_last_layer(family):
     logits = spec.lm_head(hidden * spec.logits_scale)
     if spec.logits_bias is not None:
         logits = logits + spec.logits_bias
-    torch.testing.assert_close(logits, trace.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits, trace.explained_logits, rtol=1e-5, atol=1e-5)
+    if spec.logit_softcap is not None:  # Gemma 2: the model's own logits are the capped LM-head output
+        cap = spec.logit_softcap
+        torch.testing.assert_close(cap * torch.tanh(logits / cap), trace.logits, rtol=1e-5, atol=1e-5)
+    else:
+        assert trace.logits_before_softcap is None
 
 
 def test_frozen_norms_reproduce_every_recorded_norm(family):
@@ -142,9 +147,13 @@ def test_frozen_norms_reproduce_every_recorded_norm(family):
         pairs = [(stack_spec.final_norm, stack.final_norm_input)] if stack_spec.final_norm is not None else []
         for layer, record in zip(stack_spec.layers, stack.layers, strict=True):
             pairs.append((layer.ffn.norm, record.ffn_norm_input))
+            pairs.append((layer.ffn.out_norm, record.ffn_out_norm_input))
             pairs.append((layer.self_attn.norm, record.self_attn.norm_input))
+            pairs.append((layer.self_attn.out_norm, record.self_attn.output))
             if layer.cross_attn is not None:
                 pairs.append((layer.cross_attn.norm, record.cross_attn.norm_input))
+        pairs = [(norm, norm_input) for norm, norm_input in pairs if norm is not None]
+        assert pairs or stack_spec.final_norm is None
         for norm, norm_input in pairs:
             frozen = freeze_norm(norm, norm_input)
             shift = 0 if frozen.shift is None else frozen.shift
@@ -162,7 +171,7 @@ def test_ffn_spec_recomposes_the_ffn(family):
     for stack_spec, stack in traced_stacks(trace):
         for layer, record in zip(stack_spec.layers, stack.layers, strict=True):
             ffn = layer.ffn
-            hidden = ffn.norm(record.ffn_norm_input) if ffn.pre_norm else record.ffn_norm_input
+            hidden = record.ffn_norm_input if ffn.in_norm is None else ffn.in_norm(record.ffn_norm_input)
             inner = ffn.w_in(hidden)
             inner = ffn.activation(ffn.w_gate(hidden)) * inner if ffn.is_gated else ffn.activation(inner)
             torch.testing.assert_close(ffn.w_out(inner), ffn.forward(hidden), rtol=0, atol=1e-6)

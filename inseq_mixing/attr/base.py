@@ -305,7 +305,10 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
     ) -> MixingStepOutput:
         """Step output of signed logit contributions (``scores.target``/``scores.source``), keeping per-token terms
         and the model's own ``logit`` (``contrast_logits_diff`` when contrastive) for the sequences' step scores."""
-        step_scores = {**step_scores, "contrast_logits_diff" if contrastive else "logit": scores.logit}
+        name = "contrast_logits_diff" if contrastive else "logit"
+        step_scores = {**step_scores, name: scores.logit}
+        if scores.logit_after_softcap is not None:  # the contributions add up to the logit before the cap
+            step_scores[f"{name}_after_softcap"] = scores.logit_after_softcap
         self.keep_step_scores(step_scores, trace.decoder.mask)
         maps = SignedScores(target=scores.target, source=scores.source)
         return self.maps_step_output(maps, steps, num_dimensions=0, sequence_cls=SignedMixingSequenceOutput)

@@ -11,8 +11,9 @@ An attention sub-block's output at position :math:`i` is a sum of one vector per
           y_i = \sum_j T_i(x_j) + b_O \;\text{(pre-LN)}.
 
 Post-LN blocks apply their norm with statistics frozen at the forward pass, :math:`L_i`, to every part; its shift
-:math:`\beta` and :math:`L_i(b_O)` stay outside the parts, and :math:`y_i` is the norm's real output. The contribution
-of token :math:`j` is its proximity to the output,
+:math:`\beta` and :math:`L_i(b_O)` stay outside the parts, and :math:`y_i` is the norm's real output. A norm on the
+attention output (Gemma 2's sandwich, OLMo-2; our extension) is frozen the same way and applied to the attention parts
+before the residual is added. The contribution of token :math:`j` is its proximity to the output,
 
 .. math:: c_{ij} = \max\big(0,\; \lVert y_i\rVert_1 - \lVert y_i - T_i(x_j)\rVert_1\big),
 
@@ -103,14 +104,18 @@ def contributions(
     batch, _, num_queries, num_keys = probs.shape
     residual = upcast(residual)
     value_outputs = head_value_outputs(attn, record)
-    frozen = None if attn.pre_norm else freeze_norm(attn.norm, record.norm_input)
-    output = residual + upcast(record.output) if frozen is None else upcast(attn.norm(record.norm_input))
+    frozen = None if attn.post_norm is None else freeze_norm(attn.post_norm, record.norm_input)
+    out_frozen = None if attn.out_norm is None else freeze_norm(attn.out_norm, record.output)
+    branch = upcast(record.output if attn.out_norm is None else attn.out_norm(record.output))
+    output = residual + branch if frozen is None else upcast(attn.post_norm(record.norm_input))
     scores = probs.new_zeros(batch, num_queries, num_keys + (0 if self_mixing else 1))
     chunk = max(1, max_chunk_elements // max(1, batch * (num_keys + 1) * output.shape[-1]))
     for start in range(0, num_queries, chunk):
         queries = slice(start, min(start + chunk, num_queries))
         keys = slice(0, queries.stop) if causal else slice(0, num_keys)
         parts = torch.einsum("bhqk,bhkd->bqkd", probs[:, :, queries, keys], value_outputs[:, :, keys])
+        if out_frozen is not None:  # a norm on the attention output acts on every part (its shift stays outside)
+            parts = out_frozen.linear(parts, queries)
         own = residual[:, queries]
         if self_mixing:
             rows = torch.arange(queries.stop - start, device=parts.device)

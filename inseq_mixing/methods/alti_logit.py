@@ -21,7 +21,12 @@ token :math:`t`. Rollout rows sum to 1, so token scores plus the unattributed te
 
 Encoder–decoders (our extension of the paper, which covers decoder-only models): decoder self-attention parts travel
 through the ALTI+ decoder rollout over [source; target] of the layers below, cross-attention parts through the final
-encoder rollout. Post-LN models (Marian, BART) carry :math:`u` through every later norm's frozen map.
+encoder rollout. Post-LN models (Marian, BART) carry :math:`u` through every later norm's frozen map. A norm on an
+attention output (Gemma 2 / 3's sandwich, OLMo-2; our extension) sits on the branch only: the attention parts are
+dotted with :math:`A^\top g` (its frozen map :math:`A`), the residual keeps :math:`g`.
+
+A final logit soft-cap :math:`c \tanh(z / c)` (Gemma 2) is not linear: the method explains :math:`z`, the logit before
+the cap, and reports the capped value beside it.
 """
 
 from dataclasses import dataclass, field
@@ -48,13 +53,16 @@ class AltiLogitScores:
             position ``t``; 0 for ``j > t`` and padding.
         source: ``(B, T, S)``: contribution of source token ``s`` (encoder–decoders).
         unattributed: Terms not attributed to tokens, each ``(B, T)`` (see :data:`UNATTRIBUTED_TERMS`).
-        logit: The model's own logit of the explained token (minus the foil's), ``(B, T)``.
+        logit: The model's own logit of the explained token (minus the foil's), ``(B, T)``; before the final
+            soft-cap for models that have one (the contributions add up to it).
+        logit_after_softcap: For models with a final soft-cap, the model's final logit (minus the foil's).
     """
 
     target: torch.Tensor
     source: torch.Tensor | None = None
     unattributed: dict[str, torch.Tensor] = field(default_factory=dict)
     logit: torch.Tensor | None = None
+    logit_after_softcap: torch.Tensor | None = None
 
 
 def unembedding_direction(spec: ModelSpec, ids: torch.Tensor, foil_ids: torch.Tensor | None) -> torch.Tensor:
@@ -80,8 +88,19 @@ def logit_bias(spec: ModelSpec, ids: torch.Tensor, foil_ids: torch.Tensor | None
 
 
 def recorded_logit(trace: ModelTrace, ids: torch.Tensor, foil_ids: torch.Tensor | None) -> torch.Tensor:
-    """The model's own logit of ``ids`` (minus ``foil_ids``'s) at every position, ``(B, T)``."""
-    logits = upcast(trace.logits)
+    """The model's own logit of ``ids`` (minus ``foil_ids``'s) at every position, ``(B, T)``, before the final
+    soft-cap if the model has one: the value the logit methods decompose."""
+    return _gather_logit(trace.explained_logits, ids, foil_ids)
+
+
+def softcapped_logit(trace: ModelTrace, ids: torch.Tensor, foil_ids: torch.Tensor | None) -> torch.Tensor | None:
+    """The model's final (soft-capped) logit of ``ids`` (minus ``foil_ids``'s), ``(B, T)``; None for models without
+    a final soft-cap."""
+    return None if trace.logits_before_softcap is None else _gather_logit(trace.logits, ids, foil_ids)
+
+
+def _gather_logit(logits: torch.Tensor, ids: torch.Tensor, foil_ids: torch.Tensor | None) -> torch.Tensor:
+    logits = upcast(logits)
     logit = logits.gather(-1, ids[..., None])[..., 0]
     return logit if foil_ids is None else logit - logits.gather(-1, foil_ids[..., None])[..., 0]
 
@@ -134,8 +153,8 @@ def sweep_logit(trace: ModelTrace, direction: torch.Tensor) -> LogitSweep:
         direction = _through_norm(spec.decoder.final_norm, stack.final_norm_input, direction, terms)
     self_parts, cross_parts = [], []
     for layer, record in reversed(list(zip(spec.decoder.layers, stack.layers, strict=True))):
-        if not layer.ffn.pre_norm:
-            direction = _through_norm(layer.ffn.norm, record.ffn_norm_input, direction, terms)
+        if layer.ffn.post_norm is not None:
+            direction = _through_norm(layer.ffn.post_norm, record.ffn_norm_input, direction, terms)
         terms["ffn"] += _dot(direction, upcast(ffn_output(layer, record)))
         for attn, attn_record, parts in (
             (layer.cross_attn, record.cross_attn, cross_parts),
@@ -143,10 +162,13 @@ def sweep_logit(trace: ModelTrace, direction: torch.Tensor) -> LogitSweep:
         ):
             if attn is None:
                 continue
-            if not attn.pre_norm:
-                direction = _through_norm(attn.norm, attn_record.norm_input, direction, terms)
-            terms["attention_bias"] += _dot(direction, attn.out_bias)
-            parts.insert(0, attention_logit_parts(attn, attn_record, direction))
+            if attn.post_norm is not None:
+                direction = _through_norm(attn.post_norm, attn_record.norm_input, direction, terms)
+            branch = direction  # a norm on the attention output sits on the branch only, not on the residual
+            if attn.out_norm is not None:
+                branch = _through_norm(attn.out_norm, attn_record.output, direction, terms)
+            terms["attention_bias"] += _dot(branch, attn.out_bias)
+            parts.insert(0, attention_logit_parts(attn, attn_record, branch))
     direct = _dot(direction, upcast(stack.layers[0].input))
     return LogitSweep(self_parts=self_parts, cross_parts=cross_parts, direct=direct, unattributed=terms)
 
@@ -200,4 +222,10 @@ def alti_logit(
         source=None if source is None else source * real,
         unattributed={name: term * trace.decoder.mask for name, term in sweep.unattributed.items()},
         logit=recorded_logit(trace, target_ids, foil_ids) * trace.decoder.mask,
+        logit_after_softcap=masked(softcapped_logit(trace, target_ids, foil_ids), trace.decoder.mask),
     )
+
+
+def masked(value: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor | None:
+    """``value`` zeroed at padding, or None."""
+    return None if value is None else value * mask

@@ -41,92 +41,42 @@ def valid_cells(query_mask: torch.Tensor, key_mask: torch.Tensor, causal: bool) 
     return valid
 
 
-def attention_input(attn: AttentionSpec, hidden: torch.Tensor) -> torch.Tensor:
-    """The input of the attention module: normalised for pre-LN, raw for post-LN."""
-    return attn.norm(hidden) if attn.pre_norm else hidden
+def branch_input(sub_block: AttentionSpec | FFNSpec, hidden: torch.Tensor) -> torch.Tensor:
+    """The input of a sub-block's branch: through its input norm, if it has one."""
+    return hidden if sub_block.in_norm is None else sub_block.in_norm(hidden)
 
 
-def close_attention(attn: AttentionSpec, residual: torch.Tensor, attn_output: torch.Tensor) -> torch.Tensor:
-    """Residual sum after an attention module, followed by the norm in post-LN blocks."""
-    hidden = residual + attn_output
-    return hidden if attn.pre_norm else attn.norm(hidden)
+def close_branch(sub_block: AttentionSpec | FFNSpec, residual: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    """Residual sum after a branch (its output normalised first when the sub-block has an output norm), followed by
+    the post-sum norm, if any."""
+    hidden = residual + (output if sub_block.out_norm is None else sub_block.out_norm(output))
+    return hidden if sub_block.post_norm is None else sub_block.post_norm(hidden)
 
 
 def apply_ffn(ffn: FFNSpec, hidden: torch.Tensor) -> torch.Tensor:
-    """The whole FFN sub-block, residual and norm included."""
-    if ffn.pre_norm:
-        return hidden + ffn.forward(ffn.norm(hidden))
-    return ffn.norm(hidden + ffn.forward(hidden))
-
-
-def _select_rows(value, batch_size: int, num_queries: int, batch_index: torch.Tensor, queries: slice):
-    """Index a recorded call argument to the new batch rows and query positions."""
-    if not isinstance(value, torch.Tensor) or value.dim() == 0:
-        return value
-    if value.shape[0] == batch_size:
-        value = value[batch_index]
-    elif value.shape[0] == 1:
-        value = value.expand(len(batch_index), *value.shape[1:])
-    if value.dim() == 4 and value.shape[-2] == num_queries:
-        value = value[..., queries, :]
-    return value
-
-
-def rerun_attention(
-    attn: AttentionSpec,
-    record: AttentionTrace,
-    query_states: torch.Tensor,
-    batch_index: torch.Tensor,
-    queries: slice,
-) -> torch.Tensor:
-    """Re-run a recorded (cross-)attention call on new query inputs.
-
-    Args:
-        attn: The attention sub-block's spec.
-        record: The recorded attention call.
-        query_states: New module inputs ``(rows, len(queries), d_model)``.
-        batch_index: For each row, the index of the recorded batch element it belongs to.
-        queries: Which recorded query positions the rows hold.
-
-    Returns:
-        The attention output ``(rows, len(queries), d_model)``.
-    """
-    args, kwargs = record.call
-    batch_size, num_queries = record.output.shape[:2]
-
-    def select(value):
-        return _select_rows(value, batch_size, num_queries, batch_index, queries)
-
-    kwargs = {key: select(value) for key, value in kwargs.items()}
-    for key in ("past_key_values", "past_key_value", "cache_position"):
-        kwargs.pop(key, None)
-    if args:
-        args = (query_states, *[select(arg) for arg in args[1:]])
-    else:
-        kwargs["hidden_states"] = query_states
-    return attn.module(*args, **kwargs)[0]
+    """The whole FFN sub-block, residual and norms included."""
+    return close_branch(ffn, hidden, ffn.forward(branch_input(ffn, hidden)))
 
 
 def cross_attention_input(layer: LayerSpec, record: LayerTrace) -> torch.Tensor:
     """The clean residual stream entering the cross-attention sub-block (read from the recorded norm inputs)."""
-    if layer.cross_attn.pre_norm:
-        return record.cross_attn.norm_input
-    return layer.self_attn.norm(record.self_attn.norm_input)
+    post_norm = layer.self_attn.post_norm
+    return record.cross_attn.norm_input if post_norm is None else post_norm(record.self_attn.norm_input)
 
 
 def ffn_input(layer: LayerSpec, record: LayerTrace) -> torch.Tensor:
     """The clean residual stream entering the FFN sub-block (read from the recorded norm inputs)."""
-    if layer.ffn.pre_norm:
+    if layer.ffn.post_norm is None:  # the recorded input of its input norm, or of the FFN itself
         return record.ffn_norm_input
     last, last_record = (
         (layer.self_attn, record.self_attn) if layer.cross_attn is None else (layer.cross_attn, record.cross_attn)
     )
-    return last.norm(last_record.norm_input)
+    return last.post_norm(last_record.norm_input)
 
 
 def ffn_output(layer: LayerSpec, record: LayerTrace) -> torch.Tensor:
     """What the FFN branch added to the residual stream (before the norm, in post-LN blocks)."""
-    total = record.output if layer.ffn.pre_norm else record.ffn_norm_input
+    total = record.output if layer.ffn.post_norm is None else record.ffn_norm_input
     if layer.ffn.parallel:  # the block output is input + attention + FFN
         return total - record.input - record.self_attn.output
     return total - ffn_input(layer, record)
@@ -153,11 +103,11 @@ def finish_layer(
         queries: Recorded query positions the rows hold.
     """
     attn = layer.self_attn if sub_block == "self" else layer.cross_attn
-    hidden = close_attention(attn, residual, attn_output)
+    hidden = close_branch(attn, residual, attn_output)
     if sub_block == "self" and layer.cross_attn is not None:
-        query_states = attention_input(layer.cross_attn, hidden)
-        cross_out = rerun_attention(layer.cross_attn, record.cross_attn, query_states, batch_index, queries)
-        hidden = close_attention(layer.cross_attn, hidden, cross_out)
+        query_states = branch_input(layer.cross_attn, hidden)
+        cross_out = record.cross_attn.rerun(layer.cross_attn.module, query_states, batch_index, queries)
+        hidden = close_branch(layer.cross_attn, hidden, cross_out)
     if layer.ffn.parallel:  # the FFN read the block input: its output does not change
         return hidden + ffn_output(layer, record)[batch_index][:, queries].to(hidden.dtype)
     return apply_ffn(layer.ffn, hidden)

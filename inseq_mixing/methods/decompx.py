@@ -26,6 +26,9 @@ Read-out: the final decomposed state goes through the final norm and the LM-head
 Encoder–decoders (our extension of the paper, which decomposes encoder classifiers): the encoder is decomposed over
 source tokens; decoder components are [source | target (| bias)], and cross-attention carries the encoder output's
 components into the source block. Decoder-only models (also our extension) decompose over the whole sequence.
+Norms on a sub-block's output (Gemma 2 / 3's sandwich, OLMo-2; our extension) are frozen like every other norm and act
+on the branch's components before the residual sum. A final logit soft-cap :math:`c \tanh(z / c)` (Gemma 2) is not
+linear: the components add up to :math:`z`, the logit before the cap, which is reported beside the capped one.
 """
 
 from dataclasses import dataclass, field
@@ -35,9 +38,9 @@ import torch
 from ..specs import AttentionSpec, FFNSpec, LayerSpec, StackSpec
 from ..specs.base import linear_in_out
 from ..trace import AttentionTrace, LayerTrace, ModelTrace, StackTrace
-from .alti_logit import logit_bias, recorded_logit, unembedding_direction
+from .alti_logit import logit_bias, masked, recorded_logit, softcapped_logit, unembedding_direction
 from .blocks import refuse_non_finite, upcast, valid_cells
-from .norms import freeze_norm
+from .norms import FrozenNorm, freeze_norm
 
 BIAS_SPLITS = ("absdot", "norm", "equal", "separate")
 FFN_LINEARIZATIONS = ("zero_origin", "tangent")
@@ -297,13 +300,13 @@ class KeyNorm:
 
 
 def key_norms(attn: AttentionSpec, record: AttentionTrace, stream: BlockedStream, mode: str) -> list[KeyNorm] | None:
-    """Per block, the frozen pre-attention norm of a pre-LN block and its shift's shares (from the stream as it is
-    before the attention adds to it); None for post-LN blocks, whose attention reads the stream itself."""
-    if not attn.pre_norm:
+    """Per block, the frozen input norm of the attention and its shift's shares (from the stream as it is before the
+    attention adds to it); None without an input norm (post-LN, OLMo-2): the attention reads the stream itself."""
+    if attn.in_norm is None:
         return None
     norms = []
     for block in stream.blocks:
-        frozen = freeze_norm(attn.norm, record.norm_input[:, block.rows])
+        frozen = freeze_norm(attn.in_norm, record.norm_input[:, block.rows])
         shares = None
         if frozen.shift is not None and mode != "separate":
             normed = block.stream.like(frozen.linear(block.stream.parts))
@@ -378,6 +381,8 @@ def attention_sublayer(
     # one slab's largest tensors are (B, positions, slab width, heads, head_dim): at most max_chunk_elements
     width = max(1, options.max_chunk_elements // (batch * max(num_queries, num_keys) * out_weight.shape[-1]))
     bias = attention_bias(attn)
+    out_frozen = None if attn.out_norm is None else freeze_norm(attn.out_norm, record.output)
+    biases = [branch_bias(bias, out_frozen, block.rows) for block in stream.blocks]
     for start in range(0, keys.num_components, width):
         slab = torch.arange(start, min(start + width, keys.num_components), device=probs.device)
         key_rows = slice(first_carrying_row(keys, slab) if causal else 0, num_keys)
@@ -389,36 +394,63 @@ def attention_sublayer(
         mixed = torch.einsum("bqkhe,hed->bqkd", part, out_weight)
         del part, values
         query_slab = slab if place is None else place(slab)
-        for block, weight in zip(stream.blocks, weights, strict=True):
+        for block, weight, block_bias in zip(stream.blocks, weights, biases, strict=True):
             if block.rows.stop <= query_rows.start:
                 continue
             kept, local = block.local(query_slab)
             rows = slice(block.rows.start - query_rows.start, block.rows.stop - query_rows.start)
             contribution = mixed[:, rows][:, :, kept]
+            if out_frozen is not None:  # the norm on the attention output, frozen, acts on every component
+                contribution = out_frozen.linear(contribution, block.rows)
             block.stream.parts[:, :, local] += contribution
-            if bias is not None and mode == "absdot":
-                weight[:, :, local] = torch.einsum("bpkd,d->bpk", contribution, bias.to(contribution.device)).abs()
-            elif bias is not None and mode == "norm":
+            if block_bias is not None and mode == "absdot":
+                weight[:, :, local] = dot_with_bias(contribution, block_bias).abs()
+            elif block_bias is not None and mode == "norm":
                 weight[:, :, local] = torch.linalg.vector_norm(contribution, dim=-1)
-    if bias is not None:
-        for block, weight in zip(stream.blocks, weights, strict=True):
-            block.stream = add_split_bias(block.stream, bias, weight, mode)
-    if attn.pre_norm:
+    for block, weight, block_bias in zip(stream.blocks, weights, biases, strict=True):
+        if block_bias is not None:
+            block.stream = add_split_bias(block.stream, block_bias, weight, mode)
+    if attn.post_norm is None:
         return stream
-    return stream.map(lambda block: decompose_norm(attn.norm, record.norm_input[:, block.rows], block.stream, mode))
+    return stream.map(
+        lambda block: decompose_norm(attn.post_norm, record.norm_input[:, block.rows], block.stream, mode)
+    )
+
+
+def branch_bias(bias: torch.Tensor | None, out_frozen: FrozenNorm | None, rows: slice) -> torch.Tensor | None:
+    """The attention bias ``(D,)`` as it reaches the residual stream: unchanged, or through a frozen norm on the
+    attention output plus that norm's shift, one vector per position ``(B, |rows|, D)``."""
+    if out_frozen is None:
+        return bias
+    if bias is None and out_frozen.shift is None:
+        return None
+    batch, positions = out_frozen.inv_scale.shape[0], rows.stop - rows.start
+    total = 0 if bias is None else out_frozen.linear(upcast(bias).expand(batch, positions, -1), rows)
+    return total + (0 if out_frozen.shift is None else out_frozen.shift)
+
+
+def dot_with_bias(components: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``(B, P, K)`` dot products of components with a bias ``(D,)`` or one bias per position ``(B, P, D)``."""
+    bias = bias.to(components.device)
+    if bias.dim() == 1:
+        return torch.einsum("bpkd,d->bpk", components, bias)
+    return torch.einsum("bpkd,bpd->bpk", components, bias)
 
 
 def add_split_bias(stream: Components, bias: torch.Tensor, weights: torch.Tensor, mode: str) -> Components:
-    """Add ``bias`` ``(D,)`` to the components, split by ``weights`` ``(B, P, K)`` (``"absdot"``/``"norm"``), equally
-    over the available tokens (``"equal"``), or into the bias component (``"separate"``)."""
+    """Add ``bias`` (``(D,)``, or one per position ``(B, P, D)``) to the components, split by ``weights``
+    ``(B, P, K)`` (``"absdot"``/``"norm"``), equally over the available tokens (``"equal"``), or into the bias
+    component (``"separate"``)."""
     bias = bias.to(stream.parts.device)
     if mode == "separate":
         stream.parts[:, :, stream.bias_index] += bias
         return stream
+    if bias.dim() == 3:
+        bias = bias[:, :, None]
     available = stream.available.to(stream.parts.dtype)
     weights = available if mode == "equal" else weights
     shares = normalized_shares(weights * available, available)
-    return stream.like(stream.parts + shares[..., None] * bias)
+    return stream.like(stream.parts + shares[..., None] * bias)  # (D,) or (B, P, 1, D)
 
 
 def linearized_activation(activation, branch: Components, options: DecompXOptions) -> torch.Tensor:
@@ -459,13 +491,15 @@ def decompose_ffn_block(
     stream: Components,
     options: DecompXOptions,
     source: Components | None = None,
+    out_norm_input: torch.Tensor | None = None,
 ):
-    """The FFN sub-block on decomposed positions: norm (pre-LN), FFN chunked over positions, residual, norm
-    (post-LN). ``norm_input`` is the recorded input of the FFN's norm at these positions. ``source``: what a parallel
-    FFN reads (the block input's components), when it is not ``stream``."""
+    """The FFN sub-block on decomposed positions: norm (pre-LN), FFN chunked over positions, output norm (if any),
+    residual, norm (post-LN). ``norm_input`` is the recorded input of the FFN's norm at these positions, and
+    ``out_norm_input`` that of its output norm. ``source``: what a parallel FFN reads (the block input's
+    components), when it is not ``stream``."""
     mode = options.bias
     source = stream if source is None else source
-    inputs = decompose_norm(ffn.norm, norm_input, source, mode) if ffn.pre_norm else source
+    inputs = source if ffn.in_norm is None else decompose_norm(ffn.in_norm, norm_input, source, mode)
     batch, positions, num_components, _ = inputs.parts.shape
     width = ffn.w_out.weight.numel() // inputs.parts.shape[-1]
     output = torch.zeros_like(inputs.parts)
@@ -477,9 +511,11 @@ def decompose_ffn_block(
             None if inputs.bias_index is None else int((active == inputs.bias_index).nonzero()),
         )
         output[:, rows, active] = decompose_ffn(ffn, chunk, options)
+    if ffn.out_norm is not None:
+        output = decompose_norm(ffn.out_norm, out_norm_input, inputs.like(output), mode).parts
     del inputs
     stream = stream.like(stream.parts + output)
-    return stream if ffn.pre_norm else decompose_norm(ffn.norm, norm_input, stream, mode)
+    return stream if ffn.post_norm is None else decompose_norm(ffn.post_norm, norm_input, stream, mode)
 
 
 def decompose_layer(
@@ -509,9 +545,11 @@ def decompose_layer(
     if layer.cross_attn is not None:
         stream = attention_sublayer(layer.cross_attn, record.cross_attn, stream, options, False, encoder, place)
     sources = block_input or [None] * len(stream.blocks)  # a parallel FFN reads the block input
+    out_norm_input = record.ffn_out_norm_input
     for block, source in zip(stream.blocks, sources, strict=True):
         norm_input = record.ffn_norm_input[:, block.rows]
-        block.stream = decompose_ffn_block(layer.ffn, norm_input, block.stream, options, source)
+        out_input = None if out_norm_input is None else out_norm_input[:, block.rows]
+        block.stream = decompose_ffn_block(layer.ffn, norm_input, block.stream, options, source, out_input)
     return stream
 
 
@@ -563,7 +601,9 @@ class DecompXScores:
             ``t``; exactly 0 for ``j > t`` and padding.
         source: ``(B, T, S)``: contribution of source token ``s`` (encoder–decoders).
         bias: ``(B, T)``: the bias component (``bias="separate"``), else None.
-        logit: The model's own logit (minus the foil's), ``(B, T)``.
+        logit: The model's own logit (minus the foil's), ``(B, T)``; before the final soft-cap for models that have
+            one (the contributions add up to it).
+        logit_after_softcap: For models with a final soft-cap, the model's final logit (minus the foil's).
         layers: With ``keep_layers``: components of each block's output, ``{"encoder": [...], "decoder": [...]}``.
     """
 
@@ -571,6 +611,7 @@ class DecompXScores:
     source: torch.Tensor | None = None
     bias: torch.Tensor | None = None
     logit: torch.Tensor | None = None
+    logit_after_softcap: torch.Tensor | None = None
     layers: dict[str, list[Components]] = field(default_factory=dict)
 
 
@@ -627,6 +668,7 @@ def decompx(
         source=scores[..., :offset] if spec.is_encoder_decoder else None,
         bias=scores[..., -1] if separate else None,
         logit=recorded_logit(trace, target_ids, foil_ids) * dec.mask,
+        logit_after_softcap=masked(softcapped_logit(trace, target_ids, foil_ids), dec.mask),
         layers=layers if keep_layers else {},
     )
 

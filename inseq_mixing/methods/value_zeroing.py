@@ -86,18 +86,22 @@ def zeroing_distances(
         max_chunk_elements: Memory bound per chunk of zeroed tokens.
 
     Returns:
-        ``(batch, positions i, tokens j)`` distances; cells ``i < j`` of causal maps are 0.
+        ``(batch, positions i, tokens j)`` distances; cells ``i < j`` of causal maps, and keys no head attends to
+        (outside a sliding window), are exactly 0: zeroing their values changes nothing.
     """
     attn = layer.self_attn if sub_block == "self" else layer.cross_attn
     attn_record = record.self_attn if sub_block == "self" else record.cross_attn
     residual = record.input if sub_block == "self" else cross_attention_input(layer, record)
     probs = upcast(attn_record.probs)
     batch, _, num_queries, num_keys = probs.shape
-    dtype = residual.dtype
+    dtype, score_dtype = residual.dtype, probs.dtype
     value_outputs = head_value_outputs(attn, attn_record)
+    attn_output = upcast(attn_record.output)
+    if attn.out_norm is not None:
+        probs, value_outputs, attn_output = resummed_attention_output(attn, probs, value_outputs)
     full = slice(None)
     clean = finish_layer(
-        layer, record, sub_block, residual, attn_record.output, torch.arange(batch, device=probs.device), full
+        layer, record, sub_block, residual, attn_output.to(dtype), torch.arange(batch, device=probs.device), full
     )
     clean = upcast(clean)
     scores = probs.new_zeros(batch, num_queries, num_keys)
@@ -109,7 +113,7 @@ def zeroing_distances(
         queries = slice(start, None) if causal else full
         width = keys.stop - keys.start
         delta = torch.einsum("bhqk,bhkd->bkqd", probs[:, :, queries, keys], value_outputs[:, :, keys])
-        corrupted_attn = upcast(attn_record.output[:, None, queries]) - delta
+        corrupted_attn = attn_output[:, None, queries] - delta
         rows = batch * width
         batch_index = torch.arange(batch, device=probs.device).repeat_interleave(width)
         corrupted = finish_layer(
@@ -123,7 +127,22 @@ def zeroing_distances(
         )
         dist = distance(upcast(corrupted).view(batch, width, -1, residual.shape[-1]), clean[:, None, queries], metric)
         scores[:, queries, keys] = dist.transpose(1, 2)
-    return scores
+    attended = (probs > 0).any(dim=1)
+    return scores.clamp(min=0).masked_fill(~attended, 0.0).to(score_dtype)
+
+
+def resummed_attention_output(attn, probs: torch.Tensor, value_outputs: torch.Tensor):
+    """Probabilities, per-head value outputs and the attention output ``b_O + Σ_hk α v W_O``, in float64.
+
+    A norm on the attention output (Gemma 2 / 3, OLMo-2) rescales whatever remains after a value is zeroed: when
+    that remainder is small (a token attending almost only to itself), the rounding error of ``output − part`` would
+    be normalised into a wrong direction. Summed again in float64, the remainder is accurate to ~1e-16.
+    """
+    probs, value_outputs = probs.double(), value_outputs.double()
+    output = torch.einsum("bhqk,bhkd->bqd", probs, value_outputs)
+    if attn.out_bias is not None:
+        output = output + attn.out_bias.double().to(output.device)
+    return probs, value_outputs, output
 
 
 def stack_distances(

@@ -1,13 +1,23 @@
 """Architecture specs for every supported model family, and the lookup from a model to its spec."""
 
+import importlib
+import pkgutil
+
 from torch import nn
 from transformers import PreTrainedModel
 
-from . import bart, gemma, gpt2, gpt_neox, llama, opt, phi3, t5
 from .base import AttentionSpec, FFNSpec, LayerSpec, ModelSpec, StackSpec, UnsupportedModelError
 
+
+def _spec_modules() -> tuple:
+    """Every module of this package that declares ``MODEL_TYPES``: adding a family is adding such a file."""
+    names = sorted(info.name for info in pkgutil.iter_modules(__path__) if info.name != "base")
+    modules = (importlib.import_module(f"{__name__}.{name}") for name in names)
+    return tuple(module for module in modules if hasattr(module, "MODEL_TYPES"))
+
+
 #: One module per family: its ``FAMILY`` name, the ``MODEL_TYPES`` (``config.model_type``) it covers, and ``build``.
-SPEC_MODULES = (bart, t5, gpt2, gpt_neox, opt, llama, gemma, phi3)
+SPEC_MODULES = _spec_modules()
 
 _BUILDERS = {model_type: module.build for module in SPEC_MODULES for model_type in module.MODEL_TYPES}
 

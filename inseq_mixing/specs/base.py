@@ -15,8 +15,34 @@ class UnsupportedModelError(ValueError):
     """Raised when a model's architecture has no spec."""
 
 
+class BranchLayout:
+    """Where the norms of a residual branch sit, as data: ``y = post_norm(x + out_norm(f(in_norm(x))))``, each norm
+    the identity when absent.
+
+    Pre-LN blocks have an ``in_norm``, post-LN blocks a ``post_norm``; sandwich blocks (Gemma 2 / 3) add an
+    ``out_norm`` to the pre-LN layout, and OLMo-2 has an ``out_norm`` only. Norms inside the branch's module (q/k
+    norms) touch queries and keys only, so they shape the recorded attention and are no part of the layout. Parallel
+    branches (GPT-NeoX) are flagged on the FFN (:attr:`FFNSpec.parallel`). Every method reads the layout through
+    these properties.
+    """
+
+    norm: nn.Module | None
+    pre_norm: bool
+    out_norm: nn.Module | None
+
+    @property
+    def in_norm(self) -> nn.Module | None:
+        """The norm on the branch input, or None."""
+        return self.norm if self.pre_norm else None
+
+    @property
+    def post_norm(self) -> nn.Module | None:
+        """The norm after the residual sum, or None."""
+        return None if self.pre_norm else self.norm
+
+
 @dataclass(frozen=True)
-class AttentionSpec:
+class AttentionSpec(BranchLayout):
     """One multi-head attention sub-block (self- or cross-attention) and its residual branch.
 
     Attributes:
@@ -31,10 +57,13 @@ class AttentionSpec:
         num_heads: Number of query heads.
         num_kv_heads: Number of key/value heads (GQA: query head ``h`` reads KV head ``h // (H / H_kv)``).
         head_dim: Size of one head.
-        norm: The layer norm of this sub-block.
+        norm: The layer norm of this sub-block, or None (OLMo-2: the attention reads the residual stream itself).
         pre_norm: True when the norm is applied to the sub-block input (pre-LN), False when it is applied after the
             residual sum (post-LN).
         probs_index: Index of the attention probabilities in the module's output tuple.
+        out_norm: A norm applied to the attention output before the residual sum (Gemma 2's sandwich, OLMo-2), or
+            None. The residual branch is ``y = x + out_norm(attn(norm(x)))`` (pre-LN) or
+            ``y = norm(x + out_norm(attn(x)))`` (post-LN).
     """
 
     module: nn.Module
@@ -46,9 +75,10 @@ class AttentionSpec:
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    norm: nn.Module
+    norm: nn.Module | None
     pre_norm: bool
     probs_index: int = 1
+    out_norm: nn.Module | None = None
 
     def value_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The value projection as an ``(in_features, H_kv * head_dim)`` matrix and its bias."""
@@ -65,7 +95,7 @@ class AttentionSpec:
 
 
 @dataclass(frozen=True)
-class FFNSpec:
+class FFNSpec(BranchLayout):
     """The position-wise feed-forward sub-block.
 
     Plain FFNs compute ``w_out(activation(w_in(x)))``; gated ones (SwiGLU, gated-GELU) compute
@@ -73,7 +103,7 @@ class FFNSpec:
 
     Attributes:
         forward: The FFN on its (normalised, for pre-LN) input, without the residual.
-        norm: The layer norm of this sub-block.
+        norm: The layer norm of this sub-block, or None.
         pre_norm: Placement of ``norm`` (see :class:`AttentionSpec`).
         w_in: The first linear map (the linear branch of a gated FFN).
         w_out: The second linear map.
@@ -81,16 +111,18 @@ class FFNSpec:
         w_gate: The branch that goes through the activation in a gated FFN, else None.
         parallel: The FFN reads the block input, like the attention, instead of the attention sub-block's output;
             both branches add to the residual (GPT-NeoX's parallel residual: ``x + attn(ln₁ x) + ffn(ln₂ x)``).
+        out_norm: A norm applied to the FFN output before the residual sum (see :class:`AttentionSpec`), or None.
     """
 
     forward: Callable[[torch.Tensor], torch.Tensor]
-    norm: nn.Module
+    norm: nn.Module | None
     pre_norm: bool
     w_in: nn.Module
     w_out: nn.Module
     activation: Callable[[torch.Tensor], torch.Tensor]
     w_gate: nn.Module | None = None
     parallel: bool = False
+    out_norm: nn.Module | None = None
 
     @property
     def is_gated(self) -> bool:
@@ -130,6 +162,8 @@ class ModelSpec:
             positions are relative, rotary or computed on the fly.
         readout_proj: A bias-free linear map between the decoder's final norm and the LM head (OPT's
             ``project_out``), or None.
+        logit_softcap: The cap ``c`` of a final logit soft-cap ``c·tanh(z/c)`` applied after the LM head (Gemma 2),
+            or None. The cap is not linear: the logit methods explain ``z``, the logit before it.
     """
 
     family: str
@@ -140,6 +174,7 @@ class ModelSpec:
     logits_bias: torch.Tensor | None = None
     max_positions: int | None = None
     readout_proj: nn.Module | None = None
+    logit_softcap: float | None = None
 
     @property
     def is_encoder_decoder(self) -> bool:
@@ -224,9 +259,10 @@ def attention(
     value_proj: nn.Module,
     out_proj: nn.Module,
     heads: tuple[int, int, int],
-    norm: nn.Module,
+    norm: nn.Module | None,
     pre_norm: bool,
     value_slice: slice = slice(None),
+    out_norm: nn.Module | None = None,
 ) -> AttentionSpec:
     """An :class:`AttentionSpec` whose output projection is read from ``out_proj``; ``heads`` is
     ``(num_heads, num_kv_heads, head_dim)``."""
@@ -244,6 +280,7 @@ def attention(
         head_dim=head_dim,
         norm=norm,
         pre_norm=pre_norm,
+        out_norm=out_norm,
     )
 
 

@@ -12,23 +12,40 @@ FAMILY = "Llama-style (Llama, Mistral, Qwen2, Qwen3)"
 MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 
 
-def attention_spec(layer: nn.Module, config, value_proj: nn.Module, value_slice: slice = slice(None)) -> AttentionSpec:
-    """The self-attention of a Llama-layout block whose values are ``value_proj``'s outputs ``value_slice``."""
+def attention_spec(
+    layer: nn.Module,
+    config,
+    value_proj: nn.Module,
+    value_slice: slice = slice(None),
+    norms: tuple[nn.Module | None, nn.Module | None] | None = None,
+) -> AttentionSpec:
+    """The self-attention of a Llama-layout block whose values are ``value_proj``'s outputs ``value_slice``;
+    ``norms`` = (input norm, output norm), by default ``(input_layernorm, None)``."""
     attn = layer.self_attn
     heads = (config.num_attention_heads, config.num_key_value_heads, attn.head_dim)
-    return attention(attn, value_proj, attn.o_proj, heads, layer.input_layernorm, True, value_slice)
+    in_norm, out_norm = norms or (layer.input_layernorm, None)
+    return attention(attn, value_proj, attn.o_proj, heads, in_norm, True, value_slice, out_norm)
 
 
-def gated_ffn(layer: nn.Module, w_in: nn.Module, w_gate: nn.Module, activation) -> FFNSpec:
-    """The gated FFN sub-block of a Llama-layout block: ``down_proj(activation(w_gate(x)) * w_in(x))``."""
+def gated_ffn(
+    layer: nn.Module,
+    w_in: nn.Module,
+    w_gate: nn.Module,
+    activation,
+    norms: tuple[nn.Module | None, nn.Module | None] | None = None,
+) -> FFNSpec:
+    """The gated FFN sub-block of a Llama-layout block: ``down_proj(activation(w_gate(x)) * w_in(x))``; ``norms`` =
+    (input norm, output norm), by default ``(post_attention_layernorm, None)``."""
+    in_norm, out_norm = norms or (layer.post_attention_layernorm, None)
     return FFNSpec(
         forward=layer.mlp,
-        norm=layer.post_attention_layernorm,
+        norm=in_norm,
         pre_norm=True,
         w_in=w_in,
         w_out=layer.mlp.down_proj,
         activation=activation,
         w_gate=w_gate,
+        out_norm=out_norm,
     )
 
 
@@ -41,11 +58,13 @@ def layer_spec(layer: nn.Module, config) -> LayerSpec:
     )
 
 
-def build(model: nn.Module, layer_spec=layer_spec) -> ModelSpec:
-    """The spec of a Llama-layout decoder; ``layer_spec`` builds each block's (families with other projections)."""
+def build(model: nn.Module, layer_spec=layer_spec, **model_fields) -> ModelSpec:
+    """The spec of a Llama-layout decoder; ``layer_spec`` builds each block's (families with other projections or
+    norms), ``model_fields`` sets other :class:`ModelSpec` fields."""
     base = model.base_model
     return ModelSpec(
         family=model.config.model_type,
         decoder=StackSpec(layers=[layer_spec(layer, model.config) for layer in base.layers], final_norm=base.norm),
         lm_head=model.get_output_embeddings(),
+        **model_fields,
     )
