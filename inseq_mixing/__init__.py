@@ -47,15 +47,18 @@ from .views.colors import repair_inseq_colours  # noqa: E402
 
 repair_inseq_colours()
 
+from .evaluation import Evaluation, evaluate  # noqa: E402  (evaluation uses the registered methods)
 from .runs import attribute_dataset, load_run  # noqa: E402  (runs use the registered methods)
 from .views import Comparison, compare  # noqa: E402  (views use the registered methods)
 
 __all__ = [
     "METHODS",
     "Comparison",
+    "Evaluation",
     "attribute_dataset",
     "load_run",
     "compare",
+    "evaluate",
     "SUPPORTED_FAMILIES",
     "UnsupportedModelError",
     "get_spec",

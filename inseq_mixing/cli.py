@@ -1,5 +1,5 @@
 """The ``inseq-mixing`` command: list methods, compare methods on a model and write a report, run the demo, attribute
-a dataset."""
+a dataset, evaluate methods on annotated data, export the demo's annotated data."""
 
 import argparse
 import logging
@@ -172,6 +172,90 @@ def run_demo(args: argparse.Namespace) -> int:
     return demo(args.out)
 
 
+def load_for_evaluation(name: str, method: str, device: str | None):
+    """The Inseq model for ``name`` (``demo``: the embedded demo model), with a one-line error."""
+    import inseq
+
+    from inseq_mixing.attr.base import refuse_mismatched_tokenizer
+
+    try:
+        if name == "demo":
+            from inseq_mixing.demo import load_demo_model
+
+            model, tokenizer = load_demo_model()
+            return inseq.load_model(model, method, tokenizer=tokenizer, device=device)
+        model = inseq.load_model(name, method, device=device)
+    except Exception as error:  # one line, not a traceback
+        raise UserError(f"could not load model {name!r}: {type(error).__name__}: {error}") from error
+    try:
+        refuse_mismatched_tokenizer(model.tokenizer, model.model)
+    except ValueError as error:
+        raise UserError(str(error)) from error
+    return model
+
+
+def method_options(pairs: list[str]) -> dict[str, dict]:
+    """``METHOD:KEY=VALUE`` pairs into per-method options."""
+    options = {}
+    for pair in pairs:
+        method, sep, rest = pair.partition(":")
+        if not sep:
+            raise UserError(f"--option takes METHOD:KEY=VALUE (e.g. integrated_gradients:n_steps=20), not {pair!r}")
+        options.setdefault(method, {}).update(parse_options([rest]))
+    return options
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    import inseq
+
+    import inseq_mixing
+    from inseq_mixing.evaluation import DEFAULT_COLUMNS, EvaluationInputError
+    from inseq_mixing.views.eval_report import write_evaluation_report
+
+    try:
+        check_writable(args.out)
+        check_writable(args.json)
+        unknown = [name for name in args.methods if name not in inseq.list_feature_attribution_methods()]
+        if unknown:
+            raise UserError(f"unknown method(s) {unknown}; run `inseq-mixing methods` to list them")
+        options = method_options(args.option)
+        model = load_for_evaluation(args.model, args.methods[0], args.device)
+        columns = {role: getattr(args, f"{role}_column") for role in DEFAULT_COLUMNS}
+        result = inseq_mixing.evaluate(
+            model,
+            args.methods,
+            args.data,
+            args.protocol,
+            batch_size=args.batch_size,
+            method_kwargs=options,
+            draws=args.draws,
+            show_progress=True,
+            **columns,
+        )
+    except (UserError, EvaluationInputError, RuntimeError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    path = write_evaluation_report(result, args.out, title=f"inseq-mixing evaluation: {args.protocol}, {args.model}")
+    if args.json:
+        result.to_json(args.json)
+    rows = result.summary_rows()
+    print_table(rows, list(dict.fromkeys(key for row in rows for key in row)))
+    for pair in result.pairs():
+        print(f"{pair['method_a']} − {pair['method_b']}: {pair['difference']:+.3f} (p = {pair['p_value']:.3g})")
+    for method, reason in result.failed.items():
+        print(f"failed: {method}: {reason}", file=sys.stderr)
+    print(f"report written to {path}")
+    return 1 if result.failed else 0
+
+
+def run_demo_data(args: argparse.Namespace) -> int:
+    from inseq_mixing.demo.evaluation_data import export_evaluation_data
+
+    for name, path in export_evaluation_data(args.out, count=args.count).items():
+        print(f"{name}: {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inseq-mixing", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -201,6 +285,23 @@ def build_parser() -> argparse.ArgumentParser:
     dataset.add_argument("--device", default=None, help="e.g. cpu or cuda (default: Inseq's, or each process's)")
     dataset.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     dataset.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="a method option")
+    evaluate = commands.add_parser("evaluate", help="score methods on annotated data with a paper's protocol")
+    evaluate.add_argument("data", help="a .jsonl, .csv or .parquet file of annotated rows")
+    evaluate.add_argument("--model", required=True, help="a Hugging Face model name or local path, or demo")
+    evaluate.add_argument("--methods", nargs="+", default=["alti_logit", "decompx", "value_zeroing", "alti"])
+    evaluate.add_argument("--protocol", required=True, choices=["evidence", "cue", "alignment", "faithfulness"])
+    evaluate.add_argument("--out", default="evaluation.html", help="the HTML report")
+    evaluate.add_argument("--json", default=None, help="also write the metrics as JSON here")
+    for role, default in (("source", "source"), ("prefix", "prefix"), ("target", "target"), ("foil", "foil"),
+                          ("evidence", "evidence"), ("cues", "cues"), ("alignment", "alignment")):  # fmt: skip
+        evaluate.add_argument(f"--{role}-column", default=default, dest=f"{role}_column")
+    evaluate.add_argument("--batch-size", type=int, default=16)
+    evaluate.add_argument("--device", default=None, help="e.g. cpu or cuda (default: Inseq's choice)")
+    evaluate.add_argument("--draws", type=int, default=1000, help="bootstrap resamples and permutations")
+    evaluate.add_argument("--option", action="append", default=[], metavar="METHOD:KEY=VALUE", help="a method option")
+    demo_data = commands.add_parser("demo-data", help="export the demo grammar's annotated data for every protocol")
+    demo_data.add_argument("out", help="folder to write the files into")
+    demo_data.add_argument("--count", type=int, default=40, help="sentence pairs to draw")
     return parser
 
 
@@ -219,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_demo(args)
     if args.command == "attribute-dataset":
         return run_attribute_dataset(args)
+    if args.command == "evaluate":
+        return run_evaluate(args)
+    if args.command == "demo-data":
+        return run_demo_data(args)
     return run_compare(args)
 
 

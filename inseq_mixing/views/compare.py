@@ -126,6 +126,15 @@ def candidate_scores(seq_scores, example: TokenExample, column: int) -> torch.Te
     return torch.cat(parts).nan_to_num()[example.candidates]
 
 
+def check_methods(methods: list[str]) -> None:
+    """Refuse an empty method list or names Inseq does not know."""
+    if not methods:
+        raise ValueError("Give at least one attribution method.")
+    unknown = [name for name in methods if name not in inseq.list_feature_attribution_methods()]
+    if unknown:
+        raise ValueError(f"Unknown attribution method(s) {unknown}: see inseq.list_feature_attribution_methods().")
+
+
 def compare(
     model,
     methods: list[str],
@@ -161,11 +170,7 @@ def compare(
     Raises:
         RuntimeError: Every method failed.
     """
-    if not methods:
-        raise ValueError("Give at least one attribution method.")
-    unknown = [name for name in methods if name not in inseq.list_feature_attribution_methods()]
-    if unknown:
-        raise ValueError(f"Unknown attribution method(s) {unknown}: see inseq.list_feature_attribution_methods().")
+    check_methods(methods)
     inputs = [inputs] if isinstance(inputs, str) else list(inputs)
     targets = [targets] if isinstance(targets, str) else targets
     method_kwargs = method_kwargs or {}

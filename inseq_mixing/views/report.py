@@ -93,19 +93,24 @@ def layer_panels(seq, method: str) -> str:
     return f'<div class="layers">{"".join(images)}</div>'
 
 
+def sequence_heatmaps(seq, method: str, index: int) -> str:
+    """One sequence output's source and target heatmaps side by side (table ids ``METHOD-INDEX-source|target``)."""
+    source, target = token_level_scores(seq)
+    generated = [token.token for token in seq.target[seq.attr_pos_start :]]
+    tables = []
+    if source is not None:
+        rows = [token.token for token in seq.source]
+        tables.append(heatmap_table(source, rows, generated, "source", f"{method}-{index}-source"))
+    rows = [token.token for token in seq.target]
+    tables.append(heatmap_table(target, rows, generated, "target", f"{method}-{index}-target"))
+    return f'<div class="heatmaps">{"".join(tables)}</div>'
+
+
 def method_section(method: str, out) -> str:
     """Each sentence's source and target heatmaps side by side, then per-layer panels where the method has them."""
     parts = [f'<section class="method" id="method-{html.escape(method)}"><h2>{html.escape(method)}</h2>']
     for index, seq in enumerate(out.sequence_attributions):
-        source, target = token_level_scores(seq)
-        generated = [token.token for token in seq.target[seq.attr_pos_start :]]
-        tables = []
-        if source is not None:
-            rows = [token.token for token in seq.source]
-            tables.append(heatmap_table(source, rows, generated, "source", f"{method}-{index}-source"))
-        rows = [token.token for token in seq.target]
-        tables.append(heatmap_table(target, rows, generated, "target", f"{method}-{index}-target"))
-        parts.append(f'<div class="heatmaps">{"".join(tables)}</div>')
+        parts.append(sequence_heatmaps(seq, method, index))
         parts.append(layer_panels(seq, method))
     parts.append("</section>")
     return "".join(parts)

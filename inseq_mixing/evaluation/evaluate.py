@@ -1,0 +1,346 @@
+"""``evaluate``: score attribution methods over an annotated dataset with the papers' protocols, with bootstrap
+intervals and paired tests between methods."""
+
+import json
+import math
+import warnings
+from dataclasses import dataclass, field
+from itertools import combinations
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .explain import Explanation, explain_items, is_per_layer
+from .items import Item, read_items
+from .metrics import (
+    Statistic,
+    alignment_counts,
+    bootstrap_interval,
+    cue_share,
+    mean_statistic,
+    paired_permutation_test,
+    random_reciprocal_rank,
+    reciprocal_rank,
+)
+
+#: The headline metric of each protocol (the first of its metrics).
+METRICS = {
+    "evidence": ("mrr",),
+    "cue": ("cue_contribution",),
+    "alignment": ("aer", "accuracy"),
+    "faithfulness": ("comprehensiveness_prob", "sufficiency_prob", "comprehensiveness_logit", "sufficiency_logit"),
+}
+#: Metrics where lower is better.
+LOWER_IS_BETTER = {"aer", "sufficiency_prob", "sufficiency_logit"}
+
+
+@dataclass
+class MethodResult:
+    """One method's scores: per metric a :class:`~.metrics.Statistic` over the items, and for per-layer methods
+    under the ``cue`` protocol the per-layer cue contributions."""
+
+    statistics: dict[str, Statistic]
+    per_layer: Statistic | None = None
+    layer_statistics: list[Statistic] = field(default_factory=list)
+
+
+@dataclass
+class Evaluation:
+    """The result of :func:`evaluate`.
+
+    Attributes:
+        protocol: The protocol.
+        results: Method → :class:`MethodResult`.
+        baseline: What a uniform random ranking scores on the same items (per metric), where it has a closed form or
+            was measured.
+        failed: Method → the error that stopped it.
+        examples: Method → a few :class:`~.explain.Explanation` for the report's heatmaps.
+        draws: Bootstrap and permutation draws.
+        seed: Seed of the resampling.
+    """
+
+    protocol: str
+    results: dict[str, MethodResult] = field(default_factory=dict)
+    baseline: dict[str, float] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    examples: dict[str, list[Explanation]] = field(default_factory=dict)
+    draws: int = 1000
+    seed: int = 0
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return METRICS[self.protocol]
+
+    def method_summary(self, method: str) -> dict:
+        """``{METRIC: value, "ci": [low, high], "n": items, OTHER: value, "OTHER_ci": [...], ...}``."""
+        result = self.results[method]
+        summary = {}
+        for index, metric in enumerate(self.metrics):
+            statistic = result.statistics[metric]
+            interval = list(bootstrap_interval(statistic, self.draws, seed=self.seed))
+            summary[metric] = float(statistic.value())
+            summary["ci" if index == 0 else f"{metric}_ci"] = interval
+        summary["n"] = len(result.statistics[self.metrics[0]])
+        if result.per_layer is not None:
+            summary["per_layer"] = [float(value) for value in result.per_layer.value()]
+            summary["per_layer_ci"] = [
+                list(bootstrap_interval(layer, self.draws, seed=self.seed)) for layer in result.layer_statistics
+            ]
+        return summary
+
+    def pairs(self) -> list[dict]:
+        """Paired permutation tests of the headline metric between every two methods."""
+        metric = self.metrics[0]
+        rows = []
+        for first, second in combinations(self.results, 2):
+            a, b = self.results[first].statistics[metric], self.results[second].statistics[metric]
+            rows.append(
+                {
+                    "method_a": first,
+                    "method_b": second,
+                    "metric": metric,
+                    "difference": float(a.value() - b.value()),
+                    "p_value": paired_permutation_test(a, b, self.draws, self.seed),
+                    "test": "paired permutation (items swapped between the two methods)",
+                }
+            )
+        return rows
+
+    def to_dict(self) -> dict:
+        return {
+            "protocol": self.protocol,
+            "methods": {method: self.method_summary(method) for method in self.results},
+            "baseline": self.baseline,
+            "pairs": self.pairs(),
+            "failed": self.failed,
+            "lower_is_better": [metric for metric in self.metrics if metric in LOWER_IS_BETTER],
+        }
+
+    def to_json(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1, ensure_ascii=False), encoding="utf-8")
+        return path
+
+    def summary_rows(self) -> list[dict]:
+        """One row per method (and the random baseline) for a terminal table."""
+        rows = []
+        for method in self.results:
+            summary = self.method_summary(method)
+            row = {"method": method, "n": summary["n"]}
+            for index, metric in enumerate(self.metrics[:2]):
+                low, high = summary["ci" if index == 0 else f"{metric}_ci"]
+                row[metric] = summary[metric]
+                row[f"{metric} 95% CI"] = f"[{low:.3f}, {high:.3f}]"
+            rows.append(row)
+        if self.baseline:
+            shown = {key: value for key, value in self.baseline.items() if key in self.metrics[:2]}
+            rows.append({"method": "random", **shown})
+        return rows
+
+
+def evaluate(
+    model,
+    methods: list[str],
+    data,
+    protocol: str,
+    *,
+    tokenizer=None,
+    batch_size: int = 16,
+    device: str | None = None,
+    method_kwargs: dict[str, dict] | None = None,
+    draws: int = 1000,
+    seed: int = 0,
+    examples: int = 2,
+    random_draws: int = 3,
+    show_progress: bool = False,
+    **columns: str,
+) -> Evaluation:
+    """Evaluate ``methods`` on annotated ``data`` with one of the papers' protocols.
+
+    Protocols (see :mod:`inseq_mixing.evaluation.metrics` for the definitions):
+
+    * ``evidence``: reciprocal rank of the best-ranked evidence word among the context words (ALTI-logit paper); with a
+      ``foil`` column the explanation is contrastive. Metric ``mrr``; baseline: the expected MRR of a random ranking.
+    * ``cue``: share of the target word's scores on its cue words (Value Zeroing paper), per layer for per-layer
+      methods (``per_layer``; the headline value is their mean), the total for rolled-out and logit methods. Metric
+      ``cue_contribution``; baseline: the share of cue words among the context words.
+    * ``alignment``: ``aer`` and top-1 ``accuracy`` of the source word with the highest score for each target word
+      against gold Pharaoh alignments (ALTI+ paper); encoder–decoders only.
+    * ``faithfulness``: AOPC comprehensiveness and sufficiency of every generated token (:mod:`..views.faithfulness`),
+      with random rankings as the baseline.
+
+    Every metric comes with a percentile bootstrap 95% interval over the items and every two methods with a paired
+    permutation test of the headline metric.
+
+    Args:
+        model: A Hugging Face model (with ``tokenizer``), an Inseq ``AttributionModel``, or a model name or local path.
+        methods: Registered attribution method names.
+        data: A JSONL/CSV/Parquet path, a ``datasets.Dataset``, a DataFrame or a list of dicts (see
+            :mod:`.items` for the columns).
+        protocol: ``"evidence"``, ``"cue"``, ``"alignment"`` or ``"faithfulness"``.
+        tokenizer: The tokenizer of a model object (a fast one: words are found from its offsets).
+        batch_size: Rows per batch.
+        device: Device to run on (default: Inseq's choice, or the model's).
+        method_kwargs: Per method, its options (e.g. ``{"integrated_gradients": {"n_steps": 50}}``).
+        draws: Bootstrap resamples and permutations.
+        seed: Seed of the resampling.
+        examples: Items kept per method for the report's heatmaps.
+        random_draws: Random rankings per token for the faithfulness baseline.
+        show_progress: Show a progress bar over the methods.
+        **columns: Column names by role: ``source``, ``prefix``, ``target``, ``foil``, ``evidence``, ``cues``,
+            ``alignment`` (e.g. ``prefix="one_prefix_prefix"``; ``prefix_column=...`` is accepted too).
+
+    Returns:
+        An :class:`Evaluation` (``to_json``, ``summary_rows``); ``views.eval_report.write_evaluation_report`` writes
+        its HTML report.
+
+    Raises:
+        EvaluationInputError: Bad data, naming the row and what to fix.
+        ValueError: Unknown methods or options.
+        RuntimeError: Every method failed.
+    """
+    import inseq
+
+    from ..views.compare import check_methods
+
+    check_methods(methods)
+    columns = {role.removesuffix("_column"): name for role, name in columns.items()}
+    base = model if isinstance(model, inseq.models.AttributionModel) else None
+    if base is None:
+        base = inseq.load_model(model, methods[0], tokenizer=tokenizer, device=device)
+    items = read_items(data, protocol, base.is_encoder_decoder, columns)
+    method_kwargs = method_kwargs or {}
+    evaluation = Evaluation(protocol, draws=draws, seed=seed)
+    if protocol == "faithfulness":
+        return _faithfulness(base, methods, items, batch_size, method_kwargs, random_draws, evaluation, examples)
+    for method in tqdm(methods, desc="evaluating", disable=not show_progress):
+        try:
+            attribution_model = inseq.load_model(base.model, method, tokenizer=base.tokenizer)
+            explained = explain_items(attribution_model, items, batch_size, method_kwargs.get(method, {}))
+            evaluation.results[method] = SCORERS[protocol](explained)
+        except Exception as error:  # keep the other methods; report this one
+            evaluation.failed[method] = f"{type(error).__name__}: {error}"
+            warnings.warn(f"evaluate: {method} failed and is left out ({evaluation.failed[method]})", stacklevel=2)
+            continue
+        evaluation.examples[method] = explained[:examples]
+    if not evaluation.results:
+        raise RuntimeError(f"Every method failed: {evaluation.failed}")
+    evaluation.baseline = BASELINES[protocol](items)
+    return evaluation
+
+
+def _explained_column(explanation: Explanation) -> int:
+    """Column of the explained word's first token (the word after the prefix)."""
+    return explanation.column(explanation.position_of_word(len(explanation.item.prefix.split())))
+
+
+def score_evidence(explained: list[Explanation]) -> MethodResult:
+    ranks = [
+        reciprocal_rank(explanation.context_scores(_explained_column(explanation)), explanation.item.marks)
+        for explanation in explained
+    ]
+    return MethodResult({"mrr": mean_statistic(ranks)})
+
+
+def score_cue(explained: list[Explanation]) -> MethodResult:
+    shares = []
+    for explanation in explained:
+        per_layer = is_per_layer(explanation.seq)
+        scores = explanation.context_scores(_explained_column(explanation), per_layer=per_layer)
+        shares.append(cue_share(scores, explanation.item.marks).nan_to_num(0.0))
+    if shares[0].dim() == 0:
+        return MethodResult({"cue_contribution": mean_statistic(torch.stack(shares))})
+    layers = torch.stack(shares)  # (items, layers)
+    result = MethodResult({"cue_contribution": mean_statistic(layers.mean(1))})
+    result.layer_statistics = [mean_statistic(layers[:, layer]) for layer in range(layers.shape[1])]
+    result.per_layer = Statistic(layers.T, torch.ones_like(layers.T))
+    return result
+
+
+def score_alignment(explained: list[Explanation]) -> MethodResult:
+    counts = [alignment_counts(explanation.source_target_scores(), explanation.item.gold) for explanation in explained]
+
+    def column(name: str) -> torch.Tensor:
+        return torch.tensor([getattr(count, name) for count in counts], dtype=torch.float64)
+
+    return MethodResult(
+        {
+            "aer": Statistic(column("overlap2"), column("size"), "one_minus"),
+            "accuracy": Statistic(column("hits"), column("aligned_words")),
+        }
+    )
+
+
+SCORERS = {"evidence": score_evidence, "cue": score_cue, "alignment": score_alignment}
+
+
+def evidence_baseline(items: list[Item]) -> dict[str, float]:
+    values = [random_reciprocal_rank(len(item.context_words), len(item.marks)) for item in items]
+    return {"mrr": sum(values) / len(values)}
+
+
+def cue_baseline(items: list[Item]) -> dict[str, float]:
+    values = [len(item.marks) / len(item.context_words) for item in items]
+    return {"cue_contribution": sum(values) / len(values)}
+
+
+def alignment_baseline(items: list[Item]) -> dict[str, float]:
+    """Expected top-1 accuracy of a random source word per target word."""
+    hits = aligned = 0.0
+    for item in items:
+        num_source = len(item.source.split())
+        for target in {target for _, target in item.gold}:
+            hits += sum(1 for _, t in item.gold if t == target) / num_source
+            aligned += 1
+    return {"accuracy": hits / aligned}
+
+
+BASELINES = {"evidence": evidence_baseline, "cue": cue_baseline, "alignment": alignment_baseline}
+
+
+def _faithfulness(base, methods, items, batch_size, method_kwargs, random_draws, evaluation, examples) -> Evaluation:
+    """AOPC over every generated token of every row, through :func:`~inseq_mixing.compare` batch by batch."""
+    from ..views.compare import compare
+
+    rows: dict[str, dict[tuple, dict]] = {}
+    for start in range(0, len(items), batch_size):
+        batch = items[start : start + batch_size]
+        inputs = [item.source if base.is_encoder_decoder else item.prefix for item in batch]
+        result = compare(
+            base,
+            methods,
+            inputs,
+            [item.generated_text for item in batch],
+            method_kwargs=method_kwargs,
+            random_draws=random_draws,
+        )
+        evaluation.failed.update(result.failed)
+        for token in result.tokens:
+            key = (batch[token["sentence"]].row, token["position"])
+            rows.setdefault(token["method"], {})[key] = token
+        for method, output in result.outputs.items():
+            kept = evaluation.examples.setdefault(method, [])
+            for item, seq in zip(batch, output.sequence_attributions, strict=True):
+                if len(kept) < examples:
+                    kept.append(Explanation(item, seq, None, []))
+    methods = [method for method in methods if method in rows and method not in evaluation.failed]
+    if not methods:
+        raise RuntimeError(f"Every method failed: {evaluation.failed}")
+    keys = sorted(set.intersection(*(set(rows[method]) for method in methods)))
+    for method in methods:
+        tokens = [rows[method][key] for key in keys]
+        evaluation.results[method] = MethodResult(
+            {metric: mean_statistic([token[metric] for token in tokens]) for metric in METRICS["faithfulness"]}
+        )
+    reference = [rows[methods[0]][key] for key in keys]
+    evaluation.baseline = {
+        metric: _mean([token[f"random_{metric}"] for token in reference]) for metric in METRICS["faithfulness"]
+    }
+    return evaluation
+
+
+def _mean(values: list[float]) -> float:
+    values = [value for value in values if not math.isnan(value)]
+    return sum(values) / len(values) if values else float("nan")

@@ -1,0 +1,123 @@
+"""A self-contained HTML page of an :class:`~inseq_mixing.evaluation.Evaluation`: the metrics with their bootstrap
+intervals and the random baseline, the paired tests, the per-layer cue-contribution figure, and example heatmaps."""
+
+import html
+from pathlib import Path
+
+from .figures import figure_png_base64, plt
+from .report import STYLE, sequence_heatmaps
+
+DESCRIPTIONS = {
+    "evidence": "Mean reciprocal rank of the best-ranked evidence word among the context words (word score = sum of "
+    "its subword scores; ties share their mean rank). Higher is better.",
+    "cue": "Share of the explained word's scores (absolute values) on its cue words: per layer for per-layer methods "
+    "(the table gives their mean), the total for rolled-out and logit methods. Higher is better.",
+    "alignment": "Alignment error rate against the gold links, each target word linked to its highest-scoring source "
+    "word (lower is better), and the share of target words whose predicted source word is a gold one (higher is "
+    "better).",
+    "faithfulness": "AOPC comprehensiveness (drop of the token's probability when its top-ranked context tokens are "
+    "replaced; higher is better) and sufficiency (drop when only they are kept; lower is better), over every "
+    "generated token.",
+}
+
+
+def _number(value) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else html.escape(str(value))
+
+
+def metrics_table(evaluation) -> str:
+    """Per method: each metric with its 95% interval, and the number of items; then the random baseline."""
+    metrics = evaluation.metrics
+    head = "".join(f"<th>{html.escape(name)}</th><th>95% CI</th>" for name in metrics)
+    rows = []
+    for method in evaluation.results:
+        summary = evaluation.method_summary(method)
+        cells = []
+        for index, metric in enumerate(metrics):
+            low, high = summary["ci" if index == 0 else f"{metric}_ci"]
+            cells.append(f"<td>{summary[metric]:.3f}</td><td>[{low:.3f}, {high:.3f}]</td>")
+        rows.append(f"<tr><th>{html.escape(method)}</th>{''.join(cells)}<td>{summary['n']}</td></tr>")
+    if evaluation.baseline:
+        cells = "".join(f"<td>{_number(evaluation.baseline.get(m, ''))}</td><td></td>" for m in metrics)
+        rows.append(f"<tr><th>random</th>{cells}<td></td></tr>")
+    return f'<table id="metrics"><tr><th>method</th>{head}<th>n</th></tr>{"".join(rows)}</table>'
+
+
+def pairs_table(evaluation) -> str:
+    """The paired tests of the headline metric."""
+    rows = "".join(
+        f"<tr><th>{html.escape(pair['method_a'])} − {html.escape(pair['method_b'])}</th>"
+        f"<td>{pair['difference']:+.3f}</td><td>{pair['p_value']:.3g}</td></tr>"
+        for pair in evaluation.pairs()
+    )
+    metric = html.escape(evaluation.metrics[0])
+    return (
+        f'<table id="pairs"><tr><th>pair</th><th>difference of {metric}</th><th>p (paired permutation)</th></tr>'
+        f"{rows}</table>"
+    )
+
+
+def cue_figure(evaluation) -> str:
+    """Cue contribution per layer, one line per method (with its bootstrap band); methods without layers and the
+    random baseline as horizontal lines. Empty for other protocols."""
+    if evaluation.protocol != "cue":
+        return ""
+    figure, axis = plt.subplots(figsize=(6.5, 3.8))
+    layered = [method for method, result in evaluation.results.items() if result.per_layer is not None]
+    num_layers = max((len(evaluation.results[m].layer_statistics) for m in layered), default=1)
+    for index, (method, result) in enumerate(evaluation.results.items()):
+        summary, color = evaluation.method_summary(method), f"C{index % 10}"
+        if result.per_layer is None:
+            axis.axhline(summary["cue_contribution"], color=color, linestyle="--", label=f"{method} (total)")
+            continue
+        layers = list(range(1, len(summary["per_layer"]) + 1))
+        axis.plot(layers, summary["per_layer"], marker="o", color=color, label=method)
+        lows, highs = zip(*summary["per_layer_ci"], strict=True)
+        axis.fill_between(layers, lows, highs, alpha=0.15, color=color)
+    if "cue_contribution" in evaluation.baseline:
+        axis.axhline(evaluation.baseline["cue_contribution"], color="grey", linestyle=":", label="random")
+    axis.set_xticks(range(1, num_layers + 1))
+    axis.set_xlabel("layer")
+    axis.set_ylabel("cue contribution")
+    axis.legend(fontsize=8, loc="best")
+    figure.tight_layout()
+    image = figure_png_base64(figure)
+    return f'<img id="cue-figure" alt="cue contribution per layer" src="data:image/png;base64,{image}">'
+
+
+def example_heatmaps(evaluation) -> str:
+    """The first items' source and target heatmaps for each method."""
+    parts = []
+    for method, explanations in evaluation.examples.items():
+        parts.append(f"<h3>{html.escape(method)}</h3>")
+        for index, explanation in enumerate(explanations):
+            heatmaps = sequence_heatmaps(explanation.seq, method, index)
+            parts.append(f"<p>row {explanation.item.row}</p>{heatmaps}")
+    return "".join(parts)
+
+
+def render_evaluation_report(evaluation, title: str = "inseq-mixing evaluation") -> str:
+    """The whole page as one HTML string."""
+    failed = ""
+    if evaluation.failed:
+        items = "".join(
+            f"<li><b>{html.escape(name)}</b>: {html.escape(reason)}</li>" for name, reason in evaluation.failed.items()
+        )
+        failed = f'<div class="failed"><h2>Methods that failed</h2><ul>{items}</ul></div>'
+    return (
+        f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
+        f"<p>Protocol: <b>{html.escape(evaluation.protocol)}</b>. {html.escape(DESCRIPTIONS[evaluation.protocol])} "
+        f"Intervals: percentile bootstrap over the items ({evaluation.draws} resamples).</p>"
+        f"<h2>Metrics</h2>{metrics_table(evaluation)}{cue_figure(evaluation)}"
+        f"<h2>Paired tests</h2>{pairs_table(evaluation)}{failed}"
+        f"<h2>Examples</h2>{example_heatmaps(evaluation)}</body></html>"
+    )
+
+
+def write_evaluation_report(evaluation, path: str | Path, **kwargs) -> Path:
+    """Write :func:`render_evaluation_report` to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_evaluation_report(evaluation, **kwargs), encoding="utf-8")
+    return path

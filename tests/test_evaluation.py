@@ -1,0 +1,284 @@
+"""Evaluation protocols: each metric against hand-computed values, column mapping, word-level aggregation over
+subwords (a locally trained BPE tokenizer), clear errors naming the row, and the command on the demo data."""
+
+import itertools
+import json
+import math
+import subprocess
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+import inseq_mixing
+from inseq_mixing.cli import main
+from inseq_mixing.demo.evaluation_data import evaluation_rows, export_evaluation_data
+from inseq_mixing.evaluation import EvaluationInputError, read_items
+from inseq_mixing.evaluation.metrics import (
+    Statistic,
+    alignment_counts,
+    bootstrap_interval,
+    cue_share,
+    mean_statistic,
+    paired_permutation_test,
+    parse_pharaoh,
+    random_reciprocal_rank,
+    reciprocal_rank,
+    tied_ranks,
+)
+from inseq_mixing.evaluation.words import token_words, word_scores
+from inseq_mixing.testing import tiny_model
+
+from .test_report import browser
+
+# metrics
+
+
+def test_tied_ranks_share_their_mean_rank():
+    assert tied_ranks(torch.tensor([3.0, 1.0, 2.0])).tolist() == [1, 3, 2]
+    assert tied_ranks(torch.tensor([1.0, 1.0, 0.0])).tolist() == [1.5, 1.5, 3]
+
+
+def test_reciprocal_rank_perfect_reversed_and_ties():
+    scores = torch.tensor([4.0, 3.0, 2.0, 1.0])
+    assert reciprocal_rank(scores, [0]) == 1.0  # perfect
+    assert reciprocal_rank(scores, [3]) == 0.25  # reversed: the evidence is last of four
+    assert reciprocal_rank(scores, [2, 3]) == pytest.approx(1 / 3)  # the best of the evidence words counts
+    assert reciprocal_rank(torch.ones(4), [1]) == pytest.approx(1 / 2.5)  # all tied: the mean rank
+    with pytest.raises(ValueError):
+        reciprocal_rank(scores, [])
+
+
+@pytest.mark.parametrize(("words", "evidence"), [(4, 1), (5, 2), (6, 3), (3, 3)])
+def test_random_reciprocal_rank_is_the_mean_over_all_rankings(words, evidence):
+    marked = set(range(evidence))
+    values = [
+        1 / min(rank + 1 for rank, word in enumerate(order) if word in marked)
+        for order in itertools.permutations(range(words))
+    ]
+    assert random_reciprocal_rank(words, evidence) == pytest.approx(sum(values) / len(values))
+
+
+def test_cue_share_uses_absolute_values_per_layer():
+    assert float(cue_share(torch.tensor([1.0, -3.0, 0.0, 4.0]), [1, 3])) == pytest.approx(7 / 8)
+    layers = torch.tensor([[1.0, 0.0], [1.0, 2.0], [2.0, 2.0]])
+    torch.testing.assert_close(cue_share(layers, [2]), torch.tensor([0.5, 0.5], dtype=torch.float64))
+    assert math.isnan(float(cue_share(torch.zeros(3), [0])))
+
+
+def test_alignment_counts_perfect_reversed_and_partial():
+    diagonal = torch.eye(3)
+    perfect = alignment_counts(diagonal, {(0, 0), (1, 1), (2, 2)})
+    assert (perfect.overlap2, perfect.size, perfect.hits, perfect.aligned_words) == (6, 6, 3, 3)
+    reversed_ = alignment_counts(diagonal, {(2, 0), (1, 1), (0, 2)})
+    assert 1 - reversed_.overlap2 / reversed_.size == pytest.approx(1 - 2 / 6)  # only the middle word is right
+    assert reversed_.hits == 1
+    anti = alignment_counts(diagonal, {(2, 0), (0, 2)})  # target word 1 has no gold link
+    assert (anti.overlap2, anti.size, anti.hits, anti.aligned_words) == (0, 5, 0, 2)
+    partial = alignment_counts(diagonal, {(0, 0), (1, 1), (2, 2), (1, 2)})  # a word with two gold sources
+    assert 1 - partial.overlap2 / partial.size == pytest.approx(1 - 6 / 7)
+    assert partial.hits == 3
+
+
+def test_parse_pharaoh():
+    assert parse_pharaoh("0-0 2-1 1p2") == {(0, 0), (2, 1), (1, 2)}
+    with pytest.raises(ValueError, match="Pharaoh"):
+        parse_pharaoh("0-x")
+
+
+def test_bootstrap_and_paired_test():
+    constant = mean_statistic([0.5] * 10)
+    assert bootstrap_interval(constant, draws=50) == pytest.approx((0.5, 0.5))
+    spread = mean_statistic([float(i) for i in range(20)])
+    low, high = bootstrap_interval(spread, draws=500)
+    assert low < float(spread.value()) < high
+    same = mean_statistic([0.1 * i for i in range(30)])
+    assert paired_permutation_test(same, same, draws=200) == 1.0
+    ones, zeros = mean_statistic([1.0] * 30), mean_statistic([0.0] * 30)
+    assert paired_permutation_test(ones, zeros, draws=200) == pytest.approx(1 / 201)
+    ratio = Statistic(torch.tensor([2.0, 0.0]), torch.tensor([4.0, 4.0]), "one_minus")
+    assert float(ratio.value()) == pytest.approx(0.75)
+
+
+# reading rows
+
+
+def test_columns_are_mapped_by_role():
+    rows = [{"ctx": "the cat", "good": "sleeps", "bad": "sleep", "ev": "cat", "src": "le chat"}]
+    items = read_items(rows, "evidence", False, {"prefix": "ctx", "target": "good", "foil": "bad", "evidence": "ev"})
+    assert (items[0].prefix, items[0].target, items[0].foil, items[0].marks) == ("the cat", "sleeps", "sleep", [1])
+    items = read_items(rows, "evidence", True, {"source": "src", "prefix": "ctx", "target": "good", "evidence": "ev"})
+    assert items[0].context_words == ["le", "chat", "the", "cat"] and items[0].marks == [3]
+    with_indices = [
+        {"prefix": "a b a", "target": "c", "cues": "[0, 1]"},
+        {"prefix": "a b a", "target": "c", "cues": "a"},
+    ]
+    assert [item.marks for item in read_items(with_indices, "cue", False)] == [[0, 1], [0, 2]]
+
+
+@pytest.mark.parametrize(
+    ("rows", "protocol", "message"),
+    [
+        ([{"prefix": "the cat", "target": "sleeps"}], "evidence", "no column 'evidence'.*--evidence-column"),
+        ([{"prefix": "the cat", "target": "sleeps", "evidence": "dog"}], "evidence", "Row 0.*'dog' is not in"),
+        ([{"prefix": "the cat", "target": "sleeps", "evidence": "[5]"}], "evidence", "Row 0.*index 5"),
+        ([{"prefix": "the cat", "target": "two words", "cues": "cat"}], "cue", "Row 0.*one word"),
+        ([{"prefix": "", "target": "x", "cues": "cat"}], "cue", "Row 0 has no prefix"),
+    ],
+)
+def test_bad_rows_name_the_row(rows, protocol, message):
+    with pytest.raises(EvaluationInputError, match=message):
+        read_items(rows, protocol, False)
+
+
+def test_bad_alignments_name_the_row():
+    good = {"source": "a b", "target": "x y", "alignment": "0-0 1-1"}
+    with pytest.raises(EvaluationInputError, match=r"Row 1.*2-1.*2 source and 2 target"):
+        read_items([good, {**good, "alignment": "0-0 2-1"}], "alignment", True)
+    with pytest.raises(EvaluationInputError, match="Row 0.*Pharaoh"):
+        read_items([{**good, "alignment": "0:0"}], "alignment", True)
+    with pytest.raises(EvaluationInputError, match="encoder–decoder"):
+        read_items([good], "alignment", False)
+
+
+# words over subwords
+
+
+def bpe_tokenizer() -> PreTrainedTokenizerFast:
+    """A small BPE tokenizer trained here: long and rare words split into several subwords."""
+    corpus = ["the cat sat on the mat", "a dog sat", "the cats sat", "a blue vine", "be able to"] * 5
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=45, special_tokens=["<pad>", "</s>", "<unk>", "<s>"])
+    tokenizer.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", bos_token="<s>"
+    )
+
+
+def test_word_scores_sum_subwords():
+    tokenizer = bpe_tokenizer()
+    text = "the unbelievable cats sat"
+    ids = tokenizer(text).input_ids
+    assert len(ids) > len(text.split())  # some words are split
+    words = token_words(tokenizer, text, [0, *ids])  # a leading extra token (e.g. a decoder start) maps to -1
+    assert words[0] == -1 and sorted(set(words[1:])) == [0, 1, 2, 3]
+    for word in range(4):
+        pieces = [ids[i] for i, owner in enumerate(words[1:]) if owner == word]
+        assert tokenizer.decode(pieces).strip() == text.split()[word]
+    scores = torch.arange(len(ids) + 1, dtype=torch.float32)
+    expected = [sum(float(scores[i]) for i, owner in enumerate(words) if owner == word) for word in range(4)]
+    assert word_scores(scores, words, 4).tolist() == expected
+
+
+def test_evidence_on_a_decoder_only_model_with_subwords():
+    """Word scores read off a real run sum the subword scores of Inseq's output for the explained token."""
+    tokenizer = bpe_tokenizer()
+    model = tiny_model("gpt2", vocab=len(tokenizer))
+    rows = [{"prefix": "the unbelievable cats", "target": "sat", "evidence": "cats"}]
+    from inseq import load_model
+
+    from inseq_mixing.evaluation.evaluate import _explained_column
+    from inseq_mixing.evaluation.explain import explain_items
+
+    inseq_model = load_model(model, "alti_logit", tokenizer=tokenizer)
+    (explanation,) = explain_items(inseq_model, read_items(rows, "evidence", False), 4, {})
+    column = _explained_column(explanation)
+    seq = explanation.seq
+    scores = explanation.context_scores(column)
+    tokens = [token.token for token in seq.target]
+    words = explanation.target_words
+    for word, text in enumerate(["the", "unbelievable", "cats"]):
+        positions = [p for p, owner in enumerate(words) if owner == word]
+        assert "".join(tokens[p] for p in positions).replace("▁", "") == text
+        assert float(scores[word]) == pytest.approx(float(seq.target_attributions[positions, column].sum()), abs=1e-6)
+    evaluation = inseq_mixing.evaluate(inseq_model, ["alti_logit", "value_zeroing"], rows, "evidence", draws=20)
+    assert evaluation.to_dict()["methods"]["alti_logit"]["n"] == 1
+
+
+# the demo data and the command
+
+
+def test_demo_data_annotations_hold_by_construction():
+    rows = evaluation_rows(count=10)
+    for row in rows["evidence"]:
+        context = row["source"].split() + row["prefix"].split()
+        assert row["target"] != row["foil"] and all(0 <= index < len(context) for index in row["evidence"])
+    for row in rows["alignment"]:
+        items = read_items([row], "alignment", True)
+        assert {t for _, t in items[0].gold} == set(range(len(row["target"].split())))
+    assert rows["alti_logit_layout"] and rows["cue"]
+
+
+@pytest.fixture(scope="module")
+def demo_data(tmp_path_factory):
+    return export_evaluation_data(tmp_path_factory.mktemp("demo-data"), count=4)
+
+
+@pytest.mark.parametrize("protocol", ["evidence", "cue", "alignment", "faithfulness"])
+def test_cli_evaluates_every_protocol_on_the_demo(protocol, demo_data, tmp_path, capsys):
+    out, metrics = tmp_path / "report.html", tmp_path / "metrics.json"
+    methods = ["alti_logit", "value_zeroing", "saliency"]
+    code = main(
+        ["evaluate", str(demo_data[protocol]), "--model", "demo", "--protocol", protocol, "--methods", *methods,
+         "--out", str(out), "--json", str(metrics), "--draws", "50"]
+    )  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    content = json.loads(metrics.read_text())
+    assert content["protocol"] == protocol and set(content["methods"]) == set(methods)
+    metric = {
+        "evidence": "mrr",
+        "cue": "cue_contribution",
+        "alignment": "aer",
+        "faithfulness": "comprehensiveness_prob",
+    }
+    for summary in content["methods"].values():
+        low, high = summary["ci"]
+        assert low <= summary[metric[protocol]] <= high and summary["n"] > 0
+    assert len(content["pairs"]) == 3 and all(0 < pair["p_value"] <= 1 for pair in content["pairs"])
+    if protocol == "cue":
+        assert len(content["methods"]["value_zeroing"]["per_layer"]) == 2  # the demo model's decoder layers
+    page = out.read_text()
+    assert 'id="metrics"' in page and 'id="pairs"' in page
+    assert ('id="cue-figure"' in page) == (protocol == "cue")
+
+
+def test_cli_evaluates_the_alti_logit_csv_layout(demo_data, tmp_path, capsys):
+    metrics = tmp_path / "metrics.json"
+    code = main(
+        ["evaluate", str(demo_data["alti_logit_layout"]), "--model", "demo", "--protocol", "evidence",
+         "--prefix-column", "one_prefix_prefix", "--target-column", "one_prefix_word_good",
+         "--foil-column", "one_prefix_word_bad", "--evidence-column", "target", "--methods", "alti_logit",
+         "decompx", "--out", str(tmp_path / "r.html"), "--json", str(metrics), "--draws", "20"]
+    )  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    assert set(json.loads(metrics.read_text())["methods"]) == {"alti_logit", "decompx"}
+
+
+def test_cli_evaluate_bad_input_is_one_line_exit_2(demo_data, tmp_path, capsys):
+    code = main(["evaluate", str(demo_data["evidence"]), "--model", "demo", "--protocol", "evidence",
+                 "--evidence-column", "nope", "--out", str(tmp_path / "r.html")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "no column 'nope'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_evaluation_report_in_headless_browser(demo_data, tmp_path):
+    executable = browser()
+    evaluation = inseq_mixing.evaluate(_demo_model(), ["alti", "value_zeroing"], demo_data["cue"], "cue", draws=20)
+    from inseq_mixing.views.eval_report import write_evaluation_report
+
+    path = write_evaluation_report(evaluation, tmp_path / "eval.html")
+    common = [executable, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1200,1600"]
+    dom = subprocess.run([*common, "--dump-dom", path.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    assert 'id="metrics"' in dom and 'id="cue-figure"' in dom and 'id="value_zeroing-0-source"' in dom
+
+
+def _demo_model():
+    from inseq import load_model
+
+    from inseq_mixing.demo import load_demo_model
+
+    model, tokenizer = load_demo_model()
+    return load_model(model, "alti", tokenizer=tokenizer)
