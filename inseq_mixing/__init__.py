@@ -35,10 +35,17 @@ def register() -> list[str]:
         The names of the plugin's methods.
     """
     _rename_builtin_value_zeroing()
-    from .attr import AltiAttribution, AltiLogitAttribution, DecompXAttribution, ValueZeroingAttribution
+    from .attr import ContextMixingAttribution
 
-    methods = (ValueZeroingAttribution, AltiAttribution, AltiLogitAttribution, DecompXAttribution)
-    return [cls.method_name for cls in methods]
+    return [cls.method_name for cls in _subclasses(ContextMixingAttribution) if "method_name" in vars(cls)]
+
+
+def _subclasses(cls: type) -> list[type]:
+    """Every subclass of ``cls``, depth first, in definition order (registration happens at class creation)."""
+    found = []
+    for subclass in cls.__subclasses__():
+        found += [subclass, *_subclasses(subclass)]
+    return found
 
 
 METHODS = register()

@@ -8,13 +8,6 @@ import sys
 import warnings
 from pathlib import Path
 
-METHOD_SUMMARIES = {
-    "value_zeroing": "Value Zeroing (Mohebbi et al., 2023): effect of zeroing a token's values on each layer's output",
-    "alti": "ALTI / ALTI+ (Ferrando et al., 2022): token contributions to each representation, rolled out",
-    "alti_logit": "ALTI-logit (Ferrando et al., 2023): signed contributions to the predicted token's logit",
-    "decompx": "DecompX (Modarressi et al., 2023): exact signed logit contributions through every layer and FFN",
-}
-
 
 def list_methods() -> list[tuple[str, str]]:
     """``(name, one line)`` for every registered attribution method: the plugin's first, then Inseq's."""
@@ -24,11 +17,14 @@ def list_methods() -> list[tuple[str, str]]:
     import inseq_mixing
 
     classes = FeatureAttribution.available_classes()
-    rows = [(name, METHOD_SUMMARIES.get(name, "")) for name in inseq_mixing.METHODS]
-    for name in sorted(set(inseq.list_feature_attribution_methods()) - set(inseq_mixing.METHODS)):
+
+    def first_line(name: str) -> str:
         doc = (classes[name].__doc__ or "").strip().splitlines()
-        rows.append((name, f"Inseq: {doc[0].strip()}" if doc else "Inseq"))
-    return rows
+        return doc[0].strip() if doc else ""
+
+    rows = [(name, first_line(name)) for name in inseq_mixing.METHODS]
+    others = sorted(set(inseq.list_feature_attribution_methods()) - set(inseq_mixing.METHODS))
+    return rows + [(name, f"Inseq: {first_line(name)}".rstrip(": ")) for name in others]
 
 
 def print_table(rows: list[dict], columns: list[str]) -> None:

@@ -14,22 +14,26 @@ class _Alti(MethodCall):
         output_encoder_self_scores: bool = True,
         max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     ) -> MixingStepOutput:
-        """ALTI relevance of source and target-prefix tokens for every generated token.
+        """Relevance of source and target-prefix tokens for every generated token, rolled out (or per layer).
 
         Args:
-            rollout: Roll the layer maps out through the model (ALTI; ALTI+ for encoder–decoders). With False,
-                return each layer's map (last dimension: layer).
+            rollout: Roll the layer maps out through the model (ALTI+'s joint rollout for encoder–decoders). With
+                False, return each layer's map (last dimension: layer).
             output_encoder_self_scores: Return the encoder map in ``sequence_scores["encoder_self_scores"]``.
             max_chunk_elements: Elements of one chunk of per-(position, token) parts (batch × positions × tokens ×
                 d_model); at least one position per chunk.
         """
         owner = self.owner
         steps = read_step_inputs(inputs, additional_forward_args, owner.spec.is_encoder_decoder)
-        scores = alti(owner.trace(steps), rollout or output_encoder_self_scores, max_chunk_elements)
-        maps = alti_maps(scores, rollout)
+        maps = self.maps(owner.trace(steps), rollout, output_encoder_self_scores, max_chunk_elements)
         if not output_encoder_self_scores:
             maps.encoder = None
         return owner.maps_step_output(maps, steps, num_dimensions=0 if rollout else 1)
+
+    @staticmethod
+    def maps(trace, rollout: bool, encoder: bool, max_chunk_elements: int):
+        """The method's maps (``target``, ``source``, ``encoder``) from a trace."""
+        return alti_maps(alti(trace, rollout or encoder, max_chunk_elements), rollout)
 
 
 class AltiAttribution(ContextMixingAttribution):
@@ -46,10 +50,7 @@ class AltiAttribution(ContextMixingAttribution):
     """
 
     method_name = "alti"
-
-    def __init__(self, attribution_model, **kwargs):
-        super().__init__(attribution_model, **kwargs)
-        self.method = _Alti(self)
+    method_call = _Alti
 
 
 class _AltiLogit(MethodCall):
@@ -96,8 +97,5 @@ class AltiLogitAttribution(ContextMixingAttribution):
     """
 
     method_name = "alti_logit"
-
-    def __init__(self, attribution_model, **kwargs):
-        super().__init__(attribution_model, **kwargs)
-        self.use_predicted_target = True  # explains the target's logit: Inseq's contrastive functions apply
-        self.method = _AltiLogit(self)
+    method_call = _AltiLogit
+    explains_logit = True

@@ -172,17 +172,24 @@ class MethodCall:
 class ContextMixingAttribution(FeatureAttribution, Registry):
     """Base of the plugin's methods: final-step methods that trace the model once on the full target.
 
-    Subclasses set ``method_name`` and ``self.method`` (a :class:`MethodCall` whose ``attribute`` signature declares
-    the user-facing keyword arguments, which is how Inseq routes ``model.attribute(..., kw=...)``).
+    Subclasses set ``method_name``, ``method_call`` (a :class:`MethodCall` whose ``attribute`` signature declares
+    the user-facing keyword arguments, which is how Inseq routes ``model.attribute(..., kw=...)``) and, for methods
+    that explain the target's logit (Inseq's contrastive functions then apply), ``explains_logit = True``. The first
+    line of a subclass's docstring is its one-line summary (``inseq-mixing methods``).
     """
+
+    method_call: type[MethodCall]
+    explains_logit: bool = False
 
     def __init__(self, attribution_model, **kwargs):
         super().__init__(attribution_model, hook_to_model=False)
         self.spec = get_spec(attribution_model.model)
         refuse_mismatched_tokenizer(attribution_model.tokenizer, attribution_model.model)
-        self.use_predicted_target = False
+        self.use_predicted_target = self.explains_logit
+        self.method = self.method_call(self)
         self.is_final_step_method = True
         self._pending_step_scores: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
+        self._pending_sequence_scores: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
         self.first_attributed_position = 1  # index of the first generated token Inseq attributes (unpadded)
         record_requested_fn(attribution_model)
         self.hook(**kwargs)
@@ -194,7 +201,7 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         logit terms not attributed to tokens) leaves them with :meth:`keep_step_scores` and they are attached to each
         sequence's ``step_scores`` here.
         """
-        self._pending_step_scores = None
+        self._pending_step_scores = self._pending_sequence_scores = None
         self.refuse_other_targets()
         self.first_attributed_position, _ = check_attribute_positions(
             batch.max_generation_length, kwargs.get("attr_pos_start"), kwargs.get("attr_pos_end")
@@ -206,8 +213,10 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
                 fix_attributed_positions(out.sequence_attributions, self.first_attributed_position)
             if self._pending_step_scores is not None:
                 attach_step_scores(out.sequence_attributions, *self._pending_step_scores)
+            if self._pending_sequence_scores is not None:
+                attach_sequence_scores(out.sequence_attributions, *self._pending_sequence_scores)
         finally:
-            self._pending_step_scores = None
+            self._pending_step_scores = self._pending_sequence_scores = None
         return out
 
     def refuse_other_targets(self) -> None:
@@ -241,6 +250,11 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         """Inseq's step on the whole padded batch: a final-step method must not drop the sentences that end before the
         longest one (Inseq filters them out at its last step), since its scores cover every position at once."""
         return super().filtered_attribute_step(batch, target_ids, attributed_fn, None, **kwargs)
+
+    def keep_sequence_scores(self, scores: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
+        """Keep ``(B, T, ...)`` scores of every traced decoder position for :meth:`attribute`, which puts each
+        sequence's real positions into its ``sequence_scores`` (Inseq would slice them as attributions)."""
+        self._pending_sequence_scores = ({name: score.detach().float().cpu() for name, score in scores.items()}, mask)
 
     def keep_step_scores(self, scores: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
         """Keep ``(B, T)`` scores over the traced decoder positions (with their mask) for :meth:`attribute`."""
@@ -405,6 +419,15 @@ def fix_attributed_positions(sequences: list, first: int) -> None:
     for seq in sequences:
         scores = seq.source_attributions if seq.source_attributions is not None else seq.target_attributions
         seq.attr_pos_start, seq.attr_pos_end = first, first + scores.shape[1]
+
+
+def attach_sequence_scores(sequences: list, scores: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
+    """Put ``(B, T, ...)`` scores into each sequence's ``sequence_scores``: its real (unpadded) positions, in order."""
+    mask = mask.cpu().bool()
+    for idx, seq in enumerate(sequences):
+        sequence_scores = dict(seq.sequence_scores or {})
+        sequence_scores.update({name: score[idx][mask[idx]].clone() for name, score in scores.items()})
+        seq.sequence_scores = sequence_scores
 
 
 def attach_step_scores(sequences: list, scores: dict[str, torch.Tensor], mask: torch.Tensor) -> None:

@@ -71,8 +71,5 @@ class DecompXAttribution(ContextMixingAttribution):
     """
 
     method_name = "decompx"
-
-    def __init__(self, attribution_model, **kwargs):
-        super().__init__(attribution_model, **kwargs)
-        self.use_predicted_target = True  # explains the target's logit: Inseq's contrastive functions apply
-        self.method = _DecompX(self)
+    method_call = _DecompX
+    explains_logit = True

@@ -62,7 +62,4 @@ class ValueZeroingAttribution(ContextMixingAttribution):
     """
 
     method_name = "value_zeroing"
-
-    def __init__(self, attribution_model, **kwargs):
-        super().__init__(attribution_model, **kwargs)
-        self.method = _ValueZeroing(self)
+    method_call = _ValueZeroing

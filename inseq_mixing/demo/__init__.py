@@ -10,7 +10,10 @@ from pathlib import Path
 from .grammar import Example, sample
 
 MODEL_DIR = files("inseq_mixing") / "demo_model"
-DEMO_METHODS = ["value_zeroing", "alti", "alti_logit", "decompx", "integrated_gradients", "deeplift"]
+DEMO_METHODS = [
+    "value_zeroing", "alti", "alti_logit", "decompx", "attention_rollout", "attention_norm", "globenc",
+    "integrated_gradients", "deeplift",
+]  # fmt: skip
 
 
 def load_demo_model():

@@ -31,13 +31,11 @@ import torch
 
 from ..specs import AttentionSpec, StackSpec
 from ..trace import AttentionTrace, ModelTrace, StackTrace
-from .blocks import cross_attention_input, head_value_outputs, refuse_non_finite, upcast, valid_cells
+from .blocks import refuse_non_finite, upcast
 from .norms import freeze_norm
+from .parts import DEFAULT_CHUNK_ELEMENTS, part_scores, stack_scores
 from .rollout import encoder_decoder_rollout, normalize_rows
 from .rollout import rollout as rollout_stack
-
-#: Upper bound on the elements of one chunk of per-(position, token) parts ``(rows, keys, d_model)``.
-DEFAULT_CHUNK_ELEMENTS = 2**24
 
 
 @dataclass
@@ -86,47 +84,18 @@ def contributions(
     causal: bool,
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
 ) -> torch.Tensor:
-    """Unnormalised ALTI contributions of one attention sub-block.
-
-    Args:
-        attn: The sub-block's spec.
-        record: Its trace.
-        residual: The residual stream entering the sub-block ``(B, Q, D)``.
-        self_mixing: Self-attention (the residual is token ``i``'s own part, on the diagonal) or cross-attention (the
-            residual is an extra last column).
-        causal: Skip keys after the last query of each chunk.
-        max_chunk_elements: Memory bound of one chunk of parts.
-
-    Returns:
-        ``(B, Q, K)`` for self-attention, ``(B, Q, K + 1)`` for cross-attention.
-    """
-    probs = upcast(record.probs)
-    batch, _, num_queries, num_keys = probs.shape
-    residual = upcast(residual)
-    value_outputs = head_value_outputs(attn, record)
-    frozen = None if attn.post_norm is None else freeze_norm(attn.post_norm, record.norm_input)
-    out_frozen = None if attn.out_norm is None else freeze_norm(attn.out_norm, record.output)
-    branch = upcast(record.output if attn.out_norm is None else attn.out_norm(record.output))
-    output = residual + branch if frozen is None else upcast(attn.post_norm(record.norm_input))
-    scores = probs.new_zeros(batch, num_queries, num_keys + (0 if self_mixing else 1))
-    chunk = max(1, max_chunk_elements // max(1, batch * (num_keys + 1) * output.shape[-1]))
-    for start in range(0, num_queries, chunk):
-        queries = slice(start, min(start + chunk, num_queries))
-        keys = slice(0, queries.stop) if causal else slice(0, num_keys)
-        parts = torch.einsum("bhqk,bhkd->bqkd", probs[:, :, queries, keys], value_outputs[:, :, keys])
-        if out_frozen is not None:  # a norm on the attention output acts on every part (its shift stays outside)
-            parts = out_frozen.linear(parts, queries)
-        own = residual[:, queries]
-        if self_mixing:
-            rows = torch.arange(queries.stop - start, device=parts.device)
-            parts[:, rows, rows + start] += own
-        else:
-            parts = torch.cat([parts, own[:, :, None]], dim=2)
-            keys = slice(0, num_keys + 1)
-        if frozen is not None:
-            parts = frozen.linear(parts, queries)
-        scores[:, queries, keys] = proximity(output[:, queries], parts)
-    return scores
+    """Unnormalised ALTI contributions of one attention sub-block (see :func:`.parts.part_scores` for the arguments):
+    ``(B, Q, K)`` for self-attention, ``(B, Q, K + 1)`` for cross-attention."""
+    if attn.post_norm is None:
+        return part_scores(
+            attn, record, residual, self_mixing, causal, proximity, max_chunk_elements=max_chunk_elements
+        )
+    frozen = freeze_norm(attn.post_norm, record.norm_input)
+    output = upcast(attn.post_norm(record.norm_input))
+    return part_scores(
+        attn, record, residual, self_mixing, causal, proximity, maps=[frozen], output=output,
+        max_chunk_elements=max_chunk_elements,
+    )  # fmt: skip
 
 
 def stack_contributions(
@@ -137,20 +106,14 @@ def stack_contributions(
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
 ) -> torch.Tensor:
     """Normalised ALTI maps of every layer of a stack for one kind of sub-block: ``(B, L, Q, K[+1])``."""
+
+    def layer_scores(_layer, _record, attn, attn_record, residual, self_mixing, causal):
+        return contributions(attn, attn_record, residual, self_mixing, causal, max_chunk_elements)
+
     self_mixing = sub_block == "self"
-    causal = stack.causal and self_mixing
-    if not self_mixing:
-        key_mask = torch.cat([key_mask, torch.ones_like(key_mask[:, :1])], dim=-1)
-    valid = valid_cells(stack.mask, key_mask, causal)
-    per_layer = []
-    for layer, record in zip(stack_spec.layers, stack.layers, strict=True):
-        if self_mixing:
-            attn, attn_record, residual = layer.self_attn, record.self_attn, record.input
-        else:
-            attn, attn_record, residual = layer.cross_attn, record.cross_attn, cross_attention_input(layer, record)
-        scores = contributions(attn, attn_record, residual, self_mixing, causal, max_chunk_elements)
-        per_layer.append(normalize_rows(fill_empty_rows(scores.masked_fill(~valid, 0.0), stack.mask, self_mixing)))
-    return torch.stack(per_layer, dim=1)
+    maps = stack_scores(stack_spec, stack, sub_block, key_mask, layer_scores)
+    rows = [normalize_rows(fill_empty_rows(maps[:, layer], stack.mask, self_mixing)) for layer in range(maps.shape[1])]
+    return torch.stack(rows, dim=1)
 
 
 def fill_empty_rows(scores: torch.Tensor, query_mask: torch.Tensor, self_mixing: bool) -> torch.Tensor:

@@ -1,0 +1,179 @@
+r"""The norm-based context-mixing measures and attention rollout.
+
+**Attention norm** (Kobayashi et al., EMNLP 2020, "Attention is Not Only a Weight"): the size of what token :math:`j`
+adds to position :math:`i` in a layer,
+
+.. math:: N_{ij} = \Big\lVert \sum_h \alpha^h_{ij}\, f^h(x_j) \Big\rVert_2, \qquad f^h(x) = (x W^h_V + b^h_V) W^h_O.
+
+Extensions (Kobayashi et al., EMNLP 2021, "Incorporating Residual and Normalization Layers"): ``residual=True``
+("N-Res") adds the residual :math:`x_i` to token :math:`i`'s own vector; ``layer_norm=True`` ("N-ResLN") also passes
+every vector through the block's layer norm, frozen at the forward pass. For post-LN blocks that is the norm after the
+residual sum, as in the paper (BERT); for pre-LN blocks the norm that next reads the residual stream (the following
+sub-block's input norm; our extension), and none when there is none (OLMo-2). The **context-mixing ratio** of position
+:math:`i` is :math:`r_i = \lVert \sum_{j \ne i} z_{ij} \rVert / (\lVert \sum_{j \ne i} z_{ij} \rVert + \lVert z_{ii}
+\rVert)`, with the residual in :math:`z_{ii}` (and the norm, with ``layer_norm``).
+
+**GlobEnc** (Modarressi et al., NAACL 2022): the layer-wide decomposition of an encoder layer without the FFN, the
+attention vectors with the residual through the first layer norm, then, through the second residual (which carries
+them past the FFN), through the second layer norm, both frozen; :math:`\lVert z_{ij} \rVert_2`, rows normalised, rolled
+out through the layers. Pre-LN blocks have no norm on the residual stream, so their vectors are N-Res's. Decoders and
+encoder–decoders (self- and cross-attention maps, rolled out with ALTI+'s joint bookkeeping) are our extension.
+
+**Attention rollout** (Abnar & Zuidema, ACL 2020): per layer :math:`\hat A = \tfrac12 \mathrm{mean}_h A^h +
+\tfrac12 I`, rows renormalised, rolled out; encoder–decoders: cross-attention gets the residual as a last column
+(:math:`\tfrac12\mathrm{mean}_h A^h_{\text{cross}}`, :math:`\tfrac12`), rolled out with ALTI+'s joint bookkeeping (our
+extension). It reads the recorded attention probabilities only.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from ..specs import AttentionSpec, LayerSpec
+from ..trace import AttentionTrace, LayerTrace, ModelTrace, StackTrace
+from .alti import AltiMaps, AltiScores, alti_maps
+from .blocks import head_value_outputs, refuse_non_finite, upcast, valid_cells
+from .norms import FrozenNorm, freeze_norm
+from .parts import DEFAULT_CHUNK_ELEMENTS, l2_norms, part_scores, stack_scores
+from .rollout import normalize_rows
+
+
+def following_norms(layer: LayerSpec, record: LayerTrace, attn: AttentionSpec, attn_record: AttentionTrace):
+    """The norm that next acts on the residual stream after an attention sub-block, frozen: its post-sum norm
+    (post-LN), else the next sub-block's input norm (pre-LN), else none."""
+    if attn.post_norm is not None:
+        return [freeze_norm(attn.post_norm, attn_record.norm_input)]
+    if attn is layer.self_attn and layer.cross_attn is not None:
+        following, norm_input = layer.cross_attn.in_norm, record.cross_attn.norm_input
+    else:
+        following, norm_input = layer.ffn.in_norm, record.ffn_norm_input
+    if following is None or layer.ffn.parallel:  # a parallel FFN reads the block input, not this sum
+        return []
+    return [freeze_norm(following, norm_input)]
+
+
+def globenc_norms(layer: LayerSpec, record: LayerTrace, attn: AttentionSpec, attn_record: AttentionTrace):
+    """GlobEnc's frozen norms after an attention sub-block: its post-sum norm, then, for the last attention
+    sub-block of the layer, the FFN's post-sum norm (post-LN; none in pre-LN blocks)."""
+    maps = [] if attn.post_norm is None else [freeze_norm(attn.post_norm, attn_record.norm_input)]
+    last = layer.cross_attn if layer.cross_attn is not None else layer.self_attn
+    if attn is last and layer.ffn.post_norm is not None:
+        maps.append(freeze_norm(layer.ffn.post_norm, record.ffn_norm_input))
+    return maps
+
+
+@dataclass
+class NormMaps:
+    """Per-layer attention-norm maps ``(B, L, i, j)`` and the decoder's context-mixing ratio ``(B, L, T)``."""
+
+    target: torch.Tensor
+    source: torch.Tensor | None = None
+    encoder: torch.Tensor | None = None
+    ratio: torch.Tensor | None = None
+
+
+def mixing_ratio(attn: AttentionSpec, record: AttentionTrace, residual: torch.Tensor, maps: list[FrozenNorm]):
+    """Context-mixing ratio of every position of a self-attention sub-block ``(B, Q)``."""
+    probs, values = upcast(record.probs), head_value_outputs(attn, record)
+    total = torch.einsum("bhqk,bhkd->bqd", probs, values)
+    own = torch.einsum("bhq,bhqd->bqd", probs.diagonal(dim1=-2, dim2=-1), values)
+    mixed, own = total - own, own
+    if attn.out_norm is not None:
+        out_frozen = freeze_norm(attn.out_norm, record.output)
+        mixed, own = out_frozen.linear(mixed), out_frozen.linear(own)
+    own = own + upcast(residual)
+    for frozen in maps:
+        mixed, own = frozen.linear(mixed), frozen.linear(own)
+    mixed, own = torch.linalg.vector_norm(mixed, dim=-1), torch.linalg.vector_norm(own, dim=-1)
+    return mixed / (mixed + own).clamp(min=torch.finfo(mixed.dtype).tiny)
+
+
+@torch.no_grad()
+def attention_norm(
+    trace: ModelTrace,
+    residual: bool = False,
+    layer_norm: bool = False,
+    encoder_scores: bool = True,
+    max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> NormMaps:
+    """Attention-norm maps of every layer (N, N-Res with ``residual``, N-ResLN with ``layer_norm`` as well).
+
+    Cross-attention maps hold the source tokens only (the residual column, the decoder's own stream, is dropped).
+    """
+    with_residual = residual or layer_norm
+
+    def layer_scores(layer, record, attn, attn_record, stream, self_mixing, causal):
+        maps = following_norms(layer, record, attn, attn_record) if layer_norm else []
+        return part_scores(
+            attn, attn_record, stream, self_mixing, causal, l2_norms, with_residual, maps,
+            max_chunk_elements=max_chunk_elements,
+        )  # fmt: skip
+
+    spec, dec, enc = trace.spec, trace.decoder, trace.encoder
+    result = NormMaps(target=stack_scores(spec.decoder, dec, "self", dec.mask, layer_scores, with_residual))
+    ratios = []
+    for layer, record in zip(spec.decoder.layers, dec.layers, strict=True):
+        maps = following_norms(layer, record, layer.self_attn, record.self_attn) if layer_norm else []
+        ratios.append(mixing_ratio(layer.self_attn, record.self_attn, record.input, maps) * dec.mask)
+    result.ratio = torch.stack(ratios, dim=1)
+    if spec.is_encoder_decoder:
+        cross = stack_scores(spec.decoder, dec, "cross", enc.mask, layer_scores, with_residual)
+        result.source = cross[..., : enc.mask.shape[1]]
+        if encoder_scores:
+            result.encoder = stack_scores(spec.encoder, enc, "self", enc.mask, layer_scores, with_residual)
+    refuse_non_finite("attention_norm", result.target, result.source, result.encoder, result.ratio)
+    return result
+
+
+def _normalised(maps: torch.Tensor, stack: StackTrace) -> torch.Tensor:
+    """Rows normalised to 1 at real positions (``(B, L, Q, K)``)."""
+    return normalize_rows(maps) * stack.mask[:, None, :, None]
+
+
+@torch.no_grad()
+def globenc(trace: ModelTrace, rollout: bool = True, max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> AltiMaps:
+    """GlobEnc maps, rolled out through the layers (or per layer with ``rollout=False``)."""
+
+    def layer_scores(layer, record, attn, attn_record, stream, self_mixing, causal):
+        maps = globenc_norms(layer, record, attn, attn_record)
+        return part_scores(
+            attn, attn_record, stream, self_mixing, causal, l2_norms, True, maps, max_chunk_elements=max_chunk_elements
+        )
+
+    spec, dec, enc = trace.spec, trace.decoder, trace.encoder
+    scores = AltiScores(decoder=_normalised(stack_scores(spec.decoder, dec, "self", dec.mask, layer_scores), dec))
+    if spec.is_encoder_decoder:
+        scores.cross = _normalised(stack_scores(spec.decoder, dec, "cross", enc.mask, layer_scores), dec)
+        scores.encoder = _normalised(stack_scores(spec.encoder, enc, "self", enc.mask, layer_scores), enc)
+    refuse_non_finite("globenc", scores.decoder, scores.cross, scores.encoder)
+    return alti_maps(scores, rollout)
+
+
+def rollout_layer_maps(stack: StackTrace, sub_block: str, key_mask: torch.Tensor) -> torch.Tensor:
+    """Abnar & Zuidema's per-layer maps ``(B, L, Q, K[+1])`` of one kind of sub-block, rows normalised."""
+    layers = []
+    for record in stack.layers:
+        attn_record = record.self_attn if sub_block == "self" else record.cross_attn
+        mean = upcast(attn_record.probs).mean(1) * 0.5
+        if sub_block == "self":
+            mean = mean + 0.5 * torch.eye(mean.shape[-1], dtype=mean.dtype, device=mean.device)
+        else:
+            mean = torch.cat([mean, torch.full_like(mean[..., :1], 0.5)], dim=-1)
+        layers.append(mean)
+    maps = torch.stack(layers, dim=1)
+    if sub_block != "self":
+        key_mask = torch.cat([key_mask, torch.ones_like(key_mask[:, :1])], dim=-1)
+    valid = valid_cells(stack.mask, key_mask, stack.causal and sub_block == "self")
+    return _normalised(maps.masked_fill(~valid[:, None], 0.0), stack)
+
+
+@torch.no_grad()
+def attention_rollout(trace: ModelTrace) -> AltiMaps:
+    """Attention rollout through all layers: ``target`` (and ``source``, ``encoder`` for encoder–decoders)."""
+    spec, dec, enc = trace.spec, trace.decoder, trace.encoder
+    scores = AltiScores(decoder=rollout_layer_maps(dec, "self", dec.mask))
+    if spec.is_encoder_decoder:
+        scores.cross = rollout_layer_maps(dec, "cross", enc.mask)
+        scores.encoder = rollout_layer_maps(enc, "self", enc.mask)
+    refuse_non_finite("attention_rollout", scores.decoder, scores.cross, scores.encoder)
+    return alti_maps(scores, rollout=True)

@@ -1,0 +1,115 @@
+r"""The per-(position, token) parts of an attention sub-block's output, shared by every decomposition-based map method
+(ALTI, the attention-norm family, GlobEnc), and the driver that runs a per-sub-block scorer over a stack.
+
+An attention sub-block's output at position :math:`i` splits into one vector per context token,
+
+.. math:: T_i(x_j) = \sum_h \alpha^h_{ij}\, (x_j W^h_V + b^h_V)\, W^h_O \;[+\, x_i \text{ if } j = i],
+
+(the residual counted as token :math:`i`'s own part in self-attention, as an extra last column in cross-attention),
+passed through the frozen norm on the attention output (sandwich layouts) and through any further frozen norms a method
+asks for (a post-LN block's norm, ...). Parts come in position chunks bounded by ``max_chunk_elements``; causal chunks
+skip future keys. A method only supplies the scorer of a chunk, ``scorer(output, parts) -> (B, q, k)``.
+"""
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from ..specs import AttentionSpec, LayerSpec, StackSpec
+from ..trace import AttentionTrace, LayerTrace, StackTrace
+from .blocks import cross_attention_input, head_value_outputs, upcast, valid_cells
+from .norms import FrozenNorm, freeze_norm
+
+DEFAULT_CHUNK_ELEMENTS = 2**24
+
+Scorer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def part_scores(
+    attn: AttentionSpec,
+    record: AttentionTrace,
+    residual: torch.Tensor,
+    self_mixing: bool,
+    causal: bool,
+    scorer: Scorer,
+    with_residual: bool = True,
+    maps: Sequence[FrozenNorm] = (),
+    output: torch.Tensor | None = None,
+    max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """Score every part of one attention sub-block.
+
+    Args:
+        attn: The sub-block's spec.
+        record: Its trace.
+        residual: The residual stream entering the sub-block ``(B, Q, D)``.
+        self_mixing: Self-attention (residual on the diagonal) or cross-attention (residual as a last column).
+        causal: Skip keys after the last query of each chunk.
+        scorer: ``scorer(output, parts)``: outputs ``(B, q, D)``, parts ``(B, q, k, D)`` → ``(B, q, k)``.
+        with_residual: Count the residual as a part (else parts are the attention's alone).
+        maps: Frozen norms applied to every part, in order, after the residual is added.
+        output: What the parts sum to with their shifts (given to the scorer); default: residual plus the branch
+            output.
+        max_chunk_elements: Memory bound of one chunk of parts.
+
+    Returns:
+        ``(B, Q, K)``, or ``(B, Q, K + 1)`` for cross-attention with the residual.
+    """
+    probs = upcast(record.probs)
+    batch, _, num_queries, num_keys = probs.shape
+    residual = upcast(residual)
+    value_outputs = head_value_outputs(attn, record)
+    out_frozen = None if attn.out_norm is None else freeze_norm(attn.out_norm, record.output)
+    if output is None:
+        branch = upcast(record.output if attn.out_norm is None else attn.out_norm(record.output))
+        output = residual + branch
+    extra = int(with_residual and not self_mixing)
+    scores = probs.new_zeros(batch, num_queries, num_keys + extra)
+    chunk = max(1, max_chunk_elements // max(1, batch * (num_keys + 1) * output.shape[-1]))
+    for start in range(0, num_queries, chunk):
+        queries = slice(start, min(start + chunk, num_queries))
+        keys = slice(0, queries.stop) if causal else slice(0, num_keys)
+        parts = torch.einsum("bhqk,bhkd->bqkd", probs[:, :, queries, keys], value_outputs[:, :, keys])
+        if out_frozen is not None:  # a norm on the attention output acts on every part (its shift stays outside)
+            parts = out_frozen.linear(parts, queries)
+        if with_residual and self_mixing:
+            rows = torch.arange(queries.stop - start, device=parts.device)
+            parts[:, rows, rows + start] += residual[:, queries]
+        elif with_residual:
+            parts = torch.cat([parts, residual[:, queries, None]], dim=2)
+            keys = slice(0, num_keys + 1)
+        for frozen in maps:
+            parts = frozen.linear(parts, queries)
+        scores[:, queries, keys] = scorer(output[:, queries], parts)
+    return scores
+
+
+def l2_norms(_output: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
+    """The scorer of the norm-based measures: ``‖part‖₂``."""
+    return torch.linalg.vector_norm(parts, dim=-1)
+
+
+#: ``layer_scores(layer, record, attn, attn_record, residual, self_mixing, causal) -> (B, Q, K[+1])``.
+LayerScorer = Callable[[LayerSpec, LayerTrace, AttentionSpec, AttentionTrace, torch.Tensor, bool, bool], torch.Tensor]
+
+
+def stack_scores(
+    stack_spec: StackSpec, stack: StackTrace, sub_block: str, key_mask: torch.Tensor, layer_scores: LayerScorer,
+    with_residual: bool = True,
+) -> torch.Tensor:  # fmt: skip
+    """``layer_scores`` on one kind of sub-block (``"self"`` or ``"cross"``) of every layer of a stack, impossible
+    cells (padding, future keys) set to 0: ``(B, L, Q, K[+1])``."""
+    self_mixing = sub_block == "self"
+    causal = stack.causal and self_mixing
+    if with_residual and not self_mixing:
+        key_mask = torch.cat([key_mask, torch.ones_like(key_mask[:, :1])], dim=-1)
+    valid = valid_cells(stack.mask, key_mask, causal)
+    per_layer = []
+    for layer, record in zip(stack_spec.layers, stack.layers, strict=True):
+        if self_mixing:
+            attn, attn_record, residual = layer.self_attn, record.self_attn, record.input
+        else:
+            attn, attn_record, residual = layer.cross_attn, record.cross_attn, cross_attention_input(layer, record)
+        scores = layer_scores(layer, record, attn, attn_record, residual, self_mixing, causal)
+        per_layer.append(scores.masked_fill(~valid, 0.0))
+    return torch.stack(per_layer, dim=1)
