@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from inseq_mixing.methods.alti import alti, alti_rollouts
-from inseq_mixing.methods.alti_logit import UNATTRIBUTED_TERMS, alti_logit
+from inseq_mixing.methods.alti_logit import UNATTRIBUTED_TERMS, alti_logit, sweep_logit, unembedding_direction
 from inseq_mixing.specs import get_spec
 from inseq_mixing.testing import tiny_model
 
@@ -97,3 +97,24 @@ def test_padded_batch_equals_each_sentence_alone(family):
         if batched.source is not None:
             torch.testing.assert_close(batched.source[idx][target, source], alone.source[0], atol=1e-5, rtol=1e-4)
             assert (batched.source[idx][:, source.stop :] == 0).all()
+
+
+def test_per_head_parts_add_up_to_each_layers_part_and_to_the_scores(family):
+    """Per-head ALTI-logit: each layer's heads add up to its attention part, and the head scores (plus the direct
+    term) to the token scores."""
+    model = get_tiny(family)
+    kwargs = example_kwargs(family)
+    trace, ids = trace_of(model, kwargs), next_tokens(kwargs)
+    direction = unembedding_direction(trace.spec, ids, None)
+    whole, heads = sweep_logit(trace, direction), sweep_logit(trace, direction, per_head=True)
+    pairs = zip(whole.self_parts + whole.cross_parts, heads.self_parts + heads.cross_parts, strict=True)
+    for layer_whole, layer_heads in pairs:
+        assert layer_heads.shape[1] == trace.spec.decoder.layers[0].self_attn.num_heads
+        torch.testing.assert_close(layer_heads.sum(1), layer_whole, atol=1e-5, rtol=1e-5)
+    scores = alti_logit(trace, ids, per_head=True)
+    plain = alti_logit(trace, ids)
+    torch.testing.assert_close(scores.target, plain.target, atol=1e-5, rtol=1e-5)
+    rebuilt = torch.diag_embed(scores.direct) + scores.target_heads.sum((1, 2))
+    torch.testing.assert_close(rebuilt, plain.target, atol=1e-5, rtol=1e-5)
+    if plain.source is not None:
+        torch.testing.assert_close(scores.source_heads.sum((1, 2, 3)), plain.source, atol=1e-5, rtol=1e-5)

@@ -7,6 +7,7 @@ import torch
 from inseq.data.viz import get_attribution_colors
 from inseq.utils.viz_utils import red_transparent_blue_colormap
 
+import inseq_mixing
 from inseq_mixing.attr import SignedMixingSequenceOutput
 from inseq_mixing.testing import is_seq2seq, load_tiny
 
@@ -175,3 +176,21 @@ def test_decompx_options_are_routed(family, options):
 def test_unknown_decompx_option_is_refused():
     with pytest.raises(ValueError, match="absdot"):
         attribute(load_tiny("gpt2", "decompx"), "gpt2", bias="proportional")
+
+
+def test_alti_logit_per_head_through_inseq(family):
+    """per_head=True adds a (layer, head) axis; heads plus the direct term and the unattributed terms give the
+    logit, as the plain scores do."""
+    model = load_tiny(family, "alti_logit")
+    seq = attribute(model, family, per_head=True).sequence_attributions[0]
+    layers = inseq_mixing.get_spec(model.model).decoder.layers
+    heads = layers[0].self_attn.num_heads
+    layers = len(layers)
+    assert seq.target_attributions.shape[-1] == heads * layers * (2 if is_seq2seq(family) else 1)
+    assert "direct_embedding" in seq.step_scores
+    total = seq.target_attributions.nansum((0, 2)) + sum(
+        score for name, score in seq.step_scores.items() if name not in EXPLAINED
+    )
+    if seq.source_attributions is not None:
+        total = total + seq.source_attributions.sum((0, 2))
+    torch.testing.assert_close(total, seq.step_scores["logit"], atol=1e-4, rtol=1e-4)

@@ -1,5 +1,9 @@
 """Inseq glue for ALTI / ALTI+ (``alti``) and ALTI-logit (``alti_logit``)."""
 
+from dataclasses import replace
+
+import torch
+
 from ..methods.alti import DEFAULT_CHUNK_ELEMENTS, alti, alti_maps
 from ..methods.alti_logit import alti_logit
 from .base import ContextMixingAttribution, MethodCall, MixingStepOutput, read_step_inputs
@@ -61,6 +65,7 @@ class _AltiLogit(MethodCall):
         contrast_targets: str | list[str] | None = None,
         contrast_targets_alignments: list | None = None,
         max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+        per_head: bool = False,
     ) -> MixingStepOutput:
         """Signed ALTI-logit contributions of source and target tokens to each generated token's logit.
 
@@ -71,14 +76,32 @@ class _AltiLogit(MethodCall):
             contrast_targets_alignments: ``(target index, contrast index)`` pairs, as in Inseq; default 1:1.
             max_chunk_elements: Elements of one chunk of per-(position, token) ALTI parts (batch × positions ×
                 tokens × d_model); at least one position per chunk.
+            per_head: Split the scores by attention head: a last dimension indexes (layer, head) as
+                ``layer · H + head`` (encoder–decoders: self-attention heads first, then ``L · H`` cross-attention
+                heads); the embedding's direct term goes to the step score ``direct_embedding``.
         """
         owner = self.owner
         steps = read_step_inputs(inputs, additional_forward_args, owner.spec.is_encoder_decoder)
         trace = owner.trace(steps)
         foils = owner.contrast_ids(steps, contrast_targets, contrast_targets_alignments)
-        scores = alti_logit(trace, steps.predicted_ids, foils, max_chunk_elements=max_chunk_elements)
+        scores = alti_logit(
+            trace, steps.predicted_ids, foils, max_chunk_elements=max_chunk_elements, per_head=per_head
+        )
         step_scores = {f"unattributed_{name}": term for name, term in scores.unattributed.items()}
-        return owner.logit_step_output(steps, trace, scores, foils is not None, step_scores)
+        if not per_head:
+            return owner.logit_step_output(steps, trace, scores, foils is not None, step_scores)
+        step_scores["direct_embedding"] = scores.direct
+        return owner.logit_step_output(steps, trace, head_maps(scores), foils is not None, step_scores, 1)
+
+
+def head_maps(scores):
+    """The per-head scores as maps ``(B, heads, T, ·)`` (layer-major; encoder–decoders: self, then cross heads)."""
+    target = scores.target_heads.flatten(1, 2)  # (B, L·H, T, T)
+    source = None
+    if scores.source_heads is not None:
+        source = scores.source_heads.flatten(1, 3)  # (B, 2·L·H, T, S)
+        target = torch.cat([target, torch.zeros_like(target)], dim=1)  # cross heads carry no target token
+    return replace(scores, target=target, source=source)
 
 
 class AltiLogitAttribution(ContextMixingAttribution):
@@ -93,7 +116,8 @@ class AltiLogitAttribution(ContextMixingAttribution):
     and target scores; each sequence's ``step_scores`` holds ``logit`` (or ``contrast_logits_diff``) and the terms not
     attributed to tokens, ``unattributed_ffn``, ``unattributed_attention_bias``, ``unattributed_norm_bias`` and
     ``unattributed_logit_bias``. For every generated token, source scores + target scores + the four unattributed
-    terms = the logit.
+    terms = the logit. With ``per_head=True``, a last dimension splits the token scores by (layer, attention head),
+    the embedding's direct term moving to the step score ``direct_embedding``.
     """
 
     method_name = "alti_logit"

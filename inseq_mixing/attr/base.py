@@ -315,17 +315,24 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         return foils
 
     def logit_step_output(
-        self, steps: StepInputs, trace: ModelTrace, scores, contrastive: bool, step_scores: dict[str, torch.Tensor]
+        self,
+        steps: StepInputs,
+        trace: ModelTrace,
+        scores,
+        contrastive: bool,
+        step_scores: dict[str, torch.Tensor],
+        num_dimensions: int = 0,
     ) -> MixingStepOutput:
-        """Step output of signed logit contributions (``scores.target``/``scores.source``), keeping per-token terms
-        and the model's own ``logit`` (``contrast_logits_diff`` when contrastive) for the sequences' step scores."""
+        """Step output of signed logit contributions (``scores.target``/``scores.source``, with ``num_dimensions``
+        extra axes), keeping per-token terms and the model's own ``logit`` (``contrast_logits_diff`` when
+        contrastive) for the sequences' step scores."""
         name = "contrast_logits_diff" if contrastive else "logit"
         step_scores = {**step_scores, name: scores.logit}
         if scores.logit_after_softcap is not None:  # the contributions add up to the logit before the cap
             step_scores[f"{name}_after_softcap"] = scores.logit_after_softcap
         self.keep_step_scores(step_scores, trace.decoder.mask)
         maps = SignedScores(target=scores.target, source=scores.source)
-        return self.maps_step_output(maps, steps, num_dimensions=0, sequence_cls=SignedMixingSequenceOutput)
+        return self.maps_step_output(maps, steps, num_dimensions, sequence_cls=SignedMixingSequenceOutput)
 
     def maps_step_output(
         self, maps, steps: StepInputs, num_dimensions: int, sequence_cls: type = MixingSequenceOutput

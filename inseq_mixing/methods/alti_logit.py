@@ -53,6 +53,11 @@ class AltiLogitScores:
             position ``t``; 0 for ``j > t`` and padding.
         source: ``(B, T, S)``: contribution of source token ``s`` (encoder–decoders).
         unattributed: Terms not attributed to tokens, each ``(B, T)`` (see :data:`UNATTRIBUTED_TERMS`).
+        direct: The embedding's direct term ``(B, T)`` (inside ``target``, on token ``t`` itself).
+        target_heads: With ``per_head``: ``(B, L, H, T, T)``, the part of ``target`` carried by each attention head
+            of each layer (``target`` = their sum + the direct term on the diagonal).
+        source_heads: With ``per_head`` (encoder–decoders): ``(B, 2, L, H, T, S)``, the part of ``source`` carried
+            by each self-attention (index 0) and cross-attention (index 1) head.
         logit: The model's own logit of the explained token (minus the foil's), ``(B, T)``; before the final
             soft-cap for models that have one (the contributions add up to it).
         logit_after_softcap: For models with a final soft-cap, the model's final logit (minus the foil's).
@@ -63,6 +68,9 @@ class AltiLogitScores:
     unattributed: dict[str, torch.Tensor] = field(default_factory=dict)
     logit: torch.Tensor | None = None
     logit_after_softcap: torch.Tensor | None = None
+    direct: torch.Tensor | None = None
+    target_heads: torch.Tensor | None = None
+    source_heads: torch.Tensor | None = None
 
 
 def unembedding_direction(spec: ModelSpec, ids: torch.Tensor, foil_ids: torch.Tensor | None) -> torch.Tensor:
@@ -105,11 +113,16 @@ def _gather_logit(logits: torch.Tensor, ids: torch.Tensor, foil_ids: torch.Tenso
     return logit if foil_ids is None else logit - logits.gather(-1, foil_ids[..., None])[..., 0]
 
 
-def attention_logit_parts(attn: AttentionSpec, record: AttentionTrace, direction: torch.Tensor) -> torch.Tensor:
-    r""":math:`\Delta_{tj} = g_t \cdot \sum_h \alpha^h_{tj} v^h_j W^h_O`, ``(B, T, K)``, heads contracted first."""
+def attention_logit_parts(
+    attn: AttentionSpec, record: AttentionTrace, direction: torch.Tensor, per_head: bool = False
+) -> torch.Tensor:
+    r""":math:`\Delta_{tj} = g_t \cdot \sum_h \alpha^h_{tj} v^h_j W^h_O`, ``(B, T, K)``, heads contracted first;
+    with ``per_head``, each head's term :math:`g_t \cdot \alpha^h_{tj} v^h_j W^h_O`, ``(B, H, T, K)``."""
     values = upcast(record.values[:, :, attn.kv_head_of_query_head().to(record.values.device)])
     projected = torch.einsum("hed,bqd->bhqe", upcast(attn.out_weight_per_head()), direction)
     per_key = torch.einsum("bkhe,bhqe->bhqk", values, projected)
+    if per_head:
+        return upcast(record.probs) * per_key
     return torch.einsum("bhqk,bhqk->bqk", upcast(record.probs), per_key)
 
 
@@ -144,8 +157,9 @@ def _through_norm(norm, norm_input, direction, terms) -> torch.Tensor:
     return frozen.transpose(direction)
 
 
-def sweep_logit(trace: ModelTrace, direction: torch.Tensor) -> LogitSweep:
-    """Carry :math:`u` from the logit down the decoder's residual stream, splitting the logit on the way."""
+def sweep_logit(trace: ModelTrace, direction: torch.Tensor, per_head: bool = False) -> LogitSweep:
+    """Carry :math:`u` from the logit down the decoder's residual stream, splitting the logit on the way (attention
+    parts per head with ``per_head``: ``(B, H, T, K)`` each)."""
     spec, stack = trace.spec, trace.decoder
     terms = {name: direction.new_zeros(direction.shape[:-1]) for name in UNATTRIBUTED_TERMS}
     direction = direction * spec.logits_scale
@@ -168,7 +182,7 @@ def sweep_logit(trace: ModelTrace, direction: torch.Tensor) -> LogitSweep:
             if attn.out_norm is not None:
                 branch = _through_norm(attn.out_norm, attn_record.output, direction, terms)
             terms["attention_bias"] += _dot(branch, attn.out_bias)
-            parts.insert(0, attention_logit_parts(attn, attn_record, branch))
+            parts.insert(0, attention_logit_parts(attn, attn_record, branch, per_head))
     direct = _dot(direction, upcast(stack.layers[0].input))
     return LogitSweep(self_parts=self_parts, cross_parts=cross_parts, direct=direct, unattributed=terms)
 
@@ -185,6 +199,7 @@ def alti_logit(
     foil_ids: torch.Tensor | None = None,
     scores: AltiScores | None = None,
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    per_head: bool = False,
 ) -> AltiLogitScores:
     """ALTI-logit scores of the token predicted at every position.
 
@@ -194,6 +209,7 @@ def alti_logit(
         foil_ids: ``(B, T)``: contrast tokens; explains ``logit(target) - logit(foil)``.
         scores: Precomputed ALTI maps of ``trace`` (with encoder maps for encoder–decoders).
         max_chunk_elements: Memory bound of one chunk of ALTI parts.
+        per_head: Also split the token scores by attention head (``target_heads``, ``source_heads``).
 
     Returns:
         :class:`AltiLogitScores`; ``target.sum(-1) + source.sum(-1) + sum(unattributed) == logit``.
@@ -201,23 +217,33 @@ def alti_logit(
     if trace.spec.lm_head is None:
         raise ValueError("ALTI-logit needs a model with an LM head (...ForConditionalGeneration or ...ForCausalLM).")
     scores = scores or alti(trace, encoder_scores=True, max_chunk_elements=max_chunk_elements)
-    sweep = sweep_logit(trace, unembedding_direction(trace.spec, target_ids, foil_ids))
+    sweep = sweep_logit(trace, unembedding_direction(trace.spec, target_ids, foil_ids), per_head)
     sweep.unattributed["logit_bias"] = logit_bias(trace.spec, target_ids, foil_ids)
     rolled = alti_rollouts(scores)
-    self_parts = torch.stack(sweep.self_parts, dim=1)
-    identity = torch.eye(self_parts.shape[-1], device=self_parts.device).expand_as(self_parts[:, 0])
-    target = torch.diag_embed(sweep.direct) + torch.einsum(
-        "bltj,bljs->bts", self_parts, _below(rolled.target, identity)
-    )
-    source = None
+    self_parts = torch.stack(sweep.self_parts, dim=1)  # (B, L, [H,] T, T)
+    heads = "h" if per_head else ""
+    identity = torch.eye(self_parts.shape[-1], device=self_parts.device).expand_as(rolled.target[:, 0])
+    target_terms = torch.einsum(f"bl{heads}tj,bljs->bl{heads}ts", self_parts, _below(rolled.target, identity))
+    source_terms = None
     if rolled.source is not None:
         no_source = torch.zeros_like(rolled.source[:, 0])
-        source = torch.einsum("bltj,bljs->bts", self_parts, _below(rolled.source, no_source))
-        cross_parts = torch.stack(sweep.cross_parts, dim=1).sum(1)
-        source = source + cross_parts @ rolled.encoder
+        from_self = torch.einsum(f"bl{heads}tj,bljs->bl{heads}ts", self_parts, _below(rolled.source, no_source))
+        from_cross = torch.einsum(f"bl{heads}tj,bjs->bl{heads}ts", torch.stack(sweep.cross_parts, 1), rolled.encoder)
+        source_terms = torch.stack([from_self, from_cross], dim=1)  # (B, 2, L, [H,] T, S)
+    target = torch.diag_embed(sweep.direct) + target_terms.flatten(1, 1 + per_head).sum(1)
+    source = None if source_terms is None else source_terms.flatten(1, 2 + per_head).sum(1)
     refuse_non_finite("ALTI-logit", target, source, *sweep.unattributed.values())
     real = trace.decoder.mask[..., None]
+    if per_head:
+        mask = trace.decoder.mask[:, None, None, :, None]
+        target_heads = target_terms * mask
+        source_heads = None if source_terms is None else source_terms * mask[:, None]
+    else:
+        target_heads = source_heads = None
     return AltiLogitScores(
+        direct=sweep.direct * trace.decoder.mask,
+        target_heads=target_heads,
+        source_heads=source_heads,
         target=target * real,
         source=None if source is None else source * real,
         unattributed={name: term * trace.decoder.mask for name, term in sweep.unattributed.items()},
