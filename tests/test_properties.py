@@ -93,8 +93,10 @@ def predicted_ids(case) -> torch.Tensor:
 
 
 def model_logits(trace, ids: torch.Tensor) -> torch.Tensor:
-    """The model's own logit of ``ids`` at every decoder position, read from its output."""
-    return trace.logits.gather(-1, ids[..., None].to(trace.logits.device))[..., 0].double()
+    """The model's own logit of ``ids`` at every decoder position, read from its output (before the final soft-cap
+    of Gemma 2, the value the logit methods decompose)."""
+    logits = trace.explained_logits
+    return logits.gather(-1, ids[..., None].to(logits.device))[..., 0].double()
 
 
 def parts_total(scores) -> torch.Tensor:
