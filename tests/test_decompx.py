@@ -1,6 +1,8 @@
 """DecompX: completeness at every layer and at the logit for every family and option, causality, padding, contrast,
 chunking."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -170,3 +172,41 @@ def test_chunked_storage_gives_the_same_scores_and_bounds_every_block(family, bi
     if trace.encoder is None:  # decoder-only: position p keeps components 0..p (and the bias one)
         for rows, cols, _ in blocks_seen:
             assert int(cols[cols < trace.decoder.mask.shape[1]].max()) == rows.stop - 1
+
+
+@pytest.mark.parametrize("bias", ["absdot", "norm"])
+def test_reference_convention_is_complete_and_differs_from_the_paper(family, bias):
+    """The released code's bias conventions keep completeness at every layer and at the logit, and move the scores
+    where the model has attention biases."""
+    model = get_tiny(family)
+    kwargs = example_kwargs(family)
+    trace, ids = trace_of(model, kwargs), next_tokens(kwargs)
+    reference = decompx(trace, ids, options=DecompXOptions(bias=bias, convention="reference"), keep_layers=True)
+    assert_complete(trace, reference, 1e-4)
+    has_attention_bias = any(layer.self_attn.out_bias is not None for layer in trace.spec.decoder.layers)
+    if has_attention_bias:
+        paper = decompx(trace, ids, options=DecompXOptions(bias=bias))
+        assert not torch.allclose(paper.target, reference.target, atol=1e-6)
+
+
+def test_reference_logit_bias_split_is_by_each_components_logit_vector():
+    """With a logit bias that is a multiple of the explained token's one-hot vector, a component's logit vector
+    dotted with it is its score for that token: the released code's split equals the paper's; with another bias
+    vector it does not."""
+    model = get_tiny("llama")  # no attention biases: only the logit bias's split can differ
+    kwargs = example_kwargs("llama")
+    trace = trace_of(model, kwargs)
+    ids = torch.full_like(kwargs["input_ids"], 9)
+    vocab = trace.spec.lm_head.weight.shape[0]
+    one_hot = torch.zeros(vocab)
+    one_hot[9] = 2.5
+    options = {mode: DecompXOptions(bias="absdot", convention=mode) for mode in ("paper", "reference")}
+    with_bias = replace(trace, spec=replace(trace.spec, logits_bias=one_hot))
+    paper, reference = (decompx(with_bias, ids, options=options[mode]).target for mode in ("paper", "reference"))
+    torch.testing.assert_close(reference, paper, atol=1e-6, rtol=1e-5)
+    other = replace(
+        trace, spec=replace(trace.spec, logits_bias=torch.randn(vocab, generator=torch.Generator().manual_seed(0)))
+    )
+    paper, reference = (decompx(other, ids, options=options[mode]).target for mode in ("paper", "reference"))
+    torch.testing.assert_close(reference.sum(-1), paper.sum(-1), atol=1e-5, rtol=1e-5)  # the same bias in total
+    assert not torch.allclose(reference, paper, atol=1e-4)

@@ -2,6 +2,7 @@
 
 from ..methods.decompx import (
     BIAS_SPLITS,
+    CONVENTIONS,
     DEFAULT_CHUNK_ELEMENTS,
     FFN_LINEARIZATIONS,
     GATED_SPLITS,
@@ -12,7 +13,12 @@ from .base import ContextMixingAttribution, MethodCall, MixingStepOutput, read_s
 
 
 class _DecompX(MethodCall):
-    choices = {"bias": BIAS_SPLITS, "ffn_linearization": FFN_LINEARIZATIONS, "gated_split": GATED_SPLITS}
+    choices = {
+        "bias": BIAS_SPLITS,
+        "ffn_linearization": FFN_LINEARIZATIONS,
+        "gated_split": GATED_SPLITS,
+        "convention": CONVENTIONS,
+    }
 
     def attribute(
         self,
@@ -25,6 +31,7 @@ class _DecompX(MethodCall):
         contrast_targets: str | list[str] | None = None,
         contrast_targets_alignments: list | None = None,
         max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+        convention: str = "paper",
     ) -> MixingStepOutput:
         """Signed DecompX contributions of source and target tokens to each generated token's logit.
 
@@ -44,9 +51,12 @@ class _DecompX(MethodCall):
                 (positions × components × d_model), an attention slab (positions × components × d_model) or FFN
                 activations (positions × components × d_ff); at least one position or component per chunk. The
                 decomposed stream itself holds about n²/2 × d_model elements for n causal positions.
+            convention: ``"paper"`` (the paper's text) or ``"reference"`` (the authors' released code: the attention
+                bias split over residual plus attention output, the logit bias by each component's whole logit
+                vector); see :class:`~inseq_mixing.methods.decompx.DecompXOptions`.
         """
         owner = self.owner
-        options = DecompXOptions(bias, ffn_linearization, gated_split, include_ffn, max_chunk_elements)
+        options = DecompXOptions(bias, ffn_linearization, gated_split, include_ffn, max_chunk_elements, convention)
         steps = read_step_inputs(inputs, additional_forward_args, owner.spec.is_encoder_decoder)
         trace = owner.trace(steps)
         foils = owner.contrast_ids(steps, contrast_targets, contrast_targets_alignments)

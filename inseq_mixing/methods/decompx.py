@@ -44,6 +44,7 @@ from .norms import FrozenNorm, freeze_norm
 
 BIAS_SPLITS = ("absdot", "norm", "equal", "separate")
 FFN_LINEARIZATIONS = ("zero_origin", "tangent")
+CONVENTIONS = ("paper", "reference")
 GATED_SPLITS = ("linear", "gate")
 
 #: Upper bound on the elements of one chunk's largest temporary: a stream block or attention slab
@@ -66,6 +67,11 @@ class DecompXOptions:
         include_ffn: Decompose through the FFNs. With False, each FFN output is treated as a bias and split by
             ``bias``.
         max_chunk_elements: Elements of one chunk's largest temporary (see :data:`DEFAULT_CHUNK_ELEMENTS`).
+        convention: ``"paper"`` (the paper's text, the default): an attention sub-block's bias is split over the
+            attention output's components, and the logit bias by the components' scores for the explained token.
+            ``"reference"`` (the authors' released code): the attention bias is split over the components of the
+            residual plus the attention output, and the logit bias by each component's whole logit vector: its dot
+            product with the bias vector over the vocabulary (``"absdot"``) or its norm (``"norm"``).
     """
 
     bias: str = "absdot"
@@ -73,12 +79,14 @@ class DecompXOptions:
     gated_split: str = "linear"
     include_ffn: bool = True
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
+    convention: str = "paper"
 
     def __post_init__(self):
         for name, allowed in (
             ("bias", BIAS_SPLITS),
             ("ffn_linearization", FFN_LINEARIZATIONS),
             ("gated_split", GATED_SPLITS),
+            ("convention", CONVENTIONS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"DecompX {name}={getattr(self, name)!r} is unknown: use one of {allowed}.")
@@ -147,15 +155,20 @@ def split_bias(components: Components, bias: torch.Tensor, mode: str, onto: torc
     return parts + bias_shares(components, bias, mode)[..., None] * bias[:, :, None]
 
 
-def split_scalar_bias(scores: torch.Tensor, components: Components, bias: torch.Tensor, mode: str) -> torch.Tensor:
+def split_scalar_bias(
+    scores: torch.Tensor, components: Components, bias: torch.Tensor, mode: str, weights: torch.Tensor | None = None
+) -> torch.Tensor:
     """Split a per-position scalar bias ``(B, P)`` over component scores ``(B, P, K)`` (by ``|score|`` for
-    ``"absdot"`` and ``"norm"``)."""
+    ``"absdot"`` and ``"norm"``, or by the given ``weights``)."""
     if mode == "separate":
         scores = scores.clone()
         scores[..., components.bias_index] += bias
         return scores
     available = components.available.to(scores.dtype)
-    weights = scores.abs() * available if mode in ("absdot", "norm") else available
+    if mode in ("absdot", "norm"):
+        weights = (scores.abs() if weights is None else weights) * available
+    else:
+        weights = available
     return scores + normalized_shares(weights, available) * bias[..., None]
 
 
@@ -408,8 +421,14 @@ def attention_sublayer(
             elif block_bias is not None and mode == "norm":
                 weight[:, :, local] = torch.linalg.vector_norm(contribution, dim=-1)
     for block, weight, block_bias in zip(stream.blocks, weights, biases, strict=True):
-        if block_bias is not None:
-            block.stream = add_split_bias(block.stream, block_bias, weight, mode)
+        if block_bias is None:
+            continue
+        if options.convention == "reference" and mode in ("absdot", "norm"):  # over residual + attention output
+            parts = block.stream.parts
+            weight = (
+                dot_with_bias(parts, block_bias).abs() if mode == "absdot" else torch.linalg.vector_norm(parts, dim=-1)
+            )
+        block.stream = add_split_bias(block.stream, block_bias, weight, mode)
     if attn.post_norm is None:
         return stream
     return stream.map(
@@ -583,6 +602,34 @@ def decompose_stack(
     return stream, layers
 
 
+def logit_vector_weights(spec, stream: BlockedStream, mode: str) -> torch.Tensor | None:
+    r"""The released code's weights for the logit bias, ``(B, T, K)``: each component's whole logit vector
+    :math:`\ell_k = s\, W x_k` (unembedding :math:`W`, read-out projection included) dotted with the logit bias
+    vector, :math:`|\ell_k \cdot b|` (``"absdot"``), or its norm :math:`\lVert \ell_k \rVert` (``"norm"``, through
+    the Gram matrix :math:`W^\top W`); None without a logit bias."""
+    vectors = [v.reshape(-1) for v in (getattr(spec.lm_head, "bias", None), spec.logits_bias) if v is not None]
+    unembedding = upcast(spec.lm_head.weight)  # (V, E)
+    if spec.readout_proj is not None:
+        weight, _ = linear_in_out(spec.readout_proj)  # (D, E)
+        unembedding = unembedding @ upcast(weight).T  # (V, D)
+    unembedding = unembedding * spec.logits_scale
+    if not vectors:
+        return None
+    first = stream.blocks[0].stream.parts
+    weights = first.new_zeros(first.shape[0], stream.blocks[-1].rows.stop, stream.num_components)
+    if mode == "absdot":
+        bias_direction = upcast(sum(vectors)).to(unembedding.device) @ unembedding  # (D,)
+        for block in stream.blocks:
+            weights[:, block.rows, block.cols] = torch.einsum("btkd,d->btk", block.stream.parts, bias_direction).abs()
+        return weights
+    gram = unembedding.T @ unembedding
+    for block in stream.blocks:
+        parts = block.stream.parts
+        squared = torch.einsum("btkd,de,btke->btk", parts, gram, parts)
+        weights[:, block.rows, block.cols] = squared.clamp(min=0).sqrt()
+    return weights
+
+
 def read_out(stream: BlockedStream, direction: torch.Tensor) -> torch.Tensor:
     """Scores ``(B, T, K)``: every component projected on the direction ``(B, T, D)`` of its position."""
     first = stream.blocks[0].stream.parts
@@ -657,9 +704,12 @@ def decompx(
     )
     direction = unembedding_direction(spec, target_ids, foil_ids) * spec.logits_scale
     scores = read_out(stream, direction)
+    weights = None
+    if options.convention == "reference" and options.bias in ("absdot", "norm"):
+        weights = logit_vector_weights(spec, stream, options.bias)
     del stream, encoder
     positions = Components(scores.new_empty(0), available, bias_index)
-    scores = split_scalar_bias(scores, positions, logit_bias(spec, target_ids, foil_ids), options.bias)
+    scores = split_scalar_bias(scores, positions, logit_bias(spec, target_ids, foil_ids), options.bias, weights)
     refuse_non_finite("DecompX", scores)
     real = dec.mask[..., None].to(scores.dtype)
     scores = scores * real
