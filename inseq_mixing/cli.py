@@ -67,25 +67,38 @@ def check_writable(path: str | None) -> None:
         raise UserError(f"{path} cannot be written (permission denied)")
 
 
-def load_for_compare(args: argparse.Namespace):
-    """The Inseq model of ``args.model`` for the first method, with a one-line error for what a user can fix."""
+def check_methods_known(methods: list[str]) -> None:
+    """Refuse method names Inseq does not know, in one line."""
+    import inseq
+
+    unknown = [name for name in methods if name not in inseq.list_feature_attribution_methods()]
+    if unknown:
+        raise UserError(f"unknown method(s) {unknown}; run `inseq-mixing methods` to list them")
+
+
+def load_model(name: str, method: str, device: str | None):
+    """The Inseq model of a hub name or local folder, with a one-line error for what a user can fix: a model that
+    cannot be loaded, a tokenizer that does not match it."""
     import inseq
 
     from inseq_mixing.attr.base import refuse_mismatched_tokenizer
 
-    known = set(inseq.list_feature_attribution_methods())
-    unknown = [name for name in args.methods if name not in known]
-    if unknown:
-        raise UserError(f"unknown method(s) {unknown}; run `inseq-mixing methods` to list them")
     try:
-        model = inseq.load_model(args.model, args.methods[0], device=args.device)
+        model = inseq.load_model(name, method, device=device)
     except Exception as error:  # report what went wrong in one line, not a traceback
-        hint = " (a local folder needs the tokenizer files next to the weights)" if Path(args.model).is_dir() else ""
-        raise UserError(f"could not load model {args.model!r}{hint}: {type(error).__name__}: {error}") from error
+        hint = " (a local folder needs the tokenizer files next to the weights)" if Path(name).is_dir() else ""
+        raise UserError(f"could not load model {name!r}{hint}: {type(error).__name__}: {error}") from error
     try:
         refuse_mismatched_tokenizer(model.tokenizer, model.model)
     except ValueError as error:
         raise UserError(str(error)) from error
+    return model
+
+
+def load_for_compare(args: argparse.Namespace):
+    """The Inseq model of ``args.model`` for the first method, with a one-line error for what a user can fix."""
+    check_methods_known(args.methods)
+    model = load_model(args.model, args.methods[0], args.device)
     if not model.is_encoder_decoder and args.target is not None and not args.target.startswith(args.text):
         raise UserError("for a decoder-only model, --target is the whole text and must start with the prompt")
     return model
@@ -170,24 +183,14 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def load_for_evaluation(name: str, method: str, device: str | None):
     """The Inseq model for ``name`` (``demo``: the embedded demo model), with a one-line error."""
+    if name != "demo":
+        return load_model(name, method, device)
     import inseq
 
-    from inseq_mixing.attr.base import refuse_mismatched_tokenizer
+    from inseq_mixing.demo import load_demo_model
 
-    try:
-        if name == "demo":
-            from inseq_mixing.demo import load_demo_model
-
-            model, tokenizer = load_demo_model()
-            return inseq.load_model(model, method, tokenizer=tokenizer, device=device)
-        model = inseq.load_model(name, method, device=device)
-    except Exception as error:  # one line, not a traceback
-        raise UserError(f"could not load model {name!r}: {type(error).__name__}: {error}") from error
-    try:
-        refuse_mismatched_tokenizer(model.tokenizer, model.model)
-    except ValueError as error:
-        raise UserError(str(error)) from error
-    return model
+    model, tokenizer = load_demo_model()
+    return inseq.load_model(model, method, tokenizer=tokenizer, device=device)
 
 
 def method_options(pairs: list[str]) -> dict[str, dict]:
@@ -202,7 +205,6 @@ def method_options(pairs: list[str]) -> dict[str, dict]:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    import inseq
 
     import inseq_mixing
     from inseq_mixing.evaluation import DEFAULT_COLUMNS, EvaluationInputError
@@ -211,9 +213,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     try:
         check_writable(args.out)
         check_writable(args.json)
-        unknown = [name for name in args.methods if name not in inseq.list_feature_attribution_methods()]
-        if unknown:
-            raise UserError(f"unknown method(s) {unknown}; run `inseq-mixing methods` to list them")
+        check_methods_known(args.methods)
         options = method_options(args.option)
         model = load_for_evaluation(args.model, args.methods[0], args.device)
         columns = {role: getattr(args, f"{role}_column") for role in DEFAULT_COLUMNS}

@@ -5,6 +5,7 @@ import json
 import math
 import warnings
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import combinations
 from pathlib import Path
 
@@ -74,6 +75,14 @@ class Evaluation:
 
     def method_summary(self, method: str) -> dict:
         """``{METRIC: value, "ci": [low, high], "n": items, OTHER: value, "OTHER_ci": [...], ...}``."""
+        return self.summaries[method]
+
+    @cached_property
+    def summaries(self) -> dict[str, dict]:
+        """:meth:`method_summary` of every method, resampled once (the table, the figure and the JSON share it)."""
+        return {method: self._summarise(method) for method in self.results}
+
+    def _summarise(self, method: str) -> dict:
         result = self.results[method]
         summary = {}
         for index, metric in enumerate(self.metrics):
@@ -91,6 +100,11 @@ class Evaluation:
 
     def pairs(self) -> list[dict]:
         """Paired permutation tests of the headline metric between every two methods."""
+        return self.pair_tests
+
+    @cached_property
+    def pair_tests(self) -> list[dict]:
+        """:meth:`pairs`, computed once."""
         metric = self.metrics[0]
         rows = []
         for first, second in combinations(self.results, 2):

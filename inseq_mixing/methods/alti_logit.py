@@ -78,11 +78,16 @@ def unembedding_direction(spec: ModelSpec, ids: torch.Tensor, foil_ids: torch.Te
     of the read-out projection :math:`P` when the model has one (:math:`U_w P`)."""
     rows = upcast(spec.lm_head.weight)
     direction = rows[ids]
-    direction = direction if foil_ids is None else direction - rows[foil_ids]
-    if spec.readout_proj is not None:
-        weight, _ = linear_in_out(spec.readout_proj)  # (D, E)
-        direction = direction @ upcast(weight).T
-    return direction
+    return through_readout(spec, direction if foil_ids is None else direction - rows[foil_ids])
+
+
+def through_readout(spec: ModelSpec, vectors: torch.Tensor) -> torch.Tensor:
+    """Unembedding-side vectors ``(..., E)`` as directions on the final hidden state ``(..., D)``: through the
+    transpose of the read-out projection :math:`P` when the model has one."""
+    if spec.readout_proj is None:
+        return vectors
+    weight, _ = linear_in_out(spec.readout_proj)  # (D, E)
+    return vectors @ upcast(weight).T
 
 
 def logit_bias(spec: ModelSpec, ids: torch.Tensor, foil_ids: torch.Tensor | None) -> torch.Tensor:

@@ -38,7 +38,7 @@ import torch
 from ..specs import AttentionSpec, FFNSpec, LayerSpec, StackSpec
 from ..specs.base import linear_in_out
 from ..trace import AttentionTrace, LayerTrace, ModelTrace, StackTrace
-from .alti_logit import logit_bias, masked, recorded_logit, softcapped_logit, unembedding_direction
+from .alti_logit import logit_bias, masked, recorded_logit, softcapped_logit, through_readout, unembedding_direction
 from .blocks import refuse_non_finite, upcast, valid_cells
 from .norms import FrozenNorm, freeze_norm
 
@@ -396,6 +396,7 @@ def attention_sublayer(
     bias = attention_bias(attn)
     out_frozen = None if attn.out_norm is None else freeze_norm(attn.out_norm, record.output)
     biases = [branch_bias(bias, out_frozen, block.rows) for block in stream.blocks]
+    weighted = mode in ("absdot", "norm")
     for start in range(0, keys.num_components, width):
         slab = torch.arange(start, min(start + width, keys.num_components), device=probs.device)
         key_rows = slice(first_carrying_row(keys, slab) if causal else 0, num_keys)
@@ -416,18 +417,13 @@ def attention_sublayer(
             if out_frozen is not None:  # the norm on the attention output, frozen, acts on every component
                 contribution = out_frozen.linear(contribution, block.rows)
             block.stream.parts[:, :, local] += contribution
-            if block_bias is not None and mode == "absdot":
-                weight[:, :, local] = dot_with_bias(contribution, block_bias).abs()
-            elif block_bias is not None and mode == "norm":
-                weight[:, :, local] = torch.linalg.vector_norm(contribution, dim=-1)
+            if block_bias is not None and weighted and options.convention == "paper":  # over the attention output
+                weight[:, :, local] = bias_weights(contribution, block_bias, mode)
     for block, weight, block_bias in zip(stream.blocks, weights, biases, strict=True):
         if block_bias is None:
             continue
-        if options.convention == "reference" and mode in ("absdot", "norm"):  # over residual + attention output
-            parts = block.stream.parts
-            weight = (
-                dot_with_bias(parts, block_bias).abs() if mode == "absdot" else torch.linalg.vector_norm(parts, dim=-1)
-            )
+        if weighted and options.convention == "reference":  # over the residual stream plus the attention output
+            weight = bias_weights(block.stream.parts, block_bias, mode)
         block.stream = add_split_bias(block.stream, block_bias, weight, mode)
     if attn.post_norm is None:
         return stream
@@ -446,6 +442,14 @@ def branch_bias(bias: torch.Tensor | None, out_frozen: FrozenNorm | None, rows: 
     batch, positions = out_frozen.inv_scale.shape[0], rows.stop - rows.start
     total = 0 if bias is None else out_frozen.linear(upcast(bias).expand(batch, positions, -1), rows)
     return total + (0 if out_frozen.shift is None else out_frozen.shift)
+
+
+def bias_weights(components: torch.Tensor, bias: torch.Tensor, mode: str) -> torch.Tensor:
+    """``(B, P, K)`` weights of the components' shares of a bias: ``|x_k · b|`` (``"absdot"``) or ``‖x_k‖``
+    (``"norm"``)."""
+    if mode == "absdot":
+        return dot_with_bias(components, bias).abs()
+    return torch.linalg.vector_norm(components, dim=-1)
 
 
 def dot_with_bias(components: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -608,20 +612,18 @@ def logit_vector_weights(spec, stream: BlockedStream, mode: str) -> torch.Tensor
     vector, :math:`|\ell_k \cdot b|` (``"absdot"``), or its norm :math:`\lVert \ell_k \rVert` (``"norm"``, through
     the Gram matrix :math:`W^\top W`); None without a logit bias."""
     vectors = [v.reshape(-1) for v in (getattr(spec.lm_head, "bias", None), spec.logits_bias) if v is not None]
-    unembedding = upcast(spec.lm_head.weight)  # (V, E)
-    if spec.readout_proj is not None:
-        weight, _ = linear_in_out(spec.readout_proj)  # (D, E)
-        unembedding = unembedding @ upcast(weight).T  # (V, D)
-    unembedding = unembedding * spec.logits_scale
     if not vectors:
         return None
+    unembedding = upcast(spec.lm_head.weight)  # (V, E)
     first = stream.blocks[0].stream.parts
     weights = first.new_zeros(first.shape[0], stream.blocks[-1].rows.stop, stream.num_components)
     if mode == "absdot":
-        bias_direction = upcast(sum(vectors)).to(unembedding.device) @ unembedding  # (D,)
+        bias_direction = through_readout(spec, upcast(sum(vectors)).to(unembedding.device) @ unembedding)
+        bias_direction = bias_direction * spec.logits_scale  # (D,)
         for block in stream.blocks:
             weights[:, block.rows, block.cols] = torch.einsum("btkd,d->btk", block.stream.parts, bias_direction).abs()
         return weights
+    unembedding = through_readout(spec, unembedding) * spec.logits_scale  # (V, D)
     gram = unembedding.T @ unembedding
     for block in stream.blocks:
         parts = block.stream.parts

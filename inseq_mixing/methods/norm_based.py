@@ -77,7 +77,7 @@ def mixing_ratio(attn: AttentionSpec, record: AttentionTrace, residual: torch.Te
     probs, values = upcast(record.probs), head_value_outputs(attn, record)
     total = torch.einsum("bhqk,bhkd->bqd", probs, values)
     own = torch.einsum("bhq,bhqd->bqd", probs.diagonal(dim1=-2, dim2=-1), values)
-    mixed, own = total - own, own
+    mixed = total - own
     if attn.out_norm is not None:
         out_frozen = freeze_norm(attn.out_norm, record.output)
         mixed, own = out_frozen.linear(mixed), out_frozen.linear(own)
