@@ -65,7 +65,8 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     dtype = getattr(torch, args.dtype)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, {args.dtype}")
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{torch.get_num_threads()} threads"
+    print(f"torch {torch.__version__}, {where}, {args.dtype}")
     print(f"{'model':8} {'method':14} {'loop ex/s':>10} {'dataset ex/s':>13} {'ratio':>7}")
     for family in args.models:
         tokenizer = word_tokenizer(seq2seq=is_seq2seq(family))

@@ -8,11 +8,12 @@ words and N/2 generated words (decoder-only).
 
 Usage:
     python benchmarks/bench_methods.py [--lengths 20 40 80] [--models marian t5 gpt2] [--methods ...]
-        [--ig-max-length 40]
-    python benchmarks/bench_methods.py --memory-tokens 1000 [--methods alti alti_logit value_zeroing]
+        [--ig-max-length 40] [--device cuda] [--dtype bfloat16]
+    python benchmarks/bench_methods.py --memory-tokens 1000 [--methods alti alti_logit value_zeroing] [--device cuda]
 
 The second form runs each method through Inseq on a GPT-2-small-sized model with a prompt of that many tokens, each
-in a fresh process, and prints its time and peak resident memory (total, and above the loaded model).
+in a fresh process, and prints its time and peak memory above the loaded model: resident memory on the CPU, memory
+allocated by PyTorch on a CUDA device.
 """
 
 import argparse
@@ -57,6 +58,11 @@ def model_inputs(tokenizer, text: str) -> dict:
     return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
 
 
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def time_forward(model, tokenizer, family: str, source: str, target: str, repeats: int = 3) -> float:
     if is_seq2seq(family):
         enc = model_inputs(tokenizer, source)
@@ -65,11 +71,15 @@ def time_forward(model, tokenizer, family: str, source: str, target: str, repeat
         kwargs = {**enc, "decoder_input_ids": dec}
     else:
         kwargs = model_inputs(tokenizer, target)
+    kwargs = {name: value.to(model.device) for name, value in kwargs.items()}
     best = float("inf")
     with torch.no_grad():
+        model(**kwargs, use_cache=False)  # warm-up (CUDA kernels, allocator)
         for _ in range(repeats):
+            synchronize(str(model.device))
             start = time.perf_counter()
             model(**kwargs, use_cache=False)
+            synchronize(str(model.device))
             best = min(best, time.perf_counter() - start)
     return best
 
@@ -93,9 +103,14 @@ def drop_leftover_hooks(model) -> int:
 
 def time_method(model, tokenizer, family: str, method: str, source: str, target: str) -> float | str:
     try:
-        attribution_model = inseq.load_model(model, method, tokenizer=tokenizer)
+        device = model.device.type  # "cuda", as Inseq names it (it refuses "cuda:0")
+        attribution_model = inseq.load_model(model, method, tokenizer=tokenizer, device=device)
+        if device != "cpu":  # one untimed call: CUDA kernels load and the allocator warms up on the first
+            attribution_model.attribute(source, target, attribute_target=is_seq2seq(family), show_progress=False)
+        synchronize(device)
         start = time.perf_counter()
         attribution_model.attribute(source, target, attribute_target=is_seq2seq(family), show_progress=False)
+        synchronize(device)
         return time.perf_counter() - start
     except Exception as error:  # report, don't hide: the built-in crashes on most families with transformers 5
         leftovers = drop_leftover_hooks(model)
@@ -120,24 +135,35 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
-def memory_child(method: str, num_tokens: int) -> None:
+def peak_gb(device: str) -> float:
+    """Peak resident memory of this process (CPU), or peak memory PyTorch allocated on the CUDA device."""
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated() / 2**30
+    return peak_rss_gb()
+
+
+def memory_child(method: str, num_tokens: int, device: str, dtype: torch.dtype) -> None:
     """Run one method on a long prompt in this (fresh) process and print time and peak memory."""
-    model = tiny_model("gpt2", **FULL_SIZE["gpt2"])
-    attribution_model = inseq.load_model(model, method, tokenizer=word_tokenizer(seq2seq=False))
+    model = tiny_model("gpt2", **FULL_SIZE["gpt2"]).to(device=device, dtype=dtype)
+    attribution_model = inseq.load_model(model, method, tokenizer=word_tokenizer(seq2seq=False), device=device)
     prompt = sentence(num_tokens - 2, 5)
-    loaded = peak_rss_gb()
+    loaded = peak_gb(device)
+    synchronize(device)
     start = time.perf_counter()
     attribution_model.attribute(prompt, prompt + " the end", show_progress=False)
+    synchronize(device)
     elapsed = time.perf_counter() - start
-    peak = peak_rss_gb()
+    peak = peak_gb(device)
     print(f"{method:14} {num_tokens:>6} {elapsed:>8.1f}s {peak:>8.2f} GB {peak - loaded:>8.2f} GB")
 
 
-def memory_report(methods: list[str], num_tokens: int) -> None:
-    print(f"GPT-2-small-sized model, {num_tokens}-token prompt, through Inseq, one fresh process per method")
-    print(f"{'method':14} {'tokens':>6} {'time':>9} {'peak RSS':>11} {'above model':>11}")
+def memory_report(methods: list[str], num_tokens: int, device: str, dtype: str) -> None:
+    where = "peak RSS" if device == "cpu" else "peak alloc"
+    print(f"GPT-2-small-sized model, {num_tokens}-token prompt, {device}, {dtype}, one fresh process per method")
+    print(f"{'method':14} {'tokens':>6} {'time':>9} {where:>11} {'above model':>11}")
     for method in methods:
-        command = [sys.executable, __file__, "--memory-child", method, str(num_tokens)]
+        command = [sys.executable, __file__, "--memory-child", method, str(num_tokens), "--device", device]
+        command += ["--dtype", dtype]
         result = subprocess.run(command, capture_output=True, text=True)
         print(result.stdout.strip() or f"{method:14} fails: {result.stderr.strip().splitlines()[-1][:100]}")
 
@@ -152,22 +178,26 @@ def main() -> None:
     )
     parser.add_argument("--memory-tokens", type=int, default=None, help="measure peak memory at this prompt length")
     parser.add_argument("--memory-child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
+    dtype = getattr(torch, args.dtype)
     if args.memory_child:
-        memory_child(args.memory_child[0], int(args.memory_child[1]))
+        memory_child(args.memory_child[0], int(args.memory_child[1]), args.device, dtype)
         return
     if args.memory_tokens:
         methods = [m for m in args.methods if m in inseq_mixing.METHODS] if args.methods != DEFAULT_METHODS else None
-        memory_report(methods or list(inseq_mixing.METHODS), args.memory_tokens)
+        memory_report(methods or list(inseq_mixing.METHODS), args.memory_tokens, args.device, args.dtype)
         return
     versions = f"inseq {version('inseq')}, transformers {version('transformers')}"
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {versions}")
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{torch.get_num_threads()} threads"
+    print(f"torch {torch.__version__}, {where}, {args.dtype}, {versions}")
     header = f"{'model':7} {'N':>4} {'forward':>9} " + " ".join(f"{m:>22}" for m in args.methods)
     print(header)
     for family in args.models:
-        model = tiny_model(family, **FULL_SIZE[family])
+        model = tiny_model(family, **FULL_SIZE[family]).to(device=args.device, dtype=dtype)
         tokenizer = word_tokenizer(seq2seq=is_seq2seq(family))
         for length in args.lengths:
             source, target = inputs_for(family, length)
