@@ -347,6 +347,36 @@ def check_lengths(spec: ModelSpec, *sequences: torch.Tensor | None) -> None:
         )
 
 
+def forward_arguments(
+    model: nn.Module,
+    spec: ModelSpec,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    decoder_input_ids: torch.Tensor | None = None,
+    decoder_attention_mask: torch.Tensor | None = None,
+) -> dict:
+    """Check the ids and build the keyword arguments of one teacher-forced forward pass (masks filled in, positions
+    that ignore left padding, no cache); see :func:`trace_model` for the arguments."""
+    if input_ids.numel() == 0:
+        raise ValueError("Cannot trace an empty input: pass at least one token.")
+    check_lengths(spec, input_ids, decoder_input_ids)
+    check_vocabulary(model, input_ids, decoder_input_ids)
+    attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
+    if spec.is_encoder_decoder:
+        if decoder_input_ids is None or decoder_input_ids.numel() == 0:
+            raise ValueError("Encoder–decoder models need a non-empty target prefix (decoder_input_ids).")
+        decoder_attention_mask = (
+            torch.ones_like(decoder_input_ids) if decoder_attention_mask is None else decoder_attention_mask
+        )
+        kwargs.update(decoder_input_ids=decoder_input_ids, decoder_attention_mask=decoder_attention_mask)
+    else:
+        position_ids = left_padding_position_ids(attention_mask)
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids
+    return kwargs
+
+
 def trace_model(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -370,27 +400,14 @@ def trace_model(
         The recorded :class:`ModelTrace`.
     """
     spec = spec or get_spec(model)
-    if input_ids.numel() == 0:
-        raise ValueError("Cannot trace an empty input: pass at least one token.")
-    check_lengths(spec, input_ids, decoder_input_ids)
-    check_vocabulary(model, input_ids, decoder_input_ids)
-    attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-    recorders = {"decoder": _Recorder(spec.decoder, keep_cross_call=True)}
-    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
+    kwargs = forward_arguments(model, spec, input_ids, attention_mask, decoder_input_ids, decoder_attention_mask)
+    attention_mask = kwargs["attention_mask"]
+    decoder_attention_mask = kwargs.get("decoder_attention_mask")
     if NEEDS_OUTPUT_ATTENTIONS:
         kwargs["output_attentions"] = True
+    recorders = {"decoder": _Recorder(spec.decoder, keep_cross_call=True)}
     if spec.is_encoder_decoder:
-        if decoder_input_ids is None or decoder_input_ids.numel() == 0:
-            raise ValueError("Encoder–decoder models need a non-empty target prefix (decoder_input_ids).")
-        decoder_attention_mask = (
-            torch.ones_like(decoder_input_ids) if decoder_attention_mask is None else decoder_attention_mask
-        )
         recorders["encoder"] = _Recorder(spec.encoder, keep_cross_call=False)
-        kwargs.update(decoder_input_ids=decoder_input_ids, decoder_attention_mask=decoder_attention_mask)
-    else:
-        position_ids = left_padding_position_ids(attention_mask)
-        if position_ids is not None:
-            kwargs["position_ids"] = position_ids
     with ExitStack() as hooks:
         hooks.enter_context(eval_mode(model))
         hooks.enter_context(eager_attention(model))

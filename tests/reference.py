@@ -111,10 +111,13 @@ def frozen_layer_norm(norm, real_input: torch.Tensor, part: torch.Tensor) -> tor
     return norm.weight * (part - part.mean()) / std
 
 
-def naive_alti_layer(model, spec: ModelSpec, trace, model_kwargs: dict, stack: str, idx: int, sub_block: str):
+def naive_alti_layer(
+    model, spec: ModelSpec, trace, model_kwargs: dict, stack: str, idx: int, sub_block: str, per_head: bool = False
+):
     """ALTI contributions of one layer's attention sub-block for batch 0, token pair by token pair, from the HF
     value and output projection modules. Returns ``(queries, keys)`` (cross-attention: ``keys + 1``, the last column
-    being the decoder residual), rows normalised."""
+    being the decoder residual), rows normalised. With ``per_head``: one part per head and token, the residual a part
+    of its own (head index ``H``), ``(H + 1, queries, keys[+1])``, each row normalised over heads and tokens."""
     layer = getattr(spec, stack).layers[idx]
     record = getattr(trace, stack).layers[idx]
     attn = layer.self_attn if sub_block == "self" else layer.cross_attn
@@ -132,25 +135,33 @@ def naive_alti_layer(model, spec: ModelSpec, trace, model_kwargs: dict, stack: s
         total = residual + (attn_output if attn.out_norm is None else attn.out_norm(attn_output))
         output = total if attn.pre_norm else attn.norm(total)
         probs = attn_record.probs[0]
-        num_queries, num_keys = probs.shape[1:]
-        scores = torch.zeros(num_queries, num_keys + (sub_block == "cross"))
+        num_heads, num_queries, num_keys = probs.shape
+        residual_column = num_keys if sub_block == "cross" else None
+        scores = torch.zeros(num_heads + 1, num_queries, num_keys + (sub_block == "cross"))
+        head_sets = [[h] for h in range(num_heads)] if per_head else [list(range(num_heads))]
         for i in range(num_queries):
-            parts = []
-            for j in range(num_keys):
-                part = hf_attention_part(attn, values, probs, i, j)
-                if attn.out_norm is not None:  # sandwich / OLMo-2: the output norm, frozen, on every part
-                    part = frozen_norm_map(attn.out_norm, attn_output[i])(part)
-                if sub_block == "self" and i == j:
-                    part = part + residual[i]
-                parts.append(part)
-            if sub_block == "cross":
-                parts.append(residual[i])
-            for j, part in enumerate(parts):
+            parts = []  # (head slot, key, part)
+            for slot, heads in enumerate(head_sets):
+                only = torch.zeros_like(probs)
+                only[heads] = probs[heads]
+                for j in range(num_keys):
+                    part = hf_attention_part(attn, values, only, i, j)
+                    if attn.out_norm is not None:  # sandwich / OLMo-2: the output norm, frozen, on every part
+                        part = frozen_norm_map(attn.out_norm, attn_output[i])(part)
+                    if sub_block == "self" and i == j and not per_head:
+                        part = part + residual[i]
+                    parts.append((slot, j, part))
+            if per_head:
+                parts.append((num_heads, i if residual_column is None else residual_column, residual[i]))
+            elif residual_column is not None:
+                parts.append((0, residual_column, residual[i]))
+            for slot, j, part in parts:
                 if not attn.pre_norm:
                     part = frozen_norm_map(attn.norm, total[i])(part)
                 closeness = output[i].abs().sum() - (output[i] - part).abs().sum()
-                scores[i, j] = closeness.clamp(min=0)
-        return scores / scores.sum(-1, keepdim=True)
+                scores[slot, i, j] = closeness.clamp(min=0)
+        scores = scores / scores.sum((0, 2), keepdim=True)
+        return scores if per_head else scores[0]
 
 
 def frozen_norm_map(norm, real_input: torch.Tensor):
@@ -205,3 +216,103 @@ def naive_alti_logit_pre_ln(model, spec: ModelSpec, trace, model_kwargs: dict, r
                             if source is not None:
                                 source[t] += delta * rollouts.source[0, idx - 1, j]
     return target, source
+
+
+class NaiveLrp:
+    """AttnLRP written operation by operation, each rule where the paper puts it, with a modified gradient (relevance =
+    value × gradient): the division by σ or the rms frozen, the identity rule on activations, half of a product's
+    relevance to each factor, the softmax's own gradient. Records every softmax's input and output, so the relevance
+    the softmax rule absorbs can be computed."""
+
+    def __init__(self):
+        self.softmaxes: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    @staticmethod
+    def layer_norm(norm, x):
+        centered = x - x.mean(-1, keepdim=True)
+        std = torch.sqrt(centered.pow(2).mean(-1, keepdim=True) + norm.eps)
+        return centered / std.detach() * norm.weight + norm.bias
+
+    @staticmethod
+    def rms_norm(norm, x):
+        rms = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+        return x / rms.detach() * norm.weight
+
+    @staticmethod
+    def identity(function, x):
+        y = function(x)
+        return y.detach() + (y / x).detach() * (x - x.detach())
+
+    @staticmethod
+    def product(a, b, combine=torch.mul):
+        """``combine(a, b)``, each factor receiving half of the gradient."""
+        return 0.5 * (combine(a, b.detach()) + combine(a.detach(), b))
+
+    def attention(self, q, k, v, scale: float):
+        """Causal attention over ``(heads, positions, head_dim)``."""
+        scores = self.product(q, k.transpose(-1, -2), torch.matmul) * scale
+        future = torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(future, torch.finfo(scores.dtype).min)
+        scores.retain_grad()
+        probs = scores.softmax(-1)
+        probs.retain_grad()
+        self.softmaxes.append((scores, probs))
+        return self.product(probs, v, torch.matmul)
+
+    def softmax_absorbed(self) -> torch.Tensor:
+        """What the softmax rule leaves out: Σ relevance of the outputs − Σ relevance of the inputs, over all rows."""
+        total = 0.0
+        for scores, probs in self.softmaxes:
+            kept = torch.where(probs > 0, scores * scores.grad, torch.zeros_like(scores))
+            total = total + (probs * probs.grad).sum() - kept.sum()
+        return total
+
+
+def naive_attn_lrp_gpt2(model, ids: torch.Tensor, position: int, token: int):
+    """Relevance of each token of ``ids`` (1-D) for the logit of ``token`` at ``position`` of a GPT-2 model."""
+    lrp = NaiveLrp()
+    base = model.transformer
+    h0 = (base.wte(ids) + base.wpe(torch.arange(len(ids)))).detach().requires_grad_(True)
+    hidden = h0
+    for block in base.h:
+        heads, width = block.attn.num_heads, block.attn.head_dim
+        q, k, v = (lrp.layer_norm(block.ln_1, hidden) @ block.attn.c_attn.weight + block.attn.c_attn.bias).split(
+            heads * width, dim=-1
+        )
+        q, k, v = (t.reshape(len(ids), heads, width).transpose(0, 1) for t in (q, k, v))
+        mixed = lrp.attention(q, k, v, width**-0.5).transpose(0, 1).reshape(len(ids), -1)
+        hidden = hidden + mixed @ block.attn.c_proj.weight + block.attn.c_proj.bias
+        inner = lrp.layer_norm(block.ln_2, hidden) @ block.mlp.c_fc.weight + block.mlp.c_fc.bias
+        hidden = hidden + lrp.identity(block.mlp.act, inner) @ block.mlp.c_proj.weight + block.mlp.c_proj.bias
+    logit = (lrp.layer_norm(base.ln_f, hidden) @ model.lm_head.weight.T)[position, token]
+    logit.backward()
+    return (h0 * h0.grad).sum(-1), logit.detach(), lrp.softmax_absorbed().detach()
+
+
+def naive_attn_lrp_llama(model, ids: torch.Tensor, position: int, token: int):
+    """Relevance of each token of ``ids`` (1-D) for the logit of ``token`` at ``position`` of a Llama model (no
+    biases: RMSNorms, rotary embeddings, grouped-query attention, SwiGLU)."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    lrp = NaiveLrp()
+    base = model.model
+    h0 = base.embed_tokens(ids).detach().requires_grad_(True)
+    cos, sin = base.rotary_emb(h0[None], torch.arange(len(ids))[None])
+    hidden = h0
+    for layer in base.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        width = attn.head_dim
+        x = lrp.rms_norm(layer.input_layernorm, hidden)
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        q, k, v = (proj(x).reshape(len(ids), -1, width).transpose(0, 1) for proj in projections)
+        q, k = apply_rotary_pos_emb(q[None], k[None], cos, sin)
+        groups = q.shape[1] // k.shape[1]
+        k, v = k[0].repeat_interleave(groups, 0), v.repeat_interleave(groups, 0)
+        mixed = lrp.attention(q[0], k, v, width**-0.5).transpose(0, 1).reshape(len(ids), -1)
+        hidden = hidden + attn.o_proj(mixed)
+        x = lrp.rms_norm(layer.post_attention_layernorm, hidden)
+        gated = lrp.product(lrp.identity(mlp.act_fn, mlp.gate_proj(x)), mlp.up_proj(x))
+        hidden = hidden + mlp.down_proj(gated)
+    logit = model.lm_head(lrp.rms_norm(base.norm, hidden))[position, token]
+    logit.backward()
+    return (h0 * h0.grad).sum(-1), logit.detach(), lrp.softmax_absorbed().detach()

@@ -12,19 +12,23 @@ from .conftest import example_kwargs, get_tiny, padded_case, trace_of
 from .reference import naive_alti_layer
 
 
-def test_matches_pair_by_pair_computation(family):
+def assert_matches_pair_by_pair_computation(family: str, per_head: bool = False) -> None:
     model = get_tiny(family)
     kwargs = example_kwargs(family)
     trace = trace_of(model, kwargs)
-    scores = alti(trace)
+    scores = alti(trace, per_head=per_head)
     spec = get_spec(model)
     maps = [("decoder", "self", scores.decoder)]
     if is_seq2seq(family):
         maps += [("decoder", "cross", scores.cross), ("encoder", "self", scores.encoder)]
     for stack, sub_block, fast in maps:
         for idx in range(fast.shape[1]):
-            naive = naive_alti_layer(model, spec, trace, kwargs, stack, idx, sub_block)
+            naive = naive_alti_layer(model, spec, trace, kwargs, stack, idx, sub_block, per_head)
             torch.testing.assert_close(fast[0, idx], naive, atol=1e-5, rtol=1e-4, msg=f"{stack} {sub_block} {idx}")
+
+
+def test_matches_pair_by_pair_computation(family):
+    assert_matches_pair_by_pair_computation(family)
 
 
 def test_layer_maps_are_non_negative_rows_summing_to_one(family):
@@ -110,3 +114,40 @@ def test_non_finite_maps_are_refused():
     trace.decoder.layers[1].self_attn.values[0, 2, 0, 0] = float("nan")
     with pytest.raises(FloatingPointError, match="float32"):
         alti(trace)
+
+
+@pytest.mark.parametrize("family", ["marian", "t5", "gpt2", "llama", "gemma2", "olmo2", "opt_post_ln"])
+def test_per_head_maps_match_pair_by_pair_computation(family):
+    """Per-head ALTI (our extension): one part per head and token, the residual a part of its own, each row
+    normalised over all of them; checked against the HF modules head by head."""
+    assert_matches_pair_by_pair_computation(family, per_head=True)
+
+
+def test_per_head_rows_sum_to_one_with_the_residual_in_its_own_slot(family):
+    trace = trace_of(get_tiny(family), example_kwargs(family, batch=2))
+    scores = alti(trace, per_head=True)
+    heads = get_spec(get_tiny(family)).decoder.layers[0].self_attn.num_heads
+    for block, self_mixing in ((scores.decoder, True), (scores.cross, False), (scores.encoder, True)):
+        if block is None:
+            continue
+        assert block.shape[2] == heads + 1 and (block >= 0).all()
+        torch.testing.assert_close(block.sum((2, 4)), torch.ones(block.shape[:2] + block.shape[3:4]))
+        residual = block[:, :, -1]
+        off = residual - (torch.diag_embed(residual.diagonal(dim1=-2, dim2=-1)) if self_mixing else 0)
+        if not self_mixing:
+            off = residual[..., :-1]
+        assert (off == 0).all()
+    assert (scores.decoder.triu(1) == 0).all()
+    if scores.cross is not None:
+        source, target = joint_layer_blocks(scores)
+        total = source.sum((2, 4)) + target.sum((2, 4))
+        torch.testing.assert_close(total, torch.ones_like(total))
+    with pytest.raises(ValueError, match="rollout=False"):
+        alti_maps(scores)
+
+
+def test_per_head_chunks_do_not_change_the_maps():
+    trace = trace_of(get_tiny("marian"), example_kwargs("marian", batch=2))
+    whole, chunked = alti(trace, per_head=True), alti(trace, per_head=True, max_chunk_elements=1)
+    for name in ("decoder", "cross", "encoder"):
+        torch.testing.assert_close(getattr(chunked, name), getattr(whole, name))

@@ -194,3 +194,19 @@ def test_alti_logit_per_head_through_inseq(family):
     if seq.source_attributions is not None:
         total = total + seq.source_attributions.sum((0, 2))
     torch.testing.assert_close(total, seq.step_scores["logit"], atol=1e-4, rtol=1e-4)
+
+
+def test_alti_per_head_through_inseq(family):
+    """per_head=True gives per-layer maps with a (layer, head or residual) axis: each generated token's scores of one
+    layer, over every slot, source and target, sum to 1."""
+    model = load_tiny(family, "alti")
+    seq = attribute(model, family, per_head=True).sequence_attributions[0]
+    layers = inseq_mixing.get_spec(model.model).decoder.layers
+    slots = layers[0].self_attn.num_heads + 1
+    sub_blocks = 2 if is_seq2seq(family) else 1
+    assert seq.target_attributions.shape[-1] == sub_blocks * len(layers) * slots
+    total = seq.target_attributions.nansum(0)
+    if seq.source_attributions is not None:
+        total = total + seq.source_attributions.sum(0)
+    per_layer = total.reshape(total.shape[0], sub_blocks, len(layers), slots).sum((1, 3))
+    torch.testing.assert_close(per_layer, torch.ones_like(per_layer))

@@ -17,6 +17,7 @@ class _Alti(MethodCall):
         rollout: bool = True,
         output_encoder_self_scores: bool = True,
         max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+        per_head: bool = False,
     ) -> MixingStepOutput:
         """Relevance of source and target-prefix tokens for every generated token, rolled out (or per layer).
 
@@ -26,10 +27,20 @@ class _Alti(MethodCall):
             output_encoder_self_scores: Return the encoder map in ``sequence_scores["encoder_self_scores"]``.
             max_chunk_elements: Elements of one chunk of per-(position, token) parts (batch × positions × tokens ×
                 d_model); at least one position per chunk.
+            per_head: Per-layer maps split by attention head (our extension; no rollout): a last dimension indexes
+                (layer, slot) as ``layer · (H + 1) + slot``, slot ``H`` being the residual stream; encoder–decoders:
+                self-attention slots first, then ``L · (H + 1)`` cross-attention slots. Each generated token's
+                scores of one layer (every slot, source and target) sum to 1.
         """
         owner = self.owner
         steps = read_step_inputs(inputs, additional_forward_args, owner.spec.is_encoder_decoder)
-        maps = self.maps(owner.trace(steps), rollout, output_encoder_self_scores, max_chunk_elements)
+        trace = owner.trace(steps)
+        if per_head:
+            maps = alti_maps(alti(trace, output_encoder_self_scores, max_chunk_elements, per_head=True), False)
+            maps = head_axis_maps(maps, maps.target, None, maps.source, encoder=maps.encoder)
+            rollout = False
+        else:
+            maps = self.maps(trace, rollout, output_encoder_self_scores, max_chunk_elements)
         if not output_encoder_self_scores:
             maps.encoder = None
         return owner.maps_step_output(maps, steps, num_dimensions=0 if rollout else 1)
@@ -50,7 +61,8 @@ class AltiAttribution(ContextMixingAttribution):
     Outputs: by default the rollout through all layers: for encoder–decoders the ALTI+ joint rollout, whose source and
     target columns sum to 1 together for each generated token; encoder rollout in
     ``sequence_scores["encoder_self_scores"]``. With ``rollout=False``, per-layer maps (last dimension: layer; for
-    encoder–decoders the joint ALTI+ layer blocks).
+    encoder–decoders the joint ALTI+ layer blocks). With ``per_head=True`` (our extension), per-layer maps split by
+    attention head, the residual stream in a slot of its own.
     """
 
     method_name = "alti"
@@ -89,19 +101,26 @@ class _AltiLogit(MethodCall):
         )
         step_scores = {f"unattributed_{name}": term for name, term in scores.unattributed.items()}
         if not per_head:
-            return owner.logit_step_output(steps, trace, scores, foils is not None, step_scores)
+            return owner.logit_step_output(steps, trace.decoder.mask, scores, foils is not None, step_scores)
         step_scores["direct_embedding"] = scores.direct
-        return owner.logit_step_output(steps, trace, head_maps(scores), foils is not None, step_scores, 1)
+        sources = [None] if scores.source_heads is None else scores.source_heads.unbind(1)  # via self, via cross
+        maps = head_axis_maps(scores, scores.target_heads, *sources)
+        return owner.logit_step_output(steps, trace.decoder.mask, maps, foils is not None, step_scores, 1)
 
 
-def head_maps(scores):
-    """The per-head scores as maps ``(B, heads, T, ·)`` (layer-major; encoder–decoders: self, then cross heads)."""
-    target = scores.target_heads.flatten(1, 2)  # (B, L·H, T, T)
-    source = None
-    if scores.source_heads is not None:
-        source = scores.source_heads.flatten(1, 3)  # (B, 2·L·H, T, S)
-        target = torch.cat([target, torch.zeros_like(target)], dim=1)  # cross heads carry no target token
-    return replace(scores, target=target, source=source)
+def head_axis_maps(scores, target: torch.Tensor, self_source=None, cross_source=None, encoder=None):
+    """Per-head maps ``(B, L, H, T, ·)`` laid out with one axis ``(B, slots, T, ·)``, layer-major; encoder–decoders:
+    the self-attention heads' slots, then the cross-attention heads' (which carry no target token). ``scores`` gets
+    the new ``target``, ``source`` (and ``encoder``, ``(B, L, H, S, S)``) fields."""
+    target = target.flatten(1, 2)
+    fields = {"target": target}
+    if cross_source is not None:
+        self_source = torch.zeros_like(cross_source) if self_source is None else self_source
+        fields["source"] = torch.cat([self_source.flatten(1, 2), cross_source.flatten(1, 2)], dim=1)
+        fields["target"] = torch.cat([target, torch.zeros_like(target)], dim=1)
+    if encoder is not None:
+        fields["encoder"] = encoder.flatten(1, 2)
+    return replace(scores, **fields)
 
 
 class AltiLogitAttribution(ContextMixingAttribution):

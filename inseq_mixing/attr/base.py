@@ -314,23 +314,31 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
             )
         return foils
 
+    def explained_positions(self, steps: StepInputs) -> torch.Tensor:
+        """``(B, T)`` booleans: the real decoder positions that predict a token Inseq attributes (the first attributed
+        token is ``first_attributed_position`` past each row's left padding)."""
+        mask = (steps.attention_mask if steps.target_ids is None else steps.target_mask).bool()
+        padding = (~mask).long().cumprod(-1).sum(-1, keepdim=True)
+        index = torch.arange(mask.shape[1], device=mask.device)
+        return mask & (index >= padding + self.first_attributed_position - 1)
+
     def logit_step_output(
         self,
         steps: StepInputs,
-        trace: ModelTrace,
+        mask: torch.Tensor,
         scores,
         contrastive: bool,
         step_scores: dict[str, torch.Tensor],
         num_dimensions: int = 0,
     ) -> MixingStepOutput:
         """Step output of signed logit contributions (``scores.target``/``scores.source``, with ``num_dimensions``
-        extra axes), keeping per-token terms and the model's own ``logit`` (``contrast_logits_diff`` when
-        contrastive) for the sequences' step scores."""
+        extra axes; ``mask``: the real decoder positions), keeping per-token terms and the model's own ``logit``
+        (``contrast_logits_diff`` when contrastive) for the sequences' step scores."""
         name = "contrast_logits_diff" if contrastive else "logit"
         step_scores = {**step_scores, name: scores.logit}
         if scores.logit_after_softcap is not None:  # the contributions add up to the logit before the cap
             step_scores[f"{name}_after_softcap"] = scores.logit_after_softcap
-        self.keep_step_scores(step_scores, trace.decoder.mask)
+        self.keep_step_scores(step_scores, mask)
         maps = SignedScores(target=scores.target, source=scores.source)
         return self.maps_step_output(maps, steps, num_dimensions, sequence_cls=SignedMixingSequenceOutput)
 

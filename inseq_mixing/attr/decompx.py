@@ -62,7 +62,7 @@ class _DecompX(MethodCall):
         foils = owner.contrast_ids(steps, contrast_targets, contrast_targets_alignments)
         scores = decompx(trace, steps.predicted_ids, foils, options)
         step_scores = {} if scores.bias is None else {"bias_component": scores.bias}
-        return owner.logit_step_output(steps, trace, scores, foils is not None, step_scores)
+        return owner.logit_step_output(steps, trace.decoder.mask, scores, foils is not None, step_scores)
 
 
 class DecompXAttribution(ContextMixingAttribution):

@@ -11,7 +11,7 @@ from .grammar import Example, sample
 
 MODEL_DIR = files("inseq_mixing") / "demo_model"
 DEMO_METHODS = [
-    "value_zeroing", "alti", "alti_logit", "decompx", "attention_rollout", "attention_norm", "globenc",
+    "value_zeroing", "alti", "alti_logit", "decompx", "attn_lrp", "attention_rollout", "attention_norm", "globenc",
     "integrated_gradients", "deeplift",
 ]  # fmt: skip
 

@@ -22,6 +22,10 @@ case the paper leaves undefined), the row goes to position :math:`i`'s own resid
 maps roll out as :math:`R^l = C^l R^{l-1}` (the residual is already inside
 :math:`C^l`). Cross-attention (ALTI+) gives a ``T×(S+1)`` map whose last column is the decoder residual; the joint
 decoder layer map is :math:`[C_{ca}[:, :S],\; \mathrm{diag}(C_{ca}[:, S])\, C_{sa}]` (see :mod:`.rollout`).
+
+Per-head maps (our extension): the parts split by head, :math:`T^h_i(x_j) = \alpha^h_{ij} v^h_j W^h_O`, the residual
+:math:`x_i` a part of its own, every part scored by the same proximity to :math:`y_i` and each row normalised over
+heads, tokens and the residual together.
 """
 
 import warnings
@@ -33,7 +37,7 @@ from ..specs import AttentionSpec, StackSpec
 from ..trace import AttentionTrace, ModelTrace, StackTrace
 from .blocks import refuse_non_finite, upcast
 from .norms import freeze_norm
-from .parts import DEFAULT_CHUNK_ELEMENTS, part_scores, stack_scores
+from .parts import DEFAULT_CHUNK_ELEMENTS, head_part_scores, part_scores, stack_scores
 from .rollout import encoder_decoder_rollout, normalize_rows
 from .rollout import rollout as rollout_stack
 
@@ -70,9 +74,11 @@ class AltiMaps:
 
 
 def proximity(output: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
-    r""":math:`\max(0, \lVert y\rVert_1 - \lVert y - T_j\rVert_1)`: outputs ``(B, q, D)``, parts ``(B, q, k, D)``."""
-    whole = output.abs().sum(-1, keepdim=True)
-    rest = (output[:, :, None] - parts).abs().sum(-1)
+    r""":math:`\max(0, \lVert y\rVert_1 - \lVert y - T_j\rVert_1)`: outputs ``(B, q, D)``, parts ``(B, q, k, D)``
+    (or ``(B, q, H, k, D)``)."""
+    output = output.reshape(*output.shape[:2], *[1] * (parts.dim() - 3), output.shape[-1])  # parts may have heads
+    whole = output.abs().sum(-1)
+    rest = (output - parts).abs().sum(-1)
     return (whole - rest).clamp(min=0)
 
 
@@ -83,19 +89,17 @@ def contributions(
     self_mixing: bool,
     causal: bool,
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    per_head: bool = False,
 ) -> torch.Tensor:
     """Unnormalised ALTI contributions of one attention sub-block (see :func:`.parts.part_scores` for the arguments):
-    ``(B, Q, K)`` for self-attention, ``(B, Q, K + 1)`` for cross-attention."""
-    if attn.post_norm is None:
-        return part_scores(
-            attn, record, residual, self_mixing, causal, proximity, max_chunk_elements=max_chunk_elements
-        )
-    frozen = freeze_norm(attn.post_norm, record.norm_input)
-    output = upcast(attn.post_norm(record.norm_input))
-    return part_scores(
-        attn, record, residual, self_mixing, causal, proximity, maps=[frozen], output=output,
-        max_chunk_elements=max_chunk_elements,
-    )  # fmt: skip
+    ``(B, Q, K)`` for self-attention, ``(B, Q, K + 1)`` for cross-attention; with ``per_head``, one part per head and
+    token plus the residual, ``(B, H + 1, Q, K[+1])`` (see :func:`.parts.head_part_scores`)."""
+    score = head_part_scores if per_head else part_scores
+    options = {"max_chunk_elements": max_chunk_elements}
+    if attn.post_norm is not None:
+        options.update(maps=[freeze_norm(attn.post_norm, record.norm_input)])
+        options.update(output=upcast(attn.post_norm(record.norm_input)))
+    return score(attn, record, residual, self_mixing, causal, proximity, **options)
 
 
 def stack_contributions(
@@ -104,24 +108,44 @@ def stack_contributions(
     sub_block: str,
     key_mask: torch.Tensor,
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    per_head: bool = False,
 ) -> torch.Tensor:
-    """Normalised ALTI maps of every layer of a stack for one kind of sub-block: ``(B, L, Q, K[+1])``."""
+    """Normalised ALTI maps of every layer of a stack for one kind of sub-block: ``(B, L, Q, K[+1])``; with
+    ``per_head``, ``(B, L, H + 1, Q, K[+1])``, each row normalised over all heads and tokens and the residual (index
+    ``H``)."""
 
     def layer_scores(_layer, _record, attn, attn_record, residual, self_mixing, causal):
-        return contributions(attn, attn_record, residual, self_mixing, causal, max_chunk_elements)
+        return contributions(attn, attn_record, residual, self_mixing, causal, max_chunk_elements, per_head)
 
     self_mixing = sub_block == "self"
     maps = stack_scores(stack_spec, stack, sub_block, key_mask, layer_scores)
+    if per_head:  # a row spans (heads, tokens): normalise it as one
+        heads = maps.shape[2]
+        flat = maps.permute(0, 1, 3, 2, 4).flatten(3)  # (B, L, Q, (H + 1)·K)
+        own = torch.zeros_like(maps[:, 0])
+        if self_mixing:
+            own[:, -1].diagonal(dim1=-2, dim2=-1).fill_(1.0)
+        else:
+            own[:, -1, :, -1] = 1.0
+        own = own.transpose(1, 2).flatten(2)
+        rows = [
+            normalize_rows(fill_empty_rows(flat[:, layer], stack.mask, self_mixing, own))
+            for layer in range(maps.shape[1])
+        ]
+        return torch.stack(rows, dim=1).unflatten(-1, (heads, -1)).transpose(2, 3)
     rows = [normalize_rows(fill_empty_rows(maps[:, layer], stack.mask, self_mixing)) for layer in range(maps.shape[1])]
     return torch.stack(rows, dim=1)
 
 
-def fill_empty_rows(scores: torch.Tensor, query_mask: torch.Tensor, self_mixing: bool) -> torch.Tensor:
+def fill_empty_rows(
+    scores: torch.Tensor, query_mask: torch.Tensor, self_mixing: bool, own: torch.Tensor | None = None
+) -> torch.Tensor:
     """Rows where no part is closer to the output than the origin: the paper's normalisation is undefined there.
 
     Such a position is given to its own residual stream (self-attention: the diagonal; cross-attention: the residual
-    column), i.e. no measurable mixing: rows still sum to 1 and the rollout keeps the mass where it was. A warning
-    says how many rows this happened to. Non-finite raw contributions are refused.
+    column; ``own`` gives these rows for other layouts), i.e. no measurable mixing: rows still sum to 1 and the
+    rollout keeps the mass where it was. A warning says how many rows this happened to. Non-finite raw contributions
+    are refused.
     """
     refuse_non_finite("ALTI", scores)
     empty = (scores.sum(-1) == 0) & query_mask
@@ -132,40 +156,59 @@ def fill_empty_rows(scores: torch.Tensor, query_mask: torch.Tensor, self_mixing:
         "paper); each is attributed to its own residual stream (an identity row).",
         stacklevel=2,
     )
-    own = torch.zeros_like(scores)
-    if self_mixing:
-        own.diagonal(dim1=-2, dim2=-1).fill_(1.0)
-    else:
-        own[..., -1] = 1.0
+    if own is None:
+        own = torch.zeros_like(scores)
+        if self_mixing:
+            own.diagonal(dim1=-2, dim2=-1).fill_(1.0)
+        else:
+            own[..., -1] = 1.0
     return torch.where(empty[..., None], own, scores)
 
 
 @torch.no_grad()
-def alti(trace: ModelTrace, encoder_scores: bool = True, max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS):
+def alti(
+    trace: ModelTrace,
+    encoder_scores: bool = True,
+    max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    per_head: bool = False,
+):
     """ALTI maps of every layer and attention sub-block of a traced model.
 
     Args:
         trace: A recorded forward pass.
         encoder_scores: Also compute the encoder maps (encoder–decoders; the rollouts need them).
         max_chunk_elements: Memory bound of one chunk of parts.
+        per_head: Split every part by attention head, the residual a part of its own (our extension, see
+            :func:`stack_contributions`): maps ``(B, L, H + 1, i, j)``, index ``H`` the residual. These maps do not
+            roll out.
 
     Returns:
         :class:`AltiScores`.
     """
     spec, dec, enc = trace.spec, trace.decoder, trace.encoder
-    scores = AltiScores(decoder=stack_contributions(spec.decoder, dec, "self", dec.mask, max_chunk_elements))
+
+    def maps(stack_spec, stack, sub_block, key_mask):
+        return stack_contributions(stack_spec, stack, sub_block, key_mask, max_chunk_elements, per_head)
+
+    scores = AltiScores(decoder=maps(spec.decoder, dec, "self", dec.mask))
     if spec.is_encoder_decoder:
-        scores.cross = stack_contributions(spec.decoder, dec, "cross", enc.mask, max_chunk_elements)
+        scores.cross = maps(spec.decoder, dec, "cross", enc.mask)
         if encoder_scores:
-            scores.encoder = stack_contributions(spec.encoder, enc, "self", enc.mask, max_chunk_elements)
+            scores.encoder = maps(spec.encoder, enc, "self", enc.mask)
     return scores
 
 
 def joint_layer_blocks(scores: AltiScores) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""ALTI+ decoder layer maps :math:`C_x = C_{ca}[:, :S]` and :math:`C_y = \mathrm{diag}(C_{ca}[:, S]) C_{sa}`."""
+    r"""ALTI+ decoder layer maps :math:`C_x = C_{ca}[:, :S]` and :math:`C_y = \mathrm{diag}(C_{ca}[:, S]) C_{sa}`.
+
+    Per-head maps ``(B, L, H + 1, T, ·)``: the source block keeps the cross-attention heads, the target block scales
+    the self-attention heads by the cross-attention residual's share (summed over the head axis).
+    """
     source = scores.cross[..., :-1]
-    target = scores.cross[..., -1:] * scores.decoder
-    return source, target
+    residual_share = scores.cross[..., -1:]
+    if scores.cross.dim() == 5:
+        residual_share = residual_share.sum(2, keepdim=True)
+    return source, residual_share * scores.decoder
 
 
 @dataclass
@@ -202,6 +245,8 @@ def alti_maps(scores: AltiScores, rollout: bool = True) -> AltiMaps:
         rollout: Return the rollout through all layers (ALTI / ALTI+) instead of the layer maps.
     """
     encoder = scores.encoder
+    if rollout and scores.decoder.dim() == 5:
+        raise ValueError("Per-head ALTI maps do not roll out: ask for per-layer maps (rollout=False).")
     if rollout:
         rolled = alti_rollouts(scores)
         source = None if rolled.source is None else rolled.source[:, -1]

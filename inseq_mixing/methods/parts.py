@@ -59,10 +59,7 @@ def part_scores(
     batch, _, num_queries, num_keys = probs.shape
     residual = upcast(residual)
     value_outputs = head_value_outputs(attn, record)
-    out_frozen = None if attn.out_norm is None else freeze_norm(attn.out_norm, record.output)
-    if output is None:
-        branch = upcast(record.output if attn.out_norm is None else attn.out_norm(record.output))
-        output = residual + branch
+    out_frozen, output = _frozen_out_norm_and_output(attn, record, residual, output)
     extra = int(with_residual and not self_mixing)
     scores = probs.new_zeros(batch, num_queries, num_keys + extra)
     chunk = max(1, max_chunk_elements // max(1, batch * (num_keys + 1) * output.shape[-1]))
@@ -84,6 +81,59 @@ def part_scores(
     return scores
 
 
+def _frozen_out_norm_and_output(
+    attn: AttentionSpec, record: AttentionTrace, residual: torch.Tensor, output: torch.Tensor | None
+) -> tuple[FrozenNorm | None, torch.Tensor]:
+    """The frozen norm on the attention output (sandwich layouts), or None, and what the parts sum to (default:
+    residual plus the branch output)."""
+    out_frozen = None if attn.out_norm is None else freeze_norm(attn.out_norm, record.output)
+    if output is None:
+        branch = upcast(record.output if attn.out_norm is None else attn.out_norm(record.output))
+        output = residual + branch
+    return out_frozen, output
+
+
+def head_part_scores(
+    attn: AttentionSpec,
+    record: AttentionTrace,
+    residual: torch.Tensor,
+    self_mixing: bool,
+    causal: bool,
+    scorer: Scorer,
+    maps: Sequence[FrozenNorm] = (),
+    output: torch.Tensor | None = None,
+    max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """Score every head's part of every token, :math:`\alpha^h_{ij} v^h_j W^h_O`, and the residual as a part of its
+    own (arguments as in :func:`part_scores`; the scorer gets parts ``(B, q, H, k, D)`` and ``(B, q, 1, 1, D)``).
+
+    Returns:
+        ``(B, H + 1, Q, K)`` (cross-attention: ``K + 1``); index ``H`` holds the residual's score, on the diagonal
+        (self-attention) or in the last column (cross-attention).
+    """
+    probs = upcast(record.probs)
+    batch, num_heads, num_queries, num_keys = probs.shape
+    residual = upcast(residual)
+    value_outputs = head_value_outputs(attn, record)
+    out_frozen, output = _frozen_out_norm_and_output(attn, record, residual, output)
+    scores = probs.new_zeros(batch, num_heads + 1, num_queries, num_keys + (not self_mixing))
+    chunk = max(1, max_chunk_elements // max(1, batch * num_heads * (num_keys + 1) * output.shape[-1]))
+    for start in range(0, num_queries, chunk):
+        queries = slice(start, min(start + chunk, num_queries))
+        keys = slice(0, queries.stop) if causal else slice(0, num_keys)
+        parts = torch.einsum("bhqk,bhkd->bqhkd", probs[:, :, queries, keys], value_outputs[:, :, keys])
+        if out_frozen is not None:
+            parts = out_frozen.linear(parts, queries)
+        own = residual[:, queries, None, None]
+        for frozen in maps:
+            parts, own = frozen.linear(parts, queries), frozen.linear(own, queries)
+        scores[:, :num_heads, queries, keys] = scorer(output[:, queries], parts).transpose(1, 2)
+        own_scores = scorer(output[:, queries], own)[:, :, 0, 0]
+        rows = torch.arange(start, queries.stop, device=scores.device)
+        scores[:, num_heads, rows, rows if self_mixing else num_keys] = own_scores
+    return scores
+
+
 def l2_norms(_output: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
     """The scorer of the norm-based measures: ``‖part‖₂``."""
     return torch.linalg.vector_norm(parts, dim=-1)
@@ -98,7 +148,7 @@ def stack_scores(
     with_residual: bool = True,
 ) -> torch.Tensor:  # fmt: skip
     """``layer_scores`` on one kind of sub-block (``"self"`` or ``"cross"``) of every layer of a stack, impossible
-    cells (padding, future keys) set to 0: ``(B, L, Q, K[+1])``."""
+    cells (padding, future keys) set to 0: ``(B, L, [H,] Q, K[+1])`` (a scorer may add axes before ``Q``)."""
     self_mixing = sub_block == "self"
     causal = stack.causal and self_mixing
     if with_residual and not self_mixing:
@@ -111,5 +161,6 @@ def stack_scores(
         else:
             attn, attn_record, residual = layer.cross_attn, record.cross_attn, cross_attention_input(layer, record)
         scores = layer_scores(layer, record, attn, attn_record, residual, self_mixing, causal)
-        per_layer.append(scores.masked_fill(~valid, 0.0))
+        cells = valid.reshape(valid.shape[0], *[1] * (scores.dim() - 3), *valid.shape[1:])  # extra axes: heads
+        per_layer.append(scores.masked_fill(~cells, 0.0))
     return torch.stack(per_layer, dim=1)

@@ -1,0 +1,289 @@
+r"""AttnLRP (Achtibat et al., ICML 2024): layer-wise relevance propagation with attention-aware rules.
+
+Paper: Reduan Achtibat, Sayed Mohammad Vakilzadeh Hatefi, Maximilian Dreyer, Aakriti Jain, Thomas Wiegand, Sebastian
+Lapuschkin, Wojciech Samek. "AttnLRP: Attention-Aware Layer-Wise Relevance Propagation for Transformers". ICML 2024.
+https://proceedings.mlr.press/v235/achtibat24a.html
+
+The explained logit :math:`z` is the relevance of the output; every operation passes relevance :math:`R` from its
+output to its inputs by one rule:
+
+* linear maps (projections, the LM head, rotary embeddings, a norm's mean subtraction): the ε-rule with
+  :math:`\varepsilon \to 0`, :math:`R_i = \sum_j x_i W_{ji} R_j / z_j`; a bias keeps its own share;
+* element-wise activations (GELU, SiLU, ...): the identity rule, :math:`R_x = R_y`;
+* layer norms and RMSNorms: the identity rule on the division by :math:`\sigma` (or the rms), so the norm is the
+  linear map of its frozen statistics (:mod:`.norms`) and its shift keeps its share;
+* the bilinear products :math:`q k^\top`, :math:`A V` and a gated FFN's :math:`\mathrm{act}(g) \odot u`: the
+  uniform rule, each factor gets half of the product's relevance;
+* softmax :math:`s = \mathrm{softmax}(x)`: :math:`R_{x_i} = x_i (R_{s_i} - s_i \sum_j R_{s_j})`.
+
+Every rule reads :math:`R = x \odot \tilde g` for a modified gradient :math:`\tilde g`, so one backward pass of the
+real model with modified gradients gives all relevances. The modifications sit at module boundaries: the identity rule
+replaces the gradient of every norm and activation module; the gradient entering an attention module's inputs
+(queries, and keys and values for cross-attention) is scaled by ¼ and that of its value-projection outputs by 2
+(values get ½ from :math:`A V`, queries and keys ¼ from :math:`A V` then :math:`q k^\top`; the softmax rule is the
+softmax's own gradient times its input); a gated FFN's input gradient is halved. A token's relevance for the logit
+at position :math:`t` is :math:`R_j = h^0_j \cdot \tilde g_j` at the input of the first block (token embedding with
+its position embedding, as the other methods attribute :math:`h^0`).
+
+Conservation: token relevances add up to :math:`z` minus an absorbed part: the shares of biases, norm shifts and
+position biases, and the softmax rule's term :math:`-\sum_i x_i s_i \sum_j R_{s_j}` per attention row; it is
+returned per position.
+
+Our choices, flagged: ε = 0 (the authors' library adds a small ε to denominators); relevance read at :math:`h^0`
+rather than at the token embedding; Gemma 2's attention-logit soft-cap, which sits inside the attention kernel, passes
+relevance with its own gradient (≈ 1 for scores well below the cap) instead of the identity rule; encoder–decoders
+(our extension; the paper covers decoder-only and encoder-only models) propagate through cross-attention with the same
+rules, source relevance read at the encoder's first block.
+"""
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..specs import ModelSpec
+from ..specs.base import UnsupportedModelError, norm_params
+from ..trace import eval_mode, forward_arguments, refuse_non_finite_forward
+from .blocks import refuse_non_finite
+from .norms import freeze_norm
+
+#: Bound on the activations of one chunk of explained positions (copies × layers × tokens × (tokens · heads + 8 ·
+#: d_model) elements).
+DEFAULT_CHUNK_ELEMENTS = 2**24
+#: Names under which attention modules receive the states their keys and values are computed from (cross-attention).
+KEY_VALUE_ARGUMENTS = ("key_value_states", "encoder_hidden_states")
+
+
+@dataclass
+class AttnLrpScores:
+    """AttnLRP relevances for the token predicted at every explained position.
+
+    Attributes:
+        target: ``(B, T, T)``: relevance of target-prefix token ``j`` (decoder-only: any token) for the logit at
+            position ``t``; 0 for ``j > t``, padding and positions not explained.
+        source: ``(B, T, S)``: relevance of source token ``s`` (encoder–decoders).
+        logit: The explained logit (minus the foil's), ``(B, T)``, before a final soft-cap.
+        absorbed: ``logit`` minus all token relevances, ``(B, T)`` (biases, norm shifts, the softmax rule's term).
+        logit_after_softcap: For models with a final soft-cap, the model's final logit (minus the foil's).
+    """
+
+    target: torch.Tensor
+    source: torch.Tensor | None
+    logit: torch.Tensor
+    absorbed: torch.Tensor
+    logit_after_softcap: torch.Tensor | None = None
+
+
+def with_gradient_scaled(tensor: torch.Tensor, factor: float | torch.Tensor) -> torch.Tensor:
+    """``tensor`` unchanged, its gradient multiplied by ``factor`` (a number, or one per last-axis entry)."""
+    frozen = tensor.detach()
+    return frozen + factor * (tensor - frozen)
+
+
+def identity_rule(output: torch.Tensor, tensor_input: torch.Tensor) -> torch.Tensor:
+    """An element-wise map's ``output`` unchanged, its gradient ``y / x`` (so that :math:`x \\tilde g_x = y \\tilde
+    g_y`: the identity rule); 0 where ``x = 0``."""
+    ratio = torch.where(tensor_input == 0, torch.zeros_like(output), output / tensor_input).detach()
+    return output.detach() + ratio * (tensor_input - tensor_input.detach())
+
+
+def frozen_norm_rule(norm: nn.Module, output: torch.Tensor, tensor_input: torch.Tensor) -> torch.Tensor:
+    """A norm's ``output`` unchanged, its gradient that of the norm with its statistics frozen (the identity rule on
+    the division by σ)."""
+    flat = tensor_input.reshape(1, -1, tensor_input.shape[-1])
+    linear = freeze_norm(norm, flat.detach()).linear(flat).reshape(output.shape)
+    return output.detach() + (linear - linear.detach()).to(output.dtype)
+
+
+def _is_norm(module: nn.Module) -> bool:
+    try:
+        norm_params(module)
+    except UnsupportedModelError:
+        return False
+    return True
+
+
+def _scale_attention_inputs(_module, args, kwargs):
+    """Queries (and cross-attention's key/value states) pass ¼ of the gradient."""
+    if args:
+        args = (with_gradient_scaled(args[0], 0.25), *args[1:])
+    else:
+        kwargs["hidden_states"] = with_gradient_scaled(kwargs["hidden_states"], 0.25)
+    for name in KEY_VALUE_ARGUMENTS:
+        if isinstance(kwargs.get(name), torch.Tensor):
+            kwargs[name] = with_gradient_scaled(kwargs[name], 0.25)
+    return args, kwargs
+
+
+def _value_factor(value_slice, width: int, like: torch.Tensor) -> torch.Tensor:
+    """1 on every output of a (fused) projection, 2 on its value outputs."""
+    factor = torch.ones(width, dtype=like.dtype, device=like.device)
+    index = value_slice.to(like.device) if isinstance(value_slice, torch.Tensor) else value_slice
+    factor[index] = 2.0
+    return factor
+
+
+@contextmanager
+def lrp_rules(model: nn.Module, spec: ModelSpec) -> Iterator[None]:
+    """Install the AttnLRP gradient modifications on the model's modules; removed on exit, whatever happens."""
+    with ExitStack() as hooks:
+
+        def add(handle):
+            hooks.callback(handle.remove)
+
+        for module in model.modules():
+            if _is_norm(module):
+                add(module.register_forward_hook(lambda m, args, out: frozen_norm_rule(m, out, args[0])))
+        stacks = [spec.decoder] + ([spec.encoder] if spec.encoder is not None else [])
+        for layer in (layer for stack in stacks for layer in stack.layers):
+            ffn = layer.ffn
+            if not isinstance(ffn.activation, nn.Module) or (ffn.is_gated and not isinstance(ffn.forward, nn.Module)):
+                raise UnsupportedModelError(
+                    f"AttnLRP hooks the FFN's activation (and a gated FFN's module); {spec.family}'s are functions."
+                )
+            add(ffn.activation.register_forward_hook(lambda _m, args, out: identity_rule(out, args[0])))
+            if ffn.is_gated:
+                add(ffn.forward.register_forward_pre_hook(lambda _m, args: (with_gradient_scaled(args[0], 0.5),)))
+            for attn in (layer.self_attn, layer.cross_attn):
+                if attn is None:
+                    continue
+                add(attn.module.register_forward_pre_hook(_scale_attention_inputs, with_kwargs=True))
+
+                def value_hook(_m, _args, out, value_slice=attn.value_slice):
+                    return with_gradient_scaled(out, _value_factor(value_slice, out.shape[-1], out))
+
+                add(attn.value_proj.register_forward_hook(value_hook))
+        yield
+
+
+@contextmanager
+def first_block_inputs(spec: ModelSpec, store: dict[str, torch.Tensor]) -> Iterator[None]:
+    """Make the input of each stack's first block a leaf of the graph (``store["decoder"]``, ``store["encoder"]``)."""
+    with ExitStack() as hooks:
+        stacks = {"decoder": spec.decoder, "encoder": spec.encoder}
+        for name, stack in stacks.items():
+            if stack is None:
+                continue
+
+            def hook(_module, args, kwargs, name=name):
+                states = (args[0] if args else kwargs["hidden_states"]).detach().requires_grad_(True)
+                store[name] = states
+                if args:
+                    return (states, *args[1:]), kwargs
+                return args, {**kwargs, "hidden_states": states}
+
+            hooks.callback(stack.layers[0].module.register_forward_pre_hook(hook, with_kwargs=True).remove)
+        yield
+
+
+def _chunk_size(spec: ModelSpec, tokens: int, max_chunk_elements: int) -> int:
+    stacks = [spec.decoder] + ([spec.encoder] if spec.encoder is not None else [])
+    layers = sum(len(stack.layers) for stack in stacks)
+    attn = spec.decoder.layers[0].self_attn
+    per_copy = layers * tokens * (tokens * attn.num_heads + 8 * attn.out_weight.shape[-1])
+    return max(1, max_chunk_elements // max(1, per_copy))
+
+
+def attn_lrp(
+    model: nn.Module,
+    spec: ModelSpec,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    target_ids: torch.Tensor | None,
+    target_mask: torch.Tensor | None,
+    explained_ids: torch.Tensor,
+    foil_ids: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> AttnLrpScores:
+    """AttnLRP relevances of the input tokens for the logit of ``explained_ids`` at every explained position.
+
+    One forward and one backward pass per chunk of explained positions: each position is explained in its own copy
+    of its sentence, the copies of a chunk batched together.
+
+    Args:
+        model: A supported Hugging Face model with an LM head.
+        spec: Its spec.
+        input_ids: Source ids ``(B, S)`` (encoder–decoders) or the whole sequence ``(B, T)`` (decoder-only).
+        attention_mask: Mask of ``input_ids``.
+        target_ids: Decoder prefix ``(B, T)`` of encoder–decoders, else None.
+        target_mask: Its mask.
+        explained_ids: ``(B, T)``: the token whose logit is explained at each decoder position.
+        foil_ids: ``(B, T)``: contrast tokens; explains ``logit(target) - logit(foil)``.
+        positions: ``(B, T)`` booleans: the decoder positions to explain (default: every real position).
+        max_chunk_elements: Memory bound of one chunk of copies (see :data:`DEFAULT_CHUNK_ELEMENTS`).
+
+    Returns:
+        :class:`AttnLrpScores`.
+    """
+    if spec.lm_head is None:
+        raise ValueError("AttnLRP needs a model with an LM head (...ForConditionalGeneration or ...ForCausalLM).")
+    kwargs = forward_arguments(model, spec, input_ids, attention_mask, target_ids, target_mask)
+    mask = (kwargs["decoder_attention_mask"] if spec.is_encoder_decoder else kwargs["attention_mask"]).bool()
+    positions = mask if positions is None else positions & mask
+    rows, columns = positions.nonzero(as_tuple=True)
+    batch, length = mask.shape
+    dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
+    target = torch.zeros(batch, length, length, dtype=dtype, device=mask.device)
+    source = None if not spec.is_encoder_decoder else target.new_zeros(batch, length, input_ids.shape[1])
+    logit = target.new_zeros(batch, length)
+    capped = None if spec.logit_softcap is None else target.new_zeros(batch, length)
+    chunk = _chunk_size(spec, length + (input_ids.shape[1] if spec.is_encoder_decoder else 0), max_chunk_elements)
+    for start in range(0, len(rows), chunk):
+        copies, at = rows[start : start + chunk], columns[start : start + chunk]
+        pair = (copies, at)
+        copy_kwargs = {key: value[copies] if torch.is_tensor(value) else value for key, value in kwargs.items()}
+        foils = None if foil_ids is None else foil_ids[pair]
+        relevance, explained, final = _relevance(model, spec, copy_kwargs, at, explained_ids[pair], foils)
+        target[pair] = relevance["decoder"].to(dtype)
+        logit[pair] = explained.to(dtype)
+        if capped is not None:
+            capped[pair] = final.to(dtype)
+        if source is not None:
+            source[pair] = relevance["encoder"].to(dtype)
+    refuse_non_finite("AttnLRP", target, source)
+    attributed = target.sum(-1) + (0 if source is None else source.sum(-1))
+    return AttnLrpScores(
+        target=target,
+        source=source,
+        logit=logit * positions,
+        absorbed=(logit - attributed) * positions,
+        logit_after_softcap=None if capped is None else capped * positions,
+    )
+
+
+def _relevance(
+    model: nn.Module,
+    spec: ModelSpec,
+    kwargs: dict,
+    at: torch.Tensor,
+    ids: torch.Tensor,
+    foils: torch.Tensor | None,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """One forward and backward pass of a chunk of copies, copy ``c`` explaining position ``at[c]``: relevance of
+    every token of each stack ``(copies, tokens)``, the explained logit (minus the foil's) and the model's final one
+    (after a soft-cap), each ``(copies,)``."""
+    leaves: dict[str, torch.Tensor] = {}
+    head: dict[str, torch.Tensor] = {}
+    with ExitStack() as stack:
+        stack.enter_context(eval_mode(model))
+        stack.enter_context(torch.enable_grad())
+        stack.enter_context(lrp_rules(model, spec))
+        stack.enter_context(first_block_inputs(spec, leaves))
+        if spec.logit_softcap is not None:  # explain the logit before the cap
+            handle = spec.lm_head.register_forward_hook(lambda _m, _a, out: head.update(logits=out))
+            stack.callback(handle.remove)
+        logits = model(**kwargs).logits
+    refuse_non_finite_forward(model, logits.detach(), kwargs.get("decoder_attention_mask", kwargs["attention_mask"]))
+    copies = torch.arange(len(at), device=at.device)
+
+    def difference(scores):
+        return scores[copies, at, ids] - (0 if foils is None else scores[copies, at, foils])
+
+    objective = difference(head.get("logits", logits))
+    names = [name for name in ("decoder", "encoder") if name in leaves]
+    grads = torch.autograd.grad(objective.sum(), [leaves[name] for name in names])
+    relevance = {name: (leaves[name] * grad).sum(-1).detach() for name, grad in zip(names, grads, strict=True)}
+    return relevance, objective.detach(), difference(logits.detach())

@@ -1,0 +1,123 @@
+"""AttnLRP: agreement with the rules written operation by operation on the real HF modules, conservation up to the
+softmax rule's term, contrast, causality and chunking."""
+
+import pytest
+import torch
+
+from inseq_mixing.methods.attn_lrp import attn_lrp
+from inseq_mixing.specs import get_spec
+from inseq_mixing.testing import tiny_model
+
+from .conftest import example_kwargs, next_tokens
+from .reference import naive_attn_lrp_gpt2, naive_attn_lrp_llama
+
+NAIVE = {"gpt2": naive_attn_lrp_gpt2, "llama": naive_attn_lrp_llama}
+
+
+def run(model, kwargs, ids, **options):
+    return attn_lrp(
+        model,
+        get_spec(model),
+        kwargs["input_ids"],
+        kwargs.get("attention_mask"),
+        kwargs.get("decoder_input_ids"),
+        kwargs.get("decoder_attention_mask"),
+        ids,
+        **options,
+    )
+
+
+@pytest.mark.parametrize("family", sorted(NAIVE))
+def test_matches_the_rules_applied_operation_by_operation(family):
+    model = tiny_model(family)
+    kwargs = example_kwargs(family)
+    ids = next_tokens(kwargs)
+    scores = run(model, kwargs, ids)
+    for position in range(ids.shape[1]):
+        relevance, logit, _ = NAIVE[family](model, kwargs["input_ids"][0], position, int(ids[0, position]))
+        torch.testing.assert_close(scores.target[0, position], relevance, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(scores.logit[0, position], logit, atol=1e-5, rtol=1e-4)
+
+
+def test_without_biases_only_the_softmax_rule_absorbs_relevance():
+    """A Llama has no biases or norm shifts: tokens get the whole logit but for the softmax rule's term."""
+    model = tiny_model("llama")
+    kwargs = example_kwargs("llama")
+    ids = next_tokens(kwargs)
+    scores = run(model, kwargs, ids)
+    for position in (0, 3, 7):
+        _, logit, absorbed = naive_attn_lrp_llama(model, kwargs["input_ids"][0], position, int(ids[0, position]))
+        torch.testing.assert_close(scores.target[0, position].sum() + absorbed, logit, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(scores.absorbed[0, position], absorbed, atol=1e-5, rtol=1e-4)
+    assert scores.absorbed.abs().min() > 1e-3  # the softmax rule does absorb (at position 0, half the attention's)
+
+
+def test_relevance_is_not_gradient_times_input():
+    """The rules change the gradient: plain Gradient×Input at the first block's input gives other scores."""
+    model = tiny_model("gpt2")
+    kwargs = example_kwargs("gpt2")
+    ids = next_tokens(kwargs)
+    scores = run(model, kwargs, ids)
+    base = model.transformer
+    h0 = (base.wte(kwargs["input_ids"][0]) + base.wpe(torch.arange(8))).detach().requires_grad_(True)
+    hidden = h0[None]
+    for block in base.h:
+        output = block(hidden)
+        hidden = output[0] if isinstance(output, tuple) else output
+    model.lm_head(base.ln_f(hidden))[0, -1, int(ids[0, -1])].backward()
+    assert not torch.allclose((h0 * h0.grad).sum(-1), scores.target[0, -1], atol=1e-3)
+
+
+def test_contrast_is_the_difference_of_the_two_explanations(family):
+    model = tiny_model(family)
+    kwargs = example_kwargs(family)
+    ids = next_tokens(kwargs)
+    foils = (ids + 7) % 60 + 4
+    contrast, plain, foil = run(model, kwargs, ids, foil_ids=foils), run(model, kwargs, ids), run(model, kwargs, foils)
+    torch.testing.assert_close(contrast.target, plain.target - foil.target, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(contrast.logit, plain.logit - foil.logit, atol=1e-5, rtol=1e-4)
+    if contrast.source is not None:
+        torch.testing.assert_close(contrast.source, plain.source - foil.source, atol=1e-5, rtol=1e-4)
+
+
+def test_every_family_gives_finite_causal_scores_and_its_own_logit(family):
+    model = tiny_model(family)
+    kwargs = example_kwargs(family, batch=2)
+    ids = next_tokens(kwargs)
+    scores = run(model, kwargs, ids)
+    assert torch.isfinite(scores.target).all() and (scores.target.triu(1) == 0).all()
+    with torch.no_grad():
+        output = model(**kwargs)
+    logits = output.logits if scores.logit_after_softcap is None else None
+    if logits is not None:
+        torch.testing.assert_close(scores.logit, logits.gather(-1, ids[..., None])[..., 0], atol=1e-5, rtol=1e-5)
+    else:
+        torch.testing.assert_close(
+            scores.logit_after_softcap, output.logits.gather(-1, ids[..., None])[..., 0], atol=1e-5, rtol=1e-5
+        )
+    assert scores.target.abs().sum() > 0 and (scores.source is None or scores.source.abs().sum() > 0)
+
+
+def test_chunks_and_selected_positions_do_not_change_scores():
+    model = tiny_model("marian")
+    kwargs = example_kwargs("marian", batch=2)
+    ids = next_tokens(kwargs)
+    whole = run(model, kwargs, ids)
+    positions = torch.zeros(ids.shape, dtype=torch.bool)
+    positions[:, 2:] = True
+    chunked = run(model, kwargs, ids, max_chunk_elements=1, positions=positions)
+    torch.testing.assert_close(chunked.target[:, 2:], whole.target[:, 2:])
+    torch.testing.assert_close(chunked.source[:, 2:], whole.source[:, 2:])
+    assert (chunked.target[:, :2] == 0).all() and (chunked.logit[:, :2] == 0).all()
+
+
+def test_the_model_is_left_as_it_was():
+    model = tiny_model("llama")
+    kwargs = example_kwargs("llama")
+    with torch.no_grad():
+        before = model(**kwargs).logits
+    run(model, kwargs, next_tokens(kwargs))
+    assert not any(module._forward_hooks or module._forward_pre_hooks for module in model.modules())
+    assert all(param.grad is None for param in model.parameters())
+    with torch.no_grad():
+        torch.testing.assert_close(model(**kwargs).logits, before, rtol=0, atol=0)
