@@ -6,8 +6,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from inseq_mixing.methods.alti_logit import alti_logit
+from inseq_mixing.methods.alti_logit import alti_logit, sweep_logit, unembedding_direction
 from inseq_mixing.methods.decompx import DecompXOptions, decompx
+from inseq_mixing.methods.norms import freeze_norm
 from inseq_mixing.testing import tiny_model
 
 from .conftest import example_kwargs, get_tiny, next_tokens, padded_case, trace_of
@@ -210,3 +211,66 @@ def test_reference_logit_bias_split_is_by_each_components_logit_vector():
     paper, reference = (decompx(other, ids, options=options[mode]).target for mode in ("paper", "reference"))
     torch.testing.assert_close(reference.sum(-1), paper.sum(-1), atol=1e-5, rtol=1e-5)  # the same bias in total
     assert not torch.allclose(reference, paper, atol=1e-4)
+
+
+def value_bias_readout(trace, ids) -> dict[str, torch.Tensor]:
+    """``g_t · (b^h_V W^h_O)`` per layer and head, ``(B, L, H, T)``: what each head's value bias adds to its branch
+    along the logit direction (rows of α sum to 1), for ``"self"`` and ``"cross"`` attention."""
+    sweep = sweep_logit(trace, unembedding_direction(trace.spec, ids, None))
+    terms = {}
+    for name in ("self", "cross"):
+        per_layer = []
+        for layer, branches in zip(trace.spec.decoder.layers, sweep.branches, strict=True):
+            attn = layer.self_attn if name == "self" else layer.cross_attn
+            if attn is None:
+                break
+            _, bias = attn.value_weight()
+            heads = attn.kv_head_of_query_head()
+            bias = (
+                torch.zeros(attn.num_heads, attn.head_dim) if bias is None else bias.reshape(-1, attn.head_dim)[heads]
+            )
+            carried = torch.einsum("he,hed->hd", bias.float(), attn.out_weight_per_head().float())
+            per_layer.append(torch.einsum("hd,btd->bht", carried, branches[name]))
+        if per_layer:
+            terms[name] = torch.stack(per_layer, dim=1)
+    return terms
+
+
+def test_per_head_token_sums_are_alti_logits_heads_without_the_value_bias(family):
+    """Both methods read a head's output along the same logit direction: summed over tokens, DecompX's per-head
+    scores (value bias split off) plus the head's value-bias term equal ALTI-logit's per-head parts (value bias inside
+    the values)."""
+    trace = trace_of(get_tiny(family), example_kwargs(family, batch=2))
+    ids = next_tokens(example_kwargs(family, batch=2))
+    ours, alti_heads = decompx(trace, ids, per_head=True), alti_logit(trace, ids, per_head=True)
+    bias = value_bias_readout(trace, ids)
+    sums = ours.target_heads.sum(-1) + (0 if ours.source_heads is None else ours.source_heads[:, 0].sum(-1))
+    expected = alti_heads.target_heads.sum(-1)
+    if ours.source_heads is not None:
+        expected = expected + alti_heads.source_heads[:, 0].sum(-1)
+        cross = ours.source_heads[:, 1].sum(-1) + bias["cross"]
+        torch.testing.assert_close(cross, alti_heads.source_heads[:, 1].sum(-1), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(sums + bias["self"], expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral"])
+def test_per_head_scores_read_each_heads_output_components(family):
+    """Pre-RMSNorm, no biases (so no bias or norm-shift shares enter the values): head h's components of layer l are
+    the frozen-norm values of the layer input's components, mixed by its attention and projected by its W_O, read
+    along the logit direction on the branch."""
+    trace = trace_of(get_tiny(family), example_kwargs(family))
+    ids = next_tokens(example_kwargs(family))
+    scores = decompx(trace, ids, per_head=True, keep_layers=True)
+    branches = sweep_logit(trace, unembedding_direction(trace.spec, ids, None)).branches
+    h0 = trace.decoder.layers[0].input.float()
+    inputs = [torch.diag_embed(h0.transpose(1, 2)).permute(0, 2, 3, 1)]  # position i holds its own token
+    inputs += [components.parts for components in scores.layers["decoder"][:-1]]
+    for idx, (layer, record) in enumerate(zip(trace.spec.decoder.layers, trace.decoder.layers, strict=True)):
+        attn = layer.self_attn
+        normed = freeze_norm(attn.norm, record.input).linear(inputs[idx])
+        weight, _ = attn.value_weight()
+        values = (normed @ weight.float()).unflatten(-1, (attn.num_kv_heads, attn.head_dim))
+        values = values[..., attn.kv_head_of_query_head(), :]  # (B, j, k, H, e)
+        mixed = torch.einsum("bhtj,bjkhe->bhtke", record.self_attn.probs.float(), values)
+        read = torch.einsum("bhtke,hed,btd->bhtk", mixed, attn.out_weight_per_head().float(), branches[idx]["self"])
+        torch.testing.assert_close(scores.target_heads[:, idx], read, atol=1e-5, rtol=1e-4)

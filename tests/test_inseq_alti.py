@@ -210,3 +210,25 @@ def test_alti_per_head_through_inseq(family):
         total = total + seq.source_attributions.sum(0)
     per_layer = total.reshape(total.shape[0], sub_blocks, len(layers), slots).sum((1, 3))
     torch.testing.assert_close(per_layer, torch.ones_like(per_layer))
+
+
+def test_decompx_per_head_through_inseq_sums_like_alti_logits_heads_on_bias_free_models():
+    """Llama has no value bias: summed over tokens, each head's DecompX scores equal ALTI-logit's for that head."""
+    heads = {}
+    for method in ("decompx", "alti_logit"):
+        seq = attribute(load_tiny("llama", method), "llama", per_head=True).sequence_attributions[0]
+        heads[method] = seq.target_attributions.nansum(0)  # (generated, layers · H)
+    layers = inseq_mixing.get_spec(load_tiny("llama", "decompx").model).decoder.layers
+    assert heads["decompx"].shape[-1] == len(layers) * layers[0].self_attn.num_heads
+    torch.testing.assert_close(heads["decompx"], heads["alti_logit"], atol=1e-5, rtol=1e-4)
+
+
+def test_decompx_per_head_through_inseq(family):
+    model = load_tiny(family, "decompx")
+    seq = attribute(model, family, per_head=True).sequence_attributions[0]
+    layers = inseq_mixing.get_spec(model.model).decoder.layers
+    expected = len(layers) * layers[0].self_attn.num_heads * (2 if is_seq2seq(family) else 1)
+    assert seq.target_attributions.shape[-1] == expected
+    assert torch.isfinite(seq.target_attributions.nan_to_num()).all() and seq.target_attributions.nansum() != 0
+    if seq.source_attributions is not None:
+        assert seq.source_attributions.shape[-1] == expected and seq.source_attributions.abs().sum() > 0

@@ -103,9 +103,16 @@ class _AltiLogit(MethodCall):
         if not per_head:
             return owner.logit_step_output(steps, trace.decoder.mask, scores, foils is not None, step_scores)
         step_scores["direct_embedding"] = scores.direct
-        sources = [None] if scores.source_heads is None else scores.source_heads.unbind(1)  # via self, via cross
-        maps = head_axis_maps(scores, scores.target_heads, *sources)
-        return owner.logit_step_output(steps, trace.decoder.mask, maps, foils is not None, step_scores, 1)
+        return owner.logit_step_output(
+            steps, trace.decoder.mask, logit_head_maps(scores), foils is not None, step_scores, 1
+        )
+
+
+def logit_head_maps(scores):
+    """A logit method's ``target_heads`` ``(B, L, H, T, T)`` and ``source_heads`` ``(B, 2, L, H, T, S)`` (through
+    self- and cross-attention heads) as maps with one (layer, head) axis (see :func:`head_axis_maps`)."""
+    sources = [None] if scores.source_heads is None else scores.source_heads.unbind(1)
+    return head_axis_maps(scores, scores.target_heads, *sources)
 
 
 def head_axis_maps(scores, target: torch.Tensor, self_source=None, cross_source=None, encoder=None):

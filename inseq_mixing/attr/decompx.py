@@ -9,6 +9,7 @@ from ..methods.decompx import (
     DecompXOptions,
     decompx,
 )
+from .alti import logit_head_maps
 from .base import ContextMixingAttribution, MethodCall, MixingStepOutput, read_step_inputs
 
 
@@ -32,6 +33,7 @@ class _DecompX(MethodCall):
         contrast_targets_alignments: list | None = None,
         max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
         convention: str = "paper",
+        per_head: bool = False,
     ) -> MixingStepOutput:
         """Signed DecompX contributions of source and target tokens to each generated token's logit.
 
@@ -54,15 +56,22 @@ class _DecompX(MethodCall):
             convention: ``"paper"`` (the paper's text) or ``"reference"`` (the authors' released code: the attention
                 bias split over residual plus attention output, the logit bias by each component's whole logit
                 vector); see :class:`~inseq_mixing.methods.decompx.DecompXOptions`.
+            per_head: Return each decoder attention head's direct contribution instead (our extension): its output
+                components read out along the logit direction on its branch, a last dimension indexing (layer, head)
+                as ``layer · H + head`` (encoder–decoders: self-attention heads, then cross-attention heads). Summed
+                over tokens, a head's scores plus its value-bias term equal ALTI-logit's per-head part.
         """
         owner = self.owner
         options = DecompXOptions(bias, ffn_linearization, gated_split, include_ffn, max_chunk_elements, convention)
         steps = read_step_inputs(inputs, additional_forward_args, owner.spec.is_encoder_decoder)
         trace = owner.trace(steps)
         foils = owner.contrast_ids(steps, contrast_targets, contrast_targets_alignments)
-        scores = decompx(trace, steps.predicted_ids, foils, options)
+        scores = decompx(trace, steps.predicted_ids, foils, options, per_head=per_head)
         step_scores = {} if scores.bias is None else {"bias_component": scores.bias}
-        return owner.logit_step_output(steps, trace.decoder.mask, scores, foils is not None, step_scores)
+        if not per_head:
+            return owner.logit_step_output(steps, trace.decoder.mask, scores, foils is not None, step_scores)
+        maps = logit_head_maps(scores)
+        return owner.logit_step_output(steps, trace.decoder.mask, maps, foils is not None, step_scores, 1)
 
 
 class DecompXAttribution(ContextMixingAttribution):
@@ -77,7 +86,8 @@ class DecompXAttribution(ContextMixingAttribution):
 
     Outputs: signed source and target scores; each sequence's ``step_scores`` holds ``logit`` (or
     ``contrast_logits_diff``) and, with ``bias="separate"``, ``bias_component``. Source + target scores
-    (+ ``bias_component``) = the logit, for every generated token.
+    (+ ``bias_component``) = the logit, for every generated token. With ``per_head=True`` (our extension), each
+    decoder attention head's direct contribution, by token, on a last (layer, head) axis.
     """
 
     method_name = "decompx"

@@ -147,12 +147,15 @@ class LogitSweep:
         cross_parts: Per layer, :math:`\\Delta` of the cross-attention sub-block ``(B, T, S)``.
         direct: The embedding's direct term ``(B, T)``.
         unattributed: Terms not attributed to tokens, each ``(B, T)``.
+        branches: Per layer, the direction :math:`g` on each attention sub-block's branch output (before a norm on
+            the attention output), ``{"self": (B, T, D), "cross": (B, T, D)}``.
     """
 
     self_parts: list[torch.Tensor]
     cross_parts: list[torch.Tensor]
     direct: torch.Tensor
     unattributed: dict[str, torch.Tensor]
+    branches: list[dict[str, torch.Tensor]] = field(default_factory=list)
 
 
 def _through_norm(norm, norm_input, direction, terms) -> torch.Tensor:
@@ -170,14 +173,15 @@ def sweep_logit(trace: ModelTrace, direction: torch.Tensor, per_head: bool = Fal
     direction = direction * spec.logits_scale
     if spec.decoder.final_norm is not None:
         direction = _through_norm(spec.decoder.final_norm, stack.final_norm_input, direction, terms)
-    self_parts, cross_parts = [], []
+    self_parts, cross_parts, branches = [], [], []
     for layer, record in reversed(list(zip(spec.decoder.layers, stack.layers, strict=True))):
+        branches.insert(0, {})
         if layer.ffn.post_norm is not None:
             direction = _through_norm(layer.ffn.post_norm, record.ffn_norm_input, direction, terms)
         terms["ffn"] += _dot(direction, upcast(ffn_output(layer, record)))
-        for attn, attn_record, parts in (
-            (layer.cross_attn, record.cross_attn, cross_parts),
-            (layer.self_attn, record.self_attn, self_parts),
+        for name, attn, attn_record, parts in (
+            ("cross", layer.cross_attn, record.cross_attn, cross_parts),
+            ("self", layer.self_attn, record.self_attn, self_parts),
         ):
             if attn is None:
                 continue
@@ -188,8 +192,9 @@ def sweep_logit(trace: ModelTrace, direction: torch.Tensor, per_head: bool = Fal
                 branch = _through_norm(attn.out_norm, attn_record.output, direction, terms)
             terms["attention_bias"] += _dot(branch, attn.out_bias)
             parts.insert(0, attention_logit_parts(attn, attn_record, branch, per_head))
+            branches[0][name] = branch
     direct = _dot(direction, upcast(stack.layers[0].input))
-    return LogitSweep(self_parts=self_parts, cross_parts=cross_parts, direct=direct, unattributed=terms)
+    return LogitSweep(self_parts, cross_parts, direct, terms, branches)
 
 
 def _below(rollouts: torch.Tensor, first: torch.Tensor) -> torch.Tensor:

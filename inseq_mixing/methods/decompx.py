@@ -38,7 +38,15 @@ import torch
 from ..specs import AttentionSpec, FFNSpec, LayerSpec, StackSpec
 from ..specs.base import linear_in_out
 from ..trace import AttentionTrace, LayerTrace, ModelTrace, StackTrace
-from .alti_logit import logit_bias, masked, recorded_logit, softcapped_logit, through_readout, unembedding_direction
+from .alti_logit import (
+    logit_bias,
+    masked,
+    recorded_logit,
+    softcapped_logit,
+    sweep_logit,
+    through_readout,
+    unembedding_direction,
+)
 from .blocks import refuse_non_finite, upcast, valid_cells
 from .norms import FrozenNorm, freeze_norm
 
@@ -366,6 +374,7 @@ def attention_sublayer(
     causal: bool,
     keys: BlockedStream | None = None,
     place=None,
+    heads: "HeadReadout | None" = None,
 ) -> BlockedStream:
     r"""Residual plus attention output on a blocked stream, then the norm in post-LN blocks.
 
@@ -382,6 +391,7 @@ def attention_sublayer(
         causal: Causal self-attention (a slab skips the positions that cannot carry it).
         keys: The key-side stream of a cross-attention (the encoder output); None for self-attention.
         place: Maps key-layout component indices to the query layout (cross-attention).
+        heads: Where to read each head's output components out along a logit direction (``per_head``), or None.
     """
     mode = options.bias
     self_attention = keys is None
@@ -406,8 +416,10 @@ def attention_sublayer(
         values = slab_values(attn, keys, norms, slab, key_rows)
         part = torch.einsum("bhqj,bjkhe->bqkhe", probs[:, :, query_rows, key_rows], values)
         mixed = torch.einsum("bqkhe,hed->bqkd", part, out_weight)
-        del part, values
         query_slab = slab if place is None else place(slab)
+        if heads is not None:
+            heads.read(part, out_weight, query_rows, query_slab)
+        del part, values
         for block, weight, block_bias in zip(stream.blocks, weights, biases, strict=True):
             if block.rows.stop <= query_rows.start:
                 continue
@@ -430,6 +442,27 @@ def attention_sublayer(
     return stream.map(
         lambda block: decompose_norm(attn.post_norm, record.norm_input[:, block.rows], block.stream, mode)
     )
+
+
+@dataclass
+class HeadReadout:
+    """Each head's attention-output components at every position, read out along the logit direction on the
+    sub-block's branch (``per_head``).
+
+    Attributes:
+        direction: ``(B, Q, D)``: the direction :math:`g` on the branch output (through a frozen norm on the
+            attention output, if any), from :func:`.alti_logit.sweep_logit`.
+        scores: ``(B, H, Q, K)``, filled in: head ``h``'s components of query ``q`` for component ``k`` (query layout)
+            dotted with ``direction``.
+    """
+
+    direction: torch.Tensor
+    scores: torch.Tensor
+
+    def read(self, part: torch.Tensor, out_weight: torch.Tensor, rows: slice, components: torch.Tensor) -> None:
+        """Read one slab: ``part`` ``(B, q, slab, H, head_dim)`` of the query ``rows``."""
+        read = torch.einsum("bqkhe,hed,bqd->bhqk", part, out_weight, self.direction[:, rows])
+        self.scores[:, :, rows, components] = read
 
 
 def branch_bias(bias: torch.Tensor | None, out_frozen: FrozenNorm | None, rows: slice) -> torch.Tensor | None:
@@ -549,6 +582,7 @@ def decompose_layer(
     causal: bool,
     encoder: BlockedStream | None = None,
     place=None,
+    heads: dict[str, HeadReadout] | None = None,
 ) -> BlockedStream:
     """One block on a decomposed stream (updated in place).
 
@@ -560,13 +594,16 @@ def decompose_layer(
         causal: Whether self-attention is causal.
         encoder: Components of the encoder output (decoder blocks of encoder–decoders).
         place: Maps encoder component indices to the decoder layout.
+        heads: Per-head read-outs of the ``"self"`` and ``"cross"`` attention (``per_head``), or None.
     """
+    heads = heads or {}
     block_input = (
         [block.stream.like(block.stream.parts.clone()) for block in stream.blocks] if layer.ffn.parallel else None
     )
-    stream = attention_sublayer(layer.self_attn, record.self_attn, stream, options, causal)
+    stream = attention_sublayer(layer.self_attn, record.self_attn, stream, options, causal, heads=heads.get("self"))
     if layer.cross_attn is not None:
-        stream = attention_sublayer(layer.cross_attn, record.cross_attn, stream, options, False, encoder, place)
+        cross = heads.get("cross")
+        stream = attention_sublayer(layer.cross_attn, record.cross_attn, stream, options, False, encoder, place, cross)
     sources = block_input or [None] * len(stream.blocks)  # a parallel FFN reads the block input
     out_norm_input = record.ffn_out_norm_input
     for block, source in zip(stream.blocks, sources, strict=True):
@@ -593,11 +630,14 @@ def decompose_stack(
     encoder: BlockedStream | None = None,
     place_encoder=None,
     keep_layers: bool = False,
+    heads: list[dict[str, HeadReadout]] | None = None,
 ) -> tuple[BlockedStream, list[Components]]:
-    """Every block of a stack, then its final norm; returns the output and (if asked) each block's output, dense."""
+    """Every block of a stack, then its final norm; returns the output and (if asked) each block's output, dense.
+    ``heads``: per layer, the per-head read-outs of its attention sub-blocks (``per_head``)."""
     layers = []
-    for layer, record in zip(stack_spec.layers, stack.layers, strict=True):
-        stream = decompose_layer(layer, record, stream, options, stack.causal, encoder, place_encoder)
+    heads = heads or [None] * len(stack_spec.layers)
+    for layer, record, layer_heads in zip(stack_spec.layers, stack.layers, heads, strict=True):
+        stream = decompose_layer(layer, record, stream, options, stack.causal, encoder, place_encoder, layer_heads)
         if keep_layers:
             layers.append(stream.to_dense())
     if stack_spec.final_norm is not None:
@@ -654,6 +694,10 @@ class DecompXScores:
             one (the contributions add up to it).
         logit_after_softcap: For models with a final soft-cap, the model's final logit (minus the foil's).
         layers: With ``keep_layers``: components of each block's output, ``{"encoder": [...], "decoder": [...]}``.
+        target_heads: With ``per_head``: ``(B, L, H, T, T)``, each decoder self-attention head's output components
+            read out along the logit direction on its branch (its direct contribution; our extension).
+        source_heads: With ``per_head`` (encoder–decoders): ``(B, 2, L, H, T, S)``, the same for source components,
+            through the self-attention (index 0) and cross-attention (index 1) heads.
     """
 
     target: torch.Tensor
@@ -662,6 +706,8 @@ class DecompXScores:
     logit: torch.Tensor | None = None
     logit_after_softcap: torch.Tensor | None = None
     layers: dict[str, list[Components]] = field(default_factory=dict)
+    target_heads: torch.Tensor | None = None
+    source_heads: torch.Tensor | None = None
 
 
 @torch.no_grad()
@@ -671,6 +717,7 @@ def decompx(
     foil_ids: torch.Tensor | None = None,
     options: DecompXOptions | None = None,
     keep_layers: bool = False,
+    per_head: bool = False,
 ) -> DecompXScores:
     """DecompX scores of the token predicted at every decoder position.
 
@@ -680,6 +727,8 @@ def decompx(
         foil_ids: ``(B, T)``: contrast tokens: explain ``logit(target) - logit(foil)``.
         options: Decomposition choices (:class:`DecompXOptions`).
         keep_layers: Also return every block's output components (for checks; memory grows with depth).
+        per_head: Also read each decoder attention head's output components out along the logit direction on its
+            branch (``target_heads``, ``source_heads``; see :class:`HeadReadout`).
 
     Returns:
         :class:`DecompXScores`; ``target.sum(-1) + source.sum(-1) (+ bias) == logit``.
@@ -701,8 +750,9 @@ def decompx(
     available = available_components(dec.mask, blocks, separate)
     bias_index = available.shape[-1] - 1 if separate else None
     start = initial_stream(dec.layers[0].input, offset, available, bias_index, options.max_chunk_elements)
+    heads = head_readouts(trace, target_ids, foil_ids, available.shape[-1]) if per_head else None
     stream, layers["decoder"] = decompose_stack(
-        spec.decoder, dec, start, options, encoder, place, keep_layers=keep_layers
+        spec.decoder, dec, start, options, encoder, place, keep_layers=keep_layers, heads=heads
     )
     direction = unembedding_direction(spec, target_ids, foil_ids) * spec.logits_scale
     scores = read_out(stream, direction)
@@ -715,7 +765,17 @@ def decompx(
     refuse_non_finite("DecompX", scores)
     real = dec.mask[..., None].to(scores.dtype)
     scores = scores * real
+    target_heads = source_heads = None
+    if heads is not None:
+        real_rows = dec.mask[:, None, None, :, None]
+        self_heads = torch.stack([layer["self"].scores for layer in heads], dim=1) * real_rows
+        target_heads = self_heads[..., offset : offset + dec.mask.shape[1]]
+        if spec.is_encoder_decoder:
+            cross_heads = torch.stack([layer["cross"].scores for layer in heads], dim=1) * real_rows
+            source_heads = torch.stack([self_heads[..., :offset], cross_heads[..., :offset]], dim=1)
     return DecompXScores(
+        target_heads=target_heads,
+        source_heads=source_heads,
         target=scores[..., offset : offset + dec.mask.shape[1]],
         source=scores[..., :offset] if spec.is_encoder_decoder else None,
         bias=scores[..., -1] if separate else None,
@@ -723,6 +783,22 @@ def decompx(
         logit_after_softcap=masked(softcapped_logit(trace, target_ids, foil_ids), dec.mask),
         layers=layers if keep_layers else {},
     )
+
+
+def head_readouts(
+    trace: ModelTrace, target_ids: torch.Tensor, foil_ids: torch.Tensor | None, num_components: int
+) -> list[dict[str, HeadReadout]]:
+    """Empty per-head read-outs of every decoder attention sub-block, along the logit directions that ALTI-logit
+    carries down the residual stream (:func:`.alti_logit.sweep_logit`)."""
+    sweep = sweep_logit(trace, unembedding_direction(trace.spec, target_ids, foil_ids))
+    readouts = []
+    for layer, branches in zip(trace.spec.decoder.layers, sweep.branches, strict=True):
+        readouts.append({})
+        for name, direction in branches.items():
+            attn = layer.self_attn if name == "self" else layer.cross_attn
+            scores = direction.new_zeros(*direction.shape[:1], attn.num_heads, direction.shape[1], num_components)
+            readouts[-1][name] = HeadReadout(direction, scores)
+    return readouts
 
 
 def encoder_placement(num_source: int, num_target: int, separate: bool):
