@@ -232,3 +232,14 @@ def test_decompx_per_head_through_inseq(family):
     assert torch.isfinite(seq.target_attributions.nan_to_num()).all() and seq.target_attributions.nansum() != 0
     if seq.source_attributions is not None:
         assert seq.source_attributions.shape[-1] == expected and seq.source_attributions.abs().sum() > 0
+
+
+def test_attn_lrp_through_inseq_adds_up_with_the_absorbed_part(family):
+    """Every family, with attribute_target=True for encoder–decoders: relevances + absorbed = the model's own logit."""
+    model = load_tiny(family, "attn_lrp")
+    seq = attribute(model, family).sequence_attributions[0]
+    assert set(seq.step_scores) >= {"absorbed", "logit"}
+    total = token_total(seq) + seq.step_scores["absorbed"]
+    torch.testing.assert_close(total, seq.step_scores["logit"], atol=1e-4, rtol=1e-4)
+    explained = "logit_after_softcap" if "logit_after_softcap" in seq.step_scores else "logit"
+    torch.testing.assert_close(seq.step_scores[explained], own_logits(model, seq), atol=1e-4, rtol=1e-4)
