@@ -377,6 +377,11 @@ def forward_arguments(
     return kwargs
 
 
+def decoder_mask(kwargs: dict) -> torch.Tensor:
+    """The mask of the decoder positions in :func:`forward_arguments`' keyword arguments."""
+    return kwargs.get("decoder_attention_mask", kwargs["attention_mask"])
+
+
 def trace_model(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -401,13 +406,9 @@ def trace_model(
     """
     spec = spec or get_spec(model)
     kwargs = forward_arguments(model, spec, input_ids, attention_mask, decoder_input_ids, decoder_attention_mask)
-    attention_mask = kwargs["attention_mask"]
-    decoder_attention_mask = kwargs.get("decoder_attention_mask")
     if NEEDS_OUTPUT_ATTENTIONS:
         kwargs["output_attentions"] = True
-    recorders = {"decoder": _Recorder(spec.decoder, keep_cross_call=True)}
-    if spec.is_encoder_decoder:
-        recorders["encoder"] = _Recorder(spec.encoder, keep_cross_call=False)
+    recorders = {name: _Recorder(stack, keep_cross_call=name == "decoder") for name, stack in spec.stacks.items()}
     with ExitStack() as hooks:
         hooks.enter_context(eval_mode(model))
         hooks.enter_context(eager_attention(model))
@@ -419,14 +420,12 @@ def trace_model(
             hooks.callback(head_hook.remove)
         with torch.no_grad():
             logits = model(**kwargs).logits.detach()
-    refuse_non_finite_forward(model, logits, decoder_attention_mask if spec.is_encoder_decoder else attention_mask)
-    if spec.is_encoder_decoder:
-        return ModelTrace(
-            spec=spec,
-            encoder=recorders["encoder"].result(attention_mask, causal=False),
-            decoder=recorders["decoder"].result(decoder_attention_mask, causal=True),
-            logits=logits,
-            logits_before_softcap=head_output.get("logits"),
-        )
-    decoder = recorders["decoder"].result(attention_mask, causal=True)
-    return ModelTrace(spec=spec, decoder=decoder, logits=logits, logits_before_softcap=head_output.get("logits"))
+    refuse_non_finite_forward(model, logits, decoder_mask(kwargs))
+    encoder = recorders.get("encoder")
+    return ModelTrace(
+        spec=spec,
+        decoder=recorders["decoder"].result(decoder_mask(kwargs), causal=True),
+        encoder=None if encoder is None else encoder.result(kwargs["attention_mask"], causal=False),
+        logits=logits,
+        logits_before_softcap=head_output.get("logits"),
+    )

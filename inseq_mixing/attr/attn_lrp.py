@@ -39,8 +39,8 @@ class _AttnLrp(MethodCall):
             positions,
             max_chunk_elements,
         )
-        mask = steps.attention_mask if steps.target_ids is None else steps.target_mask
-        return owner.logit_step_output(steps, mask, scores, foils is not None, {"absorbed": scores.absorbed})
+        absorbed = {"absorbed": scores.absorbed}
+        return owner.logit_step_output(steps, steps.decoder_mask, scores, foils is not None, absorbed)
 
 
 class AttnLrpAttribution(ContextMixingAttribution):

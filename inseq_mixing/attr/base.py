@@ -93,6 +93,11 @@ class StepInputs:
     attributed_fn_args: dict[str, Any]
 
     @property
+    def decoder_mask(self) -> torch.Tensor:
+        """Mask of the decoder positions ``(B, T)``: ``target_mask`` of encoder–decoders, else ``attention_mask``."""
+        return self.attention_mask if self.target_ids is None else self.target_mask
+
+    @property
     def predicted_ids(self) -> torch.Tensor:
         """The token predicted at every decoder position ``(B, T)``: the next prefix token, then ``next_ids``."""
         prefix = self.input_ids if self.target_ids is None else self.target_ids
@@ -317,7 +322,7 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
     def explained_positions(self, steps: StepInputs) -> torch.Tensor:
         """``(B, T)`` booleans: the real decoder positions that predict a token Inseq attributes (the first attributed
         token is ``first_attributed_position`` past each row's left padding)."""
-        mask = (steps.attention_mask if steps.target_ids is None else steps.target_mask).bool()
+        mask = steps.decoder_mask.bool()
         padding = (~mask).long().cumprod(-1).sum(-1, keepdim=True)
         index = torch.arange(mask.shape[1], device=mask.device)
         return mask & (index >= padding + self.first_attributed_position - 1)

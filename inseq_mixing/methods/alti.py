@@ -123,10 +123,7 @@ def stack_contributions(
         heads = maps.shape[2]
         flat = maps.permute(0, 1, 3, 2, 4).flatten(3)  # (B, L, Q, (H + 1)·K)
         own = torch.zeros_like(maps[:, 0])
-        if self_mixing:
-            own[:, -1].diagonal(dim1=-2, dim2=-1).fill_(1.0)
-        else:
-            own[:, -1, :, -1] = 1.0
+        own[:, -1] = own_rows(maps[:, 0, -1], self_mixing)  # the residual slot
         own = own.transpose(1, 2).flatten(2)
         rows = [
             normalize_rows(fill_empty_rows(flat[:, layer], stack.mask, self_mixing, own))
@@ -156,13 +153,19 @@ def fill_empty_rows(
         "paper); each is attributed to its own residual stream (an identity row).",
         stacklevel=2,
     )
-    if own is None:
-        own = torch.zeros_like(scores)
-        if self_mixing:
-            own.diagonal(dim1=-2, dim2=-1).fill_(1.0)
-        else:
-            own[..., -1] = 1.0
+    own = own_rows(scores, self_mixing) if own is None else own
     return torch.where(empty[..., None], own, scores)
+
+
+def own_rows(like: torch.Tensor, self_mixing: bool) -> torch.Tensor:
+    """Rows ``(..., Q, K)`` that give each position to its own residual stream: the diagonal (self-attention) or the
+    residual column, the last (cross-attention)."""
+    own = torch.zeros_like(like)
+    if self_mixing:
+        own.diagonal(dim1=-2, dim2=-1).fill_(1.0)
+    else:
+        own[..., -1] = 1.0
+    return own
 
 
 @torch.no_grad()

@@ -45,7 +45,7 @@ from torch import nn
 
 from ..specs import ModelSpec
 from ..specs.base import UnsupportedModelError, norm_params
-from ..trace import eval_mode, forward_arguments, refuse_non_finite_forward
+from ..trace import decoder_mask, eval_mode, forward_arguments, refuse_non_finite_forward
 from .blocks import refuse_non_finite
 from .norms import freeze_norm
 
@@ -136,8 +136,7 @@ def lrp_rules(model: nn.Module, spec: ModelSpec) -> Iterator[None]:
         for module in model.modules():
             if _is_norm(module):
                 add(module.register_forward_hook(lambda m, args, out: frozen_norm_rule(m, out, args[0])))
-        stacks = [spec.decoder] + ([spec.encoder] if spec.encoder is not None else [])
-        for layer in (layer for stack in stacks for layer in stack.layers):
+        for layer in (layer for stack in spec.stacks.values() for layer in stack.layers):
             ffn = layer.ffn
             if not isinstance(ffn.activation, nn.Module) or (ffn.is_gated and not isinstance(ffn.forward, nn.Module)):
                 raise UnsupportedModelError(
@@ -162,10 +161,7 @@ def lrp_rules(model: nn.Module, spec: ModelSpec) -> Iterator[None]:
 def first_block_inputs(spec: ModelSpec, store: dict[str, torch.Tensor]) -> Iterator[None]:
     """Make the input of each stack's first block a leaf of the graph (``store["decoder"]``, ``store["encoder"]``)."""
     with ExitStack() as hooks:
-        stacks = {"decoder": spec.decoder, "encoder": spec.encoder}
-        for name, stack in stacks.items():
-            if stack is None:
-                continue
+        for name, stack in spec.stacks.items():
 
             def hook(_module, args, kwargs, name=name):
                 states = (args[0] if args else kwargs["hidden_states"]).detach().requires_grad_(True)
@@ -179,8 +175,7 @@ def first_block_inputs(spec: ModelSpec, store: dict[str, torch.Tensor]) -> Itera
 
 
 def _chunk_size(spec: ModelSpec, tokens: int, max_chunk_elements: int) -> int:
-    stacks = [spec.decoder] + ([spec.encoder] if spec.encoder is not None else [])
-    layers = sum(len(stack.layers) for stack in stacks)
+    layers = sum(len(stack.layers) for stack in spec.stacks.values())
     attn = spec.decoder.layers[0].self_attn
     per_copy = layers * tokens * (tokens * attn.num_heads + 8 * attn.out_weight.shape[-1])
     return max(1, max_chunk_elements // max(1, per_copy))
@@ -221,7 +216,7 @@ def attn_lrp(
     if spec.lm_head is None:
         raise ValueError("AttnLRP needs a model with an LM head (...ForConditionalGeneration or ...ForCausalLM).")
     kwargs = forward_arguments(model, spec, input_ids, attention_mask, target_ids, target_mask)
-    mask = (kwargs["decoder_attention_mask"] if spec.is_encoder_decoder else kwargs["attention_mask"]).bool()
+    mask = decoder_mask(kwargs).bool()
     positions = mask if positions is None else positions & mask
     rows, columns = positions.nonzero(as_tuple=True)
     batch, length = mask.shape
@@ -231,18 +226,19 @@ def attn_lrp(
     logit = target.new_zeros(batch, length)
     capped = None if spec.logit_softcap is None else target.new_zeros(batch, length)
     chunk = _chunk_size(spec, length + (input_ids.shape[1] if spec.is_encoder_decoder else 0), max_chunk_elements)
-    for start in range(0, len(rows), chunk):
-        copies, at = rows[start : start + chunk], columns[start : start + chunk]
-        pair = (copies, at)
-        copy_kwargs = {key: value[copies] if torch.is_tensor(value) else value for key, value in kwargs.items()}
-        foils = None if foil_ids is None else foil_ids[pair]
-        relevance, explained, final = _relevance(model, spec, copy_kwargs, at, explained_ids[pair], foils)
-        target[pair] = relevance["decoder"].to(dtype)
-        logit[pair] = explained.to(dtype)
-        if capped is not None:
-            capped[pair] = final.to(dtype)
-        if source is not None:
-            source[pair] = relevance["encoder"].to(dtype)
+    with lrp_pass(model, spec) as recorded:
+        for start in range(0, len(rows), chunk):
+            copies, at = rows[start : start + chunk], columns[start : start + chunk]
+            pair = (copies, at)
+            copy_kwargs = {key: value[copies] if torch.is_tensor(value) else value for key, value in kwargs.items()}
+            foils = None if foil_ids is None else foil_ids[pair]
+            relevance, explained, final = _relevance(model, recorded, copy_kwargs, at, explained_ids[pair], foils)
+            target[pair] = relevance["decoder"].to(dtype)
+            logit[pair] = explained.to(dtype)
+            if capped is not None:
+                capped[pair] = final.to(dtype)
+            if source is not None:
+                source[pair] = relevance["encoder"].to(dtype)
     refuse_non_finite("AttnLRP", target, source)
     attributed = target.sum(-1) + (0 if source is None else source.sum(-1))
     return AttnLrpScores(
@@ -254,36 +250,43 @@ def attn_lrp(
     )
 
 
+@contextmanager
+def lrp_pass(model: nn.Module, spec: ModelSpec) -> Iterator[dict[str, torch.Tensor]]:
+    """Eval mode, gradients on, the AttnLRP rules installed; yields what each forward pass records: the first-block
+    inputs (``"decoder"``, ``"encoder"``) and, for models with a final soft-cap, the LM head's ``"logits"``. Hooks
+    are removed and the model's flags restored on exit, whatever happens."""
+    recorded: dict[str, torch.Tensor] = {}
+    with ExitStack() as stack:
+        stack.enter_context(eval_mode(model))
+        stack.enter_context(torch.enable_grad())
+        stack.enter_context(lrp_rules(model, spec))
+        stack.enter_context(first_block_inputs(spec, recorded))
+        if spec.logit_softcap is not None:  # explain the logit before the cap
+            handle = spec.lm_head.register_forward_hook(lambda _m, _a, out: recorded.update(logits=out))
+            stack.callback(handle.remove)
+        yield recorded
+
+
 def _relevance(
     model: nn.Module,
-    spec: ModelSpec,
+    recorded: dict[str, torch.Tensor],
     kwargs: dict,
     at: torch.Tensor,
     ids: torch.Tensor,
     foils: torch.Tensor | None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-    """One forward and backward pass of a chunk of copies, copy ``c`` explaining position ``at[c]``: relevance of
-    every token of each stack ``(copies, tokens)``, the explained logit (minus the foil's) and the model's final one
-    (after a soft-cap), each ``(copies,)``."""
-    leaves: dict[str, torch.Tensor] = {}
-    head: dict[str, torch.Tensor] = {}
-    with ExitStack() as stack:
-        stack.enter_context(eval_mode(model))
-        stack.enter_context(torch.enable_grad())
-        stack.enter_context(lrp_rules(model, spec))
-        stack.enter_context(first_block_inputs(spec, leaves))
-        if spec.logit_softcap is not None:  # explain the logit before the cap
-            handle = spec.lm_head.register_forward_hook(lambda _m, _a, out: head.update(logits=out))
-            stack.callback(handle.remove)
-        logits = model(**kwargs).logits
-    refuse_non_finite_forward(model, logits.detach(), kwargs.get("decoder_attention_mask", kwargs["attention_mask"]))
+    """One forward and backward pass of a chunk of copies inside :func:`lrp_pass`, copy ``c`` explaining position
+    ``at[c]``: relevance of every token of each stack ``(copies, tokens)``, the explained logit (minus the foil's) and
+    the model's final one (after a soft-cap), each ``(copies,)``."""
+    logits = model(**kwargs).logits
+    refuse_non_finite_forward(model, logits.detach(), decoder_mask(kwargs))
     copies = torch.arange(len(at), device=at.device)
 
     def difference(scores):
         return scores[copies, at, ids] - (0 if foils is None else scores[copies, at, foils])
 
-    objective = difference(head.get("logits", logits))
-    names = [name for name in ("decoder", "encoder") if name in leaves]
-    grads = torch.autograd.grad(objective.sum(), [leaves[name] for name in names])
-    relevance = {name: (leaves[name] * grad).sum(-1).detach() for name, grad in zip(names, grads, strict=True)}
+    objective = difference(recorded.get("logits", logits))
+    names = [name for name in ("decoder", "encoder") if name in recorded]
+    grads = torch.autograd.grad(objective.sum(), [recorded[name] for name in names])
+    relevance = {name: (recorded[name] * grad).sum(-1).detach() for name, grad in zip(names, grads, strict=True)}
     return relevance, objective.detach(), difference(logits.detach())

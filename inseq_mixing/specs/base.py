@@ -180,6 +180,11 @@ class ModelSpec:
     def is_encoder_decoder(self) -> bool:
         return self.encoder is not None
 
+    @property
+    def stacks(self) -> dict[str, StackSpec]:
+        """The model's stacks by name: ``"decoder"``, then ``"encoder"`` for encoder–decoders."""
+        return {"decoder": self.decoder} | ({"encoder": self.encoder} if self.encoder is not None else {})
+
 
 @dataclass(frozen=True)
 class NormParams:
