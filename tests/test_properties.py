@@ -2,7 +2,8 @@
 and key/value heads, FFN size, sentence lengths, padding, dtype and method options.
 
 - completeness: ALTI-logit's and DecompX's parts add up to the model's own logit;
-- padding invariance: a padded batch gives each sentence's scores alone, for all four methods;
+- padding invariance: a padded batch gives each sentence's scores alone, for all four methods and AttnLRP (whose
+  explained logit is also the model's own);
 - causality: future tokens get exactly zero;
 - rows that must sum to 1 do (value zeroing and ALTI maps, ALTI rollouts), and nothing is NaN;
 - a call that fails half-way through the forward pass leaves the model bit-identical.
@@ -21,12 +22,14 @@ from hypothesis import strategies as st
 
 from inseq_mixing.methods.alti import alti, alti_maps
 from inseq_mixing.methods.alti_logit import alti_logit
+from inseq_mixing.methods.attn_lrp import attn_lrp
 from inseq_mixing.methods.decompx import BIAS_SPLITS, FFN_LINEARIZATIONS, GATED_SPLITS, DecompXOptions, decompx
 from inseq_mixing.methods.value_zeroing import value_zeroing, value_zeroing_maps
+from inseq_mixing.specs import get_spec
 from inseq_mixing.testing import ALL_FAMILIES, DECODER_FAMILIES, LLAMA_STYLE_FAMILIES, is_seq2seq, tiny_model
 from inseq_mixing.trace import trace_model
 
-from .conftest import padded_case
+from .conftest import pad_batch, padded_case
 
 settings.register_profile(
     "dev", max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -228,3 +231,53 @@ def test_a_failed_trace_leaves_the_model_bit_identical(config, failing_layer, tr
     hooks = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs")
     assert not any(getattr(module, name) for module in model.modules() for name in hooks)
     assert all(torch.equal(weights[name], value) for name, value in model.state_dict().items())
+
+
+def explained_of(ids: torch.Tensor) -> torch.Tensor:
+    """A token to explain at each position, a function of the token there (so padding cannot change it)."""
+    return (ids * 7 + 3) % 56 + 4
+
+
+def lrp_kwargs(family: str, rows: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
+    """Model inputs for ``attn_lrp``: right-padded sources and targets, or left-padded sequences (the sources)."""
+    if is_seq2seq(family):
+        source, source_mask = pad_batch([source for source, _ in rows], left=False)
+        target, target_mask = pad_batch([target for _, target in rows], left=False)
+        return {"input_ids": source, "attention_mask": source_mask, "target_ids": target, "target_mask": target_mask}
+    ids, mask = pad_batch([source for source, _ in rows], left=True)
+    return {"input_ids": ids, "attention_mask": mask, "target_ids": None, "target_mask": None}
+
+
+@given(config=configs())
+def test_attn_lrp_padded_batch_equals_alone_is_causal_and_explains_the_models_logit(config):
+    model = config.model()
+    spec = get_spec(model)
+    generator = torch.Generator().manual_seed(config.seed)
+    rows = [
+        (torch.randint(4, 60, (s,), generator=generator), torch.randint(4, 60, (t,), generator=generator))
+        for s, t in config.lengths
+    ]
+    batch = lrp_kwargs(config.family, rows)
+    decoder_ids = batch["target_ids"] if is_seq2seq(config.family) else batch["input_ids"]
+    batched = attn_lrp(model, spec, **batch, explained_ids=explained_of(decoder_ids))
+    for index, row in enumerate(rows):
+        alone_kwargs = lrp_kwargs(config.family, [row])
+        own_ids = alone_kwargs["target_ids"] if is_seq2seq(config.family) else alone_kwargs["input_ids"]
+        alone = attn_lrp(model, spec, **alone_kwargs, explained_ids=explained_of(own_ids))
+        real = (batch["target_mask"] if is_seq2seq(config.family) else batch["attention_mask"])[index].bool()
+        mine = batched.target[index][real][:, real]
+        torch.testing.assert_close(mine, alone.target[0], atol=1e-5, rtol=1e-4)
+        assert (alone.target[0].triu(1) == 0).all()
+        if alone.source is not None:
+            source_real = batch["attention_mask"][index].bool()
+            torch.testing.assert_close(
+                batched.source[index][real][:, source_real], alone.source[0], atol=1e-5, rtol=1e-4
+            )
+        with torch.no_grad():
+            forward = {"input_ids": alone_kwargs["input_ids"]}
+            if is_seq2seq(config.family):
+                forward["decoder_input_ids"] = own_ids
+            logits = model(**forward).logits
+        final = alone.logit if alone.logit_after_softcap is None else alone.logit_after_softcap
+        own = logits.gather(-1, explained_of(own_ids)[..., None])[..., 0]
+        torch.testing.assert_close(final, own, atol=1e-4, rtol=1e-4)
