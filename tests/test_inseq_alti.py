@@ -243,3 +243,5 @@ def test_attn_lrp_through_inseq_adds_up_with_the_absorbed_part(family):
     torch.testing.assert_close(total, seq.step_scores["logit"], atol=1e-4, rtol=1e-4)
     explained = "logit_after_softcap" if "logit_after_softcap" in seq.step_scores else "logit"
     torch.testing.assert_close(seq.step_scores[explained], own_logits(model, seq), atol=1e-4, rtol=1e-4)
+    html = seq.show(display=False, return_html=True)
+    assert "Target Saliency Heatmap" in html and ("Source Saliency Heatmap" in html) == is_seq2seq(family)
