@@ -1,6 +1,8 @@
 """AttnLRP: agreement with the rules written operation by operation on the real HF modules, conservation up to the
 softmax rule's term, contrast, causality and chunking."""
 
+import os
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ from inseq_mixing.specs import get_spec
 from inseq_mixing.testing import tiny_model
 
 from .conftest import example_kwargs, next_tokens
+from .lxt_reference import LXT_FAMILIES, lxt_available, lxt_relevance
 from .reference import naive_attn_lrp_gpt2, naive_attn_lrp_llama
 
 NAIVE = {"gpt2": naive_attn_lrp_gpt2, "llama": naive_attn_lrp_llama}
@@ -37,6 +40,33 @@ def test_matches_the_rules_applied_operation_by_operation(family):
         relevance, logit, _ = NAIVE[family](model, kwargs["input_ids"][0], position, int(ids[0, position]))
         torch.testing.assert_close(scores.target[0, position], relevance, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(scores.logit[0, position], logit, atol=1e-5, rtol=1e-4)
+
+
+def require_lxt() -> None:
+    if lxt_available():
+        return
+    if os.environ.get("INSEQ_MIXING_REQUIRE_LXT"):
+        pytest.fail("lxt is not installed, but INSEQ_MIXING_REQUIRE_LXT is set (the README test command installs it).")
+    pytest.skip('lxt, the AttnLRP authors\' library, is not installed: pip install --no-deps "lxt==2.1"')
+
+
+@pytest.mark.parametrize("family", sorted(LXT_FAMILIES))
+def test_agrees_with_the_authors_library_lxt(family):
+    """The authors' lxt rules on the same model give the same relevances (up to the ε of lxt's identity rule)."""
+    require_lxt()
+    model = tiny_model(family)
+    kwargs = example_kwargs(family)
+    ids = next_tokens(kwargs)
+    before = model(**kwargs).logits
+    relevance, logits = lxt_relevance(model, family, kwargs["input_ids"][0], ids[0])
+    scores = run(model, kwargs, ids)
+    torch.testing.assert_close(scores.target[0], relevance, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(scores.logit[0], logits, atol=1e-5, rtol=1e-4)
+    plain, _ = lxt_relevance(model, family, kwargs["input_ids"][0], ids[0], rules=False)
+    assert (plain - relevance).abs().max() > 1e-2  # lxt's rules were in force: they change the gradient
+    torch.testing.assert_close(model(**kwargs).logits, before, atol=0, rtol=0)  # lxt's patches are undone
+    with_sdpa = run(tiny_model(family, attn_implementation="sdpa"), kwargs, ids)  # ours does not need eager
+    torch.testing.assert_close(with_sdpa.target[0], relevance, atol=1e-5, rtol=1e-4)
 
 
 def test_without_biases_only_the_softmax_rule_absorbs_relevance():

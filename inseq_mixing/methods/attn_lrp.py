@@ -29,7 +29,9 @@ Conservation: token relevances add up to :math:`z` minus an absorbed part: the s
 position biases, and the softmax rule's term :math:`-\sum_i x_i s_i \sum_j R_{s_j}` per attention row; it is
 returned per position.
 
-Our choices, flagged: ε = 0 (the authors' library adds a small ε to denominators); relevance read at :math:`h^0`
+Checked against the authors' library ``lxt`` 2.1 (its rules on the same models: GPT-2, Llama, Qwen2, Qwen3, Gemma 3).
+
+Our choices, flagged: ε = 0 (``lxt`` adds 1e-10 to its identity rule's denominator); relevance read at :math:`h^0`
 rather than at the token embedding; Gemma 2's attention-logit soft-cap, which sits inside the attention kernel, passes
 relevance with its own gradient (≈ 1 for scores well below the cap) instead of the identity rule; encoder–decoders
 (our extension; the paper covers decoder-only and encoder-only models) propagate through cross-attention with the same
