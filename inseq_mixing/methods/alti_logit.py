@@ -165,9 +165,9 @@ def _through_norm(norm, norm_input, direction, terms) -> torch.Tensor:
     return frozen.transpose(direction)
 
 
-def sweep_logit(trace: ModelTrace, direction: torch.Tensor, per_head: bool = False) -> LogitSweep:
+def sweep_logit(trace: ModelTrace, direction: torch.Tensor, per_head: bool = False, parts: bool = True) -> LogitSweep:
     """Carry :math:`u` from the logit down the decoder's residual stream, splitting the logit on the way (attention
-    parts per head with ``per_head``: ``(B, H, T, K)`` each)."""
+    parts per head with ``per_head``: ``(B, H, T, K)`` each; none with ``parts=False``, for the directions only)."""
     spec, stack = trace.spec, trace.decoder
     terms = {name: direction.new_zeros(direction.shape[:-1]) for name in UNATTRIBUTED_TERMS}
     direction = direction * spec.logits_scale
@@ -179,7 +179,7 @@ def sweep_logit(trace: ModelTrace, direction: torch.Tensor, per_head: bool = Fal
         if layer.ffn.post_norm is not None:
             direction = _through_norm(layer.ffn.post_norm, record.ffn_norm_input, direction, terms)
         terms["ffn"] += _dot(direction, upcast(ffn_output(layer, record)))
-        for name, attn, attn_record, parts in (
+        for name, attn, attn_record, collected in (
             ("cross", layer.cross_attn, record.cross_attn, cross_parts),
             ("self", layer.self_attn, record.self_attn, self_parts),
         ):
@@ -191,7 +191,8 @@ def sweep_logit(trace: ModelTrace, direction: torch.Tensor, per_head: bool = Fal
             if attn.out_norm is not None:
                 branch = _through_norm(attn.out_norm, attn_record.output, direction, terms)
             terms["attention_bias"] += _dot(branch, attn.out_bias)
-            parts.insert(0, attention_logit_parts(attn, attn_record, branch, per_head))
+            if parts:
+                collected.insert(0, attention_logit_parts(attn, attn_record, branch, per_head))
             branches[0][name] = branch
     direct = _dot(direction, upcast(stack.layers[0].input))
     return LogitSweep(self_parts, cross_parts, direct, terms, branches)

@@ -790,7 +790,7 @@ def head_readouts(
 ) -> list[dict[str, HeadReadout]]:
     """Empty per-head read-outs of every decoder attention sub-block, along the logit directions that ALTI-logit
     carries down the residual stream (:func:`.alti_logit.sweep_logit`)."""
-    sweep = sweep_logit(trace, unembedding_direction(trace.spec, target_ids, foil_ids))
+    sweep = sweep_logit(trace, unembedding_direction(trace.spec, target_ids, foil_ids), parts=False)
     readouts = []
     for layer, branches in zip(trace.spec.decoder.layers, sweep.branches, strict=True):
         readouts.append({})
