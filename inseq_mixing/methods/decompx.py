@@ -750,11 +750,12 @@ def decompx(
     available = available_components(dec.mask, blocks, separate)
     bias_index = available.shape[-1] - 1 if separate else None
     start = initial_stream(dec.layers[0].input, offset, available, bias_index, options.max_chunk_elements)
-    heads = head_readouts(trace, target_ids, foil_ids, available.shape[-1]) if per_head else None
+    unembedded = unembedding_direction(spec, target_ids, foil_ids)
+    heads = head_readouts(trace, unembedded, available.shape[-1]) if per_head else None
     stream, layers["decoder"] = decompose_stack(
         spec.decoder, dec, start, options, encoder, place, keep_layers=keep_layers, heads=heads
     )
-    direction = unembedding_direction(spec, target_ids, foil_ids) * spec.logits_scale
+    direction = unembedded * spec.logits_scale
     scores = read_out(stream, direction)
     weights = None
     if options.convention == "reference" and options.bias in ("absdot", "norm"):
@@ -785,18 +786,16 @@ def decompx(
     )
 
 
-def head_readouts(
-    trace: ModelTrace, target_ids: torch.Tensor, foil_ids: torch.Tensor | None, num_components: int
-) -> list[dict[str, HeadReadout]]:
+def head_readouts(trace: ModelTrace, unembedded: torch.Tensor, num_components: int) -> list[dict[str, HeadReadout]]:
     """Empty per-head read-outs of every decoder attention sub-block, along the logit directions that ALTI-logit
-    carries down the residual stream (:func:`.alti_logit.sweep_logit`)."""
-    sweep = sweep_logit(trace, unembedding_direction(trace.spec, target_ids, foil_ids), parts=False)
+    carries down the residual stream from the unembedding direction ``(B, T, D)`` (:func:`.alti_logit.sweep_logit`)."""
+    sweep = sweep_logit(trace, unembedded, parts=False)
     readouts = []
     for layer, branches in zip(trace.spec.decoder.layers, sweep.branches, strict=True):
         readouts.append({})
         for name, direction in branches.items():
             attn = layer.self_attn if name == "self" else layer.cross_attn
-            scores = direction.new_zeros(*direction.shape[:1], attn.num_heads, direction.shape[1], num_components)
+            scores = direction.new_zeros(direction.shape[0], attn.num_heads, direction.shape[1], num_components)
             readouts[-1][name] = HeadReadout(direction, scores)
     return readouts
 

@@ -55,11 +55,8 @@ def part_scores(
     Returns:
         ``(B, Q, K)``, or ``(B, Q, K + 1)`` for cross-attention with the residual.
     """
-    probs = upcast(record.probs)
+    probs, residual, value_outputs, out_frozen, output = _part_inputs(attn, record, residual, output)
     batch, _, num_queries, num_keys = probs.shape
-    residual = upcast(residual)
-    value_outputs = head_value_outputs(attn, record)
-    out_frozen, output = _frozen_out_norm_and_output(attn, record, residual, output)
     extra = int(with_residual and not self_mixing)
     scores = probs.new_zeros(batch, num_queries, num_keys + extra)
     chunk = max(1, max_chunk_elements // max(1, batch * (num_keys + 1) * output.shape[-1]))
@@ -81,16 +78,18 @@ def part_scores(
     return scores
 
 
-def _frozen_out_norm_and_output(
+def _part_inputs(
     attn: AttentionSpec, record: AttentionTrace, residual: torch.Tensor, output: torch.Tensor | None
-) -> tuple[FrozenNorm | None, torch.Tensor]:
-    """The frozen norm on the attention output (sandwich layouts), or None, and what the parts sum to (default:
-    residual plus the branch output)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, FrozenNorm | None, torch.Tensor]:
+    """What the parts of one sub-block are built from, upcast: attention probabilities ``(B, H, Q, K)``, the residual,
+    each head's value outputs, the frozen norm on the attention output (sandwich layouts) or None, and what the parts
+    sum to (default: residual plus the branch output)."""
+    residual = upcast(residual)
     out_frozen = None if attn.out_norm is None else freeze_norm(attn.out_norm, record.output)
     if output is None:
         branch = upcast(record.output if attn.out_norm is None else attn.out_norm(record.output))
         output = residual + branch
-    return out_frozen, output
+    return upcast(record.probs), residual, head_value_outputs(attn, record), out_frozen, output
 
 
 def head_part_scores(
@@ -111,11 +110,8 @@ def head_part_scores(
         ``(B, H + 1, Q, K)`` (cross-attention: ``K + 1``); index ``H`` holds the residual's score, on the diagonal
         (self-attention) or in the last column (cross-attention).
     """
-    probs = upcast(record.probs)
+    probs, residual, value_outputs, out_frozen, output = _part_inputs(attn, record, residual, output)
     batch, num_heads, num_queries, num_keys = probs.shape
-    residual = upcast(residual)
-    value_outputs = head_value_outputs(attn, record)
-    out_frozen, output = _frozen_out_norm_and_output(attn, record, residual, output)
     scores = probs.new_zeros(batch, num_heads + 1, num_queries, num_keys + (not self_mixing))
     chunk = max(1, max_chunk_elements // max(1, batch * num_heads * (num_keys + 1) * output.shape[-1]))
     for start in range(0, num_queries, chunk):
