@@ -1,13 +1,24 @@
+import os
 import warnings
 from dataclasses import dataclass
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 from inseq_mixing.testing import ALL_FAMILIES, DECODER_FAMILIES, SEQ2SEQ_FAMILIES, is_seq2seq, tiny_model
 from inseq_mixing.trace import ModelTrace, trace_model
 
 warnings.filterwarnings("ignore", message=".*Unused arguments.*")
+
+# Hypothesis profiles of every property test: small example counts so the suite stays fast; ``HYPOTHESIS_PROFILE=ci``
+# (set by ``.ci/run``) draws the same examples on every run, ``HYPOTHESIS_PROFILE=thorough`` ten times more.
+settings.register_profile(
+    "dev", max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+settings.register_profile("ci", parent=settings.get_profile("dev"), derandomize=True)
+settings.register_profile("thorough", parent=settings.get_profile("dev"), max_examples=200)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 _MODELS = {}
 

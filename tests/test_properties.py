@@ -12,12 +12,11 @@ Example counts are small so the suite stays fast; ``HYPOTHESIS_PROFILE=ci`` (set
 examples on every run, ``HYPOTHESIS_PROFILE=thorough`` draws ten times more.
 """
 
-import os
 from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from inseq_mixing.methods.alti import alti, alti_maps
@@ -30,13 +29,6 @@ from inseq_mixing.testing import ALL_FAMILIES, DECODER_FAMILIES, LLAMA_STYLE_FAM
 from inseq_mixing.trace import trace_model
 
 from .conftest import pad_batch, padded_case
-
-settings.register_profile(
-    "dev", max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
-)
-settings.register_profile("ci", parent=settings.get_profile("dev"), derandomize=True)
-settings.register_profile("thorough", parent=settings.get_profile("dev"), max_examples=200)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 LLAMA_STYLE = LLAMA_STYLE_FAMILIES
 #: Decoder-only families whose float64 forward gives NaN through left padding in transformers (all but GPT-2's own

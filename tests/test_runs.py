@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ from inseq_mixing.testing import is_seq2seq, word_tokenizer
 
 from .conftest import get_tiny
 
-METHODS = ("value_zeroing", "alti", "alti_logit", "decompx")
+METHODS = ("value_zeroing", "alti", "alti_logit", "decompx", "attention_norm")
 SOURCES = ["the cat sat on the mat", "hello world", "the dog", "she read many books in the library", "good morning"]
 TARGETS = ["le chat assis sur le tapis", "hello world", "le chien", "elle a lus beaucoup de livres", "good morning"]
 
@@ -96,6 +97,40 @@ def test_missing_targets_are_generated(family, tmp_path):
         target = model.convert_tokens_to_string([t.token for t in got.target], skip_special_tokens=True)
         ref = model.attribute(row["source"], target, attribute_target=is_seq2seq(family), show_progress=False)
         assert_same_sequence(got, ref.sequence_attributions[0])
+
+
+LENGTHS = ("the cat sat on the mat and the dog read many books in the library", "hello", "she read",
+           "good morning see you soon please")  # fmt: skip
+
+
+@pytest.mark.parametrize("family", ["marian", "t5", "gpt2", "llama"])
+def test_generated_targets_are_each_examples_own_generation(family, tmp_path):
+    """Without a target column, each stored example is what ``model.attribute(source)`` gives it alone: padding
+    sources of 1 to 14 words into one batch changes no generation."""
+    model = load(family, "alti_logit")
+    rows = [{"id": f"g{idx}", "source": source} for idx, source in enumerate(LENGTHS)]
+    attribute_dataset(model, "alti_logit", rows, tmp_path / "run", batch_size=4, show_progress=False, id_column="id")
+    run = load_run(tmp_path / "run")
+    for row in rows:
+        ref = model.attribute(row["source"], attribute_target=is_seq2seq(family), show_progress=False)
+        assert_same_sequence(run[row["id"]], ref.sequence_attributions[0])
+
+
+def test_an_empty_prompt_is_attributed_as_model_attribute_does(tmp_path):
+    """Inseq attributes an empty decoder-only prompt from the BOS token: the stored labels are not shifted."""
+    model = load("gpt2", "alti_logit")
+    rows = [
+        {"id": "empty", "source": "", "target": "the cat sat on"},
+        {"id": "prompt", "source": "the dog", "target": "the dog read many books"},
+        {"id": "generated", "source": "", "target": None},
+    ]
+    attribute_dataset(model, "alti_logit", rows, tmp_path / "run", batch_size=3, show_progress=False, id_column="id")
+    run = load_run(tmp_path / "run")
+    for row in rows:
+        ref = model.attribute(row["source"], row["target"], show_progress=False).sequence_attributions[0]
+        assert_same_sequence(run[row["id"]], ref)
+    assert [t.token for t in run["empty"].target] == ["<s>", "the", "cat", "sat", "on"]
+    assert run["empty"].attr_pos_start == 1
 
 
 def test_to_pandas_has_one_row_per_score(tmp_path):
@@ -303,19 +338,42 @@ def test_cli_empty_and_unreadable_files(model_dir, tmp_path):
         assert result.returncode == 2 and result.stderr.startswith("error: ") and "Traceback" not in result.stderr
 
 
-@pytest.mark.skipif(shutil.which("accelerate") is None, reason="accelerate's launcher is not installed")
-def test_two_accelerate_processes_equal_one(model_dir, tmp_path):
+def free_port() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return str(probe.getsockname()[1])
+
+
+def launcher_command(launcher: str) -> list[str]:
+    """Two processes on this machine, meeting on a free local port."""
+    if launcher == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                "--master_port", free_port()]  # fmt: skip
+    # Accelerate's --cpu launcher starts one process; --multi_gpu starts torchrun's, which meet over gloo on a CPU.
+    return [shutil.which("accelerate") or "accelerate", "launch", "--multi_gpu", "--num_processes", "2",
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_ip",
+            "127.0.0.1", "--main_process_port", free_port()]  # fmt: skip
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
+def test_two_real_processes_write_one_store_equal_to_a_single_process_run(model_dir, tmp_path, launcher):
+    """Two processes really ran (two ranks, two pids, each wrote shards) and their store equals one process's."""
+    if launcher == "accelerate" and shutil.which("accelerate") is None:
+        pytest.skip("accelerate's launcher is not installed")
     data = write_jsonl(tmp_path / "data.jsonl", 10)
     args = [str(data), "--model", str(model_dir), "--method", "alti_logit", "--batch-size", "2", "--id-column", "id"]
-    launch = [
-        shutil.which("accelerate"), "launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "inseq_mixing.cli", "attribute-dataset",
-    ]  # fmt: skip
+    launch = [*launcher_command(launcher), "-m", "inseq_mixing.cli", "attribute-dataset"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([*launch, *args, "--out", str(tmp_path / "two")], capture_output=True, text=True, env=env)
+    command = [*launch, *args, "--out", str(tmp_path / "two")]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
+    assert "process 0 of 2" in result.stdout and "process 1 of 2" in result.stdout
     subprocess.run(cli(*args, "--out", str(tmp_path / "one")), capture_output=True, check=True, env=env)
     two, one = load_run(tmp_path / "two"), load_run(tmp_path / "one")
+    writers = two.writers().values()
+    assert {writer["rank"] for writer in writers} == {0, 1}, "both processes wrote shards"
+    assert len({writer["pid"] for writer in writers}) == 2 and {writer["processes"] for writer in writers} == {2}
+    assert two.processes == [2] and one.processes == [1]
     assert len(two) == 10 and two.ids() == one.ids()
     # same batches, so equal up to the order of float reductions in the threads of each process
     pd.testing.assert_frame_equal(stored_table(tmp_path / "two"), stored_table(tmp_path / "one"), rtol=1e-5, atol=1e-7)

@@ -442,11 +442,16 @@ def fix_attributed_positions(sequences: list, first: int) -> None:
 
 
 def attach_sequence_scores(sequences: list, scores: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
-    """Put ``(B, T, ...)`` scores into each sequence's ``sequence_scores``: its real (unpadded) positions, in order."""
+    """Put ``(B, T, ...)`` scores into each sequence's ``sequence_scores``: the positions it has when traced alone.
+
+    A sequence alone is traced on every target token but its last (the one nothing is predicted after). In a batch,
+    a sequence shorter than the longest keeps its last token among the traced real positions: that row is dropped.
+    """
     mask = mask.cpu().bool()
     for idx, seq in enumerate(sequences):
+        traced = len(seq.target) - 1
         sequence_scores = dict(seq.sequence_scores or {})
-        sequence_scores.update({name: score[idx][mask[idx]].clone() for name, score in scores.items()})
+        sequence_scores.update({name: score[idx][mask[idx]][:traced].clone() for name, score in scores.items()})
         seq.sequence_scores = sequence_scores
 
 

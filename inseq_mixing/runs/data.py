@@ -131,7 +131,7 @@ def read_examples(
         id_column: Column of unique example ids; defaults to the row number.
 
     Raises:
-        DatasetInputError: A required column is missing, a source is empty, or ids repeat.
+        DatasetInputError: A required column is missing, a source or an id is missing, or ids repeat.
     """
     rows = read_rows(data)
     columns = set().union(*(row.keys() for row in rows))
@@ -147,7 +147,15 @@ def read_examples(
         source = _text(row.get(source_column))
         if source is None:
             raise DatasetInputError(f"Row {index} has no {source_column!r} value.")
-        example_id = str(row.get(id_column)) if id_column is not None else str(index)
+        if id_column is None:
+            example_id = str(index)
+        else:
+            example_id = _text(row.get(id_column))
+            if example_id is None or not example_id.strip():
+                raise DatasetInputError(
+                    f"Row {index} has no {id_column!r} value (an id is null or empty): give every row a unique id, "
+                    "or leave out --id-column / id_column= to number the rows."
+                )
         if example_id in seen:
             raise DatasetInputError(
                 f"Rows {seen[example_id]} and {index} share the id {example_id!r}: ids must be unique."

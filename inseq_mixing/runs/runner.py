@@ -1,5 +1,5 @@
 """Attributing a whole dataset: padded batches through one trace and the method math each, a resumable store, and
-several processes (or GPUs) through Hugging Face Accelerate.
+several processes (CPU or GPUs, one machine or several) under ``torchrun`` or ``accelerate launch``.
 
 The plugin's methods are final-step methods whose scores are padding-invariant, so a batch of sentences of different
 lengths is traced once and each sentence's output is the one ``model.attribute`` gives it alone. Inseq builds the
@@ -9,15 +9,16 @@ outputs (tokens, positions, step scores) exactly as in ``model.attribute``.
 import hashlib
 import json
 import logging
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
 
 from .data import DatasetInputError, Example, fingerprint_examples, read_examples
-from .store import RunStore, RunStoreError, sequence_to_row
+from .store import FORMAT, RunStore, RunStoreError, ShardScan, Writer, sequence_to_row
 
 logger = logging.getLogger(__name__)
 
@@ -46,17 +47,28 @@ class RunSummary:
     attributed: int
     skipped: int
     seconds: float
+    redone: dict[int, str] = field(default_factory=dict)
+    stray: list[str] = field(default_factory=list)
+    rank: int = 0
+    processes: int = 1
 
     @property
     def examples_per_second(self) -> float:
         return self.attributed / self.seconds if self.seconds > 0 else 0.0
 
     def __str__(self) -> str:
+        process = f"process {self.rank} of {self.processes}: " if self.processes > 1 else ""
+        notes = "".join(
+            f"\nredid batch {batch}: its shard {reason}" for batch, reason in sorted(self.redone.items())
+        ) + (f"\nignored file(s) in the shards folder that are not shards: {self.stray}" if self.stray else "")
         if not self.attributed:
-            return f"nothing to do: all {self.skipped} examples of this share are already in {self.out}"
+            return (
+                f"{process}nothing to do: all {self.skipped} examples of this share are already in {self.out}" + notes
+            )
         return (
-            f"attributed {self.attributed} examples in {self.seconds:.1f} s ({self.examples_per_second:.2f} ex/s), "
-            f"{self.skipped} already stored, {self.examples} in the data → {self.out}"
+            f"{process}attributed {self.attributed} examples in {self.seconds:.1f} s "
+            f"({self.examples_per_second:.2f} ex/s), {self.skipped} already stored, {self.examples} in the data → "
+            f"{self.out}" + notes
         )
 
 
@@ -79,9 +91,11 @@ def attribute_dataset(
     """Attribute every example of ``data`` with ``method`` and store the results in ``out``.
 
     Examples go through the model in padded batches (one trace and one pass of the method math per batch). Each
-    finished batch is written to its own shard at once, so a killed run started again with the same arguments skips
-    the finished batches; a finished run started again does nothing. Under ``accelerate launch`` the batches are
-    split over the processes, which write into the same store.
+    finished batch is written to its own checksummed shard at once, so a killed run started again with the same
+    arguments skips the finished batches and redoes damaged or partial ones; a finished run started again does
+    nothing. Under ``torchrun`` or ``accelerate launch`` with several processes, the batches are split over the
+    processes (gloo on CPU, one GPU per process otherwise), which write into the same store; each shard's index names
+    the rank that wrote it and the manifest the number of processes of every session.
 
     Args:
         model: A model name or local path, a Hugging Face model (with ``tokenizer``), or an Inseq
@@ -102,17 +116,19 @@ def attribute_dataset(
         **method_kwargs: The method's options (as for ``model.attribute``) and ``attribute_target`` (default True
             for encoder–decoders), ``attributed_fn``, ``attr_pos_start``, ``attr_pos_end``, ``skip_special_tokens``.
 
+    Missing targets are generated in batches that give each example exactly what ``model.generate`` gives it alone
+    (attention mask on padded encoder inputs; decoder-only prompts grouped by length, so none is padded). A
+    decoder-only example with an empty prompt is attributed as Inseq does it: from the BOS token.
+
     Returns:
         A :class:`RunSummary`. Read the results with :func:`~inseq_mixing.load_run`.
 
     Raises:
-        DatasetInputError: Unreadable or empty data, a missing column, repeated ids, a decoder-only target that does
-            not start with its prompt.
+        DatasetInputError: Unreadable or empty data, a missing column, missing or repeated ids, a decoder-only target
+            that does not start with its prompt.
         RunStoreError: ``out`` holds a run of another model, method, option set or dataset.
         ValueError: An unknown method or option.
     """
-    from accelerate import PartialState
-
     import inseq_mixing
 
     if method not in inseq_mixing.METHODS:
@@ -120,36 +136,54 @@ def attribute_dataset(
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}.")
     examples = read_examples(data, source_column, target_column, id_column)
-    state = PartialState()
-    if device is None and state.num_processes > 1:
-        device = str(state.device)
+    state, device = distributed_state(device)
+    writer = Writer(rank=state.process_index, processes=state.num_processes)
     attribution_model = load_attribution_model(model, method, tokenizer, device, dtype)
     inseq_args, options = split_arguments(attribution_model, method_kwargs)
     check_targets(attribution_model, examples)
     batches = length_sorted_batches(examples, batch_size)
     manifest = build_manifest(attribution_model, method, options, inseq_args, examples, batch_size, model)
     store = RunStore(out)
-    existing = store.read_manifest()
-    if existing is not None:
-        store.open(manifest, IDENTITY_KEYS)  # refuses another run's store, in every process
+    store.check(manifest, IDENTITY_KEYS)  # every process refuses another run's store before anyone waits
     if state.is_main_process:
-        store.open(manifest, IDENTITY_KEYS)
+        store.open(manifest, IDENTITY_KEYS, processes=state.num_processes)
     state.wait_for_everyone()
-    done = store.done_batches()
+    scan = store.scan()
     mine = [number for number in range(len(batches)) if number % state.num_processes == state.process_index]
-    todo = [number for number in mine if number not in done]
-    skipped = sum(len(batches[number]) for number in mine if number in done)
-    summary = RunSummary(Path(out), len(examples), 0, skipped, 0.0)
+    todo = [number for number in mine if number not in scan.valid]
+    skipped = sum(len(batches[number]) for number in mine if number in scan.valid)
+    summary = RunSummary(Path(out), len(examples), 0, skipped, 0.0, rank=writer.rank, processes=writer.processes)
+    summary.redone = {number: reason for number, reason in scan.damaged.items() if number in mine}
+    summary.stray = scan.stray if state.is_main_process else []
+    ShardScan({}, summary.redone, summary.stray).warn(store.root, "their batches are redone")
     start = time.perf_counter()
     with _progress(sum(len(batches[n]) for n in todo), show_progress and state.is_main_process) as bar:
         for number in todo:
             rows = attribute_batch(attribution_model, batches[number], inseq_args, options)
-            store.write_shard(number, rows)
+            store.write_shard(number, rows, writer)
             summary.attributed += len(rows)
             bar.update(len(rows))
     summary.seconds = time.perf_counter() - start
     state.wait_for_everyone()
     return summary
+
+
+def distributed_state(device: str | None):
+    """Accelerate's process state under ``torchrun`` / ``accelerate launch`` (or a single process), and the device
+    this process runs on.
+
+    On a machine without CUDA (or with ``device="cpu"``, or Accelerate's ``--cpu``), several processes meet over gloo
+    and each runs on ``"cpu"``; with CUDA, each process takes the GPU of its local rank (NCCL), unless ``device`` names
+    one.
+    """
+    from accelerate import PartialState
+
+    wants_cpu = (device is not None and str(device).startswith("cpu")) or not torch.cuda.is_available()
+    wants_cpu = wants_cpu or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    state = PartialState(cpu=wants_cpu)
+    if device is None and state.num_processes > 1:
+        device = "cpu" if state.device.type == "cpu" else str(state.device)
+    return state, device
 
 
 def load_attribution_model(model, method: str, tokenizer, device: str | None, dtype):
@@ -237,7 +271,7 @@ def attribute_batch(attribution_model, batch: list[Example], inseq_args: dict, o
     missing = [idx for idx, example in enumerate(batch) if example.target is None]
     targets = [example.target for example in batch]
     if missing:
-        generated = attribution_model.generate([sources[idx] for idx in missing])
+        generated = generate_targets(attribution_model, [sources[idx] for idx in missing])
         for idx, text in zip(missing, generated, strict=True):
             targets[idx] = text
     output = attribute_texts(attribution_model, sources, targets, inseq_args, options)
@@ -249,17 +283,88 @@ def attribute_batch(attribution_model, batch: list[Example], inseq_args: dict, o
     ]
 
 
+def generate_targets(attribution_model, sources: list[str]) -> list[str]:
+    """What ``attribution_model.generate(source)`` gives each source alone (the target ``model.attribute(source)``
+    attributes), computed in batches.
+
+    Encoder–decoders: one ``generate`` call on the right-padded sources with their attention mask (the decoder starts
+    alike for all). Decoder-only models: one call per prompt length, so no prompt is padded and every ``max_length``
+    or ``min_length`` counts as it does alone. Texts are decoded as Inseq decodes one generation: special tokens kept
+    for decoder-only models, dropped for encoder–decoders.
+    """
+    prompts = [decoder_only_prompt(attribution_model, source)[0] for source in sources]
+    tokenizer = attribution_model.tokenizer
+    encoded = [attribution_model.encode(prompt).input_ids[0] for prompt in prompts]
+    if attribution_model.is_encoder_decoder:
+        groups = [list(range(len(prompts)))]
+    else:
+        by_length: dict[int, list[int]] = {}
+        for idx, ids in enumerate(encoded):
+            by_length.setdefault(len(ids), []).append(idx)
+        groups = list(by_length.values())
+    texts: list[str] = [""] * len(prompts)
+    for group in groups:
+        padding_side, tokenizer.padding_side = tokenizer.padding_side, "right"
+        try:
+            inputs = attribution_model.encode([prompts[idx] for idx in group])
+        finally:
+            tokenizer.padding_side = padding_side
+        with torch.no_grad():
+            sequences = attribution_model.model.generate(
+                input_ids=inputs.input_ids, attention_mask=inputs.attention_mask, return_dict_in_generate=True
+            ).sequences
+        for row, idx in enumerate(group):
+            ids = sequences[row]
+            if not attribution_model.is_encoder_decoder:
+                ids = _until_end_of_sequence(ids, len(encoded[idx]), attribution_model.model.generation_config)
+            text = attribution_model.decode(ids[None], skip_special_tokens=attribution_model.is_encoder_decoder)
+            texts[idx] = text[0] if isinstance(text, list) else text
+    return texts
+
+
+def _until_end_of_sequence(ids: torch.Tensor, prompt_length: int, config) -> torch.Tensor:
+    """A batched decoder-only generation cut where it would have stopped alone: after its first end-of-sequence token
+    (the batch pads finished rows until the longest ends)."""
+    ends = config.eos_token_id
+    ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
+    generated = ids[prompt_length:]
+    hits = torch.isin(generated, torch.tensor(ends, device=ids.device)).nonzero()
+    return ids if not len(hits) else ids[: prompt_length + int(hits[0, 0]) + 1]
+
+
+def decoder_only_prompt(attribution_model, source: str, target: str | None = None) -> tuple[str, str | None]:
+    """Inseq's convention for an empty decoder-only prompt: it becomes the BOS token, and the target starts with it.
+
+    Raises:
+        DatasetInputError: An empty prompt for a tokenizer without a BOS token.
+    """
+    if attribution_model.is_encoder_decoder or source:
+        return source, target
+    bos = attribution_model.bos_token
+    if not bos:
+        raise DatasetInputError(
+            "An empty prompt is attributed from the BOS token, and this tokenizer has none: give every row a prompt."
+        )
+    if target is not None and not target.startswith(bos):
+        target = f"{bos} {target}"
+    return bos, target
+
+
 def attribute_texts(attribution_model, sources: list[str], targets: list[str], inseq_args: dict, options: dict):
     """Inseq's attribution of a whole batch of (source, target) pairs in one step of the final-step method.
 
     Inseq gives a whole batch one first attributed position, which does not fit prompts of different lengths in a
     left-padded decoder-only batch: such a batch is right-padded (causal attention makes the padding invisible to real
     tokens), attributed from position 1, and each sequence then keeps the columns after its own prompt, as
-    ``model.attribute`` gives them for the sequence alone.
+    ``model.attribute`` gives them for the sequence alone. An empty decoder-only prompt becomes the BOS token, as in
+    ``model.attribute`` (:func:`decoder_only_prompt`).
     """
     from inseq.attr.feat import extract_args
     from inseq.data.attribution import merge_attributions
 
+    if not attribution_model.is_encoder_decoder:
+        pairs = [decoder_only_prompt(attribution_model, s, t) for s, t in zip(sources, targets, strict=True)]
+        sources, targets = [source for source, _ in pairs], [target for _, target in pairs]
     method = attribution_model.attribution_method
     args = dict(inseq_args)
     attributed_fn = attribution_model.get_attributed_fn(args.pop("attributed_fn", None))
@@ -312,7 +417,7 @@ def build_manifest(attribution_model, method, options, inseq_args, examples, bat
     """What identifies a run (model, method, options, data, batching), and the package versions that made it."""
     hf_model = attribution_model.model
     return {
-        "format": 1,
+        "format": FORMAT,
         "model": {
             "name": str(model_arg) if isinstance(model_arg, str | Path) else attribution_model.model_name,
             "class": type(hf_model).__name__,
@@ -330,11 +435,19 @@ def build_manifest(attribution_model, method, options, inseq_args, examples, bat
 
 
 def weights_fingerprint(model: torch.nn.Module) -> str:
-    """A hash of every parameter's name, shape and first values: tells two checkpoints of one config apart."""
+    """SHA-256 of every parameter's and buffer's name, dtype, shape and bytes (the whole ``state_dict``, in order): any
+    change to any weight, however small or late in the network, gives another fingerprint.
+
+    It reads every byte of the weights once per run and process (tensors are copied to the host one at a time): 1.4 to
+    1.5 GB/s measured on a 2-core CPU (``benchmarks/bench_fingerprint.py``), so about 10 s for a 7B model in bfloat16
+    (14 GB).
+    """
     digest = hashlib.sha256()
-    for name, param in model.named_parameters():
-        head = param.detach().reshape(-1)[:64].float().cpu().numpy().tobytes()
-        digest.update(f"{name}{tuple(param.shape)}".encode() + head)
+    for name, tensor in model.state_dict(keep_vars=False).items():
+        value = tensor.detach()
+        digest.update(f"{name}|{value.dtype}|{tuple(value.shape)}|".encode())
+        if value.numel():
+            digest.update(value.reshape(-1).cpu().contiguous().view(torch.uint8).numpy().data)
     return digest.hexdigest()[:16]
 
 

@@ -1,24 +1,37 @@
-"""The run store: a folder holding a manifest and one Parquet shard per attributed batch.
+"""The run store: a folder holding a manifest and one Parquet shard per attributed batch, each with a small index.
 
 Layout::
 
-    OUT/manifest.json          model fingerprint, method, options, data fingerprint, batching, package versions
-    OUT/shards/batch-000012.parquet   one row per example of batch 12
+    OUT/manifest.json                  model fingerprint, method, options, data fingerprint, batching, versions, the
+                                       processes of every session that wrote the run
+    OUT/shards/batch-000012.parquet    one row per example of batch 12
+    OUT/shards/batch-000012.json       the shard's index: its size in bytes, SHA-256, rows, ids, and the rank, process
+                                       count, host and pid of the process that wrote it
 
-A shard is written to a temporary name and renamed into place, so a shard is either complete or absent: a run killed
-at any moment leaves a valid store, and a resumed run redoes exactly the batches that have no shard. Batches are
-numbered over the whole dataset, so processes of a multi-process run never write the same shard.
+A shard is written to a temporary name and renamed into place; its index is written (the same way) after the shard
+is in place. A shard counts only when its index is there and its size and checksum match: a run killed at any moment
+leaves a valid store (a shard without its index is a partial write), a truncated or corrupted shard is found and
+reported, and a resumed run redoes exactly the batches without a valid shard. Other files in the shards folder are
+ignored with a warning. Batches are numbered over the whole dataset, so processes of a multi-process run never write
+the same shard.
+
+A :class:`Run` reads a snapshot: the valid shards present when it was opened, each read by name and checked against
+its index, so shards written while it is open (a run still going) never change what it returns.
 
 A row keeps everything an Inseq ``FeatureAttributionSequenceOutput`` holds: the tokens and ids, the attribution
 tensors (flattened, with their shapes; NaN marks causally impossible cells), step and sequence scores, the attributed
 positions, and the number of extra dimensions (e.g. layers).
 """
 
+import hashlib
 import json
 import os
+import re
+import socket
 import uuid
+import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +45,11 @@ from ..attr.base import MixingSequenceOutput, SignedMixingSequenceOutput
 
 MANIFEST = "manifest.json"
 SHARDS = "shards"
+#: Version of the store layout: 2 adds each shard's index (size, checksum, writer).
+FORMAT = 2
 SEQUENCE_CLASSES = {cls.__name__: cls for cls in (MixingSequenceOutput, SignedMixingSequenceOutput)}
+SHARD_NAME = re.compile(r"^batch-(\d{6,})\.(parquet|json)$")
+TEMPORARY_NAME = re.compile(r"^\.batch-(\d{6,})\.(parquet|json)\.[0-9a-f]{32}\.tmp$")
 
 _TENSOR = pa.struct([("name", pa.string()), ("shape", pa.list_(pa.int64())), ("values", pa.list_(pa.float32()))])
 SCHEMA = pa.schema(
@@ -113,6 +130,10 @@ def row_to_sequence(row: dict):
     )
 
 
+class RunStoreWarning(UserWarning):
+    """Something in a store was skipped: a damaged or partial shard (redone on resume), or a stray file."""
+
+
 def write_atomically(path: Path, write) -> None:
     """Call ``write(temporary_path)``, then rename the result to ``path``: readers see all of it or nothing."""
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
@@ -121,6 +142,52 @@ def write_atomically(path: Path, write) -> None:
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def file_digest(data: bytes | Path) -> str:
+    """SHA-256 (hex) of a file's bytes, or of ``data``."""
+    if isinstance(data, bytes):
+        return hashlib.sha256(data).hexdigest()
+    digest = hashlib.sha256()
+    with data.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass
+class Writer:
+    """Who writes shards: the process's rank among ``processes``, its host and pid (recorded in each shard's index)."""
+
+    rank: int = 0
+    processes: int = 1
+    host: str = field(default_factory=socket.gethostname)
+    pid: int = field(default_factory=os.getpid)
+
+
+@dataclass
+class ShardScan:
+    """What a scan of the shards folder found.
+
+    Attributes:
+        valid: Batch number → the shard's index (size, checksum, rows, ids, writer), for shards that match it.
+        damaged: Batch number → why its shard cannot be used (partial write, truncated, corrupted, unreadable index).
+        stray: Files in the shards folder that are not shards (ignored).
+    """
+
+    valid: dict[int, dict] = field(default_factory=dict)
+    damaged: dict[int, str] = field(default_factory=dict)
+    stray: list[str] = field(default_factory=list)
+
+    def warn(self, root: Path, resume_hint: str) -> None:
+        """One warning per kind of problem, naming the files."""
+        if self.damaged:
+            listed = "; ".join(f"batch {batch}: {reason}" for batch, reason in sorted(self.damaged.items()))
+            warnings.warn(f"{root}: {len(self.damaged)} shard(s) cannot be used ({listed}); {resume_hint}",
+                          RunStoreWarning, stacklevel=3)  # fmt: skip
+        if self.stray:
+            warnings.warn(f"{root}: ignoring {len(self.stray)} file(s) that are not shards: {self.stray}",
+                          RunStoreWarning, stacklevel=3)  # fmt: skip
 
 
 class RunStore:
@@ -137,23 +204,38 @@ class RunStore:
     def read_manifest(self) -> dict | None:
         if not self.manifest_path.is_file():
             return None
-        return json.loads(self.manifest_path.read_text())
+        try:
+            return json.loads(self.manifest_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise RunStoreError(
+                f"{self.manifest_path} is not readable JSON ({error}): is this a run store?"
+            ) from error
 
-    def open(self, manifest: dict, identity_keys: tuple[str, ...]) -> None:
-        """Create the store with ``manifest``, or check that an existing one was made by the same run.
+    def write_manifest(self, manifest: dict) -> None:
+        text = json.dumps(manifest, indent=2, sort_keys=True)
+        write_atomically(self.manifest_path, lambda path: path.write_text(text))
+
+    def check(self, manifest: dict, identity_keys: tuple[str, ...]) -> dict | None:
+        """Check that the folder is empty, new, or a store made by the same run (every process of a run calls this).
+
+        Returns:
+            The existing manifest, or None if there is no store yet.
 
         Raises:
-            RunStoreError: The folder holds another run's store (its ``identity_keys`` differ), or files that are not
-                a store.
+            RunStoreError: The folder holds another run's store (its ``identity_keys`` differ), a store of an older
+                format, or files that are not a store.
         """
         existing = self.read_manifest()
         if existing is None:
             if self.root.exists() and any(p.name != SHARDS for p in self.root.iterdir()):
                 raise RunStoreError(f"{self.root} exists and is not a run store: choose an empty or new folder.")
-            self.shards.mkdir(parents=True, exist_ok=True)
-            text = json.dumps(manifest, indent=2, sort_keys=True)
-            write_atomically(self.manifest_path, lambda path: path.write_text(text))
-            return
+            return None
+        if existing.get("format") != manifest.get("format"):
+            raise RunStoreError(
+                f"{self.root} was written by an earlier inseq-mixing (store format {existing.get('format')}, this "
+                f"one writes format {manifest.get('format')}: checksummed shards). Load it with load_run, and use "
+                "another --out folder for this run."
+            )
         different = [key for key in identity_keys if existing.get(key) != manifest.get(key)]
         if different:
             details = "; ".join(
@@ -163,37 +245,114 @@ class RunStore:
                 f"{self.root} holds a different run ({details}). Use another --out folder, or delete this one to "
                 "start over."
             )
+        return existing
+
+    def open(self, manifest: dict, identity_keys: tuple[str, ...], processes: int = 1) -> None:
+        """:meth:`check`, then create the store (or keep the existing one) and record this session's number of
+        processes in the manifest's ``sessions`` (the main process of a run calls this once)."""
+        existing = self.check(manifest, identity_keys)
         self.shards.mkdir(parents=True, exist_ok=True)
+        base = existing or manifest
+        self.write_manifest({**base, "sessions": [*base.get("sessions", []), {"processes": processes}]})
 
     def shard_path(self, batch: int) -> Path:
         return self.shards / f"batch-{batch:06d}.parquet"
 
-    def done_batches(self) -> set[int]:
-        """Numbers of the batches whose shard is in place."""
+    def index_path(self, batch: int) -> Path:
+        return self.shards / f"batch-{batch:06d}.json"
+
+    def scan(self, checksums: bool = True) -> ShardScan:
+        """Check every shard against its index (``checksums=False``: size only; for stores of format 1, which have
+        no index, every shard counts)."""
+        scan = ShardScan()
         if not self.shards.is_dir():
-            return set()
-        return {int(path.stem.split("-")[1]) for path in self.shards.glob("batch-*.parquet")}
+            return scan
+        batches = set()
+        for path in sorted(self.shards.iterdir()):
+            match = SHARD_NAME.match(path.name)
+            if match and path.is_file():
+                batches.add(int(match.group(1)))
+            elif not TEMPORARY_NAME.match(path.name):  # temporary files of a killed write are not stray
+                scan.stray.append(path.name)
+        unindexed = (self.read_manifest() or {}).get("format", 1) < 2
+        for batch in sorted(batches):
+            if unindexed:
+                if self.shard_path(batch).is_file():
+                    scan.valid[batch] = {"bytes": self.shard_path(batch).stat().st_size, "sha256": None}
+                continue
+            index, reason = self._check(batch, checksums)
+            if reason is None:
+                scan.valid[batch] = index
+            else:
+                scan.damaged[batch] = reason
+        return scan
 
-    def write_shard(self, batch: int, rows: list[dict]) -> None:
+    def _check(self, batch: int, checksums: bool) -> tuple[dict | None, str | None]:
+        shard, index_path = self.shard_path(batch), self.index_path(batch)
+        if not shard.is_file():
+            return None, "its index has no shard (an interrupted write)"
+        if not index_path.is_file():
+            return None, "the shard has no index (an interrupted write)"
+        try:
+            index = json.loads(index_path.read_text())
+            size, digest = int(index["bytes"]), str(index["sha256"])
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            return None, "its index is unreadable"
+        actual = shard.stat().st_size
+        if actual != size:
+            return None, f"{actual} bytes where its index says {size} (truncated or overwritten)"
+        if checksums and file_digest(shard) != digest:
+            return None, "its checksum does not match its index (corrupted)"
+        return index, None
+
+    def write_shard(self, batch: int, rows: list[dict], writer: Writer | None = None) -> None:
+        """Write batch ``batch``'s shard, then its index (size, checksum, rows, ids, writer); an old shard or index of
+        the batch (a damaged one being redone) is replaced, and temporary files left by a killed write removed."""
+        writer = writer or Writer()
+        for stale in self.shards.glob(f".batch-{batch:06d}.*.tmp"):
+            stale.unlink(missing_ok=True)
+        self.index_path(batch).unlink(missing_ok=True)
         table = pa.Table.from_pylist(rows, schema=SCHEMA)
-        write_atomically(self.shard_path(batch), lambda path: pq.write_table(table, path))
+        table = table.replace_schema_metadata({"inseq_mixing.rank": str(writer.rank),
+                                               "inseq_mixing.processes": str(writer.processes)})  # fmt: skip
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        data = sink.getvalue().to_pybytes()
+        write_atomically(self.shard_path(batch), lambda path: path.write_bytes(data))
+        index = {
+            "batch": batch,
+            "bytes": len(data),
+            "sha256": file_digest(data),
+            "rows": len(rows),
+            "ids": [row["id"] for row in rows],
+            "rank": writer.rank,
+            "processes": writer.processes,
+            "host": writer.host,
+            "pid": writer.pid,
+        }
+        write_atomically(self.index_path(batch), lambda path: path.write_text(json.dumps(index)))
 
-    def read_table(self, columns: list[str] | None = None) -> pa.Table:
-        paths = sorted(self.shards.glob("batch-*.parquet")) if self.shards.is_dir() else []
-        if not paths:
-            return SCHEMA.empty_table() if columns is None else SCHEMA.empty_table().select(columns)
-        tables = [pq.read_table(path, columns=columns) for path in paths]
-        table = pa.concat_tables(tables)
-        order = np.argsort(np.asarray(table.column("index")), kind="stable") if "index" in table.column_names else None
-        return table.take(order) if order is not None else table
+    def read_shard(self, batch: int, index: dict, columns: list[str] | None = None) -> pa.Table:
+        """Batch ``batch``'s shard, read by name and checked against ``index`` (taken when the run was opened).
+
+        Raises:
+            RunStoreError: The shard changed or was damaged since.
+        """
+        data = self.shard_path(batch).read_bytes() if self.shard_path(batch).is_file() else b""
+        if len(data) != index["bytes"] or (index["sha256"] is not None and file_digest(data) != index["sha256"]):
+            raise RunStoreError(
+                f"{self.shard_path(batch)} changed or was damaged after the run was opened: load_run it again."
+            )
+        return pq.read_table(pa.BufferReader(data), columns=columns)
 
 
 class Run:
-    """A stored run, loaded with :func:`load_run`.
+    """A stored run, loaded with :func:`load_run`: a snapshot of the valid shards present when it was opened.
 
     ``len(run)``, ``run.ids()`` (in the data's order), ``run[example_id]`` (an Inseq sequence output whose ``show()``
     and ``aggregate()`` work), ``iter(run)`` over the sequence outputs, :meth:`to_inseq` (one
-    ``FeatureAttributionOutput``) and :meth:`to_pandas` (one row per score).
+    ``FeatureAttributionOutput``) and :meth:`to_pandas` (one row per score). ``run.damaged`` names the shards left out
+    (redo them by resuming the run), ``run.processes`` the number of processes of each session that wrote it.
     """
 
     def __init__(self, root: str | Path):
@@ -201,37 +360,63 @@ class Run:
         self.manifest = self.store.read_manifest()
         if self.manifest is None:
             raise RunStoreError(f"{root} is not a run store (no {MANIFEST}); run attribute_dataset first.")
-        self._index = {
-            example_id: position
-            for position, example_id in enumerate(self.store.read_table(["index", "id"])["id"].to_pylist())
-        }
-        self._rows: list[dict] | None = None
+        scan = self.store.scan()
+        scan.warn(self.store.root, "their examples are left out; resume the run with the same command to redo them")
+        self.damaged = dict(scan.damaged)
+        self._shards = scan.valid
+        located = []  # (data index, id, batch, row in shard)
+        for batch, index in self._shards.items():
+            table = self.store.read_shard(batch, index, ["index", "id"])
+            for row, (position, example_id) in enumerate(
+                zip(table["index"].to_pylist(), table["id"].to_pylist(), strict=True)
+            ):
+                located.append((position, example_id, batch, row))
+        located.sort()
+        self._where = {example_id: (batch, row) for _, example_id, batch, row in located}
+        self._cache: dict[int, list[dict]] = {}
 
-    def _all_rows(self) -> list[dict]:
-        if self._rows is None:
-            self._rows = self.store.read_table().to_pylist()
-        return self._rows
+    def _shard_rows(self, batch: int) -> list[dict]:
+        if batch not in self._cache:
+            self._cache[batch] = self.store.read_shard(batch, self._shards[batch]).to_pylist()
+        return self._cache[batch]
+
+    def _row(self, example_id: str) -> dict:
+        batch, row = self._where[example_id]
+        return self._shard_rows(batch)[row]
+
+    def _all_rows(self) -> Iterator[dict]:
+        return (self._row(example_id) for example_id in self._where)
 
     def __len__(self) -> int:
-        return len(self._index)
+        return len(self._where)
 
     def ids(self) -> list[str]:
         """The ids of the stored examples, in the order of the data."""
-        return list(self._index)
+        return list(self._where)
 
     @property
     def complete(self) -> bool:
-        """Whether every example of the data is stored."""
+        """Whether every example of the data is stored (and no shard is damaged)."""
         return len(self) == self.manifest["examples"]
 
+    @property
+    def processes(self) -> list[int]:
+        """The number of processes of each session (first run, then each resume) that wrote this run."""
+        return [session["processes"] for session in self.manifest.get("sessions", [])]
+
+    def writers(self) -> dict[int, dict]:
+        """Batch number → the process that wrote its shard (``rank``, ``processes``, ``host``, ``pid``)."""
+        keys = ("rank", "processes", "host", "pid")
+        return {batch: {key: index.get(key) for key in keys} for batch, index in self._shards.items()}
+
     def __contains__(self, example_id) -> bool:
-        return str(example_id) in self._index
+        return str(example_id) in self._where
 
     def __getitem__(self, example_id):
         key = str(example_id)
-        if key not in self._index:
+        if key not in self._where:
             raise KeyError(f"No example {example_id!r} in this run ({len(self)} examples; see run.ids()).")
-        return row_to_sequence(self._all_rows()[self._index[key]])
+        return row_to_sequence(self._row(key))
 
     def __iter__(self) -> Iterator:
         return (row_to_sequence(row) for row in self._all_rows())
