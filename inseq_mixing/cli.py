@@ -226,6 +226,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             method_kwargs=options,
             draws=args.draws,
             show_progress=True,
+            target_tokens=args.target_tokens,
             **columns,
         )
     except (UserError, EvaluationInputError, RuntimeError, ValueError) as error:
@@ -240,6 +241,13 @@ def run_evaluate(args: argparse.Namespace) -> int:
         print(f"{pair['method_a']} − {pair['method_b']}: {pair['difference']:+.3f} (p = {pair['p_value']:.3g})")
     for method, reason in result.failed.items():
         print(f"failed: {method}: {reason}", file=sys.stderr)
+    if result.skipped:
+        counts = ", ".join(f"{kind}: {count}" for kind, count in result.skipped_counts().items())
+        print(f"skipped {len(result.skipped)} row(s) ({counts}); the report lists each with its reason")
+    if result.unknown_words:
+        print(
+            f"{len(result.unknown_words)} row(s) have context words mapped to the unknown token (listed in the report)"
+        )
     print(f"report written to {path}")
     return 1 if result.failed else 0
 
@@ -294,6 +302,13 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--batch-size", type=int, default=16)
     evaluate.add_argument("--device", default=None, help="e.g. cpu or cuda (default: Inseq's choice)")
     evaluate.add_argument("--draws", type=int, default=1000, help="bootstrap resamples and permutations")
+    evaluate.add_argument(
+        "--target-tokens",
+        choices=["first", "whole"],
+        default="first",
+        help="evidence/cue: explain the first token of a multi-token target (the ALTI-logit paper's convention), or "
+        "every token (scores summed)",
+    )
     evaluate.add_argument("--option", action="append", default=[], metavar="METHOD:KEY=VALUE", help="a method option")
     demo_data = commands.add_parser("demo-data", help="export the demo grammar's annotated data for every protocol")
     demo_data.add_argument("out", help="folder to write the files into")

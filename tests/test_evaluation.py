@@ -123,7 +123,8 @@ def test_columns_are_mapped_by_role():
         ([{"prefix": "the cat", "target": "sleeps"}], "evidence", "no column 'evidence'.*--evidence-column"),
         ([{"prefix": "the cat", "target": "sleeps", "evidence": "dog"}], "evidence", "Row 0.*'dog' is not in"),
         ([{"prefix": "the cat", "target": "sleeps", "evidence": "[5]"}], "evidence", "Row 0.*index 5"),
-        ([{"prefix": "the cat", "target": "two words", "cues": "cat"}], "cue", "Row 0.*one word"),
+        ([{"prefix": "the cat", "target": "sleeps", "evidence": "[1.5]"}], "evidence", "Row 0.*1.5 is not an integer"),
+        ([{"prefix": "the cat", "target": "sleeps", "evidence": 0.5}], "evidence", "Row 0.*0.5 is not an integer"),
         ([{"prefix": "", "target": "x", "cues": "cat"}], "cue", "Row 0 has no prefix"),
     ],
 )
@@ -180,12 +181,11 @@ def test_evidence_on_a_decoder_only_model_with_subwords():
     rows = [{"prefix": "the unbelievable cats", "target": "sat", "evidence": "cats"}]
     from inseq import load_model
 
-    from inseq_mixing.evaluation.evaluate import _explained_column
     from inseq_mixing.evaluation.explain import explain_items
 
     inseq_model = load_model(model, "alti_logit", tokenizer=tokenizer)
     (explanation,) = explain_items(inseq_model, read_items(rows, "evidence", False), 4, {})
-    column = _explained_column(explanation)
+    (column,) = explanation.explained_columns()
     seq = explanation.seq
     scores = explanation.context_scores(column)
     tokens = [token.token for token in seq.target]
@@ -282,3 +282,195 @@ def _demo_model():
 
     model, tokenizer = load_demo_model()
     return load_model(model, "alti", tokenizer=tokenizer)
+
+
+# rows that cannot be evaluated, multi-token targets and foils, unknown words, degenerate statistics
+
+
+def byte_bpe_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
+    """A GPT-2-style byte-level BPE tokenizer trained here on ``texts``: their words become whole tokens, words
+    outside them split into several."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=["<|endoftext|>"], initial_alphabet=alphabet)
+    tokenizer.train_from_iterator(texts * 3, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>"
+    )
+
+
+# ruff: noqa: E501 (the rows below are copied in the released files' layout, one row per line)
+RELEASED_BLIMP = """,sentence_good,sentence_bad,one_prefix_prefix,one_prefix_word_good,one_prefix_word_bad,field,UID,pairID,target
+0,Raymond is selling this sketch.,Raymond is selling this sketches.,Raymond is selling this,sketch,sketches,morphology,dna_1,0,this
+1,Craig explored that grocery store.,Craig explored that grocery stores.,Craig explored that,grocery store,grocery stores,morphology,dna_1,1,that
+2,Eva has scared these children.,Eva has scared these child.,Eva has scared these,children,child,morphology,dna_1,2,these
+3,Those ladies walk through those oases.,Those ladies walk through those oasis.,Those ladies walk through those,oases,oasis,morphology,dna_1,3,
+4,Tara wasn't fixing those rugs.,Tara wasn't fixing those rug.,Tara wasn't fixing those,sketchy rugs,rug,morphology,dna_1,4,those
+"""
+RELEASED_IOI = """,Sentence_good,one_prefix_prefix,one_prefix_word_good,one_prefix_word_bad,target
+0,Friends Juana and Kristi found a mango at the bar. Kristi gave it to Juana,Friends Juana and Kristi found a mango at the bar. Kristi gave it to,Juana,Kristi,Juana
+1,"Then, Yvette and Angie were working at the mountain. Yvette decided to give a banana to Angie","Then, Yvette and Angie were working at the mountain. Yvette decided to give a banana to",Angie,Yvette,Angie
+2,"After Doris and Marsha went to the mountain, Marsha gave a strawberry to Doris","After Doris and Marsha went to the mountain, Marsha gave a strawberry to",Doris,Marsha,"Doris,"
+"""  # the released files' layout: an unnamed index column, the evidence in `target`
+
+
+@pytest.fixture(scope="module")
+def released_layout(tmp_path_factory):
+    """CSV files laid out as the ALTI-logit paper released them (BLiMP: two-word targets, an empty evidence cell; IOI:
+    commas in the prefix), and a local decoder-only model whose tokenizer was trained on their text."""
+    import csv
+    import io
+
+    folder = tmp_path_factory.mktemp("released")
+    texts = []
+    for name, content in (("blimp.csv", RELEASED_BLIMP), ("ioi.csv", RELEASED_IOI)):
+        (folder / name).write_text(content)
+        for row in csv.DictReader(io.StringIO(content)):
+            texts += [value for key, value in row.items() if key.lower().startswith("sentence")]
+    tokenizer = byte_bpe_tokenizer(texts)
+    model = tiny_model("gpt2", vocab=len(tokenizer))
+    model.save_pretrained(folder / "model")
+    tokenizer.save_pretrained(folder / "model")
+    return folder
+
+
+ALTI_LOGIT_COLUMNS = ["--prefix-column", "one_prefix_prefix", "--target-column", "one_prefix_word_good",
+                      "--foil-column", "one_prefix_word_bad", "--evidence-column", "target"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["blimp.csv", "ioi.csv"])
+def test_the_released_alti_logit_csvs_run_unedited(released_layout, name, tmp_path, capsys):
+    metrics = tmp_path / "metrics.json"
+    code = main(
+        ["evaluate", str(released_layout / name), "--model", str(released_layout / "model"), "--protocol", "evidence",
+         *ALTI_LOGIT_COLUMNS, "--methods", "alti_logit", "decompx", "--out", str(tmp_path / "r.html"),
+         "--json", str(metrics), "--draws", "20"]
+    )  # fmt: skip
+    output = capsys.readouterr()
+    assert code == 0, output.err
+    content = json.loads(metrics.read_text())
+    skipped = {skip["row"]: skip for skip in content["skipped"]}
+    if name == "blimp.csv":
+        # grocery store / grocery stores share their first token: skipped and counted, as in the paper's code
+        assert skipped[1]["kind"] == "target equals foil" and "grocery" in skipped[1]["reason"]
+        assert skipped[3]["kind"] == "bad row" and "no evidence" in skipped[3]["reason"]  # empty evidence cell
+        assert content["skipped_counts"] == {"target equals foil": 1, "bad row": 1}
+        assert content["methods"]["alti_logit"]["n"] == 3  # rows 0, 2 and 4 (a two-word target: its first token)
+        assert "skipped 2 row(s)" in output.out
+    else:
+        assert not skipped and content["methods"]["alti_logit"]["n"] == 3  # "Doris," marks the word Doris
+    assert content["target_tokens"] == "first"
+    page = (tmp_path / "r.html").read_text()
+    assert ('id="skipped"' in page) == bool(skipped)
+
+
+def _gpt2_with(tokenizer):
+    from inseq import load_model
+
+    return load_model(tiny_model("gpt2", vocab=len(tokenizer)), "alti_logit", tokenizer=tokenizer)
+
+
+def test_a_multi_token_target_explains_the_first_token_of_space_plus_word(released_layout):
+    """The explained logit is the model's own logit of the first token of " " + word, right after the prefix; with a
+    foil, the difference with the foil's first token."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from inseq_mixing.evaluation.explain import explain_items
+    from inseq_mixing.evaluation.targets import prepare_targets
+
+    tokenizer = AutoTokenizer.from_pretrained(released_layout / "model")
+    model = AutoModelForCausalLM.from_pretrained(released_layout / "model").eval()
+    word, foil, prefix = "sketchy rugs", "rug", "Tara wasn't fixing those"
+    target_ids = tokenizer(" " + word, add_special_tokens=False).input_ids
+    assert len(target_ids) > 1  # several tokens
+    rows = [{"prefix": prefix, "target": word, "evidence": "those"}, {**{"prefix": prefix, "target": word},
+            "foil": foil, "evidence": "those"}]  # fmt: skip
+    from inseq import load_model
+
+    inseq_model = load_model(model, "alti_logit", tokenizer=tokenizer)
+    items, skipped = prepare_targets(tokenizer, read_items(rows, "evidence", False), False, "first")
+    assert not skipped and items[0].word == word and items[0].target != word
+    plain, contrast = explain_items(inseq_model, items, 4, {})
+    prompt = tokenizer(prefix, return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = model(prompt).logits[0, -1]
+    foil_id = tokenizer(" " + foil, add_special_tokens=False).input_ids[0]
+    for explanation, expected in ((plain, logits[target_ids[0]]), (contrast, logits[target_ids[0]] - logits[foil_id])):
+        (column,) = explanation.explained_columns()
+        token = explanation.seq.target[explanation.seq.attr_pos_start + column]  # Inseq shows a contrast "foil → it"
+        assert token.token.split(" → ")[-1] == tokenizer.convert_ids_to_tokens(target_ids[0])
+        logit = explanation.seq.step_scores["contrast_logits_diff" if explanation is contrast else "logit"][column]
+        assert float(logit) == pytest.approx(float(expected), abs=1e-4)
+
+
+def test_whole_word_sums_the_scores_of_every_token(released_layout):
+    from transformers import AutoTokenizer
+
+    from inseq_mixing.evaluation.explain import explain_items
+    from inseq_mixing.evaluation.targets import prepare_targets
+
+    tokenizer = AutoTokenizer.from_pretrained(released_layout / "model")
+    rows = [{"prefix": "Tara wasn't fixing those", "target": "sketchy rugs", "evidence": "those"}]
+    items, _ = prepare_targets(tokenizer, read_items(rows, "evidence", False), False, "whole")
+    (explanation,) = explain_items(_gpt2_with(tokenizer), items, 4, {})
+    columns = explanation.explained_columns()
+    assert len(columns) == len(tokenizer(" sketchy rugs", add_special_tokens=False).input_ids)
+    summed = sum(explanation.context_scores(column) for column in columns)
+    torch.testing.assert_close(explanation.context_scores(columns), summed)
+    evaluation = inseq_mixing.evaluate(_gpt2_with(tokenizer), ["alti_logit"], rows, "evidence", target_tokens="whole",
+                                       draws=10)  # fmt: skip
+    assert evaluation.to_dict()["target_tokens"] == "whole" and evaluation.results["alti_logit"].statistics
+
+
+def test_unknown_words_keep_their_scores_and_an_unknown_target_skips_only_its_row():
+    from inseq import load_model
+
+    from inseq_mixing.testing import word_tokenizer
+
+    tokenizer = word_tokenizer(seq2seq=False)
+    model = load_model(tiny_model("gpt2"), "alti_logit", tokenizer=tokenizer)
+    rows = [
+        {"prefix": "the cat zebra sat on", "target": "the", "evidence": "cat"},  # "zebra" is not in the vocabulary
+        {"prefix": "the dog sat on", "target": "xylophone", "evidence": "dog"},  # an unknown target
+        {"prefix": "the dog sat on", "target": "the", "foil": "the", "evidence": "dog"},  # target equals foil
+    ]
+    evaluation = inseq_mixing.evaluate(model, ["alti_logit"], rows, "evidence", draws=10)
+    assert evaluation.results["alti_logit"].statistics["mrr"].num.numel() == 1
+    assert {skip.row: skip.kind for skip in evaluation.skipped} == {1: "unknown", 2: "target equals foil"}
+    assert evaluation.unknown_words == {0: ["zebra"]}
+    from inseq_mixing.evaluation.explain import explain_items
+    from inseq_mixing.evaluation.targets import prepare_targets
+
+    items, _ = prepare_targets(tokenizer, read_items(rows[:1], "evidence", False), False)
+    (explanation,) = explain_items(model, items, 4, {})
+    scores = explanation.context_scores(explanation.explained_columns())
+    unk = [p for p, token in enumerate(explanation.seq.target) if token.id == tokenizer.unk_token_id]
+    assert float(scores[2]) == pytest.approx(float(explanation.seq.target_attributions[unk, 0].sum()))
+    assert float(scores[2]) != 0  # the unknown word keeps its token's score
+
+
+def test_an_all_bad_file_exits_2_and_bad_calls_are_refused_before_any_work(demo_data, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"source": "a b", "prefix": "", "target": "x", "evidence": "[0.5]"}\n')
+    code = main(["evaluate", str(bad), "--model", "demo", "--protocol", "evidence", "--out", str(tmp_path / "r.html")])
+    err = capsys.readouterr().err
+    assert code == 2 and "No row of the data can be evaluated" in err and "0.5 is not an integer" in err
+    for flag, value in (("--batch-size", "0"), ("--draws", "0")):
+        code = main(["evaluate", str(demo_data["evidence"]), "--model", "demo", "--protocol", "evidence",
+                     flag, value, "--out", str(tmp_path / "r.html")])  # fmt: skip
+        err = capsys.readouterr().err
+        assert code == 2 and "must be a positive integer" in err and "failed" not in err
+
+
+def test_a_degenerate_interval_is_reported_as_such(demo_data):
+    from inseq_mixing.views.eval_report import render_evaluation_report
+
+    with open(demo_data["evidence"]) as handle:
+        first = json.loads(handle.readline())
+    evaluation = inseq_mixing.evaluate(_demo_model(), ["alti_logit", "alti"], [first], "evidence", draws=10)
+    summary = evaluation.to_dict()["methods"]["alti_logit"]
+    assert summary["n"] == 1 and summary["degenerate"] == ["mrr"]
+    assert "degenerate" in render_evaluation_report(evaluation)
+    assert all(math.isnan(bound) for bound in bootstrap_interval(mean_statistic([1.0, 2.0]), draws=0))  # no crash

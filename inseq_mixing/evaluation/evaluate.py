@@ -13,17 +13,19 @@ import torch
 from tqdm.auto import tqdm
 
 from .explain import Explanation, explain_items, is_per_layer
-from .items import Item, read_items
+from .items import EvaluationInputError, Item, Skipped, read_items_skipping
 from .metrics import (
     Statistic,
     alignment_counts,
     bootstrap_interval,
     cue_share,
+    is_degenerate,
     mean_statistic,
     paired_permutation_test,
     random_reciprocal_rank,
     reciprocal_rank,
 )
+from .targets import TARGET_TOKENS, prepare_targets
 
 #: The headline metric of each protocol (the first of its metrics).
 METRICS = {
@@ -59,6 +61,12 @@ class Evaluation:
         examples: Method → a few :class:`~.explain.Explanation` for the report's heatmaps.
         draws: Bootstrap and permutation draws.
         seed: Seed of the resampling.
+        skipped: Rows left out of every method's scores, each with its reason (kinds: ``bad row``, ``unknown``,
+            ``target equals foil``, ``not explainable``).
+        unknown_words: Row → context words the tokenizer maps (in part) to its unknown token; they keep their
+            scores.
+        target_tokens: Which tokens of a target word were explained (``first`` or ``whole``, see
+            :mod:`.targets`), for ``evidence`` and ``cue``.
     """
 
     protocol: str
@@ -68,6 +76,16 @@ class Evaluation:
     examples: dict[str, list[Explanation]] = field(default_factory=dict)
     draws: int = 1000
     seed: int = 0
+    skipped: list[Skipped] = field(default_factory=list)
+    unknown_words: dict[int, list[str]] = field(default_factory=dict)
+    target_tokens: str | None = None
+
+    def skipped_counts(self) -> dict[str, int]:
+        """How many rows were skipped, by kind."""
+        counts: dict[str, int] = {}
+        for skip in self.skipped:
+            counts[skip.kind] = counts.get(skip.kind, 0) + 1
+        return counts
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -90,6 +108,8 @@ class Evaluation:
             interval = list(bootstrap_interval(statistic, self.draws, seed=self.seed))
             summary[metric] = float(statistic.value())
             summary["ci" if index == 0 else f"{metric}_ci"] = interval
+            if is_degenerate(statistic, interval):
+                summary.setdefault("degenerate", []).append(metric)
         summary["n"] = len(result.statistics[self.metrics[0]])
         if result.per_layer is not None:
             summary["per_layer"] = [float(value) for value in result.per_layer.value()]
@@ -129,6 +149,10 @@ class Evaluation:
             "pairs": self.pairs(),
             "failed": self.failed,
             "lower_is_better": [metric for metric in self.metrics if metric in LOWER_IS_BETTER],
+            "target_tokens": self.target_tokens,
+            "skipped": [skip.to_dict() for skip in self.skipped],
+            "skipped_counts": self.skipped_counts(),
+            "unknown_words": {str(row): words for row, words in self.unknown_words.items()},
         }
 
     def to_json(self, path: str | Path) -> Path:
@@ -169,6 +193,7 @@ def evaluate(
     examples: int = 2,
     random_draws: int = 3,
     show_progress: bool = False,
+    target_tokens: str = "first",
     **columns: str,
 ) -> Evaluation:
     """Evaluate ``methods`` on annotated ``data`` with one of the papers' protocols.
@@ -186,7 +211,13 @@ def evaluate(
       with random rankings as the baseline.
 
     Every metric comes with a percentile bootstrap 95% interval over the items and every two methods with a paired
-    permutation test of the headline metric.
+    permutation test of the headline metric; an interval that cannot vary (one item, or every item alike) is reported
+    as degenerate (``summary["degenerate"]``).
+
+    A row that cannot be evaluated is skipped, with its reason, in :attr:`Evaluation.skipped` (the JSON's
+    ``skipped``, and the report): a missing value, a marked word not in the context, a fractional index, a target
+    mapped to the unknown token, a target and foil sharing their explained token (the ALTI-logit paper skips these
+    too). Only a file with no usable row is an error.
 
     Args:
         model: A Hugging Face model (with ``tokenizer``), an Inseq ``AttributionModel``, or a model name or local path.
@@ -203,6 +234,9 @@ def evaluate(
         examples: Items kept per method for the report's heatmaps.
         random_draws: Random rankings per token for the faithfulness baseline.
         show_progress: Show a progress bar over the methods.
+        target_tokens: For ``evidence`` and ``cue``: explain the ``"first"`` token of ``" " + target`` (the
+            ALTI-logit paper's convention for multi-token words), or the ``"whole"`` word (the sum over its tokens,
+            which for logit methods is a sum of logits of different predictions, not a logit); see :mod:`.targets`.
         **columns: Column names by role: ``source``, ``prefix``, ``target``, ``foil``, ``evidence``, ``cues``,
             ``alignment`` (e.g. ``prefix="one_prefix_prefix"``; ``prefix_column=...`` is accepted too).
 
@@ -211,8 +245,8 @@ def evaluate(
         its HTML report.
 
     Raises:
-        EvaluationInputError: Bad data, naming the row and what to fix.
-        ValueError: Unknown methods or options.
+        EvaluationInputError: A missing column, or no row that can be evaluated (naming the rows and why).
+        ValueError: Unknown methods or options, a batch size or number of draws below 1.
         RuntimeError: Every method failed.
     """
     import inseq
@@ -220,13 +254,29 @@ def evaluate(
     from ..views.compare import check_methods
 
     check_methods(methods)
+    for name, value in (("batch_size", batch_size), ("draws", draws)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, not {value!r}.")
+    if target_tokens not in TARGET_TOKENS:
+        raise ValueError(f"target_tokens must be one of {TARGET_TOKENS}, not {target_tokens!r}.")
     columns = {role.removesuffix("_column"): name for role, name in columns.items()}
     base = model if isinstance(model, inseq.models.AttributionModel) else None
     if base is None:
         base = inseq.load_model(model, methods[0], tokenizer=tokenizer, device=device)
-    items = read_items(data, protocol, base.is_encoder_decoder, columns)
+    items, skipped = read_items_skipping(data, protocol, base.is_encoder_decoder, columns)
+    evaluation = Evaluation(protocol, draws=draws, seed=seed, skipped=skipped)
+    if protocol in ("evidence", "cue"):
+        items, not_explainable = prepare_targets(base.tokenizer, items, base.is_encoder_decoder, target_tokens)
+        evaluation.skipped = sorted([*skipped, *not_explainable], key=lambda skip: skip.row)
+        evaluation.target_tokens = target_tokens
+        evaluation.unknown_words = {
+            item.row: [item.context_words[word] for word in item.unknown] for item in items if item.unknown
+        }
+    if not items:
+        reasons = "; ".join(skip.reason for skip in evaluation.skipped[:3])
+        more = f" (and {len(evaluation.skipped) - 3} more)" if len(evaluation.skipped) > 3 else ""
+        raise EvaluationInputError(f"No row of the data can be evaluated: {reasons}{more}.")
     method_kwargs = method_kwargs or {}
-    evaluation = Evaluation(protocol, draws=draws, seed=seed)
     if protocol == "faithfulness":
         return _faithfulness(base, methods, items, batch_size, method_kwargs, random_draws, evaluation, examples)
     for method in tqdm(methods, desc="evaluating", disable=not show_progress):
@@ -245,14 +295,9 @@ def evaluate(
     return evaluation
 
 
-def _explained_column(explanation: Explanation) -> int:
-    """Column of the explained word's first token (the word after the prefix)."""
-    return explanation.column(explanation.position_of_word(len(explanation.item.prefix.split())))
-
-
 def score_evidence(explained: list[Explanation]) -> MethodResult:
     ranks = [
-        reciprocal_rank(explanation.context_scores(_explained_column(explanation)), explanation.item.marks)
+        reciprocal_rank(explanation.context_scores(explanation.explained_columns()), explanation.item.marks)
         for explanation in explained
     ]
     return MethodResult({"mrr": mean_statistic(ranks)})
@@ -262,7 +307,7 @@ def score_cue(explained: list[Explanation]) -> MethodResult:
     shares = []
     for explanation in explained:
         per_layer = is_per_layer(explanation.seq)
-        scores = explanation.context_scores(_explained_column(explanation), per_layer=per_layer)
+        scores = explanation.context_scores(explanation.explained_columns(), per_layer=per_layer)
         shares.append(cue_share(scores, explanation.item.marks).nan_to_num(0.0))
     if shares[0].dim() == 0:
         return MethodResult({"cue_contribution": mean_statistic(torch.stack(shares))})

@@ -39,16 +39,25 @@ class Explanation:
             raise ValueError(f"Row {self.item.row}: target position {position} was not attributed.")
         return column
 
-    def context_scores(self, column: int, per_layer: bool = False) -> torch.Tensor:
-        """Scores of the context words (source words, then prefix words) for one explained column: ``(words,)``, or
-        ``(words, layers)`` with ``per_layer`` for a per-layer method."""
+    def explained_columns(self) -> list[int]:
+        """Columns of the explained token(s): every token of the target-side words after the prefix."""
+        first = len(self.item.prefix.split())
+        columns = [self.column(position) for position, owner in enumerate(self.target_words) if owner >= first]
+        if not columns:
+            raise ValueError(f"Row {self.item.row}: no token of the target {self.item.target!r} was attributed.")
+        return columns
+
+    def context_scores(self, columns: int | list[int], per_layer: bool = False) -> torch.Tensor:
+        """Scores of the context words (source words, then prefix words) for the explained column(s), summed over
+        columns: ``(words,)``, or ``(words, layers)`` with ``per_layer`` for a per-layer method."""
+        columns = [columns] if isinstance(columns, int) else list(columns)
         source, target = _token_scores(self.seq, per_layer)
         num_source = len((self.item.source or "").split())
         num_prefix = len(self.item.prefix.split())
-        prefix = word_scores(target[:, column], self.target_words, num_prefix)
+        prefix = word_scores(target[:, columns].nan_to_num().sum(1), self.target_words, num_prefix)
         if source is None:
             return prefix
-        return torch.cat([word_scores(source[:, column], self.source_words, num_source), prefix])
+        return torch.cat([word_scores(source[:, columns].nan_to_num().sum(1), self.source_words, num_source), prefix])
 
     def source_target_scores(self) -> torch.Tensor:
         """``(source words, target words)`` scores: each target word's columns (the predictions of its tokens)

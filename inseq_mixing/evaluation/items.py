@@ -1,15 +1,21 @@
 """Reading evaluation rows: the columns each protocol needs, word marks (evidence, cues) and gold alignments.
 
 Columns (each renamable): ``source`` (encoder–decoders), ``prefix`` (the target-side context before the explained
-word; the prompt of decoder-only models), ``target`` (the explained word; for ``alignment`` and ``faithfulness`` the
-whole target text), ``foil`` (optional contrast word), ``evidence`` / ``cues`` (words of the context: a JSON list of
-words or of context word indices, or a whitespace-separated string of words; a word marks every occurrence), and
-``alignment`` (Pharaoh links ``"source-target"`` between word indices). Context word indices count the source words
-first, then the prefix words.
+word; the prompt of decoder-only models), ``target`` (the explained word, possibly of several words such as
+``grocery store``; for ``alignment`` and ``faithfulness`` the whole target text), ``foil`` (optional contrast word),
+``evidence`` / ``cues`` (words of the context: a JSON list of words or of integer context word indices, or a
+whitespace-separated string of words; a word marks every occurrence, matched as written or, failing that, with its
+surrounding punctuation stripped), and ``alignment`` (Pharaoh links ``"source-target"`` between word indices). Context
+word indices count the source words first, then the prefix words.
+
+A row that cannot be evaluated (a missing value, a marked word not in the context, a fractional index, ...) is skipped
+with its reason (:func:`read_items_skipping`); a missing column stops the whole file.
 """
 
 import json
-from dataclasses import dataclass
+import numbers
+import string
+from dataclasses import dataclass, field
 
 from ..runs.data import DatasetInputError, read_rows
 from .metrics import parse_pharaoh
@@ -34,6 +40,18 @@ class EvaluationInputError(DatasetInputError):
     """Bad evaluation data: a missing column, a marked word not in the context, an alignment index out of range."""
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """A row left out of an evaluation, and why."""
+
+    row: int
+    reason: str
+    kind: str = "bad row"
+
+    def to_dict(self) -> dict:
+        return {"row": self.row, "kind": self.kind, "reason": self.reason}
+
+
 @dataclass
 class Item:
     """One evaluation row.
@@ -42,11 +60,16 @@ class Item:
         row: Row number in the data (0-based).
         source: Source text (encoder–decoders), else None.
         prefix: Target-side context before the explained word (decoder-only: the prompt).
-        target: The explained word (``evidence``, ``cue``), or the text after the prefix (``faithfulness``; the whole
-            translation of an encoder–decoder), or the whole translation (``alignment``).
-        foil: The contrast word, or None.
+        target: The explained word (``evidence``, ``cue``; once prepared by :func:`~.targets.prepare_targets`, the text
+            of the explained token(s)), or the text after the prefix (``faithfulness``; the whole translation of an
+            encoder–decoder), or the whole translation (``alignment``).
+        foil: The contrast word (prepared: the text of its token(s)), or None.
         marks: Evidence or cue word indices in the context (source words, then prefix words).
         gold: Gold alignment links ``(source word, target word)``, or None.
+        word: The target as written in the data (``target`` before preparation).
+        foil_word: The foil as written in the data.
+        unknown: Context word indices that the tokenizer maps (in part) to its unknown token: they keep their scores
+            and are listed in the evaluation's output.
     """
 
     row: int
@@ -56,6 +79,13 @@ class Item:
     foil: str | None = None
     marks: list[int] | None = None
     gold: set[tuple[int, int]] | None = None
+    word: str | None = None
+    foil_word: str | None = None
+    unknown: list[int] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.word = self.target if self.word is None else self.word
+        self.foil_word = self.foil if self.foil_word is None else self.foil_word
 
     @property
     def context_words(self) -> list[str]:
@@ -83,7 +113,7 @@ def _value(row: dict, column: str | None):
 
 
 def read_items(data, protocol: str, encoder_decoder: bool, columns: dict[str, str] | None = None) -> list[Item]:
-    """The rows of ``data`` as :class:`Item` for ``protocol``.
+    """The rows of ``data`` as :class:`Item` for ``protocol``, every row required to be usable.
 
     Args:
         data: A path (JSONL, CSV, Parquet), a ``datasets.Dataset``, a DataFrame or a list of dicts.
@@ -92,7 +122,25 @@ def read_items(data, protocol: str, encoder_decoder: bool, columns: dict[str, st
         columns: Role → column name, overriding :data:`DEFAULT_COLUMNS`.
 
     Raises:
-        EvaluationInputError: With the row number and what to fix.
+        EvaluationInputError: With the row number and what to fix (the first unusable row).
+    """
+    items, skipped = read_items_skipping(data, protocol, encoder_decoder, columns)
+    if skipped:
+        raise EvaluationInputError(skipped[0].reason)
+    return items
+
+
+def read_items_skipping(
+    data, protocol: str, encoder_decoder: bool, columns: dict[str, str] | None = None
+) -> tuple[list[Item], list[Skipped]]:
+    """Like :func:`read_items`, but a row that cannot be evaluated is skipped with its reason instead of stopping the
+    file.
+
+    Returns:
+        The usable items and the skipped rows.
+
+    Raises:
+        EvaluationInputError: An unknown protocol or column role, or a missing column.
     """
     if protocol not in PROTOCOLS:
         raise EvaluationInputError(f"Unknown protocol {protocol!r}: choose one of {PROTOCOLS}.")
@@ -111,7 +159,13 @@ def read_items(data, protocol: str, encoder_decoder: bool, columns: dict[str, st
                 f"The {protocol} protocol needs a {role} column, and the data has no column {names[role]!r}; its "
                 f"columns are {sorted(present)}. Name the right one with --{role}-column."
             )
-    return [_item(index, row, protocol, encoder_decoder, names) for index, row in enumerate(rows)]
+    items, skipped = [], []
+    for index, row in enumerate(rows):
+        try:
+            items.append(_item(index, row, protocol, encoder_decoder, names))
+        except EvaluationInputError as error:
+            skipped.append(Skipped(index, str(error)))
+    return items, skipped
 
 
 def _item(index: int, row: dict, protocol: str, encoder_decoder: bool, names: dict[str, str]) -> Item:
@@ -119,14 +173,12 @@ def _item(index: int, row: dict, protocol: str, encoder_decoder: bool, names: di
         value = _value(row, names[role])
         if value is None and required:
             raise EvaluationInputError(f"Row {index} has no {role} ({names[role]!r}) value.")
-        return None if value is None else str(value)
+        return None if value is None else str(value).strip()
 
     source = text("source") if encoder_decoder else None
     prefix = "" if protocol == "alignment" else text("prefix", required=not encoder_decoder) or ""
     item = Item(index, source, prefix, text("target"), foil=text("foil", required=False))
     if protocol in ("evidence", "cue"):
-        if len(item.target.split()) != 1:
-            raise EvaluationInputError(f"Row {index}: the target {item.target!r} must be one word.")
         role = "evidence" if protocol == "evidence" else "cues"
         item.marks = mark_indices(_value(row, names[role]), item.context_words, index, role)
     if protocol == "alignment":
@@ -143,12 +195,21 @@ def mark_indices(value, context: list[str], row: int, role: str) -> list[int]:
             parsed = json.loads(value)
         except json.JSONDecodeError:
             parsed = value.split()
+        if isinstance(parsed, numbers.Real) and not isinstance(parsed, bool):  # one index, e.g. "3" in a CSV
+            parsed = [parsed]
         value = parsed if isinstance(parsed, list) else value.split()
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        value = [value]
     elif not isinstance(value, list | tuple):
         value = list(value) if hasattr(value, "__iter__") else [value]
     marks = []
+    bare = [word.strip(string.punctuation) for word in context]
     for mark in value:
-        if isinstance(mark, int | float) and not isinstance(mark, bool):
+        if isinstance(mark, numbers.Real) and not isinstance(mark, bool):
+            if not float(mark).is_integer():
+                raise EvaluationInputError(
+                    f"Row {row}: {role} index {mark!r} is not an integer (context word indices are 0-based integers)."
+                )
             if not 0 <= int(mark) < len(context):
                 raise EvaluationInputError(
                     f"Row {row}: {role} index {int(mark)} is outside the context's {len(context)} words {context}."
@@ -156,6 +217,8 @@ def mark_indices(value, context: list[str], row: int, role: str) -> list[int]:
             marks.append(int(mark))
             continue
         found = [position for position, word in enumerate(context) if word == str(mark)]
+        if not found and str(mark).strip(string.punctuation):
+            found = [position for position, word in enumerate(bare) if word == str(mark).strip(string.punctuation)]
         if not found:
             raise EvaluationInputError(f"Row {row}: the {role} word {str(mark)!r} is not in the context {context}.")
         marks.extend(found)

@@ -113,8 +113,9 @@ def mean_statistic(values) -> Statistic:
 def bootstrap_interval(
     statistic: Statistic, draws: int = 1000, level: float = 0.95, seed: int = 0
 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of the metric, resampling items with replacement."""
-    if len(statistic) == 0:
+    """Percentile bootstrap interval of the metric, resampling items with replacement (``(nan, nan)`` without items
+    or draws: see :func:`is_degenerate`)."""
+    if len(statistic) == 0 or draws < 1:
         return float("nan"), float("nan")
     generator = torch.Generator().manual_seed(seed)
     index = torch.randint(len(statistic), (draws, len(statistic)), generator=generator)
@@ -122,6 +123,13 @@ def bootstrap_interval(
     tail = (1 - level) / 2
     low, high = torch.quantile(values, torch.tensor([tail, 1 - tail], dtype=values.dtype))
     return float(low), float(high)
+
+
+def is_degenerate(statistic: Statistic, interval) -> bool:
+    """Whether a bootstrap interval says nothing about the spread: fewer than two items, an undefined bound, or no
+    spread among the resamples (every item alike)."""
+    low, high = interval
+    return len(statistic) < 2 or math.isnan(low) or math.isnan(high) or low == high
 
 
 def paired_permutation_test(first: Statistic, second: Statistic, draws: int = 1000, seed: int = 0) -> float:

@@ -1,8 +1,8 @@
 """Words of a text (whitespace-separated) and which tokens of an attributed sequence belong to each.
 
 Scores are per token; the protocols work on words. A fast tokenizer's character offsets map every token of a text to
-the word it starts in; special tokens (``</s>``, the decoder start token) belong to no word. A word's score is the sum
-of its tokens' scores.
+the word it starts in; special tokens (``</s>``, the decoder start token) belong to no word, but the unknown token
+belongs to the word it stands for. A word's score is the sum of its tokens' scores.
 """
 
 import re
@@ -44,7 +44,7 @@ def token_words(tokenizer, text: str, token_ids: list[int], as_target: bool = Fa
         raise WordMappingError(f"The attributed tokens do not match the tokenization of {text!r}.")
     spans = word_spans(text)
     words = [-1] * len(token_ids)
-    special = set(tokenizer.all_special_ids)
+    special = set(tokenizer.all_special_ids) - {tokenizer.unk_token_id}  # unknown words keep their tokens' scores
     for offset, (token_id, (begin, end)) in enumerate(zip(ids, offsets, strict=True)):
         if token_id in special or end <= begin:
             continue

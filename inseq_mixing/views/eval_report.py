@@ -35,7 +35,12 @@ def metrics_table(evaluation) -> str:
         cells = []
         for index, metric in enumerate(metrics):
             low, high = summary["ci" if index == 0 else f"{metric}_ci"]
-            cells.append(f"<td>{summary[metric]:.3f}</td><td>[{low:.3f}, {high:.3f}]</td>")
+            interval = f"[{low:.3f}, {high:.3f}]"
+            if metric in summary.get("degenerate", []):
+                interval = (
+                    f'<span class="degenerate" title="one item, or every item alike">{interval} degenerate</span>'
+                )
+            cells.append(f"<td>{summary[metric]:.3f}</td><td>{interval}</td>")
         rows.append(f"<tr><th>{html.escape(method)}</th>{''.join(cells)}<td>{summary['n']}</td></tr>")
     if evaluation.baseline:
         cells = "".join(f"<td>{_number(evaluation.baseline.get(m, ''))}</td><td></td>" for m in metrics)
@@ -96,6 +101,27 @@ def example_heatmaps(evaluation) -> str:
     return "".join(parts)
 
 
+def skipped_rows(evaluation) -> str:
+    """The rows left out (with their reasons, by kind) and the context words mapped to the unknown token."""
+    parts = []
+    if evaluation.skipped:
+        counts = ", ".join(f"{kind}: {count}" for kind, count in evaluation.skipped_counts().items())
+        items = "".join(f"<li>{html.escape(skip.reason)}</li>" for skip in evaluation.skipped)
+        parts.append(
+            f'<div id="skipped"><h2>Skipped rows ({len(evaluation.skipped)}: {html.escape(counts)})</h2>'
+            f"<ul>{items}</ul></div>"
+        )
+    if evaluation.unknown_words:
+        items = "".join(
+            f"<li>row {row}: {html.escape(', '.join(words))}</li>" for row, words in evaluation.unknown_words.items()
+        )
+        parts.append(
+            '<div id="unknown-words"><h2>Context words the tokenizer does not know</h2><p>They are mapped to the '
+            f"unknown token and keep its scores.</p><ul>{items}</ul></div>"
+        )
+    return "".join(parts)
+
+
 def render_evaluation_report(evaluation, title: str = "inseq-mixing evaluation") -> str:
     """The whole page as one HTML string."""
     failed = ""
@@ -108,11 +134,22 @@ def render_evaluation_report(evaluation, title: str = "inseq-mixing evaluation")
         f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
         f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
         f"<p>Protocol: <b>{html.escape(evaluation.protocol)}</b>. {html.escape(DESCRIPTIONS[evaluation.protocol])} "
-        f"Intervals: percentile bootstrap over the items ({evaluation.draws} resamples).</p>"
+        f"Intervals: percentile bootstrap over the items ({evaluation.draws} resamples).{_explained(evaluation)}</p>"
         f"<h2>Metrics</h2>{metrics_table(evaluation)}{cue_figure(evaluation)}"
-        f"<h2>Paired tests</h2>{pairs_table(evaluation)}{failed}"
+        f"<h2>Paired tests</h2>{pairs_table(evaluation)}{failed}{skipped_rows(evaluation)}"
         f"<h2>Examples</h2>{example_heatmaps(evaluation)}</body></html>"
     )
+
+
+def _explained(evaluation) -> str:
+    if evaluation.target_tokens == "first":
+        return " Explained: the first token of each target word (the ALTI-logit paper's convention)."
+    if evaluation.target_tokens == "whole":
+        return (
+            " Explained: every token of each target word, scores summed (for logit methods a sum of logits of "
+            "different predictions, not a logit)."
+        )
+    return ""
 
 
 def write_evaluation_report(evaluation, path: str | Path, **kwargs) -> Path:
