@@ -29,7 +29,8 @@ def _rename_builtin_value_zeroing() -> None:
 
 
 def register() -> list[str]:
-    """Register the plugin's methods inside Inseq (idempotent: importing twice registers nothing new).
+    """Register the plugin's methods inside Inseq (idempotent: importing twice registers nothing new): one Inseq method
+    class is generated from each declaration (:mod:`inseq_mixing.declarations`).
 
     Returns:
         The names of the plugin's methods.
@@ -48,15 +49,26 @@ def _subclasses(cls: type) -> list[type]:
     return found
 
 
-METHODS = register()
+try:
+    import inseq  # noqa: F401
+except ImportError:  # the math and the declarations work without Inseq
+    from .declarations import DECLARATIONS
 
-from .views.colors import repair_inseq_colours  # noqa: E402
+    METHODS = list(DECLARATIONS)
+else:
+    METHODS = register()
 
-repair_inseq_colours()
+    from .views.colors import repair_inseq_colours
 
-from .evaluation import Evaluation, evaluate  # noqa: E402  (evaluation uses the registered methods)
-from .runs import attribute_dataset, load_run  # noqa: E402  (runs use the registered methods)
-from .views import Comparison, compare  # noqa: E402  (views use the registered methods)
+    repair_inseq_colours()
+
+    from .evaluation import (  # evaluation uses the registered methods  # comparisons use the registered methods
+        Comparison,
+        Evaluation,
+        compare,
+        evaluate,
+    )
+    from .runs import attribute_dataset, load_run  # runs use the registered methods
 
 __all__ = [
     "METHODS",

@@ -8,13 +8,16 @@ import sys
 import warnings
 from pathlib import Path
 
+from inseq_mixing.views.tables import SUMMARY_COLUMNS, print_table
+
 
 def list_methods() -> list[tuple[str, str]]:
-    """``(name, one line)`` for every registered attribution method: the plugin's first, then Inseq's."""
+    """``(name, summary)`` for every registered attribution method: the plugin's (from their declarations) first, then
+    Inseq's (the first line of their docstrings)."""
     import inseq
     from inseq.attr.feat.feature_attribution import FeatureAttribution
 
-    import inseq_mixing
+    from inseq_mixing.declarations import DECLARATIONS
 
     classes = FeatureAttribution.available_classes()
 
@@ -22,30 +25,16 @@ def list_methods() -> list[tuple[str, str]]:
         doc = (classes[name].__doc__ or "").strip().splitlines()
         return doc[0].strip() if doc else ""
 
-    rows = [(name, first_line(name)) for name in inseq_mixing.METHODS]
-    others = sorted(set(inseq.list_feature_attribution_methods()) - set(inseq_mixing.METHODS))
+    rows = [(name, declaration.summary) for name, declaration in DECLARATIONS.items()]
+    others = sorted(set(inseq.list_feature_attribution_methods()) - set(DECLARATIONS))
     return rows + [(name, f"Inseq: {first_line(name)}".rstrip(": ")) for name in others]
 
 
-def print_table(rows: list[dict], columns: list[str]) -> None:
-    """A plain-text table of ``rows`` restricted to ``columns``."""
-    cells = [columns] + [
-        [f"{row.get(c):.3f}" if isinstance(row.get(c), float) else str(row.get(c, "")) for c in columns]
-        for row in rows
-    ]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    for line in cells:
-        print("  ".join(value.rjust(width) for value, width in zip(line, widths, strict=True)))
+def method_options_text() -> str:
+    """Every plugin method's options (type, default, choices, one line each), from the declarations."""
+    from inseq_mixing.declarations import DECLARATIONS
 
-
-SUMMARY_COLUMNS = [
-    "method",
-    "tokens",
-    "comprehensiveness_prob",
-    "random_comprehensiveness_prob",
-    "sufficiency_prob",
-    "random_sufficiency_prob",
-]
+    return "\n\n".join(f"{name}\n{declaration.options_doc()}" for name, declaration in DECLARATIONS.items())
 
 
 class UserError(ValueError):
@@ -263,7 +252,8 @@ def run_demo_data(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inseq-mixing", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("methods", help="list the registered attribution methods")
+    methods = commands.add_parser("methods", help="list the registered attribution methods")
+    methods.add_argument("--options", action="store_true", help="list each plugin method's options instead")
     demo = commands.add_parser("demo", help="compare every method on the embedded demo model and write a report")
     demo.add_argument("--out", default="out/demo.html")
     compare = commands.add_parser("compare", help="compare methods on a model and write an HTML report")
@@ -324,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.disable(logging.WARNING)
     hf_logging.disable_progress_bar()  # loading bars would bury one-line errors; the commands show their own
     if args.command == "methods":
+        if args.options:
+            print(method_options_text())
+            return 0
         for name, line in list_methods():
             print(f"{name:34} {line}")
         return 0

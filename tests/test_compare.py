@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import inseq_mixing
+from inseq_mixing.evaluation import compare, faithfulness, rank_correlation
+from inseq_mixing.evaluation.faithfulness import TokenExample, perturbed_contexts
 from inseq_mixing.testing import load_tiny
-from inseq_mixing.views import compare, faithfulness, rank_correlation
-from inseq_mixing.views.faithfulness import TokenExample, perturbed_contexts
 
 from .test_inseq_glue import CONTINUATION, PROMPT, SOURCE, TARGET
 

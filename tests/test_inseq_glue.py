@@ -125,12 +125,10 @@ def test_batch_of_sentences_equals_one_by_one():
 
 
 def test_unsupported_model_names_supported_families():
-    from transformers import BloomConfig, BloomForCausalLM
-
-    config = BloomConfig(vocab_size=70, hidden_size=16, n_layer=1, n_head=2, pad_token_id=0, bos_token_id=3,
-                         eos_token_id=1)  # fmt: skip
-    model = BloomForCausalLM(config)
-    with pytest.raises(inseq_mixing.UnsupportedModelError, match="bloom.*Marian.*GPT-2.*Llama.*OLMo-2"):
+    """A model type no spec knows (made up, so that the test does not change when a family is added)."""
+    model = tiny_model("gpt2")
+    model.config.model_type = "made_up_family"
+    with pytest.raises(inseq_mixing.UnsupportedModelError, match="made_up_family.*Marian.*GPT-2.*Llama.*OLMo-2"):
         inseq_mixing.get_spec(model)
     with pytest.raises(inseq_mixing.UnsupportedModelError, match="Supported families"):
         inseq.load_model(model, "value_zeroing", tokenizer=word_tokenizer(seq2seq=False))

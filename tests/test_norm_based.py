@@ -63,7 +63,9 @@ def test_attention_norm_matches_the_definition(family, variant):
             own = vectors.diagonal(dim1=0, dim2=1).T
             mixed = torch.linalg.vector_norm(vectors.sum(1) - own, dim=-1)
             ratio = mixed / (mixed + torch.linalg.vector_norm(own, dim=-1))
-            torch.testing.assert_close(maps.ratio[0, layer_index], ratio, atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(
+                maps.positions["context_mixing_ratio"][0, layer_index], ratio, atol=1e-5, rtol=1e-4
+            )
 
 
 def test_globenc_layer_maps_match_the_definition(decoder_family):

@@ -1,13 +1,20 @@
-"""Thin Inseq glue: one ``FeatureAttribution`` subclass per method, turning score tensors into Inseq outputs."""
+"""Thin Inseq glue: one ``FeatureAttribution`` subclass per method, generated from its declaration by
+:mod:`.adapter`, turning the declared method's results into Inseq outputs."""
 
-from .alti import AltiAttribution, AltiLogitAttribution
-from .attn_lrp import AttnLrpAttribution
+from .adapter import ATTRIBUTION_CLASSES
 from .base import ContextMixingAttribution, MixingSequenceOutput, MixingStepOutput, SignedMixingSequenceOutput
-from .decompx import DecompXAttribution
-from .norm_based import AttentionNormAttribution, AttentionRolloutAttribution, GlobEncAttribution
-from .value_zeroing import ValueZeroingAttribution
+
+AltiAttribution = ATTRIBUTION_CLASSES["alti"]
+AltiLogitAttribution = ATTRIBUTION_CLASSES["alti_logit"]
+AttnLrpAttribution = ATTRIBUTION_CLASSES["attn_lrp"]
+AttentionNormAttribution = ATTRIBUTION_CLASSES["attention_norm"]
+AttentionRolloutAttribution = ATTRIBUTION_CLASSES["attention_rollout"]
+DecompXAttribution = ATTRIBUTION_CLASSES["decompx"]
+GlobEncAttribution = ATTRIBUTION_CLASSES["globenc"]
+ValueZeroingAttribution = ATTRIBUTION_CLASSES["value_zeroing"]
 
 __all__ = [
+    "ATTRIBUTION_CLASSES",
     "AltiAttribution",
     "AltiLogitAttribution",
     "AttnLrpAttribution",

@@ -1,6 +1,5 @@
 """Shared Inseq glue for the plugin's final-step methods: read Inseq's step arguments, trace, wrap outputs."""
 
-import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,46 +127,20 @@ def read_step_inputs(inputs: tuple, additional_forward_args: tuple, is_encoder_d
 
 
 class MethodCall:
-    """Holder of a method's ``attribute``, whose signature lists the options users pass to ``model.attribute``.
-
-    ``attribute(inputs, additional_forward_args, **options)`` receives Inseq's attributed inputs (their number tells
-    whether target attribution was asked) and its extra arguments (token ids, masks, attributed-function arguments),
-    read with :func:`read_step_inputs`. Options annotated ``bool`` must be booleans, options annotated ``int`` positive
-    integers, and options named in :attr:`choices` one of their listed strings.
-    """
-
-    #: The accepted values of the options that take one of a few strings.
-    choices: dict[str, tuple[str, ...]] = {}
+    """Holder of a method's ``attribute``, whose signature lists the options users pass to ``model.attribute`` (Inseq
+    routes keyword arguments by it). The adapter (:mod:`.adapter`) generates one subclass per declaration, with the
+    signature and documentation of the declaration's options."""
 
     def __init__(self, owner: "ContextMixingAttribution"):
         self.owner = owner
 
     def option_names(self) -> list[str]:
         """The options ``model.attribute`` routes to this method."""
-        parameters = inspect.signature(self.attribute).parameters
-        return [name for name in parameters if name not in ("inputs", "additional_forward_args")]
+        return self.owner.declaration.option_names()
 
     def check_options(self, options: dict[str, Any]) -> None:
         """Refuse unknown option names and wrongly typed values, naming what is accepted."""
-        names = self.option_names()
-        unknown = sorted(set(options) - set(names))
-        if unknown:
-            hint = " Contrastive sources are not supported: use contrast_targets." * ("contrast_sources" in unknown)
-            raise ValueError(
-                f"Unknown option(s) {unknown} for method {self.owner.method_name!r}: its options are {names}.{hint}"
-            )
-        parameters = inspect.signature(self.attribute).parameters
-        for name, value in options.items():
-            annotation = parameters[name].annotation
-            if name in self.choices and value not in self.choices[name]:
-                raise ValueError(
-                    f"{name}={value!r} is not valid for {self.owner.method_name!r}: use one of "
-                    f"{list(self.choices[name])}."
-                )
-            if annotation is bool and not isinstance(value, bool):
-                raise TypeError(f"{name} takes True or False, not {value!r}.")
-            if annotation is int and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise TypeError(f"{name} takes a positive integer, not {value!r}.")
+        self.owner.declaration.check_options(options)
 
     @staticmethod
     def has_convergence_delta() -> bool:
@@ -177,13 +150,14 @@ class MethodCall:
 class ContextMixingAttribution(FeatureAttribution, Registry):
     """Base of the plugin's methods: final-step methods that trace the model once on the full target.
 
-    Subclasses set ``method_name``, ``method_call`` (a :class:`MethodCall` whose ``attribute`` signature declares
-    the user-facing keyword arguments, which is how Inseq routes ``model.attribute(..., kw=...)``) and, for methods
-    that explain the target's logit (Inseq's contrastive functions then apply), ``explains_logit = True``. The first
-    line of a subclass's docstring is its one-line summary (``inseq-mixing methods``).
+    Subclasses are generated from the method declarations by :mod:`.adapter`: ``method_name``, ``declaration``,
+    ``method_call`` (a :class:`MethodCall` whose ``attribute`` signature declares the user-facing keyword arguments,
+    which is how Inseq routes ``model.attribute(..., kw=...)``) and ``explains_logit`` (Inseq's contrastive functions
+    then apply). The first line of a subclass's docstring is its one-line summary (``inseq-mixing methods``).
     """
 
     method_call: type[MethodCall]
+    declaration = None
     explains_logit: bool = False
 
     def __init__(self, attribution_model, **kwargs):
@@ -195,6 +169,7 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         self.is_final_step_method = True
         self._pending_step_scores: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
         self._pending_sequence_scores: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
+        self._pending_axis: list[str] | None = None
         self.first_attributed_position = 1  # index of the first generated token Inseq attributes (unpadded)
         record_requested_fn(attribution_model)
         self.hook(**kwargs)
@@ -206,7 +181,7 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         logit terms not attributed to tokens) leaves them with :meth:`keep_step_scores` and they are attached to each
         sequence's ``step_scores`` here.
         """
-        self._pending_step_scores = self._pending_sequence_scores = None
+        self._pending_step_scores = self._pending_sequence_scores = self._pending_axis = None
         self.refuse_other_targets()
         self.first_attributed_position, _ = check_attribute_positions(
             batch.max_generation_length, kwargs.get("attr_pos_start"), kwargs.get("attr_pos_end")
@@ -220,8 +195,10 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
                 attach_step_scores(out.sequence_attributions, *self._pending_step_scores)
             if self._pending_sequence_scores is not None:
                 attach_sequence_scores(out.sequence_attributions, *self._pending_sequence_scores)
+            if self._pending_axis is not None:
+                out.info["score_axis"] = list(self._pending_axis)
         finally:
-            self._pending_step_scores = self._pending_sequence_scores = None
+            self._pending_step_scores = self._pending_sequence_scores = self._pending_axis = None
         return out
 
     def refuse_other_targets(self) -> None:
@@ -260,6 +237,11 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         """Keep ``(B, T, ...)`` scores of every traced decoder position for :meth:`attribute`, which puts each
         sequence's real positions into its ``sequence_scores`` (Inseq would slice them as attributions)."""
         self._pending_sequence_scores = ({name: score.detach().float().cpu() for name, score in scores.items()}, mask)
+
+    def keep_axis(self, labels: list[str] | None) -> None:
+        """Keep the labels of the scores' extra last axis (layers, or (layer, head) slots) for the output's
+        ``info["score_axis"]``."""
+        self._pending_axis = labels
 
     def keep_step_scores(self, scores: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
         """Keep ``(B, T)`` scores over the traced decoder positions (with their mask) for :meth:`attribute`."""

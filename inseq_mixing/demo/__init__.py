@@ -39,7 +39,7 @@ def demo_examples(count: int = 6, seed: int = 7) -> list[Example]:
 
 def alignment_accuracy(out, examples: list[Example]) -> float:
     """Share of generated target words (``</s>`` excluded) whose most attributed source word is their aligned one."""
-    from ..views.compare import token_level_scores
+    from ..evaluation.compare import token_level_scores
 
     hits = total = 0
     for seq, example in zip(out.sequence_attributions, examples, strict=True):
@@ -55,8 +55,8 @@ def alignment_accuracy(out, examples: list[Example]) -> float:
 def run_demo(out: str | Path = "out/demo.html", methods: list[str] | None = None, random_draws: int = 2) -> int:
     """Compare every method on the demo model, print a summary table and write the HTML report."""
     from .. import compare
-    from ..cli import SUMMARY_COLUMNS, print_table
     from ..views.report import write_report
+    from ..views.tables import SUMMARY_COLUMNS, print_table
 
     model, tokenizer = load_demo_model()
     examples = demo_examples()

@@ -207,7 +207,7 @@ def evaluate(
       ``cue_contribution``; baseline: the share of cue words among the context words.
     * ``alignment``: ``aer`` and top-1 ``accuracy`` of the source word with the highest score for each target word
       against gold Pharaoh alignments (ALTI+ paper); encoder–decoders only.
-    * ``faithfulness``: AOPC comprehensiveness and sufficiency of every generated token (:mod:`..views.faithfulness`),
+    * ``faithfulness``: AOPC comprehensiveness and sufficiency of every generated token (:mod:`.faithfulness`),
       with random rankings as the baseline.
 
     Every metric comes with a percentile bootstrap 95% interval over the items and every two methods with a paired
@@ -251,7 +251,7 @@ def evaluate(
     """
     import inseq
 
-    from ..views.compare import check_methods
+    from .compare import check_methods
 
     check_methods(methods)
     for name, value in (("batch_size", batch_size), ("draws", draws)):
@@ -361,7 +361,7 @@ BASELINES = {"evidence": evidence_baseline, "cue": cue_baseline, "alignment": al
 
 def _faithfulness(base, methods, items, batch_size, method_kwargs, random_draws, evaluation, examples) -> Evaluation:
     """AOPC over every generated token of every row, through :func:`~inseq_mixing.compare` batch by batch."""
-    from ..views.compare import compare
+    from .compare import compare
 
     rows: dict[str, dict[tuple, dict]] = {}
     for start in range(0, len(items), batch_size):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..runs.runner import attribute_texts, split_arguments
-from ..views.compare import token_level_scores
+from .compare import token_level_scores
 from .items import Item
 from .words import token_words, word_scores
 

@@ -38,7 +38,8 @@ from ..trace import AttentionTrace, ModelTrace, StackTrace
 from .blocks import refuse_non_finite, upcast
 from .norms import freeze_norm
 from .parts import DEFAULT_CHUNK_ELEMENTS, head_part_scores, part_scores, stack_scores
-from .rollout import encoder_decoder_rollout, normalize_rows
+from .results import LayerMaps
+from .rollout import joint_rollout, normalize_rows
 from .rollout import rollout as rollout_stack
 
 
@@ -55,21 +56,6 @@ class AltiScores:
 
     decoder: torch.Tensor
     cross: torch.Tensor | None = None
-    encoder: torch.Tensor | None = None
-
-
-@dataclass
-class AltiMaps:
-    """ALTI maps per layer ``(B, L, i, j)`` or rolled out ``(B, i, j)``.
-
-    Attributes:
-        target: Relevance of target-prefix tokens (decoder-only: the whole sequence).
-        source: Relevance of source tokens (encoder–decoders).
-        encoder: Encoder self-attention map (encoder–decoders).
-    """
-
-    target: torch.Tensor
-    source: torch.Tensor | None = None
     encoder: torch.Tensor | None = None
 
 
@@ -235,12 +221,11 @@ def alti_rollouts(scores: AltiScores) -> AltiRollouts:
         return AltiRollouts(target=rollout_stack(scores.decoder))
     if scores.encoder is None:
         raise ValueError("The encoder–decoder rollout needs the encoder maps: compute them with encoder_scores=True.")
-    encoder = rollout_stack(scores.encoder)[:, -1]
-    source, target = encoder_decoder_rollout(encoder, *joint_layer_blocks(scores))
+    encoder, source, target = joint_rollout(scores.encoder, *joint_layer_blocks(scores))
     return AltiRollouts(target=target, source=source, encoder=encoder)
 
 
-def alti_maps(scores: AltiScores, rollout: bool = True) -> AltiMaps:
+def alti_maps(scores: AltiScores, rollout: bool = True) -> LayerMaps:
     """Per-layer ALTI maps (encoder–decoders: the joint ALTI+ layer blocks) or their final rollout.
 
     Args:
@@ -253,8 +238,8 @@ def alti_maps(scores: AltiScores, rollout: bool = True) -> AltiMaps:
     if rollout:
         rolled = alti_rollouts(scores)
         source = None if rolled.source is None else rolled.source[:, -1]
-        return AltiMaps(target=rolled.target[:, -1], source=source, encoder=rolled.encoder)
+        return LayerMaps(target=rolled.target[:, -1], source=source, encoder=rolled.encoder)
     if scores.cross is None:
-        return AltiMaps(target=scores.decoder)
+        return LayerMaps(target=scores.decoder)
     source, target = joint_layer_blocks(scores)
-    return AltiMaps(target=target, source=source, encoder=encoder)
+    return LayerMaps(target=target, source=source, encoder=encoder)

@@ -49,11 +49,11 @@ from ..specs import ModelSpec
 from ..specs.base import UnsupportedModelError, norm_params
 from ..trace import decoder_mask, eval_mode, forward_arguments, refuse_non_finite_forward
 from .blocks import refuse_non_finite
+from .chunking import DEFAULT_CHUNK_ELEMENTS, items_per_chunk
 from .norms import freeze_norm
 
 #: Bound on the activations of one chunk of explained positions (copies × layers × tokens × (tokens · heads + 8 ·
 #: d_model) elements).
-DEFAULT_CHUNK_ELEMENTS = 2**24
 #: Names under which attention modules receive the states their keys and values are computed from (cross-attention).
 KEY_VALUE_ARGUMENTS = ("key_value_states", "encoder_hidden_states")
 
@@ -180,7 +180,7 @@ def _chunk_size(spec: ModelSpec, tokens: int, max_chunk_elements: int) -> int:
     layers = sum(len(stack.layers) for stack in spec.stacks.values())
     attn = spec.decoder.layers[0].self_attn
     per_copy = layers * tokens * (tokens * attn.num_heads + 8 * attn.out_weight.shape[-1])
-    return max(1, max_chunk_elements // max(1, per_copy))
+    return items_per_chunk(per_copy, max_chunk_elements)
 
 
 def attn_lrp(

@@ -48,56 +48,54 @@ from .alti_logit import (
     unembedding_direction,
 )
 from .blocks import refuse_non_finite, upcast, valid_cells
+from .chunking import chunk_slices, items_per_chunk
 from .norms import FrozenNorm, freeze_norm
+from .options import Chunking, check_choices, option
 
 BIAS_SPLITS = ("absdot", "norm", "equal", "separate")
 FFN_LINEARIZATIONS = ("zero_origin", "tangent")
 CONVENTIONS = ("paper", "reference")
 GATED_SPLITS = ("linear", "gate")
 
-#: Upper bound on the elements of one chunk's largest temporary: a stream block or attention slab
-#: ``(B, positions, components, d_model)``, or FFN activations ``(B, positions, components, d_ff)``.
-DEFAULT_CHUNK_ELEMENTS = 2**24
-
 
 @dataclass(frozen=True)
-class DecompXOptions:
-    """Choices of the decomposition.
+class DecompXOptions(Chunking):
+    """Choices of the decomposition (each field's documentation is in its declaration below; ``max_chunk_elements``
+    bounds the largest temporary of a chunk: a block of the stored stream (positions × components × d_model), an
+    attention slab (positions × components × d_model) or FFN activations (positions × components × d_ff); the
+    decomposed stream itself holds about n²/2 × d_model elements for n causal positions)."""
 
-    Attributes:
-        bias: How biases are split over components: ``"absdot"`` (by :math:`|x_k \\cdot b|`, the paper's default),
-            ``"norm"`` (by :math:`\\lVert x_k\\rVert`), ``"equal"`` (equally over the tokens available at the
-            position), or ``"separate"`` (one extra bias component).
-        ffn_linearization: ``"zero_origin"`` (slope :math:`f(z)/z`) or ``"tangent"`` (slope :math:`f'(z)`, intercept
-            treated as a bias).
-        gated_split: In gated FFNs, decompose the ``"linear"`` branch (the gate held at its true value, default) or
-            the ``"gate"`` branch (the linear branch held).
-        include_ffn: Decompose through the FFNs. With False, each FFN output is treated as a bias and split by
-            ``bias``.
-        max_chunk_elements: Elements of one chunk's largest temporary (see :data:`DEFAULT_CHUNK_ELEMENTS`).
-        convention: ``"paper"`` (the paper's text, the default): an attention sub-block's bias is split over the
-            attention output's components, and the logit bias by the components' scores for the explained token.
-            ``"reference"`` (the authors' released code): the attention bias is split over the components of the
-            residual plus the attention output, and the logit bias by each component's whole logit vector: its dot
-            product with the bias vector over the vocabulary (``"absdot"``) or its norm (``"norm"``).
-    """
-
-    bias: str = "absdot"
-    ffn_linearization: str = "zero_origin"
-    gated_split: str = "linear"
-    include_ffn: bool = True
-    max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
-    convention: str = "paper"
+    bias: str = option(
+        "absdot",
+        "How biases are split over token components: by |component · bias| ('absdot', the paper's default), by "
+        "component norm ('norm'), equally over the tokens available at the position ('equal'), or kept in one extra "
+        "bias component ('separate', returned in step_scores['bias_component']).",
+        BIAS_SPLITS,
+    )
+    ffn_linearization: str = option(
+        "zero_origin",
+        "The activation's slope at the true pre-activation: f(z)/z ('zero_origin', exact) or f'(z) ('tangent', the "
+        "intercept split like a bias).",
+        FFN_LINEARIZATIONS,
+    )
+    gated_split: str = option(
+        "linear",
+        "Gated FFNs (SwiGLU, gated-GELU): decompose the 'linear' branch with the gate held at its true value, or the "
+        "'gate' branch with the linear branch held.",
+        GATED_SPLITS,
+    )
+    include_ffn: bool = option(True, "Decompose through the FFNs; with False each FFN output is split like a bias.")
+    convention: str = option(
+        "paper",
+        "'paper' (the paper's text: an attention sub-block's bias split over the attention output's components, the "
+        "logit bias by the components' scores for the explained token) or 'reference' (the authors' released code: "
+        "the attention bias split over the residual plus the attention output, the logit bias by each component's "
+        "whole logit vector, its dot product with the bias over the vocabulary for 'absdot' or its norm for 'norm').",
+        CONVENTIONS,
+    )
 
     def __post_init__(self):
-        for name, allowed in (
-            ("bias", BIAS_SPLITS),
-            ("ffn_linearization", FFN_LINEARIZATIONS),
-            ("gated_split", GATED_SPLITS),
-            ("convention", CONVENTIONS),
-        ):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"DecompX {name}={getattr(self, name)!r} is unknown: use one of {allowed}.")
+        check_choices(self, "DecompX")
 
 
 @dataclass
@@ -272,8 +270,7 @@ class BlockedStream:
 
 def position_chunks(num_positions: int, elements_per_position: int, max_chunk_elements: int) -> list[slice]:
     """Slices of positions with at most ``max_chunk_elements`` elements each (at least one position)."""
-    chunk = max(1, max_chunk_elements // max(1, elements_per_position))
-    return [slice(start, min(start + chunk, num_positions)) for start in range(0, num_positions, chunk)]
+    return chunk_slices(num_positions, elements_per_position, max_chunk_elements)
 
 
 def active_components(components: Components, rows: slice) -> torch.Tensor:
@@ -402,7 +399,7 @@ def attention_sublayer(
     out_weight = upcast(attn.out_weight_per_head())
     weights = [torch.zeros_like(block.stream.available, dtype=probs.dtype) for block in stream.blocks]
     # one slab's largest tensors are (B, positions, slab width, heads, head_dim): at most max_chunk_elements
-    width = max(1, options.max_chunk_elements // (batch * max(num_queries, num_keys) * out_weight.shape[-1]))
+    width = items_per_chunk(batch * max(num_queries, num_keys) * out_weight.shape[-1], options.max_chunk_elements)
     bias = attention_bias(attn)
     out_frozen = None if attn.out_norm is None else freeze_norm(attn.out_norm, record.output)
     biases = [branch_bias(bias, out_frozen, block.rows) for block in stream.blocks]

@@ -25,16 +25,15 @@ encoder–decoders (self- and cross-attention maps, rolled out with ALTI+'s join
 extension). It reads the recorded attention probabilities only.
 """
 
-from dataclasses import dataclass
-
 import torch
 
 from ..specs import AttentionSpec, LayerSpec
 from ..trace import AttentionTrace, LayerTrace, ModelTrace, StackTrace
-from .alti import AltiMaps, AltiScores, alti_maps
+from .alti import AltiScores, alti_maps
 from .blocks import head_value_outputs, refuse_non_finite, upcast, valid_cells
 from .norms import FrozenNorm, freeze_norm
 from .parts import DEFAULT_CHUNK_ELEMENTS, l2_norms, part_scores, stack_scores
+from .results import LayerMaps
 from .rollout import normalize_rows
 
 
@@ -62,16 +61,6 @@ def globenc_norms(layer: LayerSpec, record: LayerTrace, attn: AttentionSpec, att
     return maps
 
 
-@dataclass
-class NormMaps:
-    """Per-layer attention-norm maps ``(B, L, i, j)`` and the decoder's context-mixing ratio ``(B, L, T)``."""
-
-    target: torch.Tensor
-    source: torch.Tensor | None = None
-    encoder: torch.Tensor | None = None
-    ratio: torch.Tensor | None = None
-
-
 def mixing_ratio(attn: AttentionSpec, record: AttentionTrace, residual: torch.Tensor, maps: list[FrozenNorm]):
     """Context-mixing ratio of every position of a self-attention sub-block ``(B, Q)``."""
     probs, values = upcast(record.probs), head_value_outputs(attn, record)
@@ -95,7 +84,7 @@ def attention_norm(
     layer_norm: bool = False,
     encoder_scores: bool = True,
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
-) -> NormMaps:
+) -> LayerMaps:
     """Attention-norm maps of every layer (N, N-Res with ``residual``, N-ResLN with ``layer_norm`` as well).
 
     Cross-attention maps hold the source tokens only (the residual column, the decoder's own stream, is dropped).
@@ -110,18 +99,18 @@ def attention_norm(
         )  # fmt: skip
 
     spec, dec, enc = trace.spec, trace.decoder, trace.encoder
-    result = NormMaps(target=stack_scores(spec.decoder, dec, "self", dec.mask, layer_scores, with_residual))
+    result = LayerMaps(target=stack_scores(spec.decoder, dec, "self", dec.mask, layer_scores, with_residual))
     ratios = []
     for layer, record in zip(spec.decoder.layers, dec.layers, strict=True):
         maps = following_norms(layer, record, layer.self_attn, record.self_attn) if layer_norm else []
         ratios.append(mixing_ratio(layer.self_attn, record.self_attn, record.input, maps) * dec.mask)
-    result.ratio = torch.stack(ratios, dim=1)
+    result.positions["context_mixing_ratio"] = torch.stack(ratios, dim=1)
     if spec.is_encoder_decoder:
         cross = stack_scores(spec.decoder, dec, "cross", enc.mask, layer_scores, with_residual)
         result.source = cross[..., : enc.mask.shape[1]]
         if encoder_scores:
             result.encoder = stack_scores(spec.encoder, enc, "self", enc.mask, layer_scores, with_residual)
-    refuse_non_finite("attention_norm", result.target, result.source, result.encoder, result.ratio)
+    refuse_non_finite("attention_norm", result.target, result.source, result.encoder, *result.positions.values())
     return result
 
 
@@ -131,7 +120,7 @@ def _normalised(maps: torch.Tensor, stack: StackTrace) -> torch.Tensor:
 
 
 @torch.no_grad()
-def globenc(trace: ModelTrace, rollout: bool = True, max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> AltiMaps:
+def globenc(trace: ModelTrace, rollout: bool = True, max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> LayerMaps:
     """GlobEnc maps, rolled out through the layers (or per layer with ``rollout=False``)."""
 
     def layer_scores(layer, record, attn, attn_record, stream, self_mixing, causal):
@@ -168,7 +157,7 @@ def rollout_layer_maps(stack: StackTrace, sub_block: str, key_mask: torch.Tensor
 
 
 @torch.no_grad()
-def attention_rollout(trace: ModelTrace) -> AltiMaps:
+def attention_rollout(trace: ModelTrace) -> LayerMaps:
     """Attention rollout through all layers: ``target`` (and ``source``, ``encoder`` for encoder–decoders)."""
     spec, dec, enc = trace.spec, trace.decoder, trace.encoder
     scores = AltiScores(decoder=rollout_layer_maps(dec, "self", dec.mask))

@@ -18,9 +18,8 @@ import torch
 from ..specs import AttentionSpec, LayerSpec, StackSpec
 from ..trace import AttentionTrace, LayerTrace, StackTrace
 from .blocks import cross_attention_input, head_value_outputs, upcast, valid_cells
+from .chunking import DEFAULT_CHUNK_ELEMENTS, chunk_slices
 from .norms import FrozenNorm, freeze_norm
-
-DEFAULT_CHUNK_ELEMENTS = 2**24
 
 Scorer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -59,16 +58,14 @@ def part_scores(
     batch, _, num_queries, num_keys = probs.shape
     extra = int(with_residual and not self_mixing)
     scores = probs.new_zeros(batch, num_queries, num_keys + extra)
-    chunk = max(1, max_chunk_elements // max(1, batch * (num_keys + 1) * output.shape[-1]))
-    for start in range(0, num_queries, chunk):
-        queries = slice(start, min(start + chunk, num_queries))
+    for queries in chunk_slices(num_queries, batch * (num_keys + 1) * output.shape[-1], max_chunk_elements):
         keys = slice(0, queries.stop) if causal else slice(0, num_keys)
         parts = torch.einsum("bhqk,bhkd->bqkd", probs[:, :, queries, keys], value_outputs[:, :, keys])
         if out_frozen is not None:  # a norm on the attention output acts on every part (its shift stays outside)
             parts = out_frozen.linear(parts, queries)
         if with_residual and self_mixing:
-            rows = torch.arange(queries.stop - start, device=parts.device)
-            parts[:, rows, rows + start] += residual[:, queries]
+            rows = torch.arange(queries.stop - queries.start, device=parts.device)
+            parts[:, rows, rows + queries.start] += residual[:, queries]
         elif with_residual:
             parts = torch.cat([parts, residual[:, queries, None]], dim=2)
             keys = slice(0, num_keys + 1)
@@ -113,9 +110,8 @@ def head_part_scores(
     probs, residual, value_outputs, out_frozen, output = _part_inputs(attn, record, residual, output)
     batch, num_heads, num_queries, num_keys = probs.shape
     scores = probs.new_zeros(batch, num_heads + 1, num_queries, num_keys + (not self_mixing))
-    chunk = max(1, max_chunk_elements // max(1, batch * num_heads * (num_keys + 1) * output.shape[-1]))
-    for start in range(0, num_queries, chunk):
-        queries = slice(start, min(start + chunk, num_queries))
+    per_query = batch * num_heads * (num_keys + 1) * output.shape[-1]
+    for queries in chunk_slices(num_queries, per_query, max_chunk_elements):
         keys = slice(0, queries.stop) if causal else slice(0, num_keys)
         parts = torch.einsum("bhqk,bhkd->bqhkd", probs[:, :, queries, keys], value_outputs[:, :, keys])
         if out_frozen is not None:
@@ -125,7 +121,7 @@ def head_part_scores(
             parts, own = frozen.linear(parts, queries), frozen.linear(own, queries)
         scores[:, :num_heads, queries, keys] = scorer(output[:, queries], parts).transpose(1, 2)
         own_scores = scorer(output[:, queries], own)[:, :, 0, 0]
-        rows = torch.arange(start, queries.stop, device=scores.device)
+        rows = torch.arange(queries.start, queries.stop, device=scores.device)
         scores[:, num_heads, rows, rows if self_mixing else num_keys] = own_scores
     return scores
 

@@ -55,3 +55,17 @@ def encoder_decoder_rollout(
         sources.append(source)
         targets.append(target)
     return torch.stack(sources, dim=1), torch.stack(targets, dim=1)
+
+
+def joint_rollout(
+    encoder_layers: torch.Tensor, source_blocks: torch.Tensor, target_blocks: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The whole encoder–decoder rollout (every method that rolls out an encoder–decoder calls this): the encoder's
+    layer maps ``(batch, layers, S, S)`` rolled out, then :func:`encoder_decoder_rollout` through the decoder.
+
+    Returns:
+        The final encoder rollout ``(batch, S, S)``, and the source and target relevances at every decoder depth.
+    """
+    encoder = rollout(encoder_layers)[:, -1]
+    source, target = encoder_decoder_rollout(encoder, source_blocks, target_blocks)
+    return encoder, source, target

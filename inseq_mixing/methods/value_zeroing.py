@@ -26,14 +26,15 @@ import torch.nn.functional as F
 from ..specs import LayerSpec
 from ..trace import LayerTrace, ModelTrace, StackTrace, eval_mode
 from .blocks import cross_attention_input, finish_layer, head_value_outputs, refuse_non_finite, upcast, valid_cells
-from .rollout import encoder_decoder_rollout, normalize_rows
+from .chunking import DEFAULT_CHUNK_ELEMENTS, items_per_chunk
+from .results import LayerMaps
+from .rollout import joint_rollout, normalize_rows
 from .rollout import rollout as rollout_stack
 
 SIMILARITY_METRICS = ("cosine", "euclidean")
 NORMALIZATIONS = ("separate", "joint")
 
 #: Upper bound on the elements of one chunk of corrupted hidden states (times the FFN expansion, about 4).
-DEFAULT_CHUNK_ELEMENTS = 2**23
 
 
 @dataclass
@@ -68,7 +69,7 @@ def distance(corrupted: torch.Tensor, clean: torch.Tensor, metric: str) -> torch
 
 def chunk_size_for(batch: int, positions: int, d_model: int, max_elements: int) -> int:
     """Zeroed tokens per chunk so that the chunk's FFN activations stay under ``max_elements``."""
-    return max(1, max_elements // max(1, batch * positions * d_model * 4))
+    return items_per_chunk(batch * positions * d_model * 4, max_elements)
 
 
 def zeroing_distances(
@@ -208,21 +209,6 @@ def check_finite(scores: ValueZeroingScores) -> ValueZeroingScores:
     return scores
 
 
-@dataclass
-class ValueZeroingMaps:
-    """Normalised value-zeroing maps, per layer ``(B, L, i, j)`` or rolled out ``(B, i, j)``.
-
-    Attributes:
-        target: Decoder self-attention map over the target prefix (decoder-only: the whole sequence).
-        source: Cross-attention map over source tokens (encoder–decoders).
-        encoder: Encoder self-attention map (encoder–decoders, when computed).
-    """
-
-    target: torch.Tensor
-    source: torch.Tensor | None = None
-    encoder: torch.Tensor | None = None
-
-
 def value_zeroing_maps(scores: ValueZeroingScores, normalization: str = "separate", rollout: bool = False):
     """Normalise raw value-zeroing distances, and optionally roll them out across layers.
 
@@ -235,26 +221,24 @@ def value_zeroing_maps(scores: ValueZeroingScores, normalization: str = "separat
             scores).
 
     Returns:
-        :class:`ValueZeroingMaps`.
+        :class:`LayerMaps`.
     """
     if normalization not in NORMALIZATIONS:
         raise ValueError(f"normalization must be 'separate' or 'joint', not {normalization!r}.")
     if scores.cross is None:
         target = normalize_rows(scores.decoder)
-        return ValueZeroingMaps(target=rollout_stack(target)[:, -1] if rollout else target)
+        return LayerMaps(target=rollout_stack(target)[:, -1] if rollout else target)
     encoder = normalize_rows(scores.encoder) if scores.encoder is not None else None
     if rollout:
         if encoder is None:
             raise ValueError("The encoder–decoder rollout needs the encoder scores: keep output_encoder_self_scores.")
-        encoder = rollout_stack(encoder)[:, -1]
-        source, target = joint_blocks(scores)
-        source, target = encoder_decoder_rollout(encoder, source, target)
-        return ValueZeroingMaps(target=target[:, -1], source=source[:, -1], encoder=encoder)
+        encoder, source, target = joint_rollout(encoder, *joint_blocks(scores))
+        return LayerMaps(target=target[:, -1], source=source[:, -1], encoder=encoder)
     if normalization == "joint":
         source, target = joint_blocks(scores)
     else:
         source, target = normalize_rows(scores.cross), normalize_rows(scores.decoder)
-    return ValueZeroingMaps(target=target, source=source, encoder=encoder)
+    return LayerMaps(target=target, source=source, encoder=encoder)
 
 
 def joint_blocks(scores: ValueZeroingScores) -> tuple[torch.Tensor, torch.Tensor]:

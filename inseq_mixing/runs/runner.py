@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ..declarations import DECLARATIONS
 from .data import DatasetInputError, Example, fingerprint_examples, read_examples
 from .store import FORMAT, RunStore, RunStoreError, ShardScan, Writer, sequence_to_row
 
@@ -129,10 +130,8 @@ def attribute_dataset(
         RunStoreError: ``out`` holds a run of another model, method, option set or dataset.
         ValueError: An unknown method or option.
     """
-    import inseq_mixing
-
-    if method not in inseq_mixing.METHODS:
-        raise ValueError(f"Unknown method {method!r} for a dataset run; choose one of {inseq_mixing.METHODS}.")
+    if method not in DECLARATIONS:
+        raise ValueError(f"Unknown method {method!r} for a dataset run; choose one of {list(DECLARATIONS)}.")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}.")
     examples = read_examples(data, source_column, target_column, id_column)

@@ -1,6 +1,3 @@
-"""Views: comparing methods, faithfulness metrics (this layer may use Inseq)."""
-
-from .compare import Comparison, compare
-from .faithfulness import faithfulness, rank_correlation
-
-__all__ = ["Comparison", "compare", "faithfulness", "rank_correlation"]
+"""Views: the HTML reports of comparisons and evaluations, per-layer figures, terminal tables and Inseq's heatmap
+colours. The analysis they show (comparisons, faithfulness, agreement, the evaluation protocols) lives in
+:mod:`inseq_mixing.evaluation`."""

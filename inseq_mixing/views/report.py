@@ -1,6 +1,6 @@
-"""A self-contained HTML report of a :class:`~inseq_mixing.views.compare.Comparison`: metrics tables, each method's
-source and target heatmaps side by side, and per-layer context-mixing panels. No network assets: styles are inline and
-figures are embedded PNGs.
+"""A self-contained HTML report of a :class:`~inseq_mixing.evaluation.compare.Comparison`: metrics tables, each
+method's source and target heatmaps side by side, and per-layer context-mixing panels. No network assets: styles are
+inline and figures are embedded PNGs.
 
 Inseq's own HTML heatmaps lose their colours under numpy 2, so the heatmaps are rendered here.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .compare import METRICS, Comparison, token_level_scores
+from ..evaluation.compare import METRICS, Comparison, token_level_scores
 from .figures import figure_png_base64, layer_figure
 
 STYLE = """

@@ -1,0 +1,61 @@
+"""``alti``: ALTI (Ferrando et al., EMNLP 2022) and, for encoder–decoders, ALTI+ (the NMT paper), rolled out or per
+layer, or per head (our extension); math in :mod:`inseq_mixing.methods.alti`. A chunk's items are query positions."""
+
+from dataclasses import dataclass, replace
+
+from ..methods.alti import alti, alti_maps
+from .base import (
+    Chunking,
+    Declaration,
+    EncoderMaps,
+    Heads,
+    Request,
+    head_axis_maps,
+    layer_axis,
+    option,
+    self_and_cross_axis,
+)
+
+
+@dataclass(frozen=True)
+class AltiOptions(EncoderMaps, Chunking, Heads):
+    rollout: bool = option(
+        True,
+        "Roll the layer maps out through the model (ALTI+'s joint rollout for encoder–decoders); with False, each "
+        "layer's map (last dimension: layer). per_head=True implies per-layer maps.",
+    )
+
+
+def compute(request: Request, options: AltiOptions):
+    trace, encoder = request.trace, options.output_encoder_self_scores
+    if options.per_head:
+        maps = alti_maps(alti(trace, encoder, options.max_chunk_elements, per_head=True), False)
+        layers, slots = maps.target.shape[1:3]
+        maps = replace(maps, **head_axis_maps(maps.target, None, maps.source, encoder=maps.encoder))
+        maps.axis = self_and_cross_axis(request.spec, layers, slots - 1, residual=True)
+    else:
+        maps = alti_maps(alti(trace, options.rollout or encoder, options.max_chunk_elements), options.rollout)
+        maps.axis = None if options.rollout else layer_axis(maps.target.shape[1])
+    if not encoder:
+        maps.encoder = None
+    return maps
+
+
+DECLARATION = Declaration(
+    name="alti",
+    summary="ALTI (Ferrando et al., EMNLP 2022) and, for encoder–decoders, ALTI+ (Ferrando et al., EMNLP 2022, NMT).",
+    description=(
+        "Each attention sub-block's output is split into one vector per context token (the residual counted as the "
+        "token's own part); a token's contribution is max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁), rows normalised to 1. "
+        "Post-LN blocks apply their norm, frozen at the forward pass, to every part.\n\n"
+        "Outputs: by default the rollout through all layers: for encoder–decoders the ALTI+ joint rollout, whose "
+        "source and target columns sum to 1 together for each generated token; encoder rollout in "
+        "sequence_scores['encoder_self_scores']. With rollout=False, per-layer maps (last dimension: layer; for "
+        "encoder–decoders the joint ALTI+ layer blocks). With per_head=True (our extension), per-layer maps split by "
+        "attention head, the residual stream in a slot of its own: the last dimension indexes (layer, slot) as "
+        "layer · (H + 1) + slot (encoder–decoders: self-attention slots, then cross-attention slots), labelled in "
+        "the output's info['score_axis']; each generated token's scores of one layer sum to 1."
+    ),
+    options=AltiOptions,
+    compute=compute,
+)

@@ -1,0 +1,40 @@
+"""``attention_norm``: the attention norm (Kobayashi et al., EMNLP 2020) and its residual and layer-norm extensions
+(EMNLP 2021); math in :mod:`inseq_mixing.methods.norm_based`. A chunk's items are query positions."""
+
+from dataclasses import dataclass
+
+from ..methods.norm_based import attention_norm
+from .base import Chunking, Declaration, EncoderMaps, Request, layer_axis, option
+
+
+@dataclass(frozen=True)
+class AttentionNormOptions(EncoderMaps, Chunking):
+    residual: bool = option(False, "Add the residual to each token's own vector (Kobayashi et al., 2021, 'N-Res').")
+    layer_norm: bool = option(
+        False, "Also pass every vector through the block's frozen layer norm ('N-ResLN'; implies the residual)."
+    )
+
+
+def compute(request: Request, options: AttentionNormOptions):
+    maps = attention_norm(
+        request.trace, options.residual, options.layer_norm, options.output_encoder_self_scores,
+        options.max_chunk_elements,
+    )  # fmt: skip
+    maps.positions = {name: value.permute(0, 2, 1) for name, value in maps.positions.items()}  # (B, T, L)
+    maps.axis = layer_axis(maps.target.shape[1])
+    return maps
+
+
+DECLARATION = Declaration(
+    name="attention_norm",
+    summary="Attention norm (Kobayashi et al., EMNLP 2020): ‖Σ_h α^h_ij f^h(x_j)‖ per layer, with the residual "
+    "('N-Res') and layer-norm ('N-ResLN') extensions of Kobayashi et al. (EMNLP 2021) as options.",
+    description=(
+        "Outputs: per-layer maps (last dimension: layer), not normalised; the decoder's context-mixing ratio per "
+        "position and layer in sequence_scores['context_mixing_ratio'] (T, L). Pre-LN blocks with layer_norm use the "
+        "norm that next reads the residual stream (our extension); encoder–decoders and decoders are our extension "
+        "too."
+    ),
+    options=AttentionNormOptions,
+    compute=compute,
+)

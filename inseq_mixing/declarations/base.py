@@ -1,0 +1,205 @@
+"""What a method declaration is: a name, a frozen options dataclass, and a pure ``compute(request, options)``.
+
+A declaration is everything a front end needs to offer a method: the Inseq adapter (:mod:`inseq_mixing.attr`)
+generates an Inseq method class from it (the option signature Inseq routes keyword arguments by, the docstring, the
+checks), the CLI lists it, the dataset runner validates options with it, and the encoder-only and speech front ends
+call the same ``compute``. Nothing here imports Inseq.
+
+Options are fields of a frozen dataclass, each made with :func:`~inseq_mixing.methods.options.option` (default, one
+line of documentation, and the accepted strings where there are a few), composed from the shared pieces of
+:mod:`inseq_mixing.methods.options` (chunking, encoder maps, heads, contrast), so an option shared by several methods
+is written once.
+"""
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import torch
+
+from ..methods.options import Chunking, Contrast, EncoderMaps, Heads, option
+from ..methods.results import LayerMaps, LogitScores
+from ..specs import ModelSpec
+from ..trace import ModelTrace
+
+
+@dataclass
+class Request:
+    """What a front end asks a method to explain, in token ids.
+
+    Attributes:
+        spec: The model's spec.
+        model: The Hugging Face model (methods that run their own passes, such as AttnLRP, use it).
+        input_ids: Source ids ``(B, S)`` (encoder–decoders) or the whole sequence ``(B, T)`` (decoder-only).
+        attention_mask: Mask of ``input_ids``.
+        target_ids: Decoder prefix ``(B, T)`` of encoder–decoders, else None.
+        target_mask: Its mask.
+        predicted_ids: ``(B, T)``: the token whose logit is explained at each decoder position.
+        foil_ids: ``(B, T)`` contrast tokens (explain ``logit(target) − logit(foil)``), or None.
+        positions: ``(B, T)`` booleans: the decoder positions whose predictions are explained.
+        tracer: Returns the one traced forward pass (:func:`~inseq_mixing.trace.trace_model`); called once, when a
+            method first reads :attr:`trace`.
+    """
+
+    spec: ModelSpec
+    model: torch.nn.Module
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    target_ids: torch.Tensor | None
+    target_mask: torch.Tensor | None
+    predicted_ids: torch.Tensor
+    foil_ids: torch.Tensor | None
+    positions: torch.Tensor
+    tracer: Callable[[], ModelTrace]
+
+    @cached_property
+    def trace(self) -> ModelTrace:
+        return self.tracer()
+
+    @property
+    def decoder_mask(self) -> torch.Tensor:
+        """Mask of the decoder positions ``(B, T)``."""
+        return self.attention_mask if self.target_ids is None else self.target_mask
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """One method.
+
+    Attributes:
+        name: The name users load it by (``inseq.load_model(model, name)``).
+        summary: One line (the ``inseq-mixing methods`` listing).
+        description: The paper, the definition, the outputs and what is our extension.
+        options: The frozen options dataclass.
+        compute: ``compute(request, options) -> LayerMaps | LogitScores``.
+        explains_logit: Whether it explains a logit (returns :class:`LogitScores`; contrast applies).
+    """
+
+    name: str
+    summary: str
+    description: str
+    options: type
+    compute: Callable[[Request, Any], LayerMaps | LogitScores]
+    explains_logit: bool = False
+
+    def option_fields(self) -> list[dataclasses.Field]:
+        """The option fields, the method's own first, then those of the shared pieces it inherits."""
+        fields = {item.name: item for item in dataclasses.fields(self.options)}
+        ordered = [
+            name for cls in self.options.__mro__ for name in vars(cls).get("__annotations__", {}) if name in fields
+        ]
+        return [fields[name] for name in dict.fromkeys(ordered)]
+
+    def option_names(self) -> list[str]:
+        return [item.name for item in self.option_fields()]
+
+    def make_options(self, values: dict[str, Any]):
+        """The options dataclass from ``values`` (checked by :meth:`check_options`), defaults filled in."""
+        self.check_options(values)
+        return self.options(**values)
+
+    def check_options(self, values: dict[str, Any]) -> None:
+        """Refuse unknown option names and wrongly typed values, naming what is accepted.
+
+        Raises:
+            ValueError: An unknown name, or a string outside the option's choices.
+            TypeError: A boolean option given a non-boolean, an integer option given anything but a positive integer.
+        """
+        names = self.option_names()
+        unknown = sorted(set(values) - set(names))
+        if unknown:
+            hint = " Contrastive sources are not supported: use contrast_targets." * ("contrast_sources" in unknown)
+            raise ValueError(f"Unknown option(s) {unknown} for method {self.name!r}: its options are {names}.{hint}")
+        fields = {item.name: item for item in self.option_fields()}
+        for name, value in values.items():
+            choices = fields[name].metadata.get("choices")
+            if choices is not None and value not in choices:
+                raise ValueError(f"{name}={value!r} is not valid for {self.name!r}: use one of {list(choices)}.")
+            kind = fields[name].type
+            if kind is bool and not isinstance(value, bool):
+                raise TypeError(f"{name} takes True or False, not {value!r}.")
+            if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise TypeError(f"{name} takes a positive integer, not {value!r}.")
+
+    def options_doc(self) -> str:
+        """Google-style ``Args:`` lines of the options (default and choices included)."""
+        lines = []
+        for item in self.option_fields():
+            choices = item.metadata.get("choices")
+            accepted = f" One of {', '.join(repr(choice) for choice in choices)}." if choices else ""
+            lines.append(f"    {item.name} ({_type_name(item.type)}, default {item.default!r}): {item.metadata['doc']}"
+                         f"{accepted}")  # fmt: skip
+        return "\n".join(lines)
+
+    @property
+    def docstring(self) -> str:
+        """Summary, description and options: the docstring of the generated Inseq class."""
+        return f"{self.summary}\n\n{self.description}\n\nOptions:\n{self.options_doc()}\n"
+
+
+def _type_name(kind) -> str:
+    if kind is type(None):
+        return "None"
+    if isinstance(kind, type):
+        return kind.__name__
+    if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
+        return " | ".join(_type_name(arg) for arg in typing.get_args(kind))
+    return str(kind).replace("typing.", "")
+
+
+# ----- labelled axes and the per-head layouts shared by several methods -----
+
+
+def layer_axis(layers: int, prefix: str = "") -> list[str]:
+    """Labels of a per-layer axis: ``"layer 0"``, ... (``prefix`` names the stack, e.g. ``"decoder "``)."""
+    return [f"{prefix}layer {layer}" for layer in range(layers)]
+
+
+def head_axis(layers: int, heads: int, residual: bool = False, prefix: str = "") -> list[str]:
+    """Labels of a layer-major (layer, head) axis; with ``residual``, each layer ends with its residual slot."""
+    slots = [f"head {head}" for head in range(heads)] + (["residual"] if residual else [])
+    return [f"{prefix}layer {layer} {slot}" for layer in range(layers) for slot in slots]
+
+
+def head_axis_maps(target: torch.Tensor, self_source=None, cross_source=None, encoder=None) -> dict:
+    """Per-head maps ``(B, L, H, T, ·)`` laid out with one layer-major slot axis ``(B, slots, T, ·)``;
+    encoder–decoders: the self-attention heads' slots, then the cross-attention heads' (which carry no target token).
+    Returns the ``target``, ``source`` (and ``encoder``, from ``(B, L, H, S, S)``) fields."""
+    flat = target.flatten(1, 2)
+    fields = {"target": flat}
+    if cross_source is not None:
+        self_source = torch.zeros_like(cross_source) if self_source is None else self_source
+        fields["source"] = torch.cat([self_source.flatten(1, 2), cross_source.flatten(1, 2)], dim=1)
+        fields["target"] = torch.cat([flat, torch.zeros_like(flat)], dim=1)
+    if encoder is not None:
+        fields["encoder"] = encoder.flatten(1, 2)
+    return fields
+
+
+def logit_scores(scores, terms: dict, spec: ModelSpec, per_head: bool) -> LogitScores:
+    """A logit method's :class:`LogitScores` from its math's scores (``target``, ``source``, ``logit``,
+    ``logit_after_softcap``, and with ``per_head`` the ``target_heads`` ``(B, L, H, T, T)`` and ``source_heads``
+    ``(B, 2, L, H, T, S)`` through self- and cross-attention), the per-head maps laid out on one labelled slot axis."""
+    result = LogitScores(scores.target, scores.source, scores.logit, terms, scores.logit_after_softcap)
+    if per_head:
+        layers, heads = scores.target_heads.shape[1:3]
+        sources = [None] if scores.source_heads is None else scores.source_heads.unbind(1)
+        fields = head_axis_maps(scores.target_heads, *sources)
+        result.target, result.source = fields["target"], fields.get("source")
+        result.axis = self_and_cross_axis(spec, layers, heads)
+    return result
+
+
+def self_and_cross_axis(spec: ModelSpec, layers: int, heads: int, residual: bool = False) -> list[str]:
+    """Labels of a :func:`head_axis_maps` slot axis: decoder-only models' heads, or self- then cross-attention's."""
+    if not spec.is_encoder_decoder:
+        return head_axis(layers, heads, residual)
+    cross = head_axis(layers, heads, residual, "cross-attention ")
+    return head_axis(layers, heads, residual, "self-attention ") + cross
+
+
+__all__ = ["Chunking", "Contrast", "Declaration", "EncoderMaps", "Heads", "Request", "option"]

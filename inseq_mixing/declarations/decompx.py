@@ -1,0 +1,43 @@
+"""``decompx``: DecompX (Modarressi et al., ACL 2023); math in :mod:`inseq_mixing.methods.decompx`, whose
+:class:`~inseq_mixing.methods.decompx.DecompXOptions` declares the decomposition's own options. A chunk's items are
+positions or components (see ``DecompXOptions``)."""
+
+from dataclasses import dataclass
+
+from ..methods.decompx import DecompXOptions, decompx
+from ..methods.results import LogitScores
+from .base import Contrast, Declaration, Heads, Request, logit_scores
+
+
+@dataclass(frozen=True)
+class DecompXMethodOptions(DecompXOptions, Contrast, Heads):
+    pass
+
+
+def compute(request: Request, options: DecompXMethodOptions) -> LogitScores:
+    scores = decompx(request.trace, request.predicted_ids, request.foil_ids, options, per_head=options.per_head)
+    terms = {} if scores.bias is None else {"bias_component": scores.bias}
+    return logit_scores(scores, terms, request.spec, options.per_head)
+
+
+DECLARATION = Declaration(
+    name="decompx",
+    summary="DecompX (Modarressi et al., ACL 2023): signed, exact contributions of each input token to a generated "
+    "token's logit, propagating a per-token decomposition of the hidden states through every layer, FFNs included.",
+    description=(
+        "Each hidden state is a sum of one component per input token; attention, norms (frozen statistics), FFNs "
+        "(the activation linearised at the true pre-activation) and biases (split over components) are applied to "
+        "every component, and the final state is projected on the unembedding row. Encoder–decoders decompose the "
+        "encoder over source tokens and the decoder over [source | target]: the encoder–decoder and decoder-only "
+        "versions are our extension of the paper, which explains encoder classifiers.\n\n"
+        "Outputs: signed source and target scores; each sequence's step_scores holds logit (or "
+        "contrast_logits_diff) and, with bias='separate', bias_component. Source + target scores (+ bias_component) "
+        "= the logit, for every generated token. With per_head=True (our extension), each decoder attention head's "
+        "direct contribution, by token, on a last (layer, head) axis laid out as layer · H + head (labelled in "
+        "info['score_axis']): summed over tokens, a head's scores plus its value-bias term equal ALTI-logit's "
+        "per-head part."
+    ),
+    options=DecompXMethodOptions,
+    compute=compute,
+    explains_logit=True,
+)

@@ -1,0 +1,37 @@
+"""``globenc``: GlobEnc (Modarressi et al., NAACL 2022); math in :mod:`inseq_mixing.methods.norm_based`. A chunk's
+items are query positions."""
+
+from dataclasses import dataclass
+
+from ..methods.norm_based import globenc
+from .base import Chunking, Declaration, EncoderMaps, Request, layer_axis, option
+
+
+@dataclass(frozen=True)
+class GlobEncOptions(EncoderMaps, Chunking):
+    rollout: bool = option(
+        True, "Roll the layer maps out (ALTI+'s joint rollout for encoder–decoders); with False, per-layer maps."
+    )
+
+
+def compute(request: Request, options: GlobEncOptions):
+    maps = globenc(request.trace, options.rollout, options.max_chunk_elements)
+    if not options.output_encoder_self_scores:
+        maps.encoder = None
+    maps.axis = None if options.rollout else layer_axis(maps.target.shape[1])
+    return maps
+
+
+DECLARATION = Declaration(
+    name="globenc",
+    summary="GlobEnc (Modarressi et al., NAACL 2022): norms of each token's vector through the attention, both "
+    "residuals and both layer norms of a layer (FFN excluded), rows normalised, rolled out.",
+    description=(
+        "Pre-LN blocks have no norm on the residual stream: their vectors are attention plus residual. Decoders and "
+        "encoder–decoders (ALTI+'s joint rollout of self- and cross-attention maps) are our extension of the paper, "
+        "which explains encoders. GlobEnc has no per-head form here: its norms are of whole-layer vectors "
+        "(per_head is refused as an unknown option)."
+    ),
+    options=GlobEncOptions,
+    compute=compute,
+)

@@ -1,0 +1,39 @@
+"""The two kinds of result a method returns, whatever the method: maps, or scores of a logit.
+
+- :class:`LayerMaps`: token-to-token maps, per layer ``(B, L, i, j)`` (``L`` may be (layer, head) slots) or rolled
+  out ``(B, i, j)``: ``target`` (the decoder's prefix; decoder-only: the whole sequence), ``source`` (encoder–decoders:
+  the source tokens) and ``encoder`` (the encoder's own map).
+- :class:`LogitScores`: signed token scores ``target`` ``(B, T, T[, slots])`` and ``source`` whose sum, plus the named
+  completing ``terms`` (the parts of the logit given to no token), is the model's own ``logit`` ``(B, T)`` at every
+  explained position.
+
+``axis`` names the entries of the extra last axis (layers, or (layer, head) slots), or is None without one.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class LayerMaps:
+    """Token-to-token maps (see the module docstring). ``positions`` holds per-position extras ``(B, T, ...)`` over
+    the decoder positions (e.g. the context-mixing ratio)."""
+
+    target: torch.Tensor
+    source: torch.Tensor | None = None
+    encoder: torch.Tensor | None = None
+    positions: dict[str, torch.Tensor] = field(default_factory=dict)
+    axis: list[str] | None = None
+
+
+@dataclass
+class LogitScores:
+    """Signed token scores of a logit and the terms that complete it (see the module docstring)."""
+
+    target: torch.Tensor
+    source: torch.Tensor | None
+    logit: torch.Tensor
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
+    logit_after_softcap: torch.Tensor | None = None
+    axis: list[str] | None = None
