@@ -85,29 +85,6 @@ def test_future_tokens_and_padding_get_exactly_zero_at_every_layer(family):
             assert (scores.source[idx][:, source.stop :] == 0).all()
 
 
-def test_padded_batch_equals_each_sentence_alone(family):
-    case = padded_case(get_tiny(family), family)
-    ids = case.next_ids()
-    for options in (DecompXOptions(), DecompXOptions(bias="equal")):
-        batched = decompx(case.batched, ids, options=options)
-        for idx, (source, target) in enumerate(case.spans):
-            alone = decompx(case.alone[idx], ids[idx : idx + 1, target], options=options)
-            torch.testing.assert_close(batched.target[idx][target, target], alone.target[0], atol=1e-5, rtol=1e-4)
-            if batched.source is not None:
-                torch.testing.assert_close(batched.source[idx][target, source], alone.source[0], atol=1e-5, rtol=1e-4)
-
-
-def test_future_tokens_do_not_change_past_scores(decoder_family):
-    model = get_tiny(decoder_family)
-    ids = example_kwargs(decoder_family)["input_ids"]
-    changed = ids.clone()
-    changed[0, -2:] = torch.tensor([40, 41])
-    targets = next_tokens({"input_ids": ids})
-    first = decompx(trace_of(model, {"input_ids": ids}), targets)
-    second = decompx(trace_of(model, {"input_ids": changed}), targets)
-    torch.testing.assert_close(first.target[:, :-2, :-2], second.target[:, :-2, :-2], rtol=0, atol=1e-5)
-
-
 def test_contrast_is_the_difference_of_two_explanations(family):
     kwargs = example_kwargs(family)
     trace = trace_of(get_tiny(family), kwargs)

@@ -143,7 +143,7 @@ def test_signed_heatmap_uses_a_diverging_scale_and_survives_save_load(tmp_path, 
     red, _, blue, _ = source_colours[row][col]
     assert blue > red  # negative scores are blue, positive ones red
     html = out.show(display=False, return_html=True)
-    extra = "unattributed_ffn" if method == "alti_logit" else "bias_component"
+    extra = "unattributed_ffn" if method == "alti_logit" else "unattributed_bias"
     assert "Source Saliency Heatmap" in html and extra in html
     path = tmp_path / "out.json"
     out.save(path)
@@ -187,7 +187,7 @@ def test_alti_logit_per_head_through_inseq(family):
     heads = layers[0].self_attn.num_heads
     layers = len(layers)
     assert seq.target_attributions.shape[-1] == heads * layers * (2 if is_seq2seq(family) else 1)
-    assert "direct_embedding" in seq.step_scores
+    assert "unattributed_embedding" in seq.step_scores
     total = seq.target_attributions.nansum((0, 2)) + sum(
         score for name, score in seq.step_scores.items() if name not in EXPLAINED
     )
@@ -238,8 +238,8 @@ def test_attn_lrp_through_inseq_adds_up_with_the_absorbed_part(family):
     """Every family, with attribute_target=True for encoder–decoders: relevances + absorbed = the model's own logit."""
     model = load_tiny(family, "attn_lrp")
     seq = attribute(model, family).sequence_attributions[0]
-    assert set(seq.step_scores) >= {"absorbed", "logit"}
-    total = token_total(seq) + seq.step_scores["absorbed"]
+    assert set(seq.step_scores) >= {"unattributed_absorbed", "logit"}
+    total = token_total(seq) + seq.step_scores["unattributed_absorbed"]
     torch.testing.assert_close(total, seq.step_scores["logit"], atol=1e-4, rtol=1e-4)
     explained = "logit_after_softcap" if "logit_after_softcap" in seq.step_scores else "logit"
     torch.testing.assert_close(seq.step_scores[explained], own_logits(model, seq), atol=1e-4, rtol=1e-4)

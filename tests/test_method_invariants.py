@@ -106,3 +106,164 @@ def test_a_failed_call_leaves_the_model_as_it_was(method, tiny_family):
     assert not any(module._forward_hooks or module._forward_pre_hooks for module in hf_model.modules())
     again = alone(model, tiny_family, source, target).sequence_attributions[0].target_attributions
     torch.testing.assert_close(again, expected, rtol=0, atol=0, equal_nan=True)
+
+
+# ----- the same invariants at the declarations' level, on every family and every option variant -----
+
+from dataclasses import dataclass  # noqa: E402
+
+from inseq_mixing.declarations import DECLARATIONS, Request  # noqa: E402
+from inseq_mixing.methods.results import LogitScores  # noqa: E402
+from inseq_mixing.specs import get_spec  # noqa: E402
+from inseq_mixing.testing import ALL_FAMILIES  # noqa: E402
+from inseq_mixing.trace import trace_model  # noqa: E402
+
+from .conftest import get_tiny, pad_batch  # noqa: E402
+
+SKIPPED_VARIANTS = {
+    "output_encoder_self_scores",
+    "max_chunk_elements",
+    "contrast_targets",
+    "contrast_targets_alignments",
+}
+
+
+def option_variants(name: str) -> list[dict]:
+    """A method's default options, and each boolean option flipped and each choice set to its last value."""
+    variants = [{}]
+    for item in DECLARATIONS[name].option_fields():
+        if item.name in SKIPPED_VARIANTS:
+            continue
+        choices = item.metadata.get("choices")
+        if item.type is bool:
+            variants.append({item.name: not item.default})
+        elif choices and choices[-1] != item.default:
+            variants.append({item.name: choices[-1]})
+    return variants
+
+
+VARIANTS = [(name, variant) for name in DECLARATIONS for variant in option_variants(name)]
+
+
+@dataclass
+class Requests:
+    """A padded batch of sentences of different lengths, and each sentence alone, as method requests."""
+
+    batched: Request
+    alone: list[Request]
+    spans: list[tuple[slice, slice]]  # (source positions, decoder positions) of each sentence in the batch
+
+
+def request(model, ids, mask, target=None, target_mask=None, predicted=None) -> Request:
+    decoder_mask = mask if target is None else target_mask
+    return Request(get_spec(model), model, ids, mask, target, target_mask, predicted, None, decoder_mask.bool(),
+                   lambda: trace_model(model, ids, mask, target, target_mask))  # fmt: skip
+
+
+def padded_requests(model, family: str, lengths=((6, 5), (3, 2)), seed: int = 3) -> Requests:
+    """Right-padded sources and targets (encoder–decoders) or left-padded sequences (decoder-only), with each
+    position's predicted token the sentence's next token (its last position: token 9)."""
+    gen = torch.Generator().manual_seed(seed)
+    sources = [torch.randint(4, 60, (s,), generator=gen) for s, _ in lengths]
+    targets = [torch.cat([torch.tensor([0]), torch.randint(4, 60, (t - 1,), generator=gen)]) for _, t in lengths]
+    decoder = targets if is_seq2seq(family) else sources
+    nexts = [torch.cat([row[1:], torch.tensor([9])]) for row in decoder]
+    left = not is_seq2seq(family)
+    predicted, _ = pad_batch(nexts, left=left)
+    if is_seq2seq(family):
+        src, src_mask = pad_batch(sources, left=False)
+        tgt, tgt_mask = pad_batch(targets, left=False)
+        batched = request(model, src, src_mask, tgt, tgt_mask, predicted)
+        alone = [request(model, s[None], torch.ones(1, len(s), dtype=torch.long), t[None],
+                         torch.ones(1, len(t), dtype=torch.long), n[None])
+                 for s, t, n in zip(sources, targets, nexts, strict=True)]  # fmt: skip
+        return Requests(batched, alone, [(slice(0, s), slice(0, t)) for s, t in lengths])
+    ids, mask = pad_batch(sources, left=True)
+    width = ids.shape[1]
+    alone = [request(model, s[None], torch.ones(1, len(s), dtype=torch.long), predicted=n[None])
+             for s, n in zip(sources, nexts, strict=True)]  # fmt: skip
+    return Requests(request(model, ids, mask, predicted=predicted), alone,
+                    [(slice(width - s, width),) * 2 for s, _ in lengths])  # fmt: skip
+
+
+def compute(name: str, variant: dict, req: Request):
+    declaration = DECLARATIONS[name]
+    return declaration.compute(req, declaration.make_options(variant))
+
+
+def fields(result) -> dict[str, torch.Tensor]:
+    """Token-by-token tensors of a result (``(B, [slots,] i, j)``), by name."""
+    return {name: getattr(result, name) for name in ("target", "source", "encoder") if getattr(result, name, None)
+            is not None}  # fmt: skip
+
+
+def per_position(result) -> dict[str, torch.Tensor]:
+    """Per-decoder-position tensors of a result (``(B, T, ...)``): a logit's terms, a map's extras."""
+    if isinstance(result, LogitScores):
+        values = {"logit": result.logit, **result.terms}
+        return {name: value for name, value in values.items() if value is not None}
+    return dict(result.positions)
+
+
+@pytest.mark.parametrize(("name", "variant"), VARIANTS, ids=[f"{n}-{v}" for n, v in VARIANTS])
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_every_declared_method_on_every_family_pads_and_is_causal(name, variant, family):
+    """Padding a sentence into a batch changes none of its scores (maps, logit scores and the terms completing the
+    logit), and padding and future tokens get exactly zero, for every declaration, family and option variant."""
+    model = get_tiny(family)
+    case = padded_requests(model, family)
+    batched = compute(name, variant, case.batched)
+    for idx, (source, target) in enumerate(case.spans):
+        alone = compute(name, variant, case.alone[idx])
+        mine, theirs = fields(batched), fields(alone)
+        assert mine.keys() == theirs.keys()
+        cut = {"target": (target, target), "source": (target, source), "encoder": (source, source)}
+        for key, value in theirs.items():
+            rows, columns = cut[key]
+            torch.testing.assert_close(mine[key][idx][..., rows, columns], value[0], atol=1e-5, rtol=1e-4)
+        padding = torch.ones(mine["target"].shape[-1], dtype=torch.bool)
+        padding[target] = False
+        assert (mine["target"][idx][..., padding] == 0).all() and (mine["target"][idx][..., padding, :] == 0).all()
+        if "source" in mine:
+            assert (mine["source"][idx][..., source.stop :] == 0).all()
+        for key, value in per_position(alone).items():
+            torch.testing.assert_close(per_position(batched)[key][idx, target], value[0], atol=1e-5, rtol=1e-4)
+    assert (fields(batched)["target"].triu(1) == 0).all(), "a position mixes in no later token"
+
+
+@pytest.mark.parametrize(("name", "variant"), VARIANTS, ids=[f"{n}-{v}" for n, v in VARIANTS])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2", "olmo2"])
+def test_every_declared_method_leaves_past_scores_unchanged_by_future_tokens(name, variant, family):
+    model = get_tiny(family)
+    ids = torch.randint(4, 60, (1, 8), generator=torch.Generator().manual_seed(1))
+    changed = ids.clone()
+    changed[0, -2:] = torch.tensor([40, 41])
+    predicted = torch.cat([ids[:, 1:], torch.tensor([[9]])], dim=1)
+    mask = torch.ones_like(ids)
+    first = compute(name, variant, request(model, ids, mask, predicted=predicted))
+    second = compute(name, variant, request(model, changed, mask, predicted=predicted))
+    atol = 1e-5 if DECLARATIONS[name].explains_logit else 1e-6
+    torch.testing.assert_close(first.target[..., :-2, :-2], second.target[..., :-2, :-2], rtol=0, atol=atol)
+
+
+LOGIT_VARIANTS = [(name, variant) for name, variant in VARIANTS if DECLARATIONS[name].explains_logit]
+
+
+@pytest.mark.parametrize(("name", "variant"), LOGIT_VARIANTS, ids=[f"{n}-{v}" for n, v in LOGIT_VARIANTS])
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_every_logit_method_is_complete_with_its_unattributed_terms(name, variant, family):
+    """Token scores (over every slot) + the step scores named unattributed_* = the model's own logit (before a
+    final soft-cap), at every real position of a padded batch: one completeness rule for every logit method."""
+    case = padded_requests(get_tiny(family), family)
+    result = compute(name, variant, case.batched)
+    assert all(term.startswith("unattributed_") for term in result.terms)
+    real = case.batched.decoder_mask.bool()
+    if result.complete:
+        torch.testing.assert_close(result.total()[real], result.logit[real].to(result.total().dtype), atol=1e-4,
+                                   rtol=1e-4)  # fmt: skip
+    else:  # DecompX per head: the heads' direct parts are not the whole logit, and say so
+        assert name == "decompx" and variant.get("per_head")
+    trace = case.batched.trace
+    logits = trace.logits if trace.logits_before_softcap is None else trace.logits_before_softcap
+    own = logits.gather(-1, case.batched.predicted_ids[..., None])[..., 0]
+    torch.testing.assert_close(result.logit[real].float(), own[real].float(), atol=1e-4, rtol=1e-4)

@@ -20,7 +20,7 @@ def compute(request: Request, options: AltiLogitOptions) -> LogitScores:
     )  # fmt: skip
     terms = {f"unattributed_{name}": term for name, term in scores.unattributed.items()}
     if options.per_head:
-        terms["direct_embedding"] = scores.direct
+        terms["unattributed_embedding"] = scores.direct
     return logit_scores(scores, terms, request.spec, options.per_head)
 
 
@@ -39,7 +39,8 @@ DECLARATION = Declaration(
         "unattributed_logit_bias. For every generated token, source scores + target scores + the four unattributed "
         "terms = the logit. With per_head=True, a last dimension splits the token scores by (layer, attention head) "
         "as layer · H + head (encoder–decoders: self-attention heads, then cross-attention heads; labelled in "
-        "info['score_axis']), the embedding's direct term moving to the step score direct_embedding."
+        "info['score_axis']), the embedding's direct term (given to no head) moving to the step score "
+        "unattributed_embedding."
     ),
     options=AltiLogitOptions,
     compute=compute,

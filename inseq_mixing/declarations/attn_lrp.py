@@ -19,7 +19,7 @@ def compute(request: Request, options: AttnLrpOptions) -> LogitScores:
         request.model, request.spec, request.input_ids, request.attention_mask, request.target_ids,
         request.target_mask, request.predicted_ids, request.foil_ids, request.positions, options.max_chunk_elements,
     )  # fmt: skip
-    return LogitScores(scores.target, scores.source, scores.logit, {"absorbed": scores.absorbed},
+    return LogitScores(scores.target, scores.source, scores.logit, {"unattributed_absorbed": scores.absorbed},
                        scores.logit_after_softcap)  # fmt: skip
 
 
@@ -33,8 +33,9 @@ DECLARATION = Declaration(
         "the products q·kᵀ, A·V and gated FFNs, and the softmax rule; a token's relevance is read at its first-block "
         "input (embedding and position). Encoder–decoders are our extension of the paper.\n\n"
         "Outputs (signed): source and target relevances; each sequence's step_scores holds logit (or "
-        "contrast_logits_diff) and absorbed, the relevance that reaches no token (biases, norm shifts, the softmax "
-        "rule's term): source + target relevances + absorbed = the logit, for every generated token."
+        "contrast_logits_diff) and unattributed_absorbed, the relevance that reaches no token (biases, norm shifts, "
+        "the softmax rule's term): source + target relevances + unattributed_absorbed = the logit, for every "
+        "generated token."
     ),
     options=AttnLrpOptions,
     compute=compute,

@@ -16,8 +16,10 @@ class DecompXMethodOptions(DecompXOptions, Contrast, Heads):
 
 def compute(request: Request, options: DecompXMethodOptions) -> LogitScores:
     scores = decompx(request.trace, request.predicted_ids, request.foil_ids, options, per_head=options.per_head)
-    terms = {} if scores.bias is None else {"bias_component": scores.bias}
-    return logit_scores(scores, terms, request.spec, options.per_head)
+    terms = {} if scores.bias is None else {"unattributed_bias": scores.bias}
+    result = logit_scores(scores, terms, request.spec, options.per_head)
+    result.complete = not options.per_head  # heads' direct contributions only: no FFN, residual or bias paths
+    return result
 
 
 DECLARATION = Declaration(
@@ -31,11 +33,12 @@ DECLARATION = Declaration(
         "encoder over source tokens and the decoder over [source | target]: the encoder–decoder and decoder-only "
         "versions are our extension of the paper, which explains encoder classifiers.\n\n"
         "Outputs: signed source and target scores; each sequence's step_scores holds logit (or "
-        "contrast_logits_diff) and, with bias='separate', bias_component. Source + target scores (+ bias_component) "
-        "= the logit, for every generated token. With per_head=True (our extension), each decoder attention head's "
-        "direct contribution, by token, on a last (layer, head) axis laid out as layer · H + head (labelled in "
-        "info['score_axis']): summed over tokens, a head's scores plus its value-bias term equal ALTI-logit's "
-        "per-head part."
+        "contrast_logits_diff) and, with bias='separate', unattributed_bias. Source + target scores "
+        "(+ unattributed_bias) = the logit, for every generated token. With per_head=True (our extension), each "
+        "decoder attention head's direct contribution, by token, on a last (layer, head) axis laid out as "
+        "layer · H + head (labelled in info['score_axis']): summed over tokens, a head's scores plus its value-bias "
+        "term equal ALTI-logit's per-head part; these are not a decomposition of the logit (no FFN, residual or "
+        "bias paths), so they do not add up to it."
     ),
     options=DecompXMethodOptions,
     compute=compute,

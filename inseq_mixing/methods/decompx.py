@@ -69,7 +69,7 @@ class DecompXOptions(Chunking):
         "absdot",
         "How biases are split over token components: by |component · bias| ('absdot', the paper's default), by "
         "component norm ('norm'), equally over the tokens available at the position ('equal'), or kept in one extra "
-        "bias component ('separate', returned in step_scores['bias_component']).",
+        "bias component ('separate', returned in step_scores['unattributed_bias']).",
         BIAS_SPLITS,
     )
     ffn_linearization: str = option(
