@@ -127,15 +127,25 @@ class StackTrace:
 
 
 @dataclass
+class ModelCall:
+    """The model and the keyword arguments of its teacher-forced forward pass (:func:`forward_arguments`): what a
+    method that runs passes of its own (AttnLRP's forward and backward passes) reads from a trace."""
+
+    model: nn.Module
+    kwargs: dict
+
+
+@dataclass
 class ModelTrace:
-    """Records of a whole forward pass: the stacks, the model's own ``logits`` and, for models that soft-cap them
-    (Gemma 2), the LM head's output before the cap."""
+    """Records of a whole forward pass: the stacks, the model's own ``logits``, for models that soft-cap them
+    (Gemma 2) the LM head's output before the cap, and the call that was traced."""
 
     spec: ModelSpec
     decoder: StackTrace
     logits: torch.Tensor
     encoder: StackTrace | None = None
     logits_before_softcap: torch.Tensor | None = None
+    call: ModelCall | None = None
 
     @property
     def explained_logits(self) -> torch.Tensor:
@@ -405,9 +415,9 @@ def trace_model(
         The recorded :class:`ModelTrace`.
     """
     spec = spec or get_spec(model)
-    kwargs = forward_arguments(model, spec, input_ids, attention_mask, decoder_input_ids, decoder_attention_mask)
-    if NEEDS_OUTPUT_ATTENTIONS:
-        kwargs["output_attentions"] = True
+    call = ModelCall(model, forward_arguments(model, spec, input_ids, attention_mask, decoder_input_ids,
+                                              decoder_attention_mask))  # fmt: skip
+    kwargs = {**call.kwargs, "output_attentions": True} if NEEDS_OUTPUT_ATTENTIONS else dict(call.kwargs)
     recorders = {name: _Recorder(stack, keep_cross_call=name == "decoder") for name, stack in spec.stacks.items()}
     with ExitStack() as hooks:
         hooks.enter_context(eval_mode(model))
@@ -428,4 +438,5 @@ def trace_model(
         encoder=None if encoder is None else encoder.result(kwargs["attention_mask"], causal=False),
         logits=logits,
         logits_before_softcap=head_output.get("logits"),
+        call=call,
     )

@@ -1,10 +1,10 @@
 """``attn_lrp``: AttnLRP (Achtibat et al., ICML 2024); math in :mod:`inseq_mixing.methods.attn_lrp`. A chunk's items
-are copies of a sentence, one per explained position. It runs its own forward and backward passes through the model
-(the rules are gradient modifications), so it reads the request's ids, not the recorded trace."""
+are copies of a sentence, one per explained position. Its rules are gradient modifications, so it runs forward and
+backward passes of its own: those of the traced call (the trace's model and arguments)."""
 
 from dataclasses import dataclass
 
-from ..methods.attn_lrp import attn_lrp
+from ..methods.attn_lrp import attn_lrp_of_trace
 from ..methods.results import LogitScores
 from .base import Chunking, Contrast, Declaration, Request
 
@@ -15,10 +15,9 @@ class AttnLrpOptions(Contrast, Chunking):
 
 
 def compute(request: Request, options: AttnLrpOptions) -> LogitScores:
-    scores = attn_lrp(
-        request.model, request.spec, request.input_ids, request.attention_mask, request.target_ids,
-        request.target_mask, request.predicted_ids, request.foil_ids, request.positions, options.max_chunk_elements,
-    )  # fmt: skip
+    scores = attn_lrp_of_trace(
+        request.trace, request.predicted_ids, request.foil_ids, request.positions, options.max_chunk_elements
+    )
     return LogitScores(scores.target, scores.source, scores.logit, {"unattributed_absorbed": scores.absorbed},
                        scores.logit_after_softcap)  # fmt: skip
 

@@ -47,7 +47,7 @@ from torch import nn
 
 from ..specs import ModelSpec
 from ..specs.base import UnsupportedModelError, norm_params
-from ..trace import decoder_mask, eval_mode, forward_arguments, refuse_non_finite_forward
+from ..trace import ModelCall, ModelTrace, decoder_mask, eval_mode, forward_arguments, refuse_non_finite_forward
 from .blocks import refuse_non_finite
 from .chunking import DEFAULT_CHUNK_ELEMENTS, items_per_chunk
 from .norms import freeze_norm
@@ -217,7 +217,34 @@ def attn_lrp(
     """
     if spec.lm_head is None:
         raise ValueError("AttnLRP needs a model with an LM head (...ForConditionalGeneration or ...ForCausalLM).")
-    kwargs = forward_arguments(model, spec, input_ids, attention_mask, target_ids, target_mask)
+    call = ModelCall(model, forward_arguments(model, spec, input_ids, attention_mask, target_ids, target_mask))
+    return lrp_of_call(spec, call, explained_ids, foil_ids, positions, max_chunk_elements)
+
+
+def attn_lrp_of_trace(
+    trace: ModelTrace,
+    explained_ids: torch.Tensor,
+    foil_ids: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> AttnLrpScores:
+    """:func:`attn_lrp` of a traced forward pass: its passes run the traced call (the same model and arguments)."""
+    if trace.spec.lm_head is None:
+        raise ValueError("AttnLRP needs a model with an LM head (...ForConditionalGeneration or ...ForCausalLM).")
+    return lrp_of_call(trace.spec, trace.call, explained_ids, foil_ids, positions, max_chunk_elements)
+
+
+def lrp_of_call(
+    spec: ModelSpec,
+    call: ModelCall,
+    explained_ids: torch.Tensor,
+    foil_ids: torch.Tensor | None,
+    positions: torch.Tensor | None,
+    max_chunk_elements: int,
+) -> AttnLrpScores:
+    """The relevance passes of :func:`attn_lrp` on one prepared call."""
+    model, kwargs = call.model, call.kwargs
+    input_ids = kwargs["input_ids"]
     mask = decoder_mask(kwargs).bool()
     positions = mask if positions is None else positions & mask
     rows, columns = positions.nonzero(as_tuple=True)
