@@ -4,6 +4,7 @@ a dataset, evaluate methods on annotated data, export the demo's annotated data.
 import argparse
 import logging
 import os
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -66,12 +67,22 @@ def check_methods_known(methods: list[str]) -> None:
 
 
 def load_model(name: str, method: str, device: str | None):
-    """The Inseq model of a hub name or local folder, with a one-line error for what a user can fix: a model that
-    cannot be loaded, a tokenizer that does not match it."""
+    """The Inseq model of a hub name or local folder (``demo``: the embedded demo model, offline), with a one-line
+    error for what a user can fix: a model that cannot be loaded, a tokenizer that does not match it."""
     import inseq
 
     from inseq_mixing.attr.base import refuse_mismatched_tokenizer
 
+    if name == "demo":
+        from inseq_mixing.demo import load_demo_model
+
+        model, tokenizer = load_demo_model()
+        try:
+            return inseq.load_model(model, method, tokenizer=tokenizer, device=device)
+        except Exception as error:  # an unknown method name, a device that does not exist
+            raise UserError(
+                f"could not load the demo model with {method!r}: {type(error).__name__}: {error}"
+            ) from error
     try:
         model = inseq.load_model(name, method, device=device)
     except Exception as error:  # report what went wrong in one line, not a traceback
@@ -98,6 +109,7 @@ def run_compare(args: argparse.Namespace) -> int:
     from inseq_mixing.views.report import write_report
 
     try:
+        args.out, args.json = available_path(args.out, args.overwrite), available_path(args.json, args.overwrite)
         check_writable(args.out)
         check_writable(args.json)
         model = load_for_compare(args)
@@ -113,7 +125,7 @@ def run_compare(args: argparse.Namespace) -> int:
     print_table(result.summary(), SUMMARY_COLUMNS)
     for method, reason in result.failed.items():
         print(f"failed: {method}: {reason}", file=sys.stderr)
-    print(f"report written to {path}")
+    print(f"report written to {path}" + (f", metrics to {args.json}" if args.json else ""))
     return 1 if result.failed else 0
 
 
@@ -139,8 +151,9 @@ def run_attribute_dataset(args: argparse.Namespace) -> int:
 
     try:
         options = parse_options(args.option)
+        model = load_model("demo", args.method, args.device) if args.model == "demo" else args.model
         summary = inseq_mixing.attribute_dataset(
-            args.model,
+            model,
             args.method,
             args.data,
             args.out,
@@ -152,11 +165,30 @@ def run_attribute_dataset(args: argparse.Namespace) -> int:
             id_column=args.id_column,
             **options,
         )
-    except (DatasetInputError, RunStoreError, ValueError, OSError) as error:
+    except (DatasetInputError, RunStoreError, ValueError, OSError, UserError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(interrupted_message(args.out), file=sys.stderr)
+        return 130
     print(summary)
     return 0
+
+
+def interrupted_message(out: str) -> str:
+    """What an interrupted dataset run left, and the command that resumes it."""
+    from inseq_mixing.runs.store import RunStore
+
+    store = RunStore(out)
+    manifest = store.read_manifest() if store.manifest_path.is_file() else None
+    if manifest is None:
+        return f"interrupted before anything was stored in {out}."
+    stored = sum(index.get("rows", 0) for index in store.scan(checksums=False).valid.values())
+    command = " ".join(shlex.quote(part) for part in ["inseq-mixing", *sys.argv[1:]])
+    return (
+        f"interrupted: {stored} of {manifest['examples']} examples are stored in {out}. Nothing stored is lost; "
+        f"resume with the same command:\n  {command}"
+    )
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -168,18 +200,6 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return demo(args.out)
-
-
-def load_for_evaluation(name: str, method: str, device: str | None):
-    """The Inseq model for ``name`` (``demo``: the embedded demo model), with a one-line error."""
-    if name != "demo":
-        return load_model(name, method, device)
-    import inseq
-
-    from inseq_mixing.demo import load_demo_model
-
-    model, tokenizer = load_demo_model()
-    return inseq.load_model(model, method, tokenizer=tokenizer, device=device)
 
 
 def method_options(pairs: list[str]) -> dict[str, dict]:
@@ -200,11 +220,12 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from inseq_mixing.views.eval_report import write_evaluation_report
 
     try:
+        args.out, args.json = available_path(args.out, args.overwrite), available_path(args.json, args.overwrite)
         check_writable(args.out)
         check_writable(args.json)
         check_methods_known(args.methods)
         options = method_options(args.option)
-        model = load_for_evaluation(args.model, args.methods[0], args.device)
+        model = load_model(args.model, args.methods[0], args.device)
         columns = {role: getattr(args, f"{role}_column") for role in DEFAULT_COLUMNS}
         result = inseq_mixing.evaluate(
             model,
@@ -237,7 +258,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         print(
             f"{len(result.unknown_words)} row(s) have context words mapped to the unknown token (listed in the report)"
         )
-    print(f"report written to {path}")
+    print(f"report written to {path}" + (f", metrics to {args.json}" if args.json else ""))
     return 1 if result.failed else 0
 
 
@@ -249,6 +270,21 @@ def run_demo_data(args: argparse.Namespace) -> int:
     return 0
 
 
+MODEL_HELP = "a Hugging Face model name or local folder, or demo (the embedded demo model, offline)"
+
+
+def available_path(path: str | None, overwrite: bool) -> str | None:
+    """``path``, or, if that file exists and ``overwrite`` is off, the first free ``NAME-1.EXT``, ``NAME-2.EXT``, ...
+    (said on screen): an output file is only replaced when asked."""
+    if path is None or overwrite or not Path(path).is_file():  # a folder is refused by check_writable
+        return path
+    target, number = Path(path), 1
+    while (candidate := target.with_name(f"{target.stem}-{number}{target.suffix}")).exists():
+        number += 1
+    print(f"{path} exists: writing {candidate} instead (pass --overwrite to replace it)")
+    return str(candidate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inseq-mixing", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -258,18 +294,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="out/demo.html")
     compare = commands.add_parser("compare", help="compare methods on a model and write an HTML report")
     compare.add_argument("text", help="source text (encoder–decoders) or prompt (decoder-only models)")
-    compare.add_argument("--model", required=True, help="a Hugging Face model name or local path")
+    compare.add_argument("--model", required=True, help=MODEL_HELP)
     compare.add_argument("--methods", nargs="+", default=["alti_logit", "decompx", "integrated_gradients"])
     compare.add_argument("--target", default=None, help="forced target (default: the model's generation)")
     compare.add_argument("--out", default="report.html")
     compare.add_argument("--json", default=None, help="also write the metrics as JSON here")
     compare.add_argument("--device", default=None, help="e.g. cpu or cuda (default: Inseq's choice)")
     compare.add_argument("--random-draws", type=int, default=3)
+    compare.add_argument("--overwrite", action="store_true", help="replace --out / --json if they exist")
     dataset = commands.add_parser(
         "attribute-dataset", help="attribute every example of a JSONL/CSV/Parquet file into a resumable run store"
     )
     dataset.add_argument("data", help="a .jsonl, .csv or .parquet file of examples")
-    dataset.add_argument("--model", required=True, help="a Hugging Face model name or local path")
+    dataset.add_argument("--model", required=True, help=MODEL_HELP)
     dataset.add_argument("--method", required=True, help="one of the plugin's methods (see `inseq-mixing methods`)")
     dataset.add_argument("--out", required=True, help="folder of the run store (created, or resumed)")
     dataset.add_argument("--source-column", default="source")
@@ -281,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     dataset.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="a method option")
     evaluate = commands.add_parser("evaluate", help="score methods on annotated data with a paper's protocol")
     evaluate.add_argument("data", help="a .jsonl, .csv or .parquet file of annotated rows")
-    evaluate.add_argument("--model", required=True, help="a Hugging Face model name or local path, or demo")
+    evaluate.add_argument("--model", required=True, help=MODEL_HELP)
     evaluate.add_argument("--methods", nargs="+", default=["alti_logit", "decompx", "value_zeroing", "alti"])
     evaluate.add_argument("--protocol", required=True, choices=["evidence", "cue", "alignment", "faithfulness"])
     evaluate.add_argument("--out", default="evaluation.html", help="the HTML report")
@@ -292,6 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--batch-size", type=int, default=16)
     evaluate.add_argument("--device", default=None, help="e.g. cpu or cuda (default: Inseq's choice)")
     evaluate.add_argument("--draws", type=int, default=1000, help="bootstrap resamples and permutations")
+    evaluate.add_argument("--overwrite", action="store_true", help="replace --out / --json if they exist")
     evaluate.add_argument(
         "--target-tokens",
         choices=["first", "whole"],
@@ -307,6 +345,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; output cut short by a closed pipe (``inseq-mixing methods | head``) ends quietly."""
+    try:
+        return run_command(argv)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python flushes stdout at exit: send that flush nowhere
+        return 0
+
+
+def run_command(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     args = build_parser().parse_args(argv)

@@ -409,6 +409,14 @@ class Run:
         keys = ("rank", "processes", "host", "pid")
         return {batch: {key: index.get(key) for key in keys} for batch, index in self._shards.items()}
 
+    def __repr__(self) -> str:
+        damaged = f", {len(self.damaged)} damaged shard(s) left out" if self.damaged else ""
+        return (
+            f"Run({str(self.store.root)!r}: {self.manifest['method']} on "
+            f"{self.manifest['model']['name'] or self.manifest['model']['class']}, "
+            f"{len(self)} of {self.manifest['examples']} examples stored{damaged})"
+        )
+
     def __contains__(self, example_id) -> bool:
         return str(example_id) in self._where
 
@@ -422,7 +430,8 @@ class Run:
         return (row_to_sequence(row) for row in self._all_rows())
 
     def to_inseq(self) -> FeatureAttributionOutput:
-        """All stored examples as one Inseq output, in the data's order."""
+        """All stored examples as one Inseq ``FeatureAttributionOutput``, in the data's order: ``show()``,
+        ``aggregate()``, ``save()`` and the rest of Inseq work on it as on ``model.attribute``'s output."""
         info = {"attribution_method": self.manifest["method"], "model_name": self.manifest["model"]["name"]}
         return FeatureAttributionOutput(sequence_attributions=list(self), info=info)
 
@@ -431,7 +440,8 @@ class Run:
 
         Columns: ``id``, ``generated_index`` (0-based among attributed tokens), ``generated_token``, ``side``
         (``source`` or ``target``), ``context_index``, ``context_token``, ``layer`` (per-layer methods only) and
-        ``score``. Causally impossible cells (NaN) are left out.
+        ``score``. Causally impossible cells (NaN) are left out. The per-token step scores (the explained ``logit``,
+        the ``unattributed_*`` terms that complete it, ...) are in :meth:`step_scores_frame`.
         """
         import pandas as pd
 
@@ -441,6 +451,26 @@ class Run:
                 columns=["id", "generated_index", "generated_token", "side", "context_index", "context_token", "score"]
             )
         return pd.concat(frames, ignore_index=True)
+
+    def step_scores_frame(self):
+        """One row per (example, generated token): ``id``, ``generated_index``, ``generated_token`` and one column per
+        step score (``logit`` or ``contrast_logits_diff``, each ``unattributed_*`` term, ...). With :meth:`to_pandas`,
+        a logit method's completeness can be checked from the tables: per generated token, the sum of its scores plus
+        its ``unattributed_*`` columns is its ``logit``."""
+        import pandas as pd
+
+        frames = []
+        for row in self._all_rows():
+            steps = _tensors(row["step_scores"])
+            generated = row["target_tokens"][row["attr_pos_start"] : row["attr_pos_end"]]
+            count = max([len(generated), *(len(value) for value in steps.values())])
+            frame = {"id": [row["id"]] * count, "generated_index": list(range(count)), "generated_token": generated}
+            frame.update(
+                {name: value.numpy() if value.dim() == 1 else list(value.numpy()) for name, value in steps.items()}
+            )
+            frames.append(pd.DataFrame(frame))
+        columns = ["id", "generated_index", "generated_token"]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
 
 
 @dataclass
