@@ -41,6 +41,21 @@ def register() -> list[str]:
     return [cls.method_name for cls in _subclasses(ContextMixingAttribution) if "method_name" in vars(cls)]
 
 
+def load_demo_model(method: str = "alti_logit", **kwargs):
+    """The embedded demo model (a small Marian-style encoder–decoder shipped with the package: no network) as an Inseq
+    model with ``method``; ``kwargs`` go to ``inseq.load_model`` (e.g. ``device="cuda"``).
+
+    Example:
+        ``inseq_mixing.load_demo_model("decompx").attribute("the red cats sleep", attribute_target=True).show()``
+    """
+    import inseq
+
+    from .demo import load_demo_model as demo_model_and_tokenizer
+
+    model, tokenizer = demo_model_and_tokenizer()
+    return inseq.load_model(model, method, tokenizer=tokenizer, **kwargs)
+
+
 def _subclasses(cls: type) -> list[type]:
     """Every subclass of ``cls``, depth first, in definition order (registration happens at class creation)."""
     found = []
@@ -81,6 +96,7 @@ __all__ = [
     "SUPPORTED_FAMILIES",
     "UnsupportedModelError",
     "get_spec",
+    "load_demo_model",
     "register",
     "supported_model_types",
     "trace_model",

@@ -93,3 +93,21 @@ def test_a_run_says_what_it_holds_and_its_step_scores_complete_the_logit(tmp_pat
     joined = scores.merge(steps, on=["id", "generated_index"])
     completed = joined.score + joined.filter(like="unattributed_").sum(axis=1)
     assert (completed - joined.logit).abs().max() < 1e-4
+
+
+def test_the_demo_model_loads_offline_and_the_output_says_what_it_explains(tmp_path):
+    """``inseq_mixing.load_demo_model(method)`` needs no network; ``info["attributed_fn"]`` names what the scores
+    explain (Inseq would write its probability function), and a saved output keeps it."""
+    import inseq_mixing
+
+    source = " ".join(demo_examples(1)[0].source)
+    expected = {"alti_logit": "logit", "value_zeroing": "value_zeroing map"}
+    for method, explained in expected.items():
+        out = inseq_mixing.load_demo_model(method).attribute(source, attribute_target=True, show_progress=False)
+        assert out.info["attributed_fn"].startswith(explained)
+    model = inseq_mixing.load_demo_model("decompx")
+    target = "".join(t.token for t in out.sequence_attributions[0].target[1:3]).replace("▁", " ").strip()
+    contrast = model.attribute(source, target, attribute_target=True, show_progress=False, contrast_targets=target)
+    assert contrast.info["attributed_fn"] == "contrast_logits_diff"
+    contrast.save(tmp_path / "out.json")
+    assert inseq.FeatureAttributionOutput.load(tmp_path / "out.json").info["attributed_fn"] == "contrast_logits_diff"

@@ -197,8 +197,19 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
                 attach_sequence_scores(out.sequence_attributions, *self._pending_sequence_scores)
             if self._pending_axis is not None:
                 out.info["score_axis"] = list(self._pending_axis)
+            out.info["attributed_fn"] = self.last_explained = self.explained_quantity()
         finally:
             self._pending_step_scores = self._pending_sequence_scores = self._pending_axis = None
+        return out
+
+    def prepare_and_attribute(self, *args, **kwargs):
+        """Inseq's preparation and attribution; then ``info["attributed_fn"]`` says what was explained (Inseq writes
+        the name of the function it resolved, its probability by default, which these methods do not explain)."""
+        self.last_explained = None
+        out = super().prepare_and_attribute(*args, **kwargs)
+        if self.last_explained is not None:
+            for output in out if isinstance(out, list) else [out]:  # encoder–decoders: one output per batch
+                output.info["attributed_fn"] = self.last_explained
         return out
 
     def refuse_other_targets(self) -> None:
@@ -237,6 +248,15 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         """Keep ``(B, T, ...)`` scores of every traced decoder position for :meth:`attribute`, which puts each
         sequence's real positions into its ``sequence_scores`` (Inseq would slice them as attributions)."""
         self._pending_sequence_scores = ({name: score.detach().float().cpu() for name, score in scores.items()}, mask)
+
+    def explained_quantity(self) -> str:
+        """What the scores explain, for the output's ``info["attributed_fn"]`` (Inseq would name its default
+        probability function, which these methods never explain): ``logit`` or ``contrast_logits_diff`` for logit
+        methods, else the row of the method's map at the position that predicts each generated token."""
+        if self.explains_logit:
+            steps = self._pending_step_scores[0] if self._pending_step_scores is not None else {}
+            return "contrast_logits_diff" if "contrast_logits_diff" in steps else "logit"
+        return f"{self.method_name} map: context mixing into the position that predicts each generated token"
 
     def keep_axis(self, labels: list[str] | None) -> None:
         """Keep the labels of the scores' extra last axis (layers, or (layer, head) slots) for the output's
