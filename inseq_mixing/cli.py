@@ -307,7 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dataset.add_argument("data", help="a .jsonl, .csv or .parquet file of examples")
     dataset.add_argument("--model", required=True, help=MODEL_HELP)
-    dataset.add_argument("--method", required=True, help="one of the plugin's methods (see `inseq-mixing methods`)")
+    dataset.add_argument(
+        "--method", required=True, help="a method (see `inseq-mixing methods`): the plugin's, or Inseq's own"
+    )
     dataset.add_argument("--out", required=True, help="folder of the run store (created, or resumed)")
     dataset.add_argument("--source-column", default="source")
     dataset.add_argument("--target-column", default="target", help="missing column or value: the model generates")

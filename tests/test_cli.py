@@ -111,3 +111,13 @@ def test_the_demo_model_loads_offline_and_the_output_says_what_it_explains(tmp_p
     assert contrast.info["attributed_fn"] == "contrast_logits_diff"
     contrast.save(tmp_path / "out.json")
     assert inseq.FeatureAttributionOutput.load(tmp_path / "out.json").info["attributed_fn"] == "contrast_logits_diff"
+
+
+def test_attribute_dataset_takes_inseqs_own_methods(model_dir, tmp_path):  # noqa: F811
+    data = write_jsonl(tmp_path / "data.jsonl", 3)
+    command = [sys.executable, "-m", "inseq_mixing.cli", "attribute-dataset", str(data), "--model", str(model_dir),
+               "--method", "integrated_gradients", "--option", "n_steps=3", "--out", str(tmp_path / "ig")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    run = load_run(tmp_path / "ig")
+    assert len(run) == 3 and run.manifest["options"]["n_steps"] == 3

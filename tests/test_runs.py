@@ -133,6 +133,30 @@ def test_an_empty_prompt_is_attributed_as_model_attribute_does(tmp_path):
     assert run["empty"].attr_pos_start == 1
 
 
+@pytest.mark.parametrize("family", ["marian", "gpt2"])
+def test_inseq_methods_run_through_inseqs_loop_into_the_same_store(family, tmp_path):
+    """A dataset run of Integrated Gradients sits next to one of DecompX: same store, same load_run, each example as
+    ``model.attribute`` gives it; its options are checked like the plugin's."""
+    model = load(family, "integrated_gradients")
+    rows = rows_for(family, generate=(1,))[:3]
+    out = tmp_path / "run"
+    attribute_dataset(model, "integrated_gradients", rows, out, batch_size=2, show_progress=False, id_column="id",
+                      n_steps=4)  # fmt: skip
+    run = load_run(out)
+    assert run.manifest["method"] == "integrated_gradients" and len(run) == len(rows)
+    for row in rows:
+        got = run[row["id"]]
+        target = model.convert_tokens_to_string([t.token for t in got.target], skip_special_tokens=True)
+        ref = model.attribute(row["source"], row["target"] or target, attribute_target=is_seq2seq(family),
+                              show_progress=False, n_steps=4).sequence_attributions[0]  # fmt: skip
+        assert type(got) is type(ref) and got.source_attributions is not None or not is_seq2seq(family)
+        assert_same_sequence(got, ref)
+        assert "<table" in got.show(display=False, return_html=True)
+    assert "embedding_dim" in run.to_pandas().columns
+    with pytest.raises(ValueError, match="Unknown option"):
+        attribute_dataset(model, "integrated_gradients", rows, tmp_path / "x", show_progress=False, n_stepz=4)
+
+
 def test_to_pandas_has_one_row_per_score(tmp_path):
     model = load("marian", "value_zeroing")
     rows = rows_for("marian")[:2]
@@ -222,7 +246,7 @@ def test_bad_calls_are_refused_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="rollout"):
         attribute_dataset(model, "alti", rows, tmp_path / "a", rolout=True, show_progress=False)
     with pytest.raises(ValueError, match="choose one of"):
-        attribute_dataset(model, "lime", rows, tmp_path / "b", show_progress=False, id_column="id")
+        attribute_dataset(model, "no_such_method", rows, tmp_path / "b", show_progress=False, id_column="id")
     with pytest.raises(DatasetInputError, match="must start with the prompt"):
         attribute_dataset(
             model, "alti", [{"source": "the cat", "target": "a dog"}], tmp_path / "c", show_progress=False

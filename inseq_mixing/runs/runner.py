@@ -101,7 +101,8 @@ def attribute_dataset(
     Args:
         model: A model name or local path, a Hugging Face model (with ``tokenizer``), or an Inseq
             ``AttributionModel``.
-        method: One of the plugin's methods (``inseq_mixing.METHODS``).
+        method: One of the plugin's methods (``inseq_mixing.METHODS``, batched through one trace per batch), or any
+            of Inseq's (e.g. ``integrated_gradients``, through Inseq's own loop, one example at a time).
         data: A ``.jsonl``/``.csv``/``.parquet`` path, a ``datasets.Dataset``, a DataFrame or a list of dicts.
         out: Folder of the run store (created if missing).
         tokenizer: Tokenizer of a Hugging Face model object.
@@ -130,8 +131,7 @@ def attribute_dataset(
         RunStoreError: ``out`` holds a run of another model, method, option set or dataset.
         ValueError: An unknown method or option.
     """
-    if method not in DECLARATIONS:
-        raise ValueError(f"Unknown method {method!r} for a dataset run; choose one of {list(DECLARATIONS)}.")
+    check_method(method)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}.")
     examples = read_examples(data, source_column, target_column, id_column)
@@ -225,9 +225,29 @@ def _torch_dtype(dtype) -> torch.dtype | None:
     return DTYPES[dtype]
 
 
+def check_method(method: str) -> None:
+    """Refuse a method that is neither the plugin's nor Inseq's, naming them."""
+    if method in DECLARATIONS:
+        return
+    import inseq
+
+    if method not in inseq.list_feature_attribution_methods():
+        raise ValueError(
+            f"Unknown method {method!r} for a dataset run; choose one of the plugin's {list(DECLARATIONS)} or "
+            f"Inseq's {sorted(set(inseq.list_feature_attribution_methods()) - set(DECLARATIONS))}."
+        )
+
+
+def is_declared(attribution_model) -> bool:
+    """Whether the model's method is one of the plugin's (batched through one trace) rather than Inseq's own."""
+    return getattr(attribution_model.attribution_method, "declaration", None) is not None
+
+
 def split_arguments(attribution_model, kwargs: dict) -> tuple[dict, dict]:
     """Split ``kwargs`` into Inseq's attribute arguments and the method's options, rejecting unknown names."""
     method = attribution_model.attribution_method
+    if not is_declared(attribution_model):
+        return _split_inseq_arguments(attribution_model, kwargs)
     known = method.method.option_names()
     unknown = sorted(set(kwargs) - set(known) - set(INSEQ_ARGUMENTS))
     if unknown:
@@ -244,6 +264,23 @@ def split_arguments(attribution_model, kwargs: dict) -> tuple[dict, dict]:
     if not attribution_model.is_encoder_decoder:
         inseq_args["attribute_target"] = False  # decoder-only: the target side is the whole context
     return inseq_args, {name: value for name, value in kwargs.items() if name in known}
+
+
+def _split_inseq_arguments(attribution_model, kwargs: dict) -> tuple[dict, dict]:
+    """Inseq's own methods (gradient baselines, ...): their options are those their ``attribute`` takes (e.g.
+    ``n_steps`` for Integrated Gradients); unknown names are refused instead of Inseq's "Unused arguments" warning."""
+    method = attribution_model.attribution_method
+    candidates = {name: value for name, value in kwargs.items() if name not in INSEQ_ARGUMENTS}
+    per_example = sorted(set(candidates) & set(PER_EXAMPLE_ARGUMENTS))
+    if per_example:
+        raise ValueError(f"{per_example} take one text per call: use model.attribute for contrastive explanations.")
+    options, unused = method.get_attribution_args(**candidates)
+    if unused:
+        raise ValueError(f"Unknown option(s) {sorted(unused)} for {method.method_name}; a dataset run also takes "
+                         f"{list(INSEQ_ARGUMENTS)}.")  # fmt: skip
+    inseq_args = {name: kwargs[name] for name in INSEQ_ARGUMENTS if name in kwargs}
+    inseq_args.setdefault("attribute_target", attribution_model.is_encoder_decoder)
+    return inseq_args, options
 
 
 def check_targets(attribution_model, examples: list[Example]) -> None:
@@ -273,12 +310,18 @@ def attribute_batch(attribution_model, batch: list[Example], inseq_args: dict, o
         generated = generate_targets(attribution_model, [sources[idx] for idx in missing])
         for idx, text in zip(missing, generated, strict=True):
             targets[idx] = text
-    output = attribute_texts(attribution_model, sources, targets, inseq_args, options)
+    if is_declared(attribution_model):
+        sequences = attribute_texts(attribution_model, sources, targets, inseq_args, options).sequence_attributions
+    else:  # Inseq's own methods, through Inseq's loop: each example exactly as model.attribute gives it
+        sequences = [
+            attribution_model.attribute(
+                source, target, show_progress=False, **inseq_args, **options
+            ).sequence_attributions[0]
+            for source, target in zip(sources, targets, strict=True)
+        ]
     return [
         sequence_to_row(sequence, example, source, target)
-        for sequence, example, source, target in zip(
-            output.sequence_attributions, batch, sources, targets, strict=True
-        )
+        for sequence, example, source, target in zip(sequences, batch, sources, targets, strict=True)
     ]
 
 

@@ -39,6 +39,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from inseq.data import FeatureAttributionOutput
+from inseq.data.attribution import (
+    CoarseFeatureAttributionSequenceOutput,
+    FeatureAttributionSequenceOutput,
+    GranularFeatureAttributionSequenceOutput,
+)
 from inseq.utils.typing import TokenWithId
 
 from ..attr.base import MixingSequenceOutput, SignedMixingSequenceOutput
@@ -47,7 +52,15 @@ MANIFEST = "manifest.json"
 SHARDS = "shards"
 #: Version of the store layout: 2 adds each shard's index (size, checksum, writer).
 FORMAT = 2
-SEQUENCE_CLASSES = {cls.__name__: cls for cls in (MixingSequenceOutput, SignedMixingSequenceOutput)}
+SEQUENCE_CLASSES = {
+    cls.__name__: cls
+    for cls in (
+        MixingSequenceOutput, SignedMixingSequenceOutput, FeatureAttributionSequenceOutput,
+        GranularFeatureAttributionSequenceOutput, CoarseFeatureAttributionSequenceOutput,
+    )
+}  # fmt: skip
+#: The classes that carry a number of extra dimensions (the plugin's).
+MULTIDIMENSIONAL = (MixingSequenceOutput, SignedMixingSequenceOutput)
 SHARD_NAME = re.compile(r"^batch-(\d{6,})\.(parquet|json)$")
 TEMPORARY_NAME = re.compile(r"^\.batch-(\d{6,})\.(parquet|json)\.[0-9a-f]{32}\.tmp$")
 
@@ -106,7 +119,7 @@ def sequence_to_row(sequence, example, source_text: str, target_text: str) -> di
         "attr_pos_start": sequence.attr_pos_start,
         "attr_pos_end": sequence.attr_pos_end,
         "sequence_class": type(sequence).__name__,
-        "num_dimensions": sequence._num_dimensions or 0,
+        "num_dimensions": getattr(sequence, "_num_dimensions", None) or 0,
         "attributions": _tensor_entries(attributions),
         "step_scores": _tensor_entries(sequence.step_scores),
         "sequence_scores": _tensor_entries(sequence.sequence_scores),
@@ -117,6 +130,7 @@ def row_to_sequence(row: dict):
     """The Inseq sequence output stored in ``row`` (inverse of :func:`sequence_to_row`)."""
     attributions = _tensors(row["attributions"])
     cls = SEQUENCE_CLASSES.get(row["sequence_class"], MixingSequenceOutput)
+    extra = {"_num_dimensions": row["num_dimensions"]} if issubclass(cls, MULTIDIMENSIONAL) else {}
     return cls(
         source=[TokenWithId(t, i) for t, i in zip(row["source_tokens"], row["source_ids"], strict=True)],
         target=[TokenWithId(t, i) for t, i in zip(row["target_tokens"], row["target_ids"], strict=True)],
@@ -126,7 +140,7 @@ def row_to_sequence(row: dict):
         sequence_scores=_tensors(row["sequence_scores"]),
         attr_pos_start=row["attr_pos_start"],
         attr_pos_end=row["attr_pos_end"],
-        _num_dimensions=row["num_dimensions"],
+        **extra,
     )
 
 
@@ -440,8 +454,9 @@ class Run:
 
         Columns: ``id``, ``generated_index`` (0-based among attributed tokens), ``generated_token``, ``side``
         (``source`` or ``target``), ``context_index``, ``context_token``, ``layer`` (per-layer methods only) and
-        ``score``. Causally impossible cells (NaN) are left out. The per-token step scores (the explained ``logit``,
-        the ``unattributed_*`` terms that complete it, ...) are in :meth:`step_scores_frame`.
+        ``score``; Inseq's gradient methods have ``embedding_dim`` instead of ``layer``. Causally impossible cells
+        (NaN) are left out. The per-token step scores (the explained ``logit``, the ``unattributed_*`` terms that
+        complete it, ...) are in :meth:`step_scores_frame`.
         """
         import pandas as pd
 
@@ -502,8 +517,9 @@ def _score_frames(row: dict) -> Iterator:
             "context_index": cells[0],
             "context_token": np.asarray(side.tokens, dtype=object)[cells[0]],
         }
+        granular = row["sequence_class"].startswith("Granular")  # Inseq's gradient methods: per embedding dimension
         for axis in range(2, values.ndim):
-            frame["layer" if axis == 2 else f"dim_{axis}"] = cells[axis]
+            frame[("embedding_dim" if granular else "layer") if axis == 2 else f"dim_{axis}"] = cells[axis]
         frame["score"] = flat
         yield pd.DataFrame(frame)
 
