@@ -336,13 +336,14 @@ def generate_targets(attribution_model, sources: list[str]) -> list[str]:
     """
     prompts = [decoder_only_prompt(attribution_model, source)[0] for source in sources]
     tokenizer = attribution_model.tokenizer
-    encoded = [attribution_model.encode(prompt).input_ids[0] for prompt in prompts]
+    lengths: list[int] = []
     if attribution_model.is_encoder_decoder:
         groups = [list(range(len(prompts)))]
     else:
+        lengths = [attribution_model.encode(prompt).input_ids.shape[1] for prompt in prompts]
         by_length: dict[int, list[int]] = {}
-        for idx, ids in enumerate(encoded):
-            by_length.setdefault(len(ids), []).append(idx)
+        for idx, length in enumerate(lengths):
+            by_length.setdefault(length, []).append(idx)
         groups = list(by_length.values())
     texts: list[str] = [""] * len(prompts)
     for group in groups:
@@ -358,7 +359,7 @@ def generate_targets(attribution_model, sources: list[str]) -> list[str]:
         for row, idx in enumerate(group):
             ids = sequences[row]
             if not attribution_model.is_encoder_decoder:
-                ids = _until_end_of_sequence(ids, len(encoded[idx]), attribution_model.model.generation_config)
+                ids = _until_end_of_sequence(ids, lengths[idx], attribution_model.model.generation_config)
             text = attribution_model.decode(ids[None], skip_special_tokens=attribution_model.is_encoder_decoder)
             texts[idx] = text[0] if isinstance(text, list) else text
     return texts
