@@ -30,7 +30,7 @@ from inseq_mixing.evaluation.metrics import (
 from inseq_mixing.evaluation.words import token_words, word_scores
 from inseq_mixing.testing import tiny_model
 
-from .test_report import browser
+from .test_report import browser, page_width
 
 # metrics
 
@@ -474,3 +474,24 @@ def test_a_degenerate_interval_is_reported_as_such(demo_data):
     assert summary["n"] == 1 and summary["degenerate"] == ["mrr"]
     assert "degenerate" in render_evaluation_report(evaluation)
     assert all(math.isnan(bound) for bound in bootstrap_interval(mean_statistic([1.0, 2.0]), draws=0))  # no crash
+
+
+def test_reports_mark_gold_words_fill_every_baseline_and_fit_1280_pixels(demo_data, tmp_path):
+    """The evidence and cue examples mark their gold words, the alignment baseline has its AER, and every report fits
+    a 1,280 px window (wide tables scroll inside themselves), measured in headless Chromium."""
+    from inseq_mixing.views.eval_report import write_evaluation_report
+
+    model = _demo_model()
+    pages = {}
+    for protocol, methods in (("evidence", ["alti_logit"]), ("cue", ["value_zeroing"]), ("alignment", ["alti"]),
+                              ("faithfulness", ["alti", "value_zeroing", "alti_logit", "decompx", "attention_norm",
+                                                "globenc", "attention_rollout", "saliency"])):  # fmt: skip
+        evaluation = inseq_mixing.evaluate(model, methods, demo_data[protocol], protocol, draws=10)
+        pages[protocol] = write_evaluation_report(evaluation, tmp_path / f"{protocol}.html")
+        assert set(evaluation.baseline) == set(evaluation.metrics), f"{protocol}: every baseline cell is filled"
+        page = pages[protocol].read_text()
+        assert ('<mark class="gold">' in page) == (protocol in ("evidence", "cue"))
+    executable = browser()
+    for protocol, path in pages.items():
+        width = page_width(executable, path)
+        assert width <= 1280, f"the {protocol} report is {width} px wide"

@@ -5,6 +5,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -132,3 +133,24 @@ def test_inseq_show_heatmaps_have_colours_in_chromium(method, tmp_path):
     meant = [computed for style, computed in cells if not re.search(r",\s*0(\.0)?\)", style)]
     assert len(meant) > 10
     assert all(colour not in ("", "rgba(0, 0, 0, 0)", "transparent") for colour in meant)
+
+
+def page_width(executable: str, path: Path, window: int = 1280) -> int:
+    """The page's laid-out width in a ``window``-px-wide headless Chromium (read through a probe copy)."""
+    probe = path.with_name(f"{path.stem}-probe.html")
+    probe.write_text(path.read_text().replace(
+        "</body>", "<script>document.title = 'W' + document.documentElement.scrollWidth</script></body>"))  # fmt: skip
+    command = [executable, "--headless", "--no-sandbox", "--disable-gpu", f"--window-size={window},900",
+               "--dump-dom", probe.as_uri()]  # fmt: skip
+    dom = subprocess.run(command, capture_output=True, text=True, timeout=120).stdout
+    return int(dom.split("<title>W", 1)[1].split("<", 1)[0])
+
+
+def test_a_comparison_of_every_method_fits_1280_pixels(tmp_path):
+    """The faithfulness and agreement table of ten methods is wider than the window: it scrolls inside itself."""
+    executable = browser()
+    methods = [*inseq_mixing.METHODS, "saliency", "input_x_gradient"]
+    wide = inseq_mixing.compare(load_tiny("marian", "alti"), methods, SOURCE, TARGET, fractions=(0.5,),
+                                random_draws=1)  # fmt: skip
+    path = write_report(wide, tmp_path / "wide.html")
+    assert page_width(executable, path) <= 1280

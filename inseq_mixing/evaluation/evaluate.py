@@ -346,14 +346,17 @@ def cue_baseline(items: list[Item]) -> dict[str, float]:
 
 
 def alignment_baseline(items: list[Item]) -> dict[str, float]:
-    """Expected top-1 accuracy of a random source word per target word."""
-    hits = aligned = 0.0
+    """What a uniformly random source word per target word scores: its expected top-1 accuracy, and its AER over the
+    corpus, ``1 − 2 E|A ∩ G| / (|A| + |G|)`` (every target word gets one predicted link, so ``|A|`` is fixed)."""
+    hits = aligned = overlap = size = 0.0
     for item in items:
         num_source = len(item.source.split())
         for target in {target for _, target in item.gold}:
             hits += sum(1 for _, t in item.gold if t == target) / num_source
             aligned += 1
-    return {"accuracy": hits / aligned}
+        overlap += len(item.gold) / num_source
+        size += len(item.target.split()) + len(item.gold)
+    return {"aer": 1 - 2 * overlap / size, "accuracy": hits / aligned}
 
 
 BASELINES = {"evidence": evidence_baseline, "cue": cue_baseline, "alignment": alignment_baseline}

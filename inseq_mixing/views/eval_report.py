@@ -90,6 +90,18 @@ def cue_figure(evaluation) -> str:
     return f'<img id="cue-figure" alt="cue contribution per layer" src="data:image/png;base64,{image}">'
 
 
+def gold_words(item, protocol: str) -> str:
+    """The item's context with its gold evidence or cue words marked (``<mark class="gold">``), for the examples."""
+    if protocol not in ("evidence", "cue") or not item.marks:
+        return ""
+    words = [
+        f'<mark class="gold">{html.escape(word)}</mark>' if index in item.marks else html.escape(word)
+        for index, word in enumerate(item.context_words)
+    ]
+    label = "evidence" if protocol == "evidence" else "cues"
+    return f": context with its {label} marked: {' '.join(words)} → <b>{html.escape(item.word or item.target)}</b>"
+
+
 def example_heatmaps(evaluation) -> str:
     """The first items' source and target heatmaps for each method."""
     parts = []
@@ -97,7 +109,9 @@ def example_heatmaps(evaluation) -> str:
         parts.append(f"<h3>{html.escape(method)}</h3>")
         for index, explanation in enumerate(explanations):
             heatmaps = sequence_heatmaps(explanation.seq, method, index)
-            parts.append(f"<p>row {explanation.item.row}</p>{heatmaps}")
+            parts.append(
+                f"<p>row {explanation.item.row}{gold_words(explanation.item, evaluation.protocol)}</p>{heatmaps}"
+            )
     return "".join(parts)
 
 

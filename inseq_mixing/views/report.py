@@ -16,8 +16,13 @@ from .figures import figure_png_base64, layer_figure
 
 STYLE = """
 body { font-family: sans-serif; margin: 1.5em; color: #222; }
-table { border-collapse: collapse; margin: 0.4em 0 1em 0; font-size: 12px; }
-th, td { border: 1px solid #ccc; padding: 2px 5px; text-align: right; }
+p, li, caption { overflow-wrap: anywhere; }
+table { border-collapse: collapse; margin: 0.4em 0 1em 0; font-size: 12px; display: block; max-width: 100%;
+        overflow-x: auto; }
+.heatmaps > * { min-width: 0; max-width: 100%; }
+img { max-width: 100%; }
+mark.gold { background: #ffe58a; font-weight: bold; }
+th, td { border: 1px solid #ccc; padding: 2px 5px; text-align: right; white-space: nowrap; }
 th { background: #f3f3f3; }
 .heatmaps { display: flex; flex-wrap: wrap; gap: 2em; align-items: flex-start; }
 .heatmap td { min-width: 2.6em; }
