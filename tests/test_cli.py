@@ -9,6 +9,7 @@ import sys
 import time
 
 import inseq
+import pytest
 
 from inseq_mixing.cli import main
 from inseq_mixing.demo import demo_examples
@@ -121,3 +122,24 @@ def test_attribute_dataset_takes_inseqs_own_methods(model_dir, tmp_path):  # noq
     assert result.returncode == 0, result.stderr[-2000:]
     run = load_run(tmp_path / "ig")
     assert len(run) == 3 and run.manifest["options"]["n_steps"] == 3
+
+
+def test_a_prompt_whose_generation_would_outrun_the_positions_is_refused_before_any_work(tmp_path, capsys):
+    import transformers
+
+    config = transformers.GPT2Config(vocab_size=80, n_embd=16, n_layer=1, n_head=2, n_positions=24, bos_token_id=3,
+                                     eos_token_id=1, pad_token_id=0)  # fmt: skip
+    folder = tmp_path / "short-gpt2"
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    word_tokenizer(seq2seq=False).save_pretrained(folder)
+    prompt = "the cat sat on the mat and the dog"  # 9 tokens, and up to 20 generated: past 24 positions
+    model = inseq.load_model(str(folder), "alti_logit")
+    with pytest.raises(ValueError, match=r"Row 0 \(id '0'\): the prompt has 9 tokens.*position embeddings for 24"):
+        attribute_dataset(model, "alti_logit", [{"source": prompt}], tmp_path / "run", show_progress=False)
+    assert not (tmp_path / "run").exists()
+    attribute_dataset(model, "alti_logit", [{"source": prompt, "target": f"{prompt} sat"}], tmp_path / "ok",
+                      show_progress=False)  # fmt: skip
+    capsys.readouterr()  # (what saving and loading printed)
+    code = main(["compare", prompt, "--model", str(folder), "--methods", "alti", "--out", str(tmp_path / "r.html")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "Give --target" in err[0]

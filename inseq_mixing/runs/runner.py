@@ -284,7 +284,8 @@ def _split_inseq_arguments(attribution_model, kwargs: dict) -> tuple[dict, dict]
 
 
 def check_targets(attribution_model, examples: list[Example]) -> None:
-    """Decoder-only targets are the full text: each must start with its prompt (Inseq's convention)."""
+    """Decoder-only targets are the full text: each must start with its prompt (Inseq's convention); a prompt whose
+    generation would run past a table of absolute positions (GPT-2's ``n_positions``) is refused before any work."""
     if attribution_model.is_encoder_decoder:
         return
     for example in examples:
@@ -293,6 +294,30 @@ def check_targets(attribution_model, examples: list[Example]) -> None:
                 f"Row {example.index} (id {example.id!r}): the target of a decoder-only model is the full text and "
                 f"must start with the prompt {example.source!r}; it is {example.target!r}."
             )
+        if example.target is None:
+            check_prompt_fits(attribution_model, example.source, f"Row {example.index} (id {example.id!r})")
+
+
+def check_prompt_fits(attribution_model, prompt: str, where: str) -> None:
+    """Refuse a decoder-only prompt to generate from whose generation could run past the model's table of absolute
+    positions (the model would fail inside ``generate`` with an ``IndexError``).
+
+    Raises:
+        DatasetInputError: Naming ``where``, the lengths, and what to do.
+    """
+    from ..specs import get_spec
+
+    limit = get_spec(attribution_model.model).max_positions
+    if attribution_model.is_encoder_decoder or limit is None:
+        return
+    config = attribution_model.model.generation_config
+    length = attribution_model.encode(decoder_only_prompt(attribution_model, prompt)[0]).input_ids.shape[1]
+    longest = length + config.max_new_tokens if config.max_new_tokens else max(config.max_length or 0, length + 20)
+    if longest > limit:
+        raise DatasetInputError(
+            f"{where}: the prompt has {length} tokens, and its generation may reach {longest} positions, but this "
+            f"model has position embeddings for {limit}. Give its target (the full text), or shorten the prompt."
+        )
 
 
 def length_sorted_batches(examples: list[Example], batch_size: int) -> list[list[Example]]:
