@@ -102,10 +102,10 @@ def load_for_compare(args: argparse.Namespace):
     if not model.is_encoder_decoder and args.target is not None and not args.target.startswith(args.text):
         raise UserError("for a decoder-only model, --target is the whole text and must start with the prompt")
     if args.target is None:
-        from inseq_mixing.runs.runner import check_prompt_fits
+        from inseq_mixing.runs.runner import check_prompts_fit
 
         try:
-            check_prompt_fits(model, args.text, "the text")
+            check_prompts_fit(model, [(args.text, "the text")])
         except ValueError as error:
             raise UserError(str(error).replace("Give its target (the full text)", "Give --target")) from error
     return model

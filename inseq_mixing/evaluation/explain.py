@@ -25,13 +25,6 @@ class Explanation:
     source_words: list[int] | None
     target_words: list[int]
 
-    def position_of_word(self, word: int) -> int:
-        """Target position of the first token of target-side word ``word``."""
-        for position, owner in enumerate(self.target_words):
-            if owner == word:
-                return position
-        raise ValueError(f"Row {self.item.row}: no token of target word {word} in the attributed sequence.")
-
     def column(self, position: int) -> int:
         """Column of Inseq's attributions that explains the token at target ``position``."""
         column = position - self.seq.attr_pos_start

@@ -294,30 +294,39 @@ def check_targets(attribution_model, examples: list[Example]) -> None:
                 f"Row {example.index} (id {example.id!r}): the target of a decoder-only model is the full text and "
                 f"must start with the prompt {example.source!r}; it is {example.target!r}."
             )
-        if example.target is None:
-            check_prompt_fits(attribution_model, example.source, f"Row {example.index} (id {example.id!r})")
+    prompts = [
+        (example.source, f"Row {example.index} (id {example.id!r})") for example in examples if not example.target
+    ]
+    check_prompts_fit(attribution_model, prompts)
 
 
-def check_prompt_fits(attribution_model, prompt: str, where: str) -> None:
+def check_prompts_fit(attribution_model, prompts: list[tuple[str, str]]) -> None:
     """Refuse a decoder-only prompt to generate from whose generation could run past the model's table of absolute
     positions (the model would fail inside ``generate`` with an ``IndexError``).
 
+    Args:
+        attribution_model: The Inseq model.
+        prompts: ``(prompt, where)`` pairs; ``where`` names the prompt in the error (e.g. its row).
+
     Raises:
-        DatasetInputError: Naming ``where``, the lengths, and what to do.
+        DatasetInputError: Naming the first prompt that does not fit, the lengths, and what to do.
     """
     from ..specs import get_spec
 
+    if attribution_model.is_encoder_decoder or not prompts:
+        return
     limit = get_spec(attribution_model.model).max_positions
-    if attribution_model.is_encoder_decoder or limit is None:
+    if limit is None:
         return
     config = attribution_model.model.generation_config
-    length = attribution_model.encode(decoder_only_prompt(attribution_model, prompt)[0]).input_ids.shape[1]
-    longest = length + config.max_new_tokens if config.max_new_tokens else max(config.max_length or 0, length + 20)
-    if longest > limit:
-        raise DatasetInputError(
-            f"{where}: the prompt has {length} tokens, and its generation may reach {longest} positions, but this "
-            f"model has position embeddings for {limit}. Give its target (the full text), or shorten the prompt."
-        )
+    for prompt, where in prompts:
+        length = attribution_model.encode(decoder_only_prompt(attribution_model, prompt)[0]).input_ids.shape[1]
+        longest = length + config.max_new_tokens if config.max_new_tokens else max(config.max_length or 0, length + 20)
+        if longest > limit:
+            raise DatasetInputError(
+                f"{where}: the prompt has {length} tokens, and its generation may reach {longest} positions, but this "
+                f"model has position embeddings for {limit}. Give its target (the full text), or shorten the prompt."
+            )
 
 
 def length_sorted_batches(examples: list[Example], batch_size: int) -> list[list[Example]]:
