@@ -1,13 +1,20 @@
 """inseq-mixing: Transformer context-mixing attribution methods for Inseq.
 
-``import inseq_mixing`` registers the plugin's methods in Inseq's registry. Inseq's own ``value_zeroing`` is renamed to
-``inseq_value_zeroing`` so that ``value_zeroing`` deterministically loads this package's implementation.
+``import inseq_mixing`` registers the plugin's methods in Inseq's registry, whichever of the two packages is imported
+first: at once when Inseq is already imported, otherwise right after Inseq's own import finishes (a post-import hook,
+:class:`_RegisterAfterInseq`). So the import itself stays light (no torch), and ``inseq-mixing --help`` answers at
+once. Inseq's own ``value_zeroing`` is renamed to ``inseq_value_zeroing`` so that ``value_zeroing`` deterministically
+loads this package's implementation.
+
+The public names below (``compare``, ``evaluate``, ``attribute_dataset``, ``load_run``, ``get_spec``...) are imported
+when first used.
 """
 
+import importlib
+import importlib.abc
+import importlib.util
+import sys
 from importlib.metadata import PackageNotFoundError, version
-
-from .specs import SUPPORTED_FAMILIES, UnsupportedModelError, get_spec, supported_model_types
-from .trace import trace_model
 
 try:
     __version__ = version("inseq-mixing")
@@ -15,6 +22,23 @@ except PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0+local"
 
 BUILTIN_VALUE_ZEROING_NAME = "inseq_value_zeroing"
+
+#: Public name → the submodule that defines it (imported on first use).
+_LAZY = {
+    "SUPPORTED_FAMILIES": "specs",
+    "UnsupportedModelError": "specs",
+    "get_spec": "specs",
+    "supported_model_types": "specs",
+    "trace_model": "trace",
+    "Comparison": "evaluation",
+    "Evaluation": "evaluation",
+    "compare": "evaluation",
+    "evaluate": "evaluation",
+    "attribute_dataset": "runs",
+    "load_run": "runs",
+}
+
+_registered: list[bool] = []  # non-empty once register() has run
 
 
 def _rename_builtin_value_zeroing() -> None:
@@ -29,16 +53,47 @@ def _rename_builtin_value_zeroing() -> None:
 
 
 def register() -> list[str]:
-    """Register the plugin's methods inside Inseq (idempotent: importing twice registers nothing new): one Inseq method
-    class is generated from each declaration (:mod:`inseq_mixing.declarations`).
+    """Register the plugin's methods inside Inseq (idempotent): Inseq's built-in value zeroing is renamed, Inseq's
+    heatmap colours are repaired, and :mod:`inseq_mixing.attr` is imported, which generates one Inseq method class per
+    declaration (:mod:`inseq_mixing.declarations`); Inseq registers a method when its class is created. Called by
+    ``import inseq_mixing`` (at once, or when Inseq is imported); imports Inseq.
 
     Returns:
         The names of the plugin's methods.
     """
-    _rename_builtin_value_zeroing()
-    from .attr import ContextMixingAttribution
+    if not _registered:
+        _registered.append(True)
+        _rename_builtin_value_zeroing()
+        from .views.colors import repair_inseq_colours
 
-    return [cls.method_name for cls in _subclasses(ContextMixingAttribution) if "method_name" in vars(cls)]
+        repair_inseq_colours()
+        # When Inseq's import was started by inseq_mixing.attr itself, attr is half-imported here and creates the
+        # classes once it resumes; otherwise this import creates them.
+        importlib.import_module(f"{__name__}.attr")
+    from .declarations import DECLARATIONS
+
+    return list(DECLARATIONS)
+
+
+class _RegisterAfterInseq(importlib.abc.MetaPathFinder):
+    """A post-import hook: finds ``inseq`` with the other finders, and has its loader call :func:`register` once
+    Inseq's package has run (so Inseq's registry is complete and ours is added to it). Removes itself when used."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "inseq":
+            return None
+        sys.meta_path[:] = [finder for finder in sys.meta_path if finder is not self]
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run_inseq = spec.loader.exec_module
+
+        def exec_module(module):
+            run_inseq(module)
+            register()
+
+        spec.loader.exec_module = exec_module
+        return spec
 
 
 def load_demo_model(method: str = "alti_logit", **kwargs):
@@ -64,26 +119,33 @@ def _subclasses(cls: type) -> list[type]:
     return found
 
 
-try:
-    import inseq  # noqa: F401
-except ImportError:  # the math and the declarations work without Inseq
-    from .declarations import DECLARATIONS
+def __getattr__(name: str):
+    if name == "METHODS":  # the plugin's method names, in listing order
+        from .declarations import DECLARATIONS
 
-    METHODS = list(DECLARATIONS)
-else:
-    METHODS = register()
+        return list(DECLARATIONS)
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    from .views.colors import repair_inseq_colours
 
-    repair_inseq_colours()
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY, "METHODS"])
 
-    from .evaluation import (  # evaluation uses the registered methods  # comparisons use the registered methods
-        Comparison,
-        Evaluation,
-        compare,
-        evaluate,
-    )
-    from .runs import attribute_dataset, load_run  # runs use the registered methods
+
+def _inseq_installed() -> bool:
+    try:
+        return importlib.util.find_spec("inseq") is not None
+    except (ImportError, ValueError):  # a finder that refuses it
+        return False
+
+
+if "inseq" in sys.modules:
+    register()
+elif _inseq_installed():  # without Inseq, the math and the declarations still work
+    sys.meta_path.insert(0, _RegisterAfterInseq())
 
 __all__ = [
     "METHODS",

@@ -11,24 +11,35 @@ from pathlib import Path
 
 from inseq_mixing.views.tables import SUMMARY_COLUMNS, print_table
 
+#: Inseq 0.7's own methods (kept here so that ``inseq-mixing methods`` answers without importing torch; a test checks
+#: this list against Inseq's registry): name → what it computes, in our words.
+INSEQ_METHODS = {
+    "integrated_gradients": "gradients integrated along a straight path from a baseline (Captum)",
+    "deeplift": "DeepLIFT's rescale rule against a baseline (Captum)",
+    "saliency": "the gradient of the explained score (Captum)",
+    "input_x_gradient": "the input embedding times its gradient (Captum)",
+    "gradient_shap": "expected gradients over noisy baselines (Captum)",
+    "discretized_integrated_gradients": "integrated gradients along a path through real token embeddings",
+    "sequential_integrated_gradients": "integrated gradients, one token interpolated at a time",
+    "layer_integrated_gradients": "integrated gradients at the embedding layer's output (Captum)",
+    "layer_gradient_x_activation": "an embedding layer's output times its gradient (Captum)",
+    "layer_deeplift": "DeepLIFT at the embedding layer's output (Captum)",
+    "occlusion": "the score's change when a token's embedding is replaced (Captum)",
+    "lime": "a local linear surrogate fitted on perturbed inputs",
+    "reagent": "ReAGent: recursive replacement of tokens by a language model's guesses",
+    "attention": "the model's raw attention weights",
+    "inseq_value_zeroing": "Inseq's own value zeroing (renamed by inseq-mixing; its value_zeroing is this package's)",
+    "dummy": "empty attributions (for testing)",
+}
+
 
 def list_methods() -> list[tuple[str, str]]:
-    """``(name, summary)`` for every registered attribution method: the plugin's (from their declarations) first, then
-    Inseq's (the first line of their docstrings)."""
-    import inseq
-    from inseq.attr.feat.feature_attribution import FeatureAttribution
-
+    """``(name, summary)`` for every method the commands take: the plugin's (from their declarations) first, then
+    Inseq's own (:data:`INSEQ_METHODS`). Imports neither torch nor Inseq."""
     from inseq_mixing.declarations import DECLARATIONS
 
-    classes = FeatureAttribution.available_classes()
-
-    def first_line(name: str) -> str:
-        doc = (classes[name].__doc__ or "").strip().splitlines()
-        return doc[0].strip() if doc else ""
-
     rows = [(name, declaration.summary) for name, declaration in DECLARATIONS.items()]
-    others = sorted(set(inseq.list_feature_attribution_methods()) - set(DECLARATIONS))
-    return rows + [(name, f"Inseq: {first_line(name)}".rstrip(": ")) for name in others]
+    return rows + [(name, f"Inseq: {summary}") for name, summary in INSEQ_METHODS.items()]
 
 
 def method_options_text() -> str:
@@ -61,9 +72,61 @@ def check_methods_known(methods: list[str]) -> None:
     """Refuse method names Inseq does not know, in one line."""
     import inseq
 
+    import inseq_mixing
+
+    inseq_mixing.register()
     unknown = [name for name in methods if name not in inseq.list_feature_attribution_methods()]
     if unknown:
         raise UserError(f"unknown method(s) {unknown}; run `inseq-mixing methods` to list them")
+
+
+#: What an unknown method name is told, wherever Inseq's own entry points meet this package's names.
+UNREGISTERED_HINT = (
+    "Inseq knows inseq-mixing's methods only once the plugin is imported: in Python, `import inseq_mixing` before "
+    "inseq.load_model; on the command line, `inseq-mixing attribute` instead of `inseq attribute`."
+)
+
+
+def run_inseq_attribute(argv: list[str]) -> int:
+    """``inseq-mixing attribute``: Inseq's own ``inseq attribute`` (the same flags, the same heatmap, ``--save_path``
+    and ``--viz_path`` outputs: Inseq's code runs it) with the plugin's methods registered; ``-m demo`` is the
+    embedded demo model (offline)."""
+    import inseq_mixing
+
+    inseq_mixing.register()  # before Inseq's command module reads its registry into the flag's choices
+    import inseq
+    from inseq.commands.attribute import AttributeCommand
+    from inseq.utils import InseqArgumentParser
+
+    from inseq_mixing.demo import MODEL_DIR
+
+    parser = InseqArgumentParser(
+        prog="inseq-mixing attribute",
+        description="Inseq's `inseq attribute`, with inseq-mixing's methods (`inseq-mixing methods` lists them).",
+        dataclass_types=AttributeCommand._dataclasses,
+    )
+    for flags in (("-a", "--attribution_method"), ("--attribution-method",)):
+        method = _flag_value(argv, flags)
+        if method is not None and method not in inseq.list_feature_attribution_methods():
+            print(f"error: unknown method {method!r}; run `inseq-mixing methods` to list them. {UNREGISTERED_HINT}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+    (args,) = parser.parse_args_into_dataclasses(argv)
+    if args.model_name_or_path == "demo":
+        args.model_name_or_path = str(MODEL_DIR)
+    AttributeCommand.run(args)
+    return 0
+
+
+def _flag_value(argv: list[str], flags: tuple[str, ...]) -> str | None:
+    """The value given to one of ``flags`` (``-a x`` or ``--flag=x``), or None."""
+    for index, item in enumerate(argv):
+        if item in flags and index + 1 < len(argv):
+            return argv[index + 1]
+        for flag in flags:
+            if item.startswith(f"{flag}="):
+                return item.split("=", 1)[1]
+    return None
 
 
 def load_model(name: str, method: str, device: str | None):
@@ -295,7 +358,13 @@ def available_path(path: str | None, overwrite: bool) -> str | None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inseq-mixing", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    methods = commands.add_parser("methods", help="list the registered attribution methods")
+    commands.add_parser(
+        "attribute",
+        help="Inseq's `inseq attribute` with inseq-mixing's methods: the same flags and outputs "
+        "(`inseq-mixing attribute --help`)",
+        add_help=False,
+    )
+    methods = commands.add_parser("methods", help="list the attribution methods")
     methods.add_argument("--options", action="store_true", help="list each plugin method's options instead")
     demo = commands.add_parser("demo", help="compare every method on the embedded demo model and write a report")
     demo.add_argument("--out", default="out/demo.html")
@@ -364,19 +433,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_command(argv: list[str] | None = None) -> int:
-    from transformers.utils import logging as hf_logging
-
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["attribute"]:  # Inseq's own parser reads the rest
+        return run_inseq_attribute(argv[1:])
     args = build_parser().parse_args(argv)
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
-    hf_logging.disable_progress_bar()  # loading bars would bury one-line errors; the commands show their own
-    if args.command == "methods":
+    if args.command == "methods":  # answered from the declarations: no torch, no Inseq
         if args.options:
             print(method_options_text())
             return 0
         for name, line in list_methods():
             print(f"{name:34} {line}")
         return 0
+    from transformers.utils import logging as hf_logging
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    hf_logging.disable_progress_bar()  # loading bars would bury one-line errors; the commands show their own
     if args.command == "demo":
         return run_demo(args)
     if args.command == "attribute-dataset":

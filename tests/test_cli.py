@@ -11,6 +11,7 @@ import time
 import inseq
 import pytest
 
+import inseq_mixing
 from inseq_mixing.cli import main
 from inseq_mixing.demo import demo_examples
 from inseq_mixing.runs import attribute_dataset, load_run
@@ -143,3 +144,100 @@ def test_a_prompt_whose_generation_would_outrun_the_positions_is_refused_before_
     code = main(["compare", prompt, "--model", str(folder), "--methods", "alti", "--out", str(tmp_path / "r.html")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "Give --target" in err[0]
+
+
+LIGHT_CHECK = "import sys; {code}; print(sorted(m for m in ('torch', 'transformers', 'inseq') if m in sys.modules))"
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import inseq_mixing",
+        "from inseq_mixing.cli import main; main(['methods'])",
+        "from inseq_mixing.cli import main; main(['methods', '--options'])",
+        "from inseq_mixing.cli import build_parser; build_parser().format_help()",
+    ],
+)
+def test_the_package_and_the_listing_commands_import_no_torch(code):
+    """``--help`` and ``methods`` answer without torch, transformers or Inseq (which take seconds to import)."""
+    out = subprocess.run([sys.executable, "-c", LIGHT_CHECK.format(code=code)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize(
+    "imports",
+    [
+        "import inseq_mixing; import inseq",
+        "import inseq; import inseq_mixing",
+        "import inseq_mixing.attr; import inseq",
+        "import inseq_mixing.attr.builtin; import inseq",
+        "import inseq_mixing; from inseq.attr import FeatureAttribution",
+    ],
+)
+def test_importing_the_plugin_registers_its_methods_whichever_comes_first(imports):
+    code = (f"{imports}; import inseq, inseq_mixing; names = inseq.list_feature_attribution_methods(); "
+            "print(all(n in names for n in inseq_mixing.METHODS), names.count('value_zeroing'), "
+            "'inseq_value_zeroing' in names)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "1", "True"]
+
+
+def test_the_listing_names_every_method_inseq_has(capsys):
+    from inseq_mixing.cli import INSEQ_METHODS
+
+    assert main(["methods"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert set(listed) == set(inseq.list_feature_attribution_methods())
+    assert set(INSEQ_METHODS) == set(inseq.list_feature_attribution_methods()) - set(inseq_mixing.METHODS)
+
+
+def test_attribute_mirrors_inseq_attribute_with_the_plugin_methods(tmp_path, capsys):
+    saved, page = tmp_path / "out.json", tmp_path / "out.html"
+    code = main(["attribute", "-m", "demo", "-a", "alti_logit", "-i", SOURCE, "--save_path", str(saved), "--viz_path",
+                 str(page), "--hide_attributions", "--step_scores", "probability"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    out = inseq.FeatureAttributionOutput.load(str(saved))
+    assert out.info["attribution_method"] == "alti_logit" and page.read_text().count("<table") >= 1
+    assert {"logit", "probability"} <= set(out.sequence_attributions[0].step_scores)
+    assert main(["attribute", "-m", "demo", "-a", "alti_logitx", "-i", SOURCE]) == 2
+    assert "import inseq_mixing" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ["marian", "gpt2"])
+@pytest.mark.parametrize("method", ["alti_logit", "value_zeroing"])
+def test_requested_step_scores_are_the_models_own(family, method):
+    """``step_scores=["probability", "entropy"]`` (refused by Inseq for final-step methods) gives, per generated
+    token, the model's probability of it and the entropy of its prediction, from an independent forward pass; the
+    method's own step scores stay."""
+    import torch
+
+    seq2seq = family == "marian"
+    tokenizer = word_tokenizer(seq2seq=seq2seq)
+    model = inseq.load_model(tiny_model(family, vocab=len(tokenizer)), method, tokenizer=tokenizer)
+    source, target = "the dog sees a cat", "le chien voit un chat"
+    generated = target if seq2seq else f"{source} {target}"
+    out = model.attribute(source, generated, step_scores=["probability", "entropy"], show_progress=False)
+    scores = out.sequence_attributions[0].step_scores
+    if seq2seq:
+        labels = tokenizer(text_target=target, return_tensors="pt").input_ids
+        prefix = torch.cat([torch.tensor([[model.model.config.decoder_start_token_id]]), labels[:, :-1]], 1)
+        logits = model.model(**tokenizer(source, return_tensors="pt"), decoder_input_ids=prefix).logits[0]
+    else:  # a non-empty prompt is not given a BOS
+        ids = torch.tensor([tokenizer(generated).input_ids])
+        logits, labels = model.model(ids).logits[0, -len(target.split()) - 1 : -1], ids[:, -len(target.split()) :]
+    log_probs = logits.log_softmax(-1)
+    assert torch.allclose(scores["probability"], log_probs.exp()[range(labels.shape[1]), labels[0]], atol=1e-5)
+    assert torch.allclose(scores["entropy"], -(log_probs.exp() * log_probs).sum(-1), atol=1e-4)
+    if method == "alti_logit":
+        assert torch.allclose(scores["logit"], logits[range(labels.shape[1]), labels[0]], atol=1e-4)
+        assert {"unattributed_ffn", "unattributed_logit_bias"} <= set(scores)
+    foil = target.replace("chien", "chat")  # contrastive scores come from Inseq's own pass, with their arguments
+    out = model.attribute(source, generated, step_scores=["contrast_prob_diff"], contrast_targets=foil if seq2seq else
+                          f"{source} {foil}", show_progress=False)  # fmt: skip
+    alone = model.attribute(source, generated, method="dummy", step_scores=["contrast_prob_diff"],
+                            contrast_targets=foil if seq2seq else f"{source} {foil}", show_progress=False)  # fmt: skip
+    difference = out.sequence_attributions[0].step_scores["contrast_prob_diff"]
+    assert torch.equal(difference, alone.sequence_attributions[0].step_scores["contrast_prob_diff"])
+    assert difference.abs().sum() > 0

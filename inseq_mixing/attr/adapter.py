@@ -12,7 +12,7 @@ import inspect
 
 from ..declarations import DECLARATIONS, Declaration, Request
 from ..methods.results import LogitScores
-from .base import ContextMixingAttribution, MethodCall, MixingStepOutput, read_step_inputs
+from .base import ContextMixingAttribution, MethodCall, MixingStepOutput, own_pass_step_scores, read_step_inputs
 
 _FIXED = ("self", "inputs", "additional_forward_args")
 
@@ -40,10 +40,17 @@ def run_declared(owner: ContextMixingAttribution, inputs, additional_forward_arg
     result = declaration.compute(request, options)
     owner.keep_axis(result.axis)
     dimensions = 0 if result.axis is None else 1
-    if isinstance(result, LogitScores):
-        return owner.logit_step_output(
-            steps, request.decoder_mask, result, foils is not None, dict(result.terms), dimensions
+    requested = {}
+    if owner.own_pass_step_scores:
+        logits = request.trace.logits
+        requested = own_pass_step_scores(
+            owner.attribution_model, owner.own_pass_step_scores, logits, steps.predicted_ids
         )
+    if isinstance(result, LogitScores):
+        terms = {**requested, **result.terms}
+        return owner.logit_step_output(steps, request.decoder_mask, result, foils is not None, terms, dimensions)
+    if requested:
+        owner.keep_step_scores(requested, request.decoder_mask)
     if result.positions:
         owner.keep_sequence_scores(result.positions, request.decoder_mask)
     return owner.maps_step_output(result, steps, num_dimensions=dimensions)

@@ -6,11 +6,17 @@ from typing import Any
 import torch
 from inseq.attr.feat.attribution_utils import check_attribute_positions
 from inseq.attr.feat.feature_attribution import FeatureAttribution
-from inseq.attr.step_functions import STEP_SCORES_MAP
+from inseq.attr.step_functions import (
+    STEP_SCORES_MAP,
+    StepFunctionDecoderOnlyArgs,
+    check_is_step_function,
+    get_step_scores_args,
+)
 from inseq.data import DecoderOnlyBatch, MultiDimensionalFeatureAttributionStepOutput, get_batch_from_inputs
 from inseq.data.attribution import MultiDimensionalFeatureAttributionSequenceOutput
 from inseq.utils import Registry
 from inseq.utils.alignment_utils import get_aligned_idx
+from transformers.utils import ModelOutput
 
 from ..specs import get_spec
 from ..trace import ModelTrace, eval_mode, trace_model
@@ -170,8 +176,10 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         self._pending_step_scores: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
         self._pending_sequence_scores: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
         self._pending_axis: list[str] | None = None
+        self.own_pass_step_scores: list[str] = []  # set by answer_step_scores for one call
         self.first_attributed_position = 1  # index of the first generated token Inseq attributes (unpadded)
         record_requested_fn(attribution_model)
+        answer_step_scores(attribution_model)
         self.hook(**kwargs)
 
     def attribute(self, batch, *args, **kwargs):
@@ -430,6 +438,81 @@ def record_requested_fn(attribution_model) -> None:
 
     attribution_model.get_attributed_fn = get_attributed_fn
     attribution_model.requested_attributed_fn_recorded = True
+
+
+#: Inseq's step functions that read only the model's output distribution at the explained position: computed from
+#: the method's own forward pass (the model's exact logits), for every explained token at once.
+OWN_PASS_STEP_SCORES = ("logit", "probability", "entropy", "crossentropy", "perplexity")
+
+#: ``model.attribute`` arguments the step scores' own pass shares with the attribution (the rest are the method's).
+STEP_SCORES_SHARED_ARGS = ("attr_pos_start", "attr_pos_end", "batch_size", "device", "attributed_fn")
+
+
+def own_pass_step_scores(attribution_model, names: list[str], logits: torch.Tensor, predicted: torch.Tensor) -> dict:
+    """Inseq's step functions ``names`` (of :data:`OWN_PASS_STEP_SCORES`) at every position ``(B, T)``, from the
+    traced logits ``(B, T, V)`` and the explained tokens ``(B, T)``: each position is one row of Inseq's step."""
+    batch, length, vocab = logits.shape
+    args = StepFunctionDecoderOnlyArgs(
+        attribution_model=attribution_model,
+        forward_output=ModelOutput(logits=logits.reshape(batch * length, 1, vocab).float()),
+        target_ids=predicted.reshape(batch * length),
+        decoder_input_ids=None,
+        decoder_input_embeds=None,
+        decoder_attention_mask=None,
+        is_attributed_fn=False,
+    )
+    return {name: STEP_SCORES_MAP[name](args).reshape(batch, length) for name in names}
+
+
+def answer_step_scores(attribution_model) -> None:
+    """Let this package's methods take ``step_scores`` (Inseq refuses them for every final-step method).
+
+    The scores are Inseq's own step functions. Those of :data:`OWN_PASS_STEP_SCORES` (probability, entropy...) are
+    computed from the method's one forward pass, at every explained token at once. The others (the contrastive scores,
+    whose arguments such as ``contrast_targets`` are passed on, and any registered step function) come from Inseq's
+    ``dummy`` method on the same inputs and generated texts (the output's ``info``): one forward pass per generated
+    token, as any Inseq method pays for them. Each sequence's requested scores are added to the method's own
+    (``logit``, the ``unattributed_*`` terms), which keep their values where a name is both. Other methods' calls go
+    to Inseq unchanged. Installed once per Inseq model.
+    """
+    if getattr(attribution_model, "step_scores_answered", False):
+        return
+    attribute = attribution_model.attribute
+
+    def attribute_with_step_scores(input_texts, generated_texts=None, method=None, *args, **kwargs):
+        requested = list(kwargs.pop("step_scores", None) or [])
+        method_object = attribution_model.get_attribution_method(method, kwargs.get("override_default_attribution"))
+        if not requested or args or not isinstance(method_object, ContextMixingAttribution):
+            return attribute(input_texts, generated_texts, method, *args, step_scores=requested, **kwargs)
+        for name in requested:
+            check_is_step_function(name)
+        others = [name for name in requested if name not in OWN_PASS_STEP_SCORES]
+        step_args = get_step_scores_args(others, kwargs)
+        options = method_object.method.option_names()  # e.g. contrast_targets: a logit method's contrast too
+        method_kwargs = {name: value for name, value in kwargs.items() if name not in step_args or name in options}
+        method_object.own_pass_step_scores = [name for name in requested if name in OWN_PASS_STEP_SCORES]
+        try:
+            out = attribute(input_texts, generated_texts, method, **method_kwargs)
+        finally:
+            method_object.own_pass_step_scores = []
+        if others:
+            shared = {name: kwargs[name] for name in STEP_SCORES_SHARED_ARGS if name in kwargs}
+            scores = attribute(
+                out.info["input_texts"],
+                out.info["generated_texts"],
+                "dummy",
+                step_scores=others,
+                show_progress=False,
+                **shared,
+                **step_args,
+            )
+            for sequence, scored in zip(out.sequence_attributions, scores.sequence_attributions, strict=True):
+                sequence.step_scores = {**scored.step_scores, **(sequence.step_scores or {})}
+        out.info["step_scores"] = requested
+        return out
+
+    attribution_model.attribute = attribute_with_step_scores
+    attribution_model.step_scores_answered = True
 
 
 def fix_attributed_positions(sequences: list, first: int) -> None:

@@ -3,7 +3,6 @@ layer, or per head (our extension); math in :mod:`inseq_mixing.methods.alti`. A 
 
 from dataclasses import dataclass, replace
 
-from ..methods.alti import alti, alti_maps
 from .base import (
     Chunking,
     Declaration,
@@ -27,6 +26,8 @@ class AltiOptions(EncoderMaps, Chunking, Heads):
 
 
 def compute(request: Request, options: AltiOptions):
+    from ..methods.alti import alti, alti_maps
+
     trace, encoder = request.trace, options.output_encoder_self_scores
     if options.per_head:
         maps = alti_maps(alti(trace, encoder, options.max_chunk_elements, per_head=True), False)

@@ -3,7 +3,6 @@ items are query positions."""
 
 from dataclasses import dataclass
 
-from ..methods.alti_logit import alti_logit
 from ..methods.results import LogitScores
 from .base import Chunking, Contrast, Declaration, Heads, Request, logit_scores
 
@@ -14,6 +13,8 @@ class AltiLogitOptions(Contrast, Chunking, Heads):
 
 
 def compute(request: Request, options: AltiLogitOptions) -> LogitScores:
+    from ..methods.alti_logit import alti_logit
+
     scores = alti_logit(
         request.trace, request.predicted_ids, request.foil_ids, max_chunk_elements=options.max_chunk_elements,
         per_head=options.per_head,

@@ -3,7 +3,6 @@
 
 from dataclasses import dataclass
 
-from ..methods.norm_based import attention_norm
 from .base import Chunking, Declaration, EncoderMaps, Request, layer_axis, option
 
 
@@ -16,6 +15,8 @@ class AttentionNormOptions(EncoderMaps, Chunking):
 
 
 def compute(request: Request, options: AttentionNormOptions):
+    from ..methods.norm_based import attention_norm
+
     maps = attention_norm(
         request.trace, options.residual, options.layer_norm, options.output_encoder_self_scores,
         options.max_chunk_elements,

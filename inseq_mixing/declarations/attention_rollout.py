@@ -3,7 +3,6 @@
 
 from dataclasses import dataclass
 
-from ..methods.norm_based import attention_rollout
 from .base import Declaration, EncoderMaps, Request
 
 
@@ -13,6 +12,8 @@ class AttentionRolloutOptions(EncoderMaps):
 
 
 def compute(request: Request, options: AttentionRolloutOptions):
+    from ..methods.norm_based import attention_rollout
+
     maps = attention_rollout(request.trace)
     if not options.output_encoder_self_scores:
         maps.encoder = None

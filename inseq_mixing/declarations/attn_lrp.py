@@ -4,7 +4,6 @@ backward passes of its own: those of the traced call (the trace's model and argu
 
 from dataclasses import dataclass
 
-from ..methods.attn_lrp import attn_lrp_of_trace
 from ..methods.results import LogitScores
 from .base import Chunking, Contrast, Declaration, Request
 
@@ -15,6 +14,8 @@ class AttnLrpOptions(Contrast, Chunking):
 
 
 def compute(request: Request, options: AttnLrpOptions) -> LogitScores:
+    from ..methods.attn_lrp import attn_lrp_of_trace
+
     scores = attn_lrp_of_trace(
         request.trace, request.predicted_ids, request.foil_ids, request.positions, options.max_chunk_elements
     )

@@ -11,20 +11,24 @@ line of documentation, and the accepted strings where there are a few), composed
 is written once.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..methods.options import Chunking, Contrast, EncoderMaps, Heads, option
 from ..methods.results import LayerMaps, LogitScores
-from ..specs import ModelSpec
-from ..trace import ModelTrace
+
+if TYPE_CHECKING:  # reading declarations (the CLI's listing) needs no torch; computing imports it
+    import torch
+
+    from ..specs import ModelSpec
+    from ..trace import ModelTrace
 
 
 @dataclass
@@ -169,6 +173,8 @@ def head_axis_maps(target: torch.Tensor, self_source=None, cross_source=None, en
     """Per-head maps ``(B, L, H, T, ·)`` laid out with one layer-major slot axis ``(B, slots, T, ·)``;
     encoder–decoders: the self-attention heads' slots, then the cross-attention heads' (which carry no target token).
     Returns the ``target``, ``source`` (and ``encoder``, from ``(B, L, H, S, S)``) fields."""
+    import torch
+
     flat = target.flatten(1, 2)
     fields = {"target": flat}
     if cross_source is not None:

@@ -4,7 +4,7 @@ positions or components (see ``DecompXOptions``)."""
 
 from dataclasses import dataclass
 
-from ..methods.decompx import DecompXOptions, decompx
+from ..methods.options import DecompXOptions
 from ..methods.results import LogitScores
 from .base import Contrast, Declaration, Heads, Request, logit_scores
 
@@ -15,6 +15,8 @@ class DecompXMethodOptions(DecompXOptions, Contrast, Heads):
 
 
 def compute(request: Request, options: DecompXMethodOptions) -> LogitScores:
+    from ..methods.decompx import decompx
+
     scores = decompx(request.trace, request.predicted_ids, request.foil_ids, options, per_head=options.per_head)
     terms = {} if scores.bias is None else {"unattributed_bias": scores.bias}
     result = logit_scores(scores, terms, request.spec, options.per_head)

@@ -3,7 +3,6 @@ items are query positions."""
 
 from dataclasses import dataclass
 
-from ..methods.norm_based import globenc
 from .base import Chunking, Declaration, EncoderMaps, Request, layer_axis, option
 
 
@@ -15,6 +14,8 @@ class GlobEncOptions(EncoderMaps, Chunking):
 
 
 def compute(request: Request, options: GlobEncOptions):
+    from ..methods.norm_based import globenc
+
     maps = globenc(request.trace, options.rollout, options.max_chunk_elements)
     if not options.output_encoder_self_scores:
         maps.encoder = None

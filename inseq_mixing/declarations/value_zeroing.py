@@ -7,7 +7,7 @@ through the rest of that block (:mod:`inseq_mixing.methods.value_zeroing`). A ch
 
 from dataclasses import dataclass
 
-from ..methods.value_zeroing import NORMALIZATIONS, SIMILARITY_METRICS, value_zeroing, value_zeroing_maps
+from ..methods.options import NORMALIZATIONS, SIMILARITY_METRICS
 from .base import Chunking, Declaration, EncoderMaps, Request, layer_axis, option
 
 
@@ -29,6 +29,8 @@ class ValueZeroingOptions(EncoderMaps, Chunking):
 
 
 def compute(request: Request, options: ValueZeroingOptions):
+    from ..methods.value_zeroing import value_zeroing, value_zeroing_maps
+
     encoder = options.output_encoder_self_scores or options.rollout
     scores = value_zeroing(request.trace, options.similarity_metric, encoder, options.max_chunk_elements)
     maps = value_zeroing_maps(scores, options.normalization, options.rollout)

@@ -50,52 +50,13 @@ from .alti_logit import (
 from .blocks import refuse_non_finite, upcast, valid_cells
 from .chunking import chunk_slices, items_per_chunk
 from .norms import FrozenNorm, freeze_norm
-from .options import Chunking, check_choices, option
-
-BIAS_SPLITS = ("absdot", "norm", "equal", "separate")
-FFN_LINEARIZATIONS = ("zero_origin", "tangent")
-CONVENTIONS = ("paper", "reference")
-GATED_SPLITS = ("linear", "gate")
-
-
-@dataclass(frozen=True)
-class DecompXOptions(Chunking):
-    """Choices of the decomposition (each field's documentation is in its declaration below; ``max_chunk_elements``
-    bounds the largest temporary of a chunk: a block of the stored stream (positions × components × d_model), an
-    attention slab (positions × components × d_model) or FFN activations (positions × components × d_ff); the
-    decomposed stream itself holds about n²/2 × d_model elements for n causal positions)."""
-
-    bias: str = option(
-        "absdot",
-        "How biases are split over token components: by |component · bias| ('absdot', the paper's default), by "
-        "component norm ('norm'), equally over the tokens available at the position ('equal'), or kept in one extra "
-        "bias component ('separate', returned in step_scores['unattributed_bias']).",
-        BIAS_SPLITS,
-    )
-    ffn_linearization: str = option(
-        "zero_origin",
-        "The activation's slope at the true pre-activation: f(z)/z ('zero_origin', exact) or f'(z) ('tangent', the "
-        "intercept split like a bias).",
-        FFN_LINEARIZATIONS,
-    )
-    gated_split: str = option(
-        "linear",
-        "Gated FFNs (SwiGLU, gated-GELU): decompose the 'linear' branch with the gate held at its true value, or the "
-        "'gate' branch with the linear branch held.",
-        GATED_SPLITS,
-    )
-    include_ffn: bool = option(True, "Decompose through the FFNs; with False each FFN output is split like a bias.")
-    convention: str = option(
-        "paper",
-        "'paper' (the paper's text: an attention sub-block's bias split over the attention output's components, the "
-        "logit bias by the components' scores for the explained token) or 'reference' (the authors' released code: "
-        "the attention bias split over the residual plus the attention output, the logit bias by each component's "
-        "whole logit vector, its dot product with the bias over the vocabulary for 'absdot' or its norm for 'norm').",
-        CONVENTIONS,
-    )
-
-    def __post_init__(self):
-        check_choices(self, "DecompX")
+from .options import (  # the choices are re-exported: the options live in .options so that listing them needs no torch
+    BIAS_SPLITS,  # noqa: F401
+    CONVENTIONS,  # noqa: F401
+    FFN_LINEARIZATIONS,  # noqa: F401
+    GATED_SPLITS,  # noqa: F401
+    DecompXOptions,
+)
 
 
 @dataclass

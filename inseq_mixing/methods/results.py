@@ -10,9 +10,13 @@
 ``axis`` names the entries of the extra last axis (layers, or (layer, head) slots), or is None without one.
 """
 
-from dataclasses import dataclass, field
+from __future__ import annotations
 
-import torch
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # results are read without torch (the declarations listing); only total() computes
+    import torch
 
 
 @dataclass
@@ -32,6 +36,8 @@ class LogitScores:
     """Signed token scores of a logit and the terms that complete it (see the module docstring)."""
 
     def total(self) -> torch.Tensor:
+        import torch
+
         """``(B, T)``: token scores (over every slot) plus the completing terms; the logit wherever it is explained."""
 
         def summed(scores: torch.Tensor | None) -> torch.Tensor:

@@ -27,12 +27,10 @@ from ..specs import LayerSpec
 from ..trace import LayerTrace, ModelTrace, StackTrace, eval_mode
 from .blocks import cross_attention_input, finish_layer, head_value_outputs, refuse_non_finite, upcast, valid_cells
 from .chunking import DEFAULT_CHUNK_ELEMENTS, items_per_chunk
+from .options import NORMALIZATIONS, SIMILARITY_METRICS
 from .results import LayerMaps
 from .rollout import joint_rollout, normalize_rows
 from .rollout import rollout as rollout_stack
-
-SIMILARITY_METRICS = ("cosine", "euclidean")
-NORMALIZATIONS = ("separate", "joint")
 
 #: Upper bound on the elements of one chunk of corrupted hidden states (times the FFN expansion, about 4).
 
