@@ -36,6 +36,8 @@ _LAZY = {
     "evaluate": "evaluation",
     "attribute_dataset": "runs",
     "load_run": "runs",
+    "load_model": "encoders",
+    "EncoderAttributionModel": "encoders",
 }
 
 _registered: list[bool] = []  # non-empty once register() has run
@@ -153,6 +155,8 @@ __all__ = [
     "Evaluation",
     "attribute_dataset",
     "load_run",
+    "load_model",
+    "EncoderAttributionModel",
     "compare",
     "evaluate",
     "SUPPORTED_FAMILIES",

@@ -244,3 +244,70 @@ def load_tiny(family: str, method: str, **method_kwargs):
     model = tiny_model(family)
     tokenizer = word_tokenizer(seq2seq=is_seq2seq(family))
     return inseq.load_model(model, method, tokenizer=tokenizer, **method_kwargs)
+
+
+# ----- encoder-only models -----
+
+#: Encoder-only families with a tiny builder (see :func:`tiny_encoder`).
+ENCODER_FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert", "albert")
+#: The heads of :func:`tiny_encoder`.
+ENCODER_TASKS = ("masked_lm", "sequence_classification", "token_classification", "bare")
+ENCODER_SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+#: Labels of the tiny classifiers.
+TINY_LABELS = ("negative", "neutral", "positive")
+
+
+def encoder_tokenizer(words: list[str] | None = None) -> PreTrainedTokenizerFast:
+    """A whitespace word-level tokenizer for encoders: ``[CLS] text [SEP]`` (pairs: ``[CLS] a [SEP] b [SEP]`` with
+    token types 0 and 1), a ``[MASK]`` token, right padding."""
+    vocab = {token: idx for idx, token in enumerate(ENCODER_SPECIAL_TOKENS + list(words or WORDS))}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    cls_id, sep_id = vocab["[CLS]"], vocab["[SEP]"]
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
+        mask_token="[MASK]", model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+    )  # fmt: skip
+
+
+def tiny_encoder(
+    family: str,
+    task: str = "masked_lm",
+    d_model: int = 16,
+    layers: int = 2,
+    heads: int = 4,
+    ffn: int = 32,
+    vocab: int | None = None,
+    seed: int = 0,
+) -> torch.nn.Module:
+    """A random encoder-only model of ``family`` (:data:`ENCODER_FAMILIES`) with the head of ``task``
+    (:data:`ENCODER_TASKS`; ``"bare"``: the encoder alone), in eval mode, eager attention. ELECTRA and ALBERT get an
+    embedding size of ``d_model // 2`` (ELECTRA's generator projection, ALBERT's factorised embeddings); ALBERT shares
+    one block across its ``layers``."""
+    vocab = vocab or len(ENCODER_SPECIAL_TOKENS) + len(WORDS)
+    torch.manual_seed(seed)
+    names = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "electra": "Electra",
+             "distilbert": "DistilBert", "albert": "Albert"}  # fmt: skip
+    if family not in names:
+        raise ValueError(f"No encoder builder for {family!r}; known: {ENCODER_FAMILIES}")
+    labels = {"id2label": dict(enumerate(TINY_LABELS)), "label2id": {name: i for i, name in enumerate(TINY_LABELS)}}
+    common = {"vocab_size": vocab, "max_position_embeddings": 64, "pad_token_id": 0, **labels}
+    if family == "distilbert":
+        config = transformers.DistilBertConfig(dim=d_model, n_layers=layers, n_heads=heads, hidden_dim=ffn, **common)
+    else:
+        sizes = {"hidden_size": d_model, "num_hidden_layers": layers, "num_attention_heads": heads,
+                 "intermediate_size": ffn, "type_vocab_size": 2}  # fmt: skip
+        if family in ("electra", "albert"):
+            sizes["embedding_size"] = d_model // 2
+        config = getattr(transformers, f"{names[family]}Config")(**sizes, **common)
+    suffix = {"masked_lm": "ForMaskedLM", "sequence_classification": "ForSequenceClassification",
+              "token_classification": "ForTokenClassification", "bare": "Model"}[task]  # fmt: skip
+    config._attn_implementation = "eager"
+    model = getattr(transformers, f"{names[family]}{suffix}")(config)
+    randomize_weights(model, seed)
+    return model.eval()

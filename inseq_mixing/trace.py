@@ -16,7 +16,7 @@ import torch
 import transformers
 from torch import nn
 
-from .specs import AttentionSpec, ModelSpec, StackSpec, get_spec
+from .specs import AttentionSpec, HeadSpec, ModelSpec, StackSpec, get_spec
 
 logger = logging.getLogger(__name__)
 
@@ -138,14 +138,17 @@ class ModelCall:
 @dataclass
 class ModelTrace:
     """Records of a whole forward pass: the stacks, the model's own ``logits``, for models that soft-cap them
-    (Gemma 2) the LM head's output before the cap, and the call that was traced."""
+    (Gemma 2) the LM head's output before the cap, and the call that was traced. Encoder-only models: their one stack
+    is ``decoder`` (non-causal), ``final_hidden`` is its output (what the head reads), ``logits`` the head's at every
+    position ``(batch, positions, outputs)`` (None for a bare encoder)."""
 
     spec: ModelSpec
     decoder: StackTrace
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     encoder: StackTrace | None = None
     logits_before_softcap: torch.Tensor | None = None
     call: ModelCall | None = None
+    final_hidden: torch.Tensor | None = None
 
     @property
     def explained_logits(self) -> torch.Tensor:
@@ -164,32 +167,43 @@ class _Recorder:
         self.final: dict = {}
 
     def register(self, hooks: ExitStack) -> None:
+        """Register every hook; a module listed for several layers (ALBERT's shared block) gets one hook per kind that
+        records its k-th call into the k-th of those layers (see :func:`_in_call_order`)."""
+        pending: dict[tuple[int, str], tuple[nn.Module, list]] = {}
+
+        def add(module: nn.Module, kind: str, hook) -> None:
+            pending.setdefault((id(module), kind), (module, []))[1].append(hook)
+
         if self.stack.final_norm is not None:
-            final_hook = self._norm_hook(self.final, "input")
-            hooks.callback(self.stack.final_norm.register_forward_pre_hook(final_hook).remove)
+            add(self.stack.final_norm, "pre", self._norm_hook(self.final, "input"))
         for store, layer in zip(self.store, self.stack.layers, strict=True):
-            hooks.callback(layer.module.register_forward_pre_hook(self._input_hook(store), with_kwargs=True).remove)
-            hooks.callback(layer.module.register_forward_hook(self._output_hook(store)).remove)
+            add(layer.module, "pre_kwargs", self._input_hook(store))
+            add(layer.module, "post", self._output_hook(store))
             ffn_entry = layer.ffn.norm if layer.ffn.norm is not None else layer.ffn.forward
             if not isinstance(ffn_entry, nn.Module):
                 raise TypeError("An FFNSpec without a norm needs a module as `forward`: the trace records its input.")
-            hooks.callback(ffn_entry.register_forward_pre_hook(self._norm_hook(store, "ffn_norm_input")).remove)
+            add(ffn_entry, "pre", self._norm_hook(store, "ffn_norm_input"))
             if layer.ffn.out_norm is not None:
-                out_hook = self._norm_hook(store, "ffn_out_norm_input")
-                hooks.callback(layer.ffn.out_norm.register_forward_pre_hook(out_hook).remove)
+                add(layer.ffn.out_norm, "pre", self._norm_hook(store, "ffn_out_norm_input"))
             for name, attn in (("self", layer.self_attn), ("cross", layer.cross_attn)):
                 if attn is None:
                     continue
                 if attn.norm is not None:
-                    norm_hook = self._norm_hook(store, f"{name}_norm_input")
-                    hooks.callback(attn.norm.register_forward_pre_hook(norm_hook).remove)
+                    add(attn.norm, "pre", self._norm_hook(store, f"{name}_norm_input"))
                 keep_call = name == "cross" and self.keep_cross_call
-                hooks.callback(
-                    attn.module.register_forward_hook(
-                        self._attn_hook(store, name, attn, keep_call), with_kwargs=True
-                    ).remove
-                )
-                hooks.callback(attn.value_proj.register_forward_hook(self._value_hook(store, name, attn)).remove)
+                add(attn.module, "post_kwargs", self._attn_hook(store, name, attn, keep_call))
+                if attn.output_module is not None:
+                    add(attn.output_module, "post", self._output_hook(store, f"{name}_output"))
+                add(attn.value_proj, "post", self._value_hook(store, name, attn))
+        for (_, kind), (module, callbacks) in pending.items():
+            hook = _in_call_order(callbacks)
+            if kind == "pre":
+                handle = module.register_forward_pre_hook(hook)
+            elif kind == "pre_kwargs":
+                handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+            else:
+                handle = module.register_forward_hook(hook, with_kwargs=kind == "post_kwargs")
+            hooks.callback(handle.remove)
 
     @staticmethod
     def _input_hook(store):
@@ -206,16 +220,17 @@ class _Recorder:
         return hook
 
     @staticmethod
-    def _output_hook(store):
+    def _output_hook(store, key: str = "output"):
         def hook(module, args, output):
-            store["output"] = (output[0] if isinstance(output, tuple) else output).detach()
+            store[key] = (output[0] if isinstance(output, tuple) else output).detach()
 
         return hook
 
     @staticmethod
     def _attn_hook(store, name: str, attn: AttentionSpec, keep_call: bool):
         def hook(module, args, kwargs, output):
-            store[f"{name}_output"] = output[0].detach()
+            if attn.output_module is None:
+                store[f"{name}_output"] = output[0].detach()
             store[f"{name}_probs"] = output[attn.probs_index]
             if keep_call:
                 store[f"{name}_call"] = (args, kwargs)
@@ -263,6 +278,19 @@ class _Recorder:
         final = self.final.get("input")
         final = None if final is None else final.reshape(*mask.shape, -1)
         return StackTrace(layers=layers, mask=mask.bool(), causal=causal, final_norm_input=final)
+
+
+def _in_call_order(callbacks: list):
+    """One hook that passes the k-th call of its module to ``callbacks[k]`` (cycling): a module shared by several
+    layers records each call into its own layer, in the order the model calls it."""
+    if len(callbacks) == 1:
+        return callbacks[0]
+    calls = iter(range(1 << 62))
+
+    def hook(*args):
+        return callbacks[next(calls) % len(callbacks)](*args)
+
+    return hook
 
 
 @contextmanager
@@ -364,14 +392,18 @@ def forward_arguments(
     attention_mask: torch.Tensor | None = None,
     decoder_input_ids: torch.Tensor | None = None,
     decoder_attention_mask: torch.Tensor | None = None,
+    extra: dict | None = None,
 ) -> dict:
     """Check the ids and build the keyword arguments of one teacher-forced forward pass (masks filled in, positions
-    that ignore left padding, no cache); see :func:`trace_model` for the arguments."""
+    that ignore left padding, no cache; encoder-only models: ``extra`` such as ``token_type_ids`` passed on); see
+    :func:`trace_model` for the arguments."""
     if input_ids.numel() == 0:
         raise ValueError("Cannot trace an empty input: pass at least one token.")
     check_lengths(spec, input_ids, decoder_input_ids)
     check_vocabulary(model, input_ids, decoder_input_ids)
     attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+    if spec.is_encoder_only:  # positions are each family's own (RoBERTa's count from its padding index)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, **(extra or {})}
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
     if spec.is_encoder_decoder:
         if decoder_input_ids is None or decoder_input_ids.numel() == 0:
@@ -399,24 +431,26 @@ def trace_model(
     decoder_input_ids: torch.Tensor | None = None,
     decoder_attention_mask: torch.Tensor | None = None,
     spec: ModelSpec | None = None,
+    extra: dict | None = None,
 ) -> ModelTrace:
     """Run one teacher-forced forward pass and record every layer.
 
     Args:
-        model: A supported Hugging Face model with an LM head.
+        model: A supported Hugging Face model with an LM head, or an encoder-only model (with a head or bare).
         input_ids: Source ids ``(batch, S)`` for encoder–decoders, the whole sequence ``(batch, T)`` for decoder-only
-            models.
+            and encoder-only models.
         attention_mask: Mask of ``input_ids`` (1 for real tokens). Defaults to all ones.
         decoder_input_ids: Target prefix ``(batch, T)`` of encoder–decoders (decoder start token first).
         decoder_attention_mask: Mask of ``decoder_input_ids``. Defaults to all ones.
         spec: The model's spec, if already built.
+        extra: Encoder-only models: further inputs of the forward pass (``token_type_ids``).
 
     Returns:
         The recorded :class:`ModelTrace`.
     """
     spec = spec or get_spec(model)
     call = ModelCall(model, forward_arguments(model, spec, input_ids, attention_mask, decoder_input_ids,
-                                              decoder_attention_mask))  # fmt: skip
+                                              decoder_attention_mask, extra))  # fmt: skip
     kwargs = {**call.kwargs, "output_attentions": True} if NEEDS_OUTPUT_ATTENTIONS else dict(call.kwargs)
     recorders = {name: _Recorder(stack, keep_cross_call=name == "decoder") for name, stack in spec.stacks.items()}
     with ExitStack() as hooks:
@@ -429,14 +463,38 @@ def trace_model(
             head_hook = spec.lm_head.register_forward_hook(lambda _m, _a, out: head_output.update(logits=out.detach()))
             hooks.callback(head_hook.remove)
         with torch.no_grad():
-            logits = model(**kwargs).logits.detach()
-    refuse_non_finite_forward(model, logits, decoder_mask(kwargs))
+            output = model(**kwargs)
+            decoder = recorders["decoder"].result(decoder_mask(kwargs), causal=spec.causal)
+            final_hidden = None
+            if spec.is_encoder_only:
+                final_hidden = stack_output(spec.decoder, decoder)
+                logits = None if spec.head is None else head_logits(spec.head, final_hidden)
+            else:
+                logits = output.logits.detach()
+    if logits is not None:
+        refuse_non_finite_forward(model, logits, decoder_mask(kwargs))
     encoder = recorders.get("encoder")
     return ModelTrace(
         spec=spec,
-        decoder=recorders["decoder"].result(decoder_mask(kwargs), causal=True),
+        decoder=decoder,
         encoder=None if encoder is None else encoder.result(kwargs["attention_mask"], causal=False),
         logits=logits,
         logits_before_softcap=head_output.get("logits"),
         call=call,
+        final_hidden=final_hidden,
     )
+
+
+def stack_output(stack_spec: StackSpec, stack: StackTrace) -> torch.Tensor:
+    """What a stack hands on: its last block's output, through the final norm if it has one."""
+    if stack_spec.final_norm is None:
+        return stack.layers[-1].output
+    return stack_spec.final_norm(stack.final_norm_input)
+
+
+def head_logits(head: HeadSpec, hidden: torch.Tensor) -> torch.Tensor:
+    """An encoder head's logits at every position ``(batch, positions, outputs)``: its steps, the model's own modules,
+    applied to each position's final hidden state (a sequence classifier's logits are those of position 0)."""
+    for step in head.steps:
+        hidden = step(hidden)
+    return hidden.detach()

@@ -1,5 +1,7 @@
 """Naive implementations of the definitions, on the real Hugging Face modules, to test the fast math against."""
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 
@@ -8,27 +10,32 @@ from inseq_mixing.specs import ModelSpec
 
 def forward_with_hooks(model, model_kwargs: dict, handles: list) -> None:
     """Run the model once without gradients, then remove the hook ``handles``, even on failure."""
+    no_cache = {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
     try:
         with torch.no_grad():
-            model(**model_kwargs, use_cache=False)
+            model(**model_kwargs, **no_cache)
     finally:
         for handle in handles:
             handle.remove()
 
 
 def capture_layer_calls(model, spec: ModelSpec, model_kwargs: dict) -> dict:
-    """Run the model once and keep each layer's call ``(args, kwargs)`` and output, keyed by (stack, layer index)."""
-    calls, handles = {}, []
+    """Run the model once and keep each layer's call ``(args, kwargs)`` and output, keyed by (stack, layer index).
+    A block shared by several layers (ALBERT) gives its k-th call to the k-th of them."""
+    calls, handles, keys = {}, [], {}
     stacks = {"decoder": spec.decoder, "encoder": spec.encoder}
     for name, stack in stacks.items():
         if stack is None:
             continue
         for idx, layer in enumerate(stack.layers):
+            keys.setdefault(layer.module, []).append((name, idx))
+    for module, module_keys in keys.items():
+        order = iter(module_keys)
 
-            def hook(module, args, kwargs, key=(name, idx)):
-                calls[key] = (args, kwargs)
+        def hook(_module, args, kwargs, order=order):
+            calls[next(order)] = (args, kwargs)
 
-            handles.append(layer.module.register_forward_pre_hook(hook, with_kwargs=True))
+        handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
     forward_with_hooks(model, model_kwargs, handles)
     return calls
 
@@ -73,21 +80,24 @@ def naive_value_zeroing(model, spec: ModelSpec, model_kwargs: dict, stack: str, 
 
 
 def capture_value_inputs(model, spec: ModelSpec, model_kwargs: dict) -> dict:
-    """Run the model once and keep the input of every value projection, keyed by (stack, layer, sub-block)."""
-    inputs, handles = {}, []
+    """Run the model once and keep the input of every value projection, keyed by (stack, layer, sub-block); a shared
+    projection (ALBERT) gives its k-th call to the k-th layer listing it."""
+    inputs, handles, keys = {}, [], {}
     for name in ("decoder", "encoder"):
         stack = getattr(spec, name)
         if stack is None:
             continue
         for idx, layer in enumerate(stack.layers):
             for sub_block, attn in (("self", layer.self_attn), ("cross", layer.cross_attn)):
-                if attn is None:
-                    continue
+                if attn is not None:
+                    keys.setdefault(attn.value_proj, []).append((name, idx, sub_block))
+    for module, module_keys in keys.items():
+        order = iter(module_keys)
 
-                def hook(module, args, key=(name, idx, sub_block)):
-                    inputs[key] = args[0].detach()
+        def hook(_module, args, order=order):
+            inputs[next(order)] = args[0].detach()
 
-                handles.append(attn.value_proj.register_forward_pre_hook(hook))
+        handles.append(module.register_forward_pre_hook(hook))
     forward_with_hooks(model, model_kwargs, handles)
     return inputs
 

@@ -13,7 +13,8 @@ norm it crosses) gives a direction :math:`g^l_t` at each sub-block, and the logi
   :math:`\Delta^l_{tj} = g^l_t \cdot \sum_h \alpha^h_{tj} v^h_j W^h_O` (value bias inside :math:`v`);
 * the embedding's direct term :math:`g^0_t \cdot h^0_t`;
 * terms not attributed to tokens: FFN outputs :math:`g \cdot f^l`, output-projection biases :math:`g \cdot b_O`,
-  norm shifts :math:`g \cdot \beta`, and the logit bias (LM-head bias, BART's ``final_logits_bias``).
+  norm shifts :math:`g \cdot \beta`, and the logit bias (LM-head bias, BART's ``final_logits_bias``; encoder-only
+  models: every bias and norm shift of the frozen head, :mod:`.head`).
 
 Each :math:`\Delta^l_{tj}` is traced back to the input tokens with the ALTI rollout of the layers below,
 :math:`\mathrm{score}_{ts} = \sum_l \sum_j \Delta^l_{tj} R^{l-1}_{js}` (:math:`R^{-1} = I`), plus the direct term on
@@ -24,6 +25,10 @@ through the ALTI+ decoder rollout over [source; target] of the layers below, cro
 encoder rollout. Post-LN models (Marian, BART) carry :math:`u` through every later norm's frozen map. A norm on an
 attention output (Gemma 2 / 3's sandwich, OLMo-2; our extension) sits on the branch only: the attention parts are
 dotted with :math:`A^\top g` (its frozen map :math:`A`), the residual keeps :math:`g`.
+
+Encoder-only models (masked LMs, classifiers; our extension: the paper covers decoder-only models) are one non-causal
+stack; the head between the final hidden state and the logit is frozen at the forward pass (:mod:`.head`), so
+:math:`u_t` is the frozen head's direction.
 
 A final logit soft-cap :math:`c \tanh(z / c)` (Gemma 2) is not linear: the method explains :math:`z`, the logit before
 the cap, and reports the capped value beside it.
@@ -38,6 +43,7 @@ from ..specs.base import linear_in_out
 from ..trace import AttentionTrace, ModelTrace
 from .alti import DEFAULT_CHUNK_ELEMENTS, AltiScores, alti, alti_rollouts
 from .blocks import ffn_output, refuse_non_finite, upcast
+from .head import FrozenHead
 from .norms import freeze_norm
 
 #: Names of the logit terms that are not attributed to tokens, in :attr:`AltiLogitScores.unattributed`.
@@ -79,6 +85,24 @@ def unembedding_direction(spec: ModelSpec, ids: torch.Tensor, foil_ids: torch.Te
     rows = upcast(spec.lm_head.weight)
     direction = rows[ids]
     return through_readout(spec, direction if foil_ids is None else direction - rows[foil_ids])
+
+
+#: Raised by the logit methods on a model without a read-out.
+NO_HEAD = (
+    "{method} explains a logit, and this model has no head to read one from: load it with its head "
+    "(...ForConditionalGeneration or ...ForCausalLM; encoder-only models: ...ForMaskedLM, "
+    "...ForSequenceClassification or ...ForTokenClassification), or use a map method (alti, value_zeroing, ...)."
+)
+
+
+def readout(trace: ModelTrace, ids: torch.Tensor, foil_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The direction on the final hidden state ``(B, T, D)`` and the constant ``(B, T)`` of the logit of ``ids``
+    (minus ``foil_ids``'s) at every position, before the LM-head scale: the unembedding rows and the logit bias, or an
+    encoder's frozen head (:class:`~.head.FrozenHead`)."""
+    spec = trace.spec
+    if spec.head is not None:
+        return FrozenHead(spec.head, trace.final_hidden).readout(ids, foil_ids)
+    return unembedding_direction(spec, ids, foil_ids), logit_bias(spec, ids, foil_ids)
 
 
 def through_readout(spec: ModelSpec, vectors: torch.Tensor) -> torch.Tensor:
@@ -225,11 +249,12 @@ def alti_logit(
     Returns:
         :class:`AltiLogitScores`; ``target.sum(-1) + source.sum(-1) + sum(unattributed) == logit``.
     """
-    if trace.spec.lm_head is None:
-        raise ValueError("ALTI-logit needs a model with an LM head (...ForConditionalGeneration or ...ForCausalLM).")
+    if not trace.spec.explains_logits:
+        raise ValueError(NO_HEAD.format(method="ALTI-logit"))
     scores = scores or alti(trace, encoder_scores=True, max_chunk_elements=max_chunk_elements)
-    sweep = sweep_logit(trace, unembedding_direction(trace.spec, target_ids, foil_ids), per_head)
-    sweep.unattributed["logit_bias"] = logit_bias(trace.spec, target_ids, foil_ids)
+    direction, bias = readout(trace, target_ids, foil_ids)
+    sweep = sweep_logit(trace, direction, per_head)
+    sweep.unattributed["logit_bias"] = bias
     rolled = alti_rollouts(scores)
     self_parts = torch.stack(sweep.self_parts, dim=1)  # (B, L, [H,] T, T)
     heads = "h" if per_head else ""

@@ -35,7 +35,9 @@ Our choices, flagged: ε = 0 (``lxt`` adds 1e-10 to its identity rule's denomina
 rather than at the token embedding; Gemma 2's attention-logit soft-cap, which sits inside the attention kernel, passes
 relevance with its own gradient (≈ 1 for scores well below the cap) instead of the identity rule; encoder–decoders
 (our extension; the paper covers decoder-only and encoder-only models) propagate through cross-attention with the same
-rules, source relevance read at the encoder's first block.
+rules, source relevance read at the encoder's first block; encoder-only models (the paper treats them) start from the
+final hidden state along the direction of their head frozen at the forward pass (:mod:`.head`: the identity rule on the
+head's activations and norms is that frozen map), the head's biases and norm shifts absorbed.
 """
 
 from collections.abc import Iterator
@@ -47,7 +49,16 @@ from torch import nn
 
 from ..specs import ModelSpec
 from ..specs.base import UnsupportedModelError, norm_params
-from ..trace import ModelCall, ModelTrace, decoder_mask, eval_mode, forward_arguments, refuse_non_finite_forward
+from ..trace import (
+    ModelCall,
+    ModelTrace,
+    decoder_mask,
+    eval_mode,
+    forward_arguments,
+    refuse_non_finite_forward,
+    trace_model,
+)
+from .alti_logit import NO_HEAD, readout
 from .blocks import refuse_non_finite
 from .chunking import DEFAULT_CHUNK_ELEMENTS, items_per_chunk
 from .norms import freeze_norm
@@ -215,8 +226,11 @@ def attn_lrp(
     Returns:
         :class:`AttnLrpScores`.
     """
-    if spec.lm_head is None:
-        raise ValueError("AttnLRP needs a model with an LM head (...ForConditionalGeneration or ...ForCausalLM).")
+    if not spec.explains_logits:
+        raise ValueError(NO_HEAD.format(method="AttnLRP"))
+    if spec.head is not None:  # the frozen head's direction is read from a trace
+        trace = trace_model(model, input_ids, attention_mask, target_ids, target_mask, spec=spec)
+        return attn_lrp_of_trace(trace, explained_ids, foil_ids, positions, max_chunk_elements)
     call = ModelCall(model, forward_arguments(model, spec, input_ids, attention_mask, target_ids, target_mask))
     return lrp_of_call(spec, call, explained_ids, foil_ids, positions, max_chunk_elements)
 
@@ -228,10 +242,13 @@ def attn_lrp_of_trace(
     positions: torch.Tensor | None = None,
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
 ) -> AttnLrpScores:
-    """:func:`attn_lrp` of a traced forward pass: its passes run the traced call (the same model and arguments)."""
-    if trace.spec.lm_head is None:
-        raise ValueError("AttnLRP needs a model with an LM head (...ForConditionalGeneration or ...ForCausalLM).")
-    return lrp_of_call(trace.spec, trace.call, explained_ids, foil_ids, positions, max_chunk_elements)
+    """:func:`attn_lrp` of a traced forward pass: its passes run the traced call (the same model and arguments).
+    Encoder-only models start from the final hidden state along their frozen head's direction (:mod:`.head`): the
+    identity rule on the head's activations and norms is that frozen map."""
+    if not trace.spec.explains_logits:
+        raise ValueError(NO_HEAD.format(method="AttnLRP"))
+    head = None if trace.spec.head is None else readout(trace, explained_ids, foil_ids)
+    return lrp_of_call(trace.spec, trace.call, explained_ids, foil_ids, positions, max_chunk_elements, head)
 
 
 def lrp_of_call(
@@ -241,8 +258,10 @@ def lrp_of_call(
     foil_ids: torch.Tensor | None,
     positions: torch.Tensor | None,
     max_chunk_elements: int,
+    head: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> AttnLrpScores:
-    """The relevance passes of :func:`attn_lrp` on one prepared call."""
+    """The relevance passes of :func:`attn_lrp` on one prepared call; ``head``: an encoder head's frozen direction
+    ``(B, T, D)`` and constant ``(B, T)``, where the relevance starts instead of the logits."""
     model, kwargs = call.model, call.kwargs
     input_ids = kwargs["input_ids"]
     mask = decoder_mask(kwargs).bool()
@@ -261,7 +280,10 @@ def lrp_of_call(
             pair = (copies, at)
             copy_kwargs = {key: value[copies] if torch.is_tensor(value) else value for key, value in kwargs.items()}
             foils = None if foil_ids is None else foil_ids[pair]
-            relevance, explained, final = _relevance(model, recorded, copy_kwargs, at, explained_ids[pair], foils)
+            copy_head = None if head is None else (head[0][pair], head[1][pair])
+            relevance, explained, final = _relevance(
+                model, recorded, copy_kwargs, at, explained_ids[pair], foils, copy_head
+            )
             target[pair] = relevance["decoder"].to(dtype)
             logit[pair] = explained.to(dtype)
             if capped is not None:
@@ -293,6 +315,12 @@ def lrp_pass(model: nn.Module, spec: ModelSpec) -> Iterator[dict[str, torch.Tens
         if spec.logit_softcap is not None:  # explain the logit before the cap
             handle = spec.lm_head.register_forward_hook(lambda _m, _a, out: recorded.update(logits=out))
             stack.callback(handle.remove)
+        if spec.is_encoder_only:  # what an encoder's head reads
+            last = spec.decoder.final_norm or spec.decoder.layers[-1].module
+            handle = last.register_forward_hook(
+                lambda _m, _a, out: recorded.update(final=out[0] if isinstance(out, tuple) else out)
+            )
+            stack.callback(handle.remove)
         yield recorded
 
 
@@ -303,19 +331,28 @@ def _relevance(
     at: torch.Tensor,
     ids: torch.Tensor,
     foils: torch.Tensor | None,
+    head: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     """One forward and backward pass of a chunk of copies inside :func:`lrp_pass`, copy ``c`` explaining position
     ``at[c]``: relevance of every token of each stack ``(copies, tokens)``, the explained logit (minus the foil's) and
-    the model's final one (after a soft-cap), each ``(copies,)``."""
+    the model's final one (after a soft-cap), each ``(copies,)``. ``head``: each copy's frozen head direction
+    ``(copies, D)`` and constant ``(copies,)``: the relevance starts at the final hidden state of ``at[c]``."""
     logits = model(**kwargs).logits
-    refuse_non_finite_forward(model, logits.detach(), decoder_mask(kwargs))
     copies = torch.arange(len(at), device=at.device)
+    if head is None:
+        refuse_non_finite_forward(model, logits.detach(), decoder_mask(kwargs))
 
-    def difference(scores):
-        return scores[copies, at, ids] - (0 if foils is None else scores[copies, at, foils])
+        def difference(scores):
+            return scores[copies, at, ids] - (0 if foils is None else scores[copies, at, foils])
 
-    objective = difference(recorded.get("logits", logits))
+        objective = difference(recorded.get("logits", logits))
+        explained = final = objective.detach()
+        final = difference(logits.detach())
+    else:
+        direction, constant = head
+        objective = (recorded["final"][copies, at] * direction.to(recorded["final"].dtype)).sum(-1)
+        explained = final = objective.detach() + constant.to(objective.dtype)
     names = [name for name in ("decoder", "encoder") if name in recorded]
     grads = torch.autograd.grad(objective.sum(), [recorded[name] for name in names])
     relevance = {name: (recorded[name] * grad).sum(-1).detach() for name, grad in zip(names, grads, strict=True)}
-    return relevance, objective.detach(), difference(logits.detach())
+    return relevance, explained, final

@@ -39,13 +39,13 @@ from ..specs import AttentionSpec, FFNSpec, LayerSpec, StackSpec
 from ..specs.base import linear_in_out
 from ..trace import AttentionTrace, LayerTrace, ModelTrace, StackTrace
 from .alti_logit import (
-    logit_bias,
+    NO_HEAD,
     masked,
+    readout,
     recorded_logit,
     softcapped_logit,
     sweep_logit,
     through_readout,
-    unembedding_direction,
 )
 from .blocks import refuse_non_finite, upcast, valid_cells
 from .chunking import chunk_slices, items_per_chunk
@@ -693,22 +693,24 @@ def decompx(
     """
     options = options or DecompXOptions()
     spec, dec, enc = trace.spec, trace.decoder, trace.encoder
+    if not spec.explains_logits:
+        raise ValueError(NO_HEAD.format(method="DecompX"))
     separate = options.bias == "separate"
     layers, encoder, place = {}, None, None
     offset = 0
-    blocks = [(dec.mask, True)]
+    blocks = [(dec.mask, dec.causal)]
     if spec.is_encoder_decoder:
         num_source = enc.mask.shape[1]
         available = available_components(enc.mask, [(enc.mask, False)], separate)
         bias_index = num_source if separate else None
         start = initial_stream(enc.layers[0].input, 0, available, bias_index, options.max_chunk_elements)
         encoder, layers["encoder"] = decompose_stack(spec.encoder, enc, start, options, keep_layers=keep_layers)
-        offset, blocks = num_source, [(enc.mask, False), (dec.mask, True)]
+        offset, blocks = num_source, [(enc.mask, False), (dec.mask, dec.causal)]
         place = encoder_placement(num_source, dec.mask.shape[1], separate)
     available = available_components(dec.mask, blocks, separate)
     bias_index = available.shape[-1] - 1 if separate else None
     start = initial_stream(dec.layers[0].input, offset, available, bias_index, options.max_chunk_elements)
-    unembedded = unembedding_direction(spec, target_ids, foil_ids)
+    unembedded, bias = readout(trace, target_ids, foil_ids)
     heads = head_readouts(trace, unembedded, available.shape[-1]) if per_head else None
     stream, layers["decoder"] = decompose_stack(
         spec.decoder, dec, start, options, encoder, place, keep_layers=keep_layers, heads=heads
@@ -716,11 +718,11 @@ def decompx(
     direction = unembedded * spec.logits_scale
     scores = read_out(stream, direction)
     weights = None
-    if options.convention == "reference" and options.bias in ("absdot", "norm"):
-        weights = logit_vector_weights(spec, stream, options.bias)
+    if options.convention == "reference" and options.bias in ("absdot", "norm") and spec.head is None:
+        weights = logit_vector_weights(spec, stream, options.bias)  # encoder heads: their constant splits as 'paper'
     del stream, encoder
     positions = Components(scores.new_empty(0), available, bias_index)
-    scores = split_scalar_bias(scores, positions, logit_bias(spec, target_ids, foil_ids), options.bias, weights)
+    scores = split_scalar_bias(scores, positions, bias, options.bias, weights)
     refuse_non_finite("DecompX", scores)
     real = dec.mask[..., None].to(scores.dtype)
     scores = scores * real

@@ -187,7 +187,7 @@ def value_zeroing(
     blocks = [layer.module for stack in (spec.decoder, spec.encoder) if stack is not None for layer in stack.layers]
     with eval_mode(*blocks):  # the blocks are re-run: dropout must stay off whatever the model's flags
         scores = ValueZeroingScores(
-            decoder=stack_distances(spec.decoder.layers, dec, "self", dec.mask, True, metric, max_chunk_elements)
+            decoder=stack_distances(spec.decoder.layers, dec, "self", dec.mask, dec.causal, metric, max_chunk_elements)
         )
         if spec.is_encoder_decoder:
             scores.cross = stack_distances(

@@ -6,7 +6,7 @@ import pkgutil
 from torch import nn
 from transformers import PreTrainedModel
 
-from .base import AttentionSpec, FFNSpec, LayerSpec, ModelSpec, StackSpec, UnsupportedModelError
+from .base import AttentionSpec, FFNSpec, HeadSpec, LayerSpec, ModelSpec, StackSpec, UnsupportedModelError
 
 
 def _spec_modules() -> tuple:
@@ -34,7 +34,8 @@ def get_spec(model: nn.Module) -> ModelSpec:
 
     Args:
         model: A Hugging Face ``PreTrainedModel`` with an LM head (``...ForConditionalGeneration`` or
-            ``...ForCausalLM``), or an Inseq ``AttributionModel`` wrapping one.
+            ``...ForCausalLM``), an encoder-only model (``...ForMaskedLM``, ``...ForSequenceClassification``,
+            ``...ForTokenClassification``, or the bare encoder), or an Inseq ``AttributionModel`` wrapping one.
 
     Raises:
         UnsupportedModelError: The architecture has no spec.
@@ -48,17 +49,19 @@ def get_spec(model: nn.Module) -> ModelSpec:
             f"inseq-mixing has no architecture spec for model_type={model_type!r} "
             f"({type(model).__name__}). Supported families: {families}."
         )
-    if model.get_output_embeddings() is None:
+    spec = _BUILDERS[model_type](model)
+    if not spec.is_encoder_only and spec.lm_head is None:
         raise UnsupportedModelError(
             f"{type(model).__name__} has no LM head, and every method explains next-token predictions. Load the model "
             "with its head: AutoModelForSeq2SeqLM for encoder–decoders, AutoModelForCausalLM for decoder-only models."
         )
-    return _BUILDERS[model_type](model)
+    return spec
 
 
 __all__ = [
     "AttentionSpec",
     "FFNSpec",
+    "HeadSpec",
     "LayerSpec",
     "ModelSpec",
     "StackSpec",

@@ -64,6 +64,9 @@ class AttentionSpec(BranchLayout):
         out_norm: A norm applied to the attention output before the residual sum (Gemma 2's sandwich, OLMo-2), or
             None. The residual branch is ``y = x + out_norm(attn(norm(x)))`` (pre-LN) or
             ``y = norm(x + out_norm(attn(x)))`` (post-LN).
+        output_module: Where the attention output is read when ``module``'s own first output is not it (BERT's and
+            ALBERT's attention modules add the residual and normalise inside): the output projection, whose output
+            is the attention output. None: ``module``'s first output.
     """
 
     module: nn.Module
@@ -79,6 +82,7 @@ class AttentionSpec(BranchLayout):
     pre_norm: bool
     probs_index: int = 1
     out_norm: nn.Module | None = None
+    output_module: nn.Module | None = None
 
     def value_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The value projection as an ``(in_features, H_kv * head_dim)`` matrix and its bias."""
@@ -147,6 +151,33 @@ class StackSpec:
     final_norm: nn.Module | None = None
 
 
+#: What an encoder-only model's head explains (see :class:`HeadSpec`).
+HEAD_TASKS = ("masked_lm", "sequence_classification", "token_classification")
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """The read-out of an encoder-only model: position-wise steps from the final hidden state to the logits.
+
+    Each step is an ``nn.Linear``, a norm, or an element-wise activation (a module or a function), applied in order to
+    the final hidden state of one position; dropout is left out (eval mode). A sequence classifier reads its first
+    token (BERT's pooler, RoBERTa's and ELECTRA's classification heads, DistilBERT's pre-classifier): its logits are
+    the steps at position 0. The last step is the linear map whose rows are the explained vocabulary or labels.
+
+    Attributes:
+        task: One of :data:`HEAD_TASKS`.
+        steps: The steps, in order.
+    """
+
+    task: str
+    steps: tuple
+
+    @property
+    def out_proj(self) -> nn.Linear:
+        """The last linear map (unembedding or classifier)."""
+        return self.steps[-1]
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A whole model: its family name, its stacks and its LM head.
@@ -164,6 +195,10 @@ class ModelSpec:
             ``project_out``), or None.
         logit_softcap: The cap ``c`` of a final logit soft-cap ``c·tanh(z/c)`` applied after the LM head (Gemma 2),
             or None. The cap is not linear: the logit methods explain ``z``, the logit before it.
+        causal: Whether the decoder stack's self-attention is causal. Encoder-only models keep their one stack in
+            ``decoder`` (the stack whose positions are explained) with ``causal=False``.
+        head: The read-out of an encoder-only model (masked LM or classifier), or None (then ``lm_head`` is the
+            read-out, or the model is a bare encoder that explains no logit).
     """
 
     family: str
@@ -175,6 +210,17 @@ class ModelSpec:
     max_positions: int | None = None
     readout_proj: nn.Module | None = None
     logit_softcap: float | None = None
+    causal: bool = True
+    head: HeadSpec | None = None
+
+    @property
+    def is_encoder_only(self) -> bool:
+        return not self.causal and self.encoder is None
+
+    @property
+    def explains_logits(self) -> bool:
+        """Whether the model has a read-out whose logits the logit methods can explain."""
+        return self.lm_head is not None or self.head is not None
 
     @property
     def is_encoder_decoder(self) -> bool:
@@ -268,9 +314,10 @@ def attention(
     pre_norm: bool,
     value_slice: slice = slice(None),
     out_norm: nn.Module | None = None,
+    output_module: nn.Module | None = None,
 ) -> AttentionSpec:
     """An :class:`AttentionSpec` whose output projection is read from ``out_proj``; ``heads`` is
-    ``(num_heads, num_kv_heads, head_dim)``."""
+    ``(num_heads, num_kv_heads, head_dim)``; ``output_module`` as in :class:`AttentionSpec`."""
     out_weight, out_bias = linear_in_out(out_proj)
     num_heads, num_kv_heads, head_dim = heads
     return AttentionSpec(
@@ -286,6 +333,7 @@ def attention(
         norm=norm,
         pre_norm=pre_norm,
         out_norm=out_norm,
+        output_module=output_module,
     )
 
 

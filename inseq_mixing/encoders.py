@@ -1,0 +1,479 @@
+"""The encoder-only front end: masked LMs, classifiers and bare encoders, with Inseq's output.
+
+Inseq loads generation models only. :func:`load_model` sends encoder–decoders and decoder-only models to
+``inseq.load_model`` and gives encoder-only models an :class:`EncoderAttributionModel` with the same surface:
+``.attribute(...)`` returns ``inseq.FeatureAttributionOutput``, so ``show()``, ``aggregate()``, ``save()`` /
+``FeatureAttributionOutput.load()`` and ``weight_attributions()`` work as for generation models.
+
+What is explained (one explained entry per row of the output's ``target``):
+
+- masked LM: each mask token of the input; its target is the model's top prediction there, or ``targets=`` (a word
+  per mask: a word of several subwords is explained by its first subword, the ALTI-logit paper's convention);
+  ``foils=`` makes logit methods explain ``logit(target) − logit(foil)``;
+- sequence classification: the predicted label, or ``targets=`` (index or label name), with ``foils=`` another label
+  (the classifier reads the first token, whose row is explained);
+- token classification: the tokens of ``positions=`` (default: every token), each for its predicted label or the label
+  in ``targets=``;
+- bare encoder: map methods only, the rows of ``positions=`` (default: the first token, [CLS] / ``<s>``).
+
+Layout: ``source`` = the input tokens, ``target`` = the explained entries, ``source_attributions`` ``(tokens,
+explained[, layers])``; map methods also put the token-to-token maps in ``sequence_scores["encoder_self_scores"]``
+``(tokens, tokens[, layers])``; logit methods put the logit (``contrast_logits_diff`` with a foil) and every
+``unattributed_*`` term in the step scores, so that token scores plus those terms equal the model's own logit.
+
+No math here: the methods are the declarations' ``compute`` (:mod:`inseq_mixing.declarations`); the gradient
+baselines are Captum's, on the input embeddings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .declarations import DECLARATIONS, Request
+from .methods.results import LogitScores
+from .specs import get_spec
+from .specs.encoder_heads import model_task
+from .trace import eval_mode, trace_model
+
+#: Inseq's gradient baselines, by name, as Captum classes on the input embeddings.
+GRADIENT_METHODS = ("integrated_gradients", "deeplift", "saliency", "input_x_gradient")
+
+#: What ``info["explained"]`` says per task.
+EXPLAINED = {
+    "masked_lm": "each mask token's logit for its target word (a word of several subwords: its first subword, the "
+    "ALTI-logit paper's convention)",
+    "sequence_classification": "the classifier's logit for the label, read at the first token",
+    "token_classification": "each explained token's logit for its label",
+    None: "the rows of the explained positions in the token-to-token maps (bare encoder: no logit)",
+}
+
+
+def load_model(model, method: str, *, tokenizer=None, device: str | None = None, dtype=None, **kwargs):
+    """One entry point for every kind of model.
+
+    Encoder–decoders and decoder-only models go to ``inseq.load_model`` unchanged (``"demo"`` is the embedded demo
+    model); encoder-only models (``...ForMaskedLM``, ``...ForSequenceClassification``, ``...ForTokenClassification``,
+    or a bare encoder such as ``BertModel``) get an :class:`EncoderAttributionModel`.
+
+    Args:
+        model: A hub name or local folder, ``"demo"``, or a loaded Hugging Face model.
+        method: One of this package's methods, or ``integrated_gradients``, ``deeplift``, ``saliency``,
+            ``input_x_gradient`` (Captum's, on encoder-only models too).
+        tokenizer: The tokenizer (default: loaded from the model's name or folder).
+        device: e.g. ``"cpu"`` or ``"cuda"``.
+        dtype: e.g. ``torch.bfloat16``.
+        kwargs: Passed to ``inseq.load_model`` for generation models.
+    """
+    import inseq
+
+    from . import load_demo_model, register
+
+    register()
+    if isinstance(model, str) and model == "demo":
+        return load_demo_model(method, device=device, **kwargs)
+    if isinstance(model, str):
+        from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer
+
+        config = AutoConfig.from_pretrained(model)
+        if config.is_encoder_decoder or _is_generation_config(config):
+            return inseq.load_model(model, method, tokenizer=tokenizer, device=device, **kwargs)
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
+        architecture = (config.architectures or [""])[0]
+        loader = AutoModelForMaskedLM if architecture.endswith("ForMaskedLM") else AutoModel
+        if architecture.endswith(("ForSequenceClassification", "ForTokenClassification")):
+            import transformers
+
+            loader = getattr(transformers, architecture)
+        model = loader.from_pretrained(model)
+    if _is_generation_model(model):
+        return inseq.load_model(model, method, tokenizer=tokenizer, device=device, **kwargs)
+    if tokenizer is None:
+        raise ValueError("Pass the tokenizer of this encoder model: load_model(model, method, tokenizer=...).")
+    if dtype is not None:
+        model = model.to(dtype)
+    if device is not None:
+        model = model.to(device)
+    return EncoderAttributionModel(model, tokenizer, method)
+
+
+def _is_generation_config(config) -> bool:
+    architectures = config.architectures or []
+    return any(name.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")) for name in architectures)
+
+
+def _is_generation_model(model: nn.Module) -> bool:
+    return bool(getattr(model.config, "is_encoder_decoder", False)) or type(model).__name__.endswith(
+        ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+    )
+
+
+@dataclass
+class _Batch:
+    """One batch of texts, tokenized, with what is explained in each."""
+
+    texts: list[str]
+    inputs: dict
+    positions: torch.Tensor  # (B, T) booleans
+    explained: list[list[int]]  # per text, the explained positions in order
+    target_ids: torch.Tensor  # (B, T) output index explained at each position
+    foil_ids: torch.Tensor | None
+
+
+class EncoderAttributionModel:
+    """An encoder-only model with one attribution method (see the module docstring).
+
+    Args:
+        model: An encoder-only Hugging Face model of a supported family.
+        tokenizer: Its tokenizer (with a mask token for masked LMs).
+        method: The method's name.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer, method: str):
+        self.model, self.tokenizer, self.method = model, tokenizer, method
+        self.spec = get_spec(model)
+        if not self.spec.is_encoder_only:
+            raise ValueError(f"{type(model).__name__} is not an encoder-only model: use inseq.load_model for it.")
+        self.task = model_task(model)
+        if method not in DECLARATIONS and method not in GRADIENT_METHODS:
+            names = [*DECLARATIONS, *GRADIENT_METHODS]
+            raise ValueError(f"Unknown method {method!r} for encoder-only models: use one of {names}.")
+        self.declaration = DECLARATIONS.get(method)
+        explains_logit = self.declaration is None or self.declaration.explains_logit
+        if explains_logit and self.task is None:
+            raise ValueError(
+                f"{method} explains a logit, and {type(model).__name__} is a bare encoder: load the model with a head "
+                "(...ForMaskedLM, ...ForSequenceClassification or ...ForTokenClassification), or use a map method "
+                "(alti, value_zeroing, attention_rollout, attention_norm, globenc)."
+            )
+        if self.task == "masked_lm" and tokenizer.mask_token_id is None:
+            raise ValueError("This tokenizer has no mask token: a masked LM explains its mask tokens.")
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def attribute(
+        self,
+        texts: str | list[str],
+        targets=None,
+        foils=None,
+        *,
+        positions: list[int] | list[list[int]] | None = None,
+        batch_size: int = 8,
+        show_progress: bool = True,
+        **method_options,
+    ):
+        """Explain ``texts`` (see the module docstring for ``targets``, ``foils`` and ``positions`` per task).
+
+        Args:
+            texts: One text or a list.
+            targets: Per text: masked LM: a word, or a list of words (one per mask); classifiers: a label index or
+                name (token classification: one per explained position); default: the model's predictions.
+            foils: Like ``targets``: the contrast of logit methods (``logit(target) − logit(foil)``).
+            positions: Token indices to explain (token classification, bare encoders), per text or one list for all.
+            batch_size: Texts per forward pass.
+            show_progress: Show a progress bar over batches.
+            method_options: The method's options (``inseq-mixing methods --options``; gradient methods: Captum's
+                ``n_steps`` for integrated gradients).
+
+        Returns:
+            ``inseq.FeatureAttributionOutput``, one sequence per text.
+        """
+        import inseq
+        from tqdm.auto import tqdm
+
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if not texts:
+            raise ValueError("Give at least one text.")
+        targets, foils = _per_text(targets, len(texts), "targets"), _per_text(foils, len(texts), "foils")
+        positions = _per_text_positions(positions, len(texts))
+        options = {}
+        if self.declaration is not None:
+            options = self.declaration.make_options(method_options)
+        elif method_options and set(method_options) - {"n_steps"}:
+            raise ValueError(f"Unknown option(s) {sorted(set(method_options) - {'n_steps'})} for {self.method}.")
+        sequences = []
+        starts = range(0, len(texts), batch_size)
+        with eval_mode(self.model):
+            for start in tqdm(starts, disable=not show_progress, desc=f"Attributing with {self.method}"):
+                stop = start + batch_size
+                batch, trace = self._batch(texts[start:stop], targets[start:stop], foils[start:stop],
+                                           positions[start:stop])  # fmt: skip
+                if self.declaration is None:
+                    sequences += self._gradient_sequences(batch, **method_options)
+                else:
+                    sequences += self._declared_sequences(batch, trace, options)
+        info = {
+            "attribution_method": self.method,
+            "model_name": getattr(self.model.config, "name_or_path", "") or type(self.model).__name__,
+            "model_class": type(self.model).__name__,
+            "tokenizer_name": getattr(self.tokenizer, "name_or_path", ""),
+            "tokenizer_class": type(self.tokenizer).__name__,
+            "input_texts": texts,
+            "task": self.task or "encoder",
+            "explained": EXPLAINED[self.task],
+            "attributed_fn": self._explained_quantity(foils),
+            "step_scores": [],
+            "attribution_args": dict(method_options),
+        }
+        if self._axis is not None:
+            info["score_axis"] = list(self._axis)
+        return inseq.FeatureAttributionOutput(sequence_attributions=sequences, step_attributions=None, info=info)
+
+    _axis: list[str] | None = None
+
+    def _explained_quantity(self, foils) -> str:
+        if self.declaration is not None and not self.declaration.explains_logit:
+            return f"{self.method} map: context mixing into each explained position"
+        return "contrast_logits_diff" if any(foil is not None for foil in foils) else "logit"
+
+    # ----- inputs -----
+
+    def _batch(self, texts, targets, foils, positions) -> tuple[_Batch, object]:
+        encoded = self.tokenizer(texts, return_tensors="pt", padding=True)
+        inputs = {name: value.to(self.device) for name, value in encoded.items() if name != "special_tokens_mask"}
+        ids, mask = inputs["input_ids"], inputs["attention_mask"]
+        extra = {name: value for name, value in inputs.items() if name not in ("input_ids", "attention_mask")}
+        trace = trace_model(self.model, ids, mask, spec=self.spec, extra=extra)
+        explained = [self._explained_positions(ids[row], mask[row], positions[row], row) for row in range(len(texts))]
+        where = torch.zeros_like(mask, dtype=torch.bool)
+        for row, cells in enumerate(explained):
+            where[row, cells] = True
+        target_ids = torch.zeros_like(ids)
+        foil_ids = None if all(foil is None for foil in foils) else torch.zeros_like(ids)
+        if trace.logits is not None:
+            target_ids = trace.logits.argmax(-1)
+            for row, cells in enumerate(explained):
+                self._fill(target_ids, row, cells, targets[row], "targets")
+                if foil_ids is not None:
+                    if foils[row] is None:
+                        raise ValueError(f"Text {row} has no foil: give one foil per text, or none at all.")
+                    self._fill(foil_ids, row, cells, foils[row], "foils")
+        return _Batch(texts, inputs, where, explained, target_ids, foil_ids), trace
+
+    def _explained_positions(self, ids, mask, chosen, row: int) -> list[int]:
+        length = int(mask.sum())
+        if self.task == "masked_lm":
+            cells = (ids[:length] == self.tokenizer.mask_token_id).nonzero().flatten().tolist()
+            if not cells:
+                raise ValueError(
+                    f"Text {row} has no mask token: put {self.tokenizer.mask_token} where the word to explain is."
+                )
+            return cells
+        if self.task == "sequence_classification":
+            return [0]
+        if chosen is None:
+            return list(range(length)) if self.task == "token_classification" else [0]
+        cells = [int(cell) for cell in chosen]
+        bad = [cell for cell in cells if not 0 <= cell < length]
+        if bad:
+            raise ValueError(f"Text {row} has {length} tokens: positions {bad} are outside it.")
+        return cells
+
+    def _fill(self, ids: torch.Tensor, row: int, cells: list[int], given, what: str) -> None:
+        """Write the given targets (or foils) of one text into ``ids`` at its explained cells."""
+        if given is None:
+            return
+        given = [given] if isinstance(given, str | int) else list(given)
+        if self.task == "sequence_classification" and len(given) != 1:
+            raise ValueError(f"Text {row}: a classifier explains one label, but {what} gives {len(given)}.")
+        if len(given) != len(cells):
+            raise ValueError(f"Text {row} explains {len(cells)} position(s), but {what} gives {len(given)} value(s).")
+        for cell, value in zip(cells, given, strict=True):
+            ids[row, cell] = self._output_index(value)
+
+    def _output_index(self, value) -> int:
+        """The output row of a target or foil: a word's first subword (masked LM), or a label's index."""
+        if self.task == "masked_lm":
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"A masked LM's target or foil is a word, not {value!r}.")
+            ids = self.tokenizer(" " + value.strip(), add_special_tokens=False).input_ids
+            marker = ids and self.tokenizer.convert_ids_to_tokens(ids[0]) in ("Ġ", "▁")
+            ids = ids[1:] if marker and len(ids) > 1 else ids
+            if not ids or ids[0] == self.tokenizer.unk_token_id:
+                raise ValueError(
+                    f"The word {value!r} is not in the tokenizer's vocabulary (it maps to the unknown token)."
+                )
+            return ids[0]
+        labels = getattr(self.model.config, "label2id", None) or {}
+        if isinstance(value, str):
+            if value not in labels:
+                raise ValueError(f"Unknown label {value!r}: the model's labels are {list(labels)}.")
+            return int(labels[value])
+        count = self.spec.head.out_proj.out_features
+        if not 0 <= int(value) < count:
+            raise ValueError(f"Label index {value} is outside the model's {count} labels.")
+        return int(value)
+
+    # ----- outputs -----
+
+    def _declared_sequences(self, batch: _Batch, trace, options) -> list:
+        request = Request(
+            spec=self.spec,
+            model=self.model,
+            input_ids=batch.inputs["input_ids"],
+            attention_mask=batch.inputs["attention_mask"],
+            target_ids=None,
+            target_mask=None,
+            predicted_ids=batch.target_ids,
+            foil_ids=batch.foil_ids,
+            positions=batch.positions,
+            tracer=lambda: trace,
+        )
+        result = self.declaration.compute(request, options)
+        self._axis = result.axis
+        if isinstance(result, LogitScores):
+            name = "contrast_logits_diff" if batch.foil_ids is not None else "logit"
+            steps = {**result.terms, name: result.logit}
+            if result.logit_after_softcap is not None:
+                steps[f"{name}_after_softcap"] = result.logit_after_softcap
+            return [self._sequence(batch, row, result.target, steps, signed=True) for row in range(len(batch.texts))]
+        encoder = result.target
+        return [
+            self._sequence(batch, row, result.target, {}, signed=False, maps=encoder)
+            for row in range(len(batch.texts))
+        ]
+
+    def _sequence(self, batch: _Batch, row: int, scores, steps: dict, signed: bool, maps=None):
+        """One text's Inseq sequence from ``(B, [slots,] T, T)`` scores whose rows are positions."""
+        from .attr.base import MixingSequenceOutput, SignedMixingSequenceOutput
+
+        cells = batch.explained[row]
+        length = int(batch.inputs["attention_mask"][row].sum())
+        rows = scores[row][..., cells, :length]  # ([slots,] explained, tokens)
+        source_attributions = _tokens_first(rows)
+        sequence_scores = {}
+        if maps is not None:
+            sequence_scores["encoder_self_scores"] = _tokens_first(maps[row][..., :length, :length])
+        step_scores = {name: value[row, cells].detach().float().cpu() for name, value in steps.items()}
+        cls = SignedMixingSequenceOutput if signed else MixingSequenceOutput
+        return cls(
+            source=self._tokens(batch.inputs["input_ids"][row, :length]),
+            target=self._explained_tokens(batch, row, cells),
+            source_attributions=source_attributions,
+            step_scores=step_scores,
+            sequence_scores=sequence_scores,
+            attr_pos_start=0,
+            attr_pos_end=len(cells),
+            _num_dimensions=source_attributions.ndim - 2,
+        )
+
+    def _tokens(self, ids: torch.Tensor) -> list:
+        from inseq.utils.typing import TokenWithId
+
+        ids = ids.tolist()
+        return [
+            TokenWithId(token, idx) for token, idx in zip(self.tokenizer.convert_ids_to_tokens(ids), ids, strict=True)
+        ]
+
+    def _explained_tokens(self, batch: _Batch, row: int, cells: list[int]) -> list:
+        """One entry per explained position: the target token (masked LM), the label's name (classifiers), or the
+        position's own token (bare encoders)."""
+        from inseq.utils.typing import TokenWithId
+
+        if self.task is None:
+            return self._tokens(batch.inputs["input_ids"][row, cells])
+        ids = batch.target_ids[row, cells].tolist()
+        if self.task == "masked_lm":
+            names = self.tokenizer.convert_ids_to_tokens(ids)
+        else:
+            labels = getattr(self.model.config, "id2label", None) or {}
+            names = [str(labels.get(idx, idx)) for idx in ids]
+        if self.task == "token_classification":
+            words = self.tokenizer.convert_ids_to_tokens(batch.inputs["input_ids"][row, cells].tolist())
+            names = [f"{word}→{name}" for word, name in zip(words, names, strict=True)]
+        return [TokenWithId(name, idx) for name, idx in zip(names, ids, strict=True)]
+
+    # ----- gradient baselines -----
+
+    def _gradient_sequences(self, batch: _Batch, n_steps: int = 50) -> list:
+        """Captum's method on the input embeddings, per explained position (summed over the embedding)."""
+        import captum.attr
+
+        from .attr.base import SignedMixingSequenceOutput
+
+        classes = {"integrated_gradients": captum.attr.IntegratedGradients, "deeplift": captum.attr.DeepLift,
+                   "saliency": captum.attr.Saliency, "input_x_gradient": captum.attr.InputXGradient}  # fmt: skip
+        inputs = batch.inputs
+        others = {name: value for name, value in inputs.items() if name != "input_ids"}
+        embeds = self.model.get_input_embeddings()(inputs["input_ids"]).detach()
+        sequences = []
+        for row, cells in enumerate(batch.explained):
+            length = int(inputs["attention_mask"][row].sum())
+            columns, logits = [], []
+            for cell in cells:
+                target = int(batch.target_ids[row, cell])
+                foil = None if batch.foil_ids is None else int(batch.foil_ids[row, cell])
+                model = _ExplainedLogit(self.model, self.task, {k: v[row : row + 1] for k, v in others.items()},
+                                        cell, target, foil)  # fmt: skip
+                method = classes[self.method](model if self.method == "deeplift" else model.forward)
+                kwargs = {"n_steps": n_steps} if self.method == "integrated_gradients" else {}
+                with torch.enable_grad():
+                    scores = method.attribute(embeds[row : row + 1].requires_grad_(True), **kwargs)
+                if self.method == "saliency":
+                    scores = scores.abs()
+                columns.append(scores[0, :length].sum(-1).detach().float().cpu())
+                with torch.no_grad():
+                    logits.append(float(model.forward(embeds[row : row + 1])))
+            name = "contrast_logits_diff" if batch.foil_ids is not None else "logit"
+            sequences.append(
+                SignedMixingSequenceOutput(
+                    source=self._tokens(inputs["input_ids"][row, :length]),
+                    target=self._explained_tokens(batch, row, cells),
+                    source_attributions=torch.stack(columns, dim=1),
+                    step_scores={name: torch.tensor(logits)},
+                    attr_pos_start=0,
+                    attr_pos_end=len(cells),
+                    _num_dimensions=0,
+                )
+            )
+        return sequences
+
+
+class _ExplainedLogit(nn.Module):
+    """The explained logit (minus the foil's) as a function of the input embeddings: what Captum attributes."""
+
+    def __init__(self, model, task, others: dict, cell: int, target: int, foil: int | None):
+        super().__init__()
+        self.model, self.task, self.others = model, task, others
+        self.cell, self.target, self.foil = cell, target, foil
+
+    def forward(self, embeds: torch.Tensor) -> torch.Tensor:
+        others = {name: value.expand(embeds.shape[0], *value.shape[1:]) for name, value in self.others.items()}
+        logits = self.model(inputs_embeds=embeds, **others).logits
+        if logits.dim() == 3:
+            logits = logits[:, self.cell]
+        return logits[:, self.target] - (0 if self.foil is None else logits[:, self.foil])
+
+
+def _tokens_first(rows: torch.Tensor) -> torch.Tensor:
+    """``([slots,] explained, tokens)`` → Inseq's ``(tokens, explained[, slots])``."""
+    rows = rows.detach().float().cpu()
+    return rows.permute(2, 1, 0).contiguous() if rows.ndim == 3 else rows.T.contiguous()
+
+
+def _per_text(values, count: int, what: str) -> list:
+    """``targets`` / ``foils`` as one entry per text. With one text the value may be given unwrapped: ``"cat"``, or
+    ``["cat", "dog"]`` for two masks (``[["cat", "dog"]]`` is the wrapped form)."""
+    if values is None:
+        return [None] * count
+    if count == 1:
+        wrapped = isinstance(values, list | tuple) and len(values) == 1 and isinstance(values[0], list | tuple)
+        return [values[0]] if wrapped else [values]
+    if isinstance(values, str | int) or len(values) != count:
+        raise ValueError(f"{what} must have one entry per text ({count}), not {values!r}.")
+    return list(values)
+
+
+def _per_text_positions(positions, count: int) -> list:
+    if positions is None:
+        return [None] * count
+    if positions and all(isinstance(value, int) for value in positions):
+        return [list(positions)] * count
+    positions = list(positions)
+    if len(positions) != count:
+        raise ValueError(f"positions has {len(positions)} lists for {count} texts: give one list per text.")
+    return positions

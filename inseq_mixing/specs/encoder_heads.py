@@ -1,0 +1,59 @@
+"""Read-outs of encoder-only models, as data: for each family, the attribute paths of each head's steps.
+
+A masked-LM head is the transform (dense, activation, norm) and the unembedding; a sequence classifier reads its first
+token through a pooler or a classification head (dense, tanh / GELU / ReLU) into the classifier; a token classifier is
+one linear map per position. Each family's spec file gives its table (:data:`HeadPaths`); :func:`head_spec` resolves it
+on a model, from the model class's task.
+"""
+
+from collections.abc import Callable
+
+from torch import nn
+
+from .base import HEAD_TASKS, HeadSpec, UnsupportedModelError
+
+#: task → steps: dotted attribute paths on the model (modules, or module attributes holding a function), or functions.
+HeadPaths = dict[str, tuple[str | Callable, ...]]
+
+#: The class-name endings of the encoder model classes, by task.
+TASK_SUFFIXES = {
+    "masked_lm": "ForMaskedLM",
+    "sequence_classification": "ForSequenceClassification",
+    "token_classification": "ForTokenClassification",
+}
+
+
+def model_task(model: nn.Module) -> str | None:
+    """The head task of an encoder model (:data:`~.base.HEAD_TASKS`), or None for a bare encoder (``BertModel``).
+
+    Raises:
+        UnsupportedModelError: A head this package does not explain (question answering, multiple choice, ...).
+    """
+    name = type(model).__name__
+    for task, suffix in TASK_SUFFIXES.items():
+        if name.endswith(suffix):
+            return task
+    if getattr(model, "base_model", model) is model:
+        return None
+    raise UnsupportedModelError(
+        f"{name} has a head inseq-mixing does not explain: load the model as ...ForMaskedLM, "
+        "...ForSequenceClassification, ...ForTokenClassification, or the bare encoder (...Model)."
+    )
+
+
+def _resolve(model: nn.Module, step: str | Callable):
+    if not isinstance(step, str):
+        return step
+    value = model
+    for name in step.split("."):
+        value = getattr(value, name)
+    return value
+
+
+def head_spec(model: nn.Module, paths: HeadPaths) -> HeadSpec | None:
+    """The :class:`~.base.HeadSpec` of ``model`` from its family's ``paths``, or None for a bare encoder."""
+    task = model_task(model)
+    if task is None:
+        return None
+    assert task in HEAD_TASKS
+    return HeadSpec(task=task, steps=tuple(_resolve(model, step) for step in paths[task]))

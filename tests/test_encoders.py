@@ -1,0 +1,369 @@
+"""Encoder-only models (BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT, ALBERT): masked LMs, classifiers and bare
+encoders through ``inseq_mixing.load_model``. Completeness against the model's own logits, value zeroing / ALTI /
+attention norm / GlobEnc against pair-by-pair computations on the HF modules, padding invariance, a failed call,
+Inseq's show / save / load, and the errors a user meets."""
+
+import functools
+
+import inseq
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+import inseq_mixing
+from inseq_mixing.methods.norm_based import attention_norm, globenc
+from inseq_mixing.methods.value_zeroing import value_zeroing
+from inseq_mixing.specs import get_spec
+from inseq_mixing.testing import ENCODER_FAMILIES, encoder_tokenizer, tiny_encoder
+from inseq_mixing.trace import trace_model
+
+from .reference import (
+    capture_value_inputs,
+    frozen_norm_map,
+    hf_attention_part,
+    hf_value_vectors,
+    naive_alti_layer,
+    naive_value_zeroing,
+)
+
+LOGIT_METHODS = ("alti_logit", "decompx", "attn_lrp")
+MAP_METHODS = ("alti", "value_zeroing", "attention_rollout", "attention_norm", "globenc")
+TEXTS = ["the dog [MASK] the cat on the mat", "a [MASK] sat"]
+PAIR = ("the books were read", "by many people")
+
+
+@functools.cache
+def tokenizer():
+    return encoder_tokenizer()
+
+
+@functools.cache
+def encoder(family: str, task: str = "masked_lm"):
+    return tiny_encoder(family, task)
+
+
+def model_inputs(texts, pair=None):
+    encoded = tokenizer()(texts, pair, return_tensors="pt", padding=True)
+    return dict(encoded)
+
+
+def own_logits(model, texts) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**model_inputs(texts)).logits
+
+
+@pytest.fixture(params=ENCODER_FAMILIES)
+def family(request):
+    return request.param
+
+
+@pytest.mark.parametrize("task", ["masked_lm", "sequence_classification", "token_classification"])
+def test_logit_methods_add_up_to_the_models_own_logit(family, task):
+    """Token scores plus the unattributed step scores equal the model's own logit (an independent forward pass) at
+    every explained position, with and without a foil."""
+    model = encoder(family, task)
+    logits = own_logits(model, TEXTS)
+    targets = {"masked_lm": ["cat", "dog"], "sequence_classification": ["positive", 0], "token_classification": None}
+    foils = {"masked_lm": ["mat", "a"], "sequence_classification": ["negative", "neutral"],
+             "token_classification": None}  # fmt: skip
+    for method in LOGIT_METHODS:
+        attribution = inseq_mixing.load_model(model, method, tokenizer=tokenizer())
+        for foil in (None, foils[task]):
+            out = attribution.attribute(TEXTS, targets[task], foil, show_progress=False)
+            name = "logit" if foil is None else "contrast_logits_diff"
+            assert out.info["attributed_fn"] == name
+            for row, sequence in enumerate(out.sequence_attributions):
+                steps = sequence.step_scores
+                terms = sum(value for key, value in steps.items() if key.startswith("unattributed_"))
+                total = sequence.source_attributions.sum(0) + terms
+                ids = torch.tensor([token.id for token in sequence.target])
+                if task == "sequence_classification":
+                    expected = logits[row, ids]
+                else:
+                    cells = _explained_cells(model_inputs(TEXTS)["input_ids"][row], task, len(sequence.source))
+                    expected = logits[row, cells, ids]
+                if foil is not None:
+                    foil_ids = [_output_index(model, task, value) for value in _as_list(foil[row])]
+                    if task == "sequence_classification":
+                        expected = expected - logits[row, foil_ids]
+                    else:
+                        expected = expected - logits[row, cells, foil_ids]
+                torch.testing.assert_close(steps[name], expected, atol=1e-4, rtol=1e-4)
+                torch.testing.assert_close(total, expected, atol=1e-4, rtol=1e-4)
+
+
+def _as_list(value):
+    return [value] if isinstance(value, str | int) else list(value)
+
+
+def _output_index(model, task, value):
+    if task == "masked_lm":
+        return tokenizer().convert_tokens_to_ids(value)
+    return model.config.label2id[value] if isinstance(value, str) else value
+
+
+def _explained_cells(ids, task, length):
+    if task == "masked_lm":
+        return (ids[:length] == tokenizer().mask_token_id).nonzero().flatten()
+    return torch.arange(length)
+
+
+def test_targets_are_the_models_predictions_by_default(family):
+    model = encoder(family, "masked_lm")
+    out = inseq_mixing.load_model(model, "alti_logit", tokenizer=tokenizer()).attribute(TEXTS, show_progress=False)
+    logits = own_logits(model, TEXTS)
+    for row, sequence in enumerate(out.sequence_attributions):
+        cells = _explained_cells(model_inputs(TEXTS)["input_ids"][row], "masked_lm", len(sequence.source))
+        assert [token.id for token in sequence.target] == logits[row, cells].argmax(-1).tolist()
+    assert "first subword" in out.info["explained"]
+
+
+def test_value_zeroing_matches_zeroing_values_through_a_hook(family):
+    """Zero token j's value vectors through a hook on the real value projection, re-run the layer on its clean
+    input, measure the cosine distance: every token is zeroed for every position (encoder maps are not causal)."""
+    model = encoder(family)
+    kwargs = model_inputs(TEXTS[:1])
+    spec = get_spec(model)
+    naive = naive_value_zeroing(model, spec, kwargs, "decoder", "self")
+    fast = value_zeroing(trace_model(model, kwargs["input_ids"], kwargs["attention_mask"], spec=spec,
+                                     extra={"token_type_ids": kwargs["token_type_ids"]}))  # fmt: skip
+    torch.testing.assert_close(fast.decoder[0], naive, atol=1e-5, rtol=1e-4)
+    assert (naive[:, 0, -1] > 0).all()  # the first position mixes with the last token: not causal
+
+
+def _trace(model, texts, pair=None):
+    kwargs = model_inputs(texts, pair)
+    extra = {"token_type_ids": kwargs["token_type_ids"]}
+    return kwargs, trace_model(model, kwargs["input_ids"], kwargs["attention_mask"], extra=extra)
+
+
+def test_alti_matches_the_definition_pair_by_pair(family):
+    model = encoder(family)
+    kwargs, trace = _trace(model, *PAIR)
+    spec = get_spec(model)
+    maps = inseq_mixing.declarations.DECLARATIONS["alti"].compute(_request(model, trace, kwargs), _options("alti"))
+    for idx in (0, len(spec.decoder.layers) - 1):
+        naive = naive_alti_layer(model, spec, trace, kwargs, "decoder", idx, "self")
+        torch.testing.assert_close(maps.target[0, idx], naive, atol=1e-5, rtol=1e-4)
+
+
+def _options(method: str, **values):
+    return inseq_mixing.declarations.DECLARATIONS[method].make_options({"rollout": False, **values})
+
+
+def _request(model, trace, kwargs):
+    ids = kwargs["input_ids"]
+    return inseq_mixing.declarations.Request(
+        get_spec(model), model, ids, kwargs["attention_mask"], None, None, torch.zeros_like(ids), None,
+        kwargs["attention_mask"].bool(), lambda: trace,
+    )  # fmt: skip
+
+
+def naive_encoder_vectors(model, kwargs, trace, layer_index: int, norms: str):
+    """Self-attention vectors ``z_ij`` of batch 0 at one layer, for every pair (no causal mask), through the HF value
+    and output projections; ``norms``: ``""`` (N), ``"residual"`` (N-Res), ``"ln"`` (N-ResLN: + the attention's
+    post-LN, frozen), ``"globenc"`` (+ the FFN's post-LN too)."""
+    spec = get_spec(model)
+    layer, record = spec.decoder.layers[layer_index], trace.decoder.layers[layer_index]
+    attn = layer.self_attn
+    values = hf_value_vectors(attn, capture_value_inputs(model, spec, kwargs)[("decoder", layer_index, "self")])
+    num = int(kwargs["attention_mask"][0].sum())
+    vectors = torch.zeros(num, num, record.input.shape[-1])
+    with torch.no_grad():
+        for i in range(num):
+            for j in range(num):
+                part = hf_attention_part(attn, values, record.self_attn.probs[0], i, j)
+                if norms and i == j:
+                    part = part + record.input[0, i]
+                if norms in ("ln", "globenc"):
+                    part = frozen_norm_map(attn.norm, record.self_attn.norm_input[0, i])(part)
+                if norms == "globenc":
+                    part = frozen_norm_map(layer.ffn.norm, record.ffn_norm_input[0, i])(part)
+                vectors[i, j] = part
+    return vectors
+
+
+def test_attention_norm_and_globenc_match_the_definition_pair_by_pair(family):
+    model = encoder(family)
+    kwargs, trace = _trace(model, TEXTS[:1])
+    num = int(kwargs["attention_mask"][0].sum())
+    for variant, options in (("", {}), ("residual", {"residual": True}), ("ln", {"layer_norm": True})):
+        maps = attention_norm(trace, **options)
+        for idx in range(maps.target.shape[1]):
+            naive = torch.linalg.vector_norm(naive_encoder_vectors(model, kwargs, trace, idx, variant), dim=-1)
+            torch.testing.assert_close(maps.target[0, idx, :num, :num], naive, atol=1e-5, rtol=1e-4)
+    maps = globenc(trace, rollout=False)
+    for idx in range(maps.target.shape[1]):
+        naive = torch.linalg.vector_norm(naive_encoder_vectors(model, kwargs, trace, idx, "globenc"), dim=-1)
+        expected = naive / naive.sum(-1, keepdim=True)
+        torch.testing.assert_close(maps.target[0, idx, :num, :num], expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method", LOGIT_METHODS + MAP_METHODS + ("integrated_gradients",))
+def test_a_padded_batch_equals_each_text_alone(method):
+    model = encoder("bert", "sequence_classification")
+    attribution = inseq_mixing.load_model(model, method, tokenizer=tokenizer())
+    texts = ["the dog sat on the mat and it read many books", "a cat"]
+    batched = attribution.attribute(texts, show_progress=False, batch_size=2)
+    for text, sequence in zip(texts, batched.sequence_attributions, strict=True):
+        alone = attribution.attribute(text, show_progress=False).sequence_attributions[0]
+        torch.testing.assert_close(sequence.source_attributions, alone.source_attributions, atol=1e-5, rtol=1e-4)
+        for name, value in alone.step_scores.items():
+            torch.testing.assert_close(sequence.step_scores[name], value, atol=1e-5, rtol=1e-4)
+        for name, value in (alone.sequence_scores or {}).items():
+            torch.testing.assert_close(sequence.sequence_scores[name], value, atol=1e-5, rtol=1e-4)
+
+
+def test_token_types_are_passed_to_the_model():
+    """A sentence pair's second segment has token type 1: the scores are those of the model given both."""
+    model = encoder("bert", "sequence_classification")
+    attribution = inseq_mixing.load_model(model, "alti_logit", tokenizer=tokenizer())
+    out = attribution.attribute(" ".join(PAIR), show_progress=False)  # one segment: token types all 0
+    with torch.no_grad():
+        single = model(**model_inputs([" ".join(PAIR)])).logits
+    label = out.sequence_attributions[0].target[0].id
+    torch.testing.assert_close(out.sequence_attributions[0].step_scores["logit"], single[:, label], atol=1e-5,
+                               rtol=1e-5)  # fmt: skip
+    kwargs, trace = _trace(model, *PAIR)
+    assert kwargs["token_type_ids"].max() == 1
+    with torch.no_grad():
+        paired = model(**kwargs).logits
+    torch.testing.assert_close(trace.logits[:, 0], paired, atol=1e-5, rtol=1e-5)
+
+
+def test_bare_encoders_take_map_methods_and_explain_the_first_token_by_default(family):
+    model = encoder(family, "bare")
+    out = inseq_mixing.load_model(model, "alti", tokenizer=tokenizer()).attribute(TEXTS, show_progress=False)
+    sequence = out.sequence_attributions[0]
+    assert [token.token for token in sequence.target] == ["[CLS]"]
+    maps = sequence.sequence_scores["encoder_self_scores"]
+    assert maps.shape == (len(sequence.source), len(sequence.source))
+    torch.testing.assert_close(sequence.source_attributions[:, 0], maps[:, 0])
+    torch.testing.assert_close(maps.sum(0), torch.ones(len(sequence.source)))  # every row sums to 1
+    chosen = inseq_mixing.load_model(model, "value_zeroing", tokenizer=tokenizer())
+    out = chosen.attribute(TEXTS[0], positions=[2, 3], show_progress=False)
+    assert [token.token for token in out.sequence_attributions[0].target] == ["dog", "[MASK]"]
+    assert out.sequence_attributions[0].source_attributions.shape[1:] == (2, 2)  # (tokens, explained, layers)
+    for method in LOGIT_METHODS + ("integrated_gradients",):
+        with pytest.raises(ValueError, match="ForMaskedLM, ...ForSequenceClassification"):
+            inseq_mixing.load_model(model, method, tokenizer=tokenizer())
+
+
+def test_show_save_and_load_work_as_for_generation_models(tmp_path):
+    model = encoder("roberta", "masked_lm")
+    for method in ("decompx", "value_zeroing"):
+        out = inseq_mixing.load_model(model, method, tokenizer=tokenizer()).attribute(TEXTS, show_progress=False)
+        page = out.show(display=False, return_html=True)
+        assert page.count("<table") >= 2 and "[MASK]" in page
+        path = tmp_path / f"{method}.json"
+        out.save(path)
+        loaded = inseq.FeatureAttributionOutput.load(path)
+        for before, after in zip(out.sequence_attributions, loaded.sequence_attributions, strict=True):
+            torch.testing.assert_close(after.source_attributions, before.source_attributions)
+        assert loaded.info["attributed_fn"] == out.info["attributed_fn"]
+        assert out.aggregate().sequence_attributions[0].source_attributions.ndim == 2
+
+
+def test_a_failed_call_leaves_the_model_as_it_was():
+    model = tiny_encoder("bert", "masked_lm")
+    model.train()
+    model.set_attn_implementation("sdpa")
+    attribution = inseq_mixing.load_model(model, "value_zeroing", tokenizer=tokenizer())
+    with torch.no_grad():
+        model.bert.encoder.layer[1].intermediate.dense.weight[0, 0] = float("nan")
+    hooks = sum(len(module._forward_hooks) + len(module._forward_pre_hooks) for module in model.modules())
+    with pytest.raises((FloatingPointError, ValueError), match="non-finite|NaN"):
+        attribution.attribute(TEXTS, show_progress=False)
+    assert model.training and model.config._attn_implementation == "sdpa"
+    assert hooks == sum(len(module._forward_hooks) + len(module._forward_pre_hooks) for module in model.modules())
+
+
+def test_bad_inputs_get_errors_that_say_what_to_do():
+    mlm = inseq_mixing.load_model(encoder("bert"), "alti_logit", tokenizer=tokenizer())
+    with pytest.raises(ValueError, match=r"no mask token: put \[MASK\]"):
+        mlm.attribute("the dog sat", show_progress=False)
+    with pytest.raises(ValueError, match="unknown token"):
+        mlm.attribute("the dog [MASK]", "zyzzyva", show_progress=False)
+    with pytest.raises(ValueError, match="2 position"):
+        mlm.attribute("the [MASK] [MASK]", "dog", show_progress=False)
+    classifier = inseq_mixing.load_model(encoder("bert", "sequence_classification"), "decompx", tokenizer=tokenizer())
+    with pytest.raises(ValueError, match="Unknown label 'happy'.*negative"):
+        classifier.attribute("the dog sat", "happy", show_progress=False)
+    with pytest.raises(ValueError, match="Unknown option"):
+        classifier.attribute("the dog sat", nope=1, show_progress=False)
+    with pytest.raises(ValueError, match="Unknown method"):
+        inseq_mixing.load_model(encoder("bert"), "lime", tokenizer=tokenizer())
+
+
+def test_gradient_baselines_explain_the_same_logit():
+    """Captum's methods run on the same input and explain the same logit; Integrated Gradients' scores add up to
+    the logit minus the all-zero-embedding baseline's (its completeness)."""
+    model = encoder("electra", "sequence_classification")
+    kwargs = model_inputs(TEXTS[:1])
+    label = int(own_logits(model, TEXTS[:1]).argmax())
+    for method in ("integrated_gradients", "deeplift", "saliency", "input_x_gradient"):
+        out = inseq_mixing.load_model(model, method, tokenizer=tokenizer()).attribute(TEXTS[0], show_progress=False)
+        sequence = out.sequence_attributions[0]
+        assert sequence.target[0].id == label and sequence.source_attributions.shape == (len(sequence.source), 1)
+    out = inseq_mixing.load_model(model, "integrated_gradients", tokenizer=tokenizer()).attribute(
+        TEXTS[0], n_steps=300, show_progress=False
+    )
+    others = {name: value for name, value in kwargs.items() if name != "input_ids"}
+    with torch.no_grad():
+        width = model.get_input_embeddings().embedding_dim
+        zero = model(inputs_embeds=torch.zeros(1, kwargs["input_ids"].shape[1], width), **others).logits[0, label]
+    logit = out.sequence_attributions[0].step_scores["logit"]
+    torch.testing.assert_close(out.sequence_attributions[0].source_attributions.sum(), logit[0] - zero, atol=2e-3,
+                               rtol=2e-2)  # fmt: skip
+
+
+def test_alti_rows_read_from_the_maps_of_every_position():
+    """A masked LM's explained row is the mask position's row of the full encoder map."""
+    model = encoder("distilbert")
+    out = inseq_mixing.load_model(model, "alti", tokenizer=tokenizer()).attribute(TEXTS[0], show_progress=False)
+    sequence = out.sequence_attributions[0]
+    maps = sequence.sequence_scores["encoder_self_scores"]
+    mask = [token.token for token in sequence.source].index("[MASK]")
+    torch.testing.assert_close(sequence.source_attributions[:, 0], maps[:, mask])
+    assert F.relu(-maps).sum() == 0
+
+
+@given(
+    family=st.sampled_from(ENCODER_FAMILIES),
+    task=st.sampled_from(["masked_lm", "sequence_classification", "token_classification"]),
+    layers=st.integers(1, 3),
+    heads=st.sampled_from([1, 2, 4]),
+    head_dim=st.sampled_from([2, 4]),
+    lengths=st.lists(st.integers(1, 7), min_size=1, max_size=3),
+    seed=st.integers(0, 1000),
+)
+def test_every_configuration_is_complete_and_padding_free(family, task, layers, heads, head_dim, lengths, seed):
+    """For random encoders: ALTI-logit's and DecompX's parts add up to the model's own logit in a padded batch, and
+    each text's scores are its scores alone; ALTI's and value zeroing's rows sum to 1."""
+    model = tiny_encoder(family, task, d_model=heads * head_dim * 2, layers=layers, heads=heads,
+                         ffn=heads * head_dim * 4, seed=seed)  # fmt: skip
+    generator = torch.Generator().manual_seed(seed)
+    words = tokenizer().convert_ids_to_tokens(list(range(5, len(tokenizer()))))
+    texts = [
+        " ".join(words[i] for i in torch.randint(len(words), (length,), generator=generator)) for length in lengths
+    ]
+    texts = [f"{text} [MASK]" if task == "masked_lm" else text for text in texts]
+    logits = own_logits(model, texts)
+    for method in ("alti_logit", "decompx", "alti", "value_zeroing"):
+        attribution = inseq_mixing.load_model(model, method, tokenizer=tokenizer())
+        batched = attribution.attribute(texts, show_progress=False)
+        for row, (text, sequence) in enumerate(zip(texts, batched.sequence_attributions, strict=True)):
+            alone = attribution.attribute(text, show_progress=False).sequence_attributions[0]
+            torch.testing.assert_close(sequence.source_attributions, alone.source_attributions, atol=1e-4, rtol=1e-3)
+            if method in LOGIT_METHODS:
+                ids = torch.tensor([token.id for token in sequence.target])
+                length = len(sequence.source)
+                cells = _explained_cells(model_inputs(texts)["input_ids"][row], task, length)
+                expected = logits[row, ids] if task == "sequence_classification" else logits[row, cells, ids]
+                terms = sum(v for k, v in sequence.step_scores.items() if k.startswith("unattributed_"))
+                torch.testing.assert_close(sequence.source_attributions.sum(0) + terms, expected, atol=1e-4, rtol=1e-3)
+            else:
+                maps = sequence.sequence_scores["encoder_self_scores"]
+                torch.testing.assert_close(maps.sum(0), torch.ones(maps.shape[1:]), atol=1e-5, rtol=1e-5)
