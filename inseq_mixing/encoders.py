@@ -27,6 +27,7 @@ baselines are Captum's, on the input embeddings.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -234,7 +235,8 @@ class EncoderAttributionModel:
 
     def _batch(self, texts, targets, foils, positions) -> tuple[_Batch, object]:
         encoded = self.tokenizer(texts, return_tensors="pt", padding=True)
-        inputs = {name: value.to(self.device) for name, value in encoded.items() if name != "special_tokens_mask"}
+        accepted = inspect.signature(self.model.forward).parameters
+        inputs = {name: value.to(self.device) for name, value in encoded.items() if name in accepted}
         ids, mask = inputs["input_ids"], inputs["attention_mask"]
         extra = {name: value for name, value in inputs.items() if name not in ("input_ids", "attention_mask")}
         trace = trace_model(self.model, ids, mask, spec=self.spec, extra=extra)

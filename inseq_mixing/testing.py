@@ -249,7 +249,7 @@ def load_tiny(family: str, method: str, **method_kwargs):
 # ----- encoder-only models -----
 
 #: Encoder-only families with a tiny builder (see :func:`tiny_encoder`).
-ENCODER_FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert", "albert")
+ENCODER_FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert", "albert", "modernbert", "deberta-v2")
 #: The heads of :func:`tiny_encoder`.
 ENCODER_TASKS = ("masked_lm", "sequence_classification", "token_classification", "bare")
 ENCODER_SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -292,13 +292,26 @@ def tiny_encoder(
     vocab = vocab or len(ENCODER_SPECIAL_TOKENS) + len(WORDS)
     torch.manual_seed(seed)
     names = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "electra": "Electra",
-             "distilbert": "DistilBert", "albert": "Albert"}  # fmt: skip
+             "distilbert": "DistilBert", "albert": "Albert", "modernbert": "ModernBert",
+             "deberta-v2": "DebertaV2"}  # fmt: skip
     if family not in names:
         raise ValueError(f"No encoder builder for {family!r}; known: {ENCODER_FAMILIES}")
     labels = {"id2label": dict(enumerate(TINY_LABELS)), "label2id": {name: i for i, name in enumerate(TINY_LABELS)}}
     common = {"vocab_size": vocab, "max_position_embeddings": 64, "pad_token_id": 0, **labels}
     if family == "distilbert":
         config = transformers.DistilBertConfig(dim=d_model, n_layers=layers, n_heads=heads, hidden_dim=ffn, **common)
+    elif family == "modernbert":  # every other layer global, the others a window of 4 tokens (2 each side)
+        config = transformers.ModernBertConfig(
+            hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=ffn,
+            global_attn_every_n_layers=2, local_attention=4, classifier_pooling="cls", cls_token_id=2,
+            sep_token_id=3, bos_token_id=2, eos_token_id=3, **common,
+        )  # fmt: skip
+    elif family == "deberta-v2":  # relative attention with both disentangled terms, no absolute positions
+        config = transformers.DebertaV2Config(
+            hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=ffn,
+            relative_attention=True, pos_att_type=["p2c", "c2p"], position_biased_input=False,
+            max_relative_positions=16, position_buckets=8, type_vocab_size=2, pooler_hidden_size=d_model, **common,
+        )  # fmt: skip
     else:
         sizes = {"hidden_size": d_model, "num_hidden_layers": layers, "num_attention_heads": heads,
                  "intermediate_size": ffn, "type_vocab_size": 2}  # fmt: skip

@@ -451,7 +451,8 @@ def trace_model(
     spec = spec or get_spec(model)
     call = ModelCall(model, forward_arguments(model, spec, input_ids, attention_mask, decoder_input_ids,
                                               decoder_attention_mask, extra))  # fmt: skip
-    kwargs = {**call.kwargs, "output_attentions": True} if NEEDS_OUTPUT_ATTENTIONS else dict(call.kwargs)
+    asked = NEEDS_OUTPUT_ATTENTIONS or spec.output_attentions
+    kwargs = {**call.kwargs, "output_attentions": True} if asked else dict(call.kwargs)
     recorders = {name: _Recorder(stack, keep_cross_call=name == "decoder") for name, stack in spec.stacks.items()}
     with ExitStack() as hooks:
         hooks.enter_context(eval_mode(model))

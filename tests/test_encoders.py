@@ -130,7 +130,17 @@ def test_value_zeroing_matches_zeroing_values_through_a_hook(family):
     fast = value_zeroing(trace_model(model, kwargs["input_ids"], kwargs["attention_mask"], spec=spec,
                                      extra={"token_type_ids": kwargs["token_type_ids"]}))  # fmt: skip
     torch.testing.assert_close(fast.decoder[0], naive, atol=1e-5, rtol=1e-4)
-    assert (naive[:, 0, -1] > 0).all()  # the first position mixes with the last token: not causal
+    assert naive[0, 0, -1] > 0  # the first position mixes with the last token: not causal (layer 0 is global)
+
+
+def test_sliding_window_layers_give_exactly_zero_outside_the_window():
+    """ModernBERT's odd layers attend to 2 tokens on each side: every map is exactly 0 beyond them."""
+    model = encoder("modernbert")
+    kwargs, trace = _trace(model, TEXTS[:1])
+    far = (torch.arange(10)[:, None] - torch.arange(10)[None, :]).abs() > 2
+    for method in ("value_zeroing", "alti", "attention_norm", "globenc"):
+        maps = inseq_mixing.declarations.DECLARATIONS[method].compute(_request(model, trace, kwargs), _options(method))
+        assert (maps.target[0, 1][far] == 0).all() and (maps.target[0, 0][far] != 0).any(), method
 
 
 def _trace(model, texts, pair=None):
@@ -150,7 +160,10 @@ def test_alti_matches_the_definition_pair_by_pair(family):
 
 
 def _options(method: str, **values):
-    return inseq_mixing.declarations.DECLARATIONS[method].make_options({"rollout": False, **values})
+    """Per-layer maps: ``rollout=False`` where the method has the option."""
+    declaration = inseq_mixing.declarations.DECLARATIONS[method]
+    per_layer = {"rollout": False} if "rollout" in declaration.option_names() else {}
+    return declaration.make_options({**per_layer, **values})
 
 
 def _request(model, trace, kwargs):
@@ -164,7 +177,7 @@ def _request(model, trace, kwargs):
 def naive_encoder_vectors(model, kwargs, trace, layer_index: int, norms: str):
     """Self-attention vectors ``z_ij`` of batch 0 at one layer, for every pair (no causal mask), through the HF value
     and output projections; ``norms``: ``""`` (N), ``"residual"`` (N-Res), ``"ln"`` (N-ResLN: + the attention's
-    post-LN, frozen), ``"globenc"`` (+ the FFN's post-LN too)."""
+    post-LN, frozen; pre-LN: the FFN's input norm), ``"globenc"`` (+ the FFN's post-LN too; pre-LN: no norm)."""
     spec = get_spec(model)
     layer, record = spec.decoder.layers[layer_index], trace.decoder.layers[layer_index]
     attn = layer.self_attn
@@ -177,10 +190,12 @@ def naive_encoder_vectors(model, kwargs, trace, layer_index: int, norms: str):
                 part = hf_attention_part(attn, values, record.self_attn.probs[0], i, j)
                 if norms and i == j:
                     part = part + record.input[0, i]
-                if norms in ("ln", "globenc"):
-                    part = frozen_norm_map(attn.norm, record.self_attn.norm_input[0, i])(part)
-                if norms == "globenc":
-                    part = frozen_norm_map(layer.ffn.norm, record.ffn_norm_input[0, i])(part)
+                if norms in ("ln", "globenc") and attn.post_norm is not None:
+                    part = frozen_norm_map(attn.post_norm, record.self_attn.norm_input[0, i])(part)
+                elif norms == "ln":  # pre-LN (ModernBERT): the norm that next reads the residual stream
+                    part = frozen_norm_map(layer.ffn.in_norm, record.ffn_norm_input[0, i])(part)
+                if norms == "globenc" and layer.ffn.post_norm is not None:
+                    part = frozen_norm_map(layer.ffn.post_norm, record.ffn_norm_input[0, i])(part)
                 vectors[i, j] = part
     return vectors
 
@@ -367,3 +382,18 @@ def test_every_configuration_is_complete_and_padding_free(family, task, layers, 
             else:
                 maps = sequence.sequence_scores["encoder_self_scores"]
                 torch.testing.assert_close(maps.sum(0), torch.ones(maps.shape[1:]), atol=1e-5, rtol=1e-5)
+
+
+def test_models_that_mix_tokens_outside_one_position_are_refused_with_the_reason():
+    import transformers
+
+    from inseq_mixing.specs import UnsupportedModelError
+
+    config = tiny_encoder("deberta-v2", "bare").config
+    config.conv_kernel_size = 3
+    with pytest.raises(UnsupportedModelError, match="convolution beside its first block"):
+        get_spec(transformers.DebertaV2Model(config))
+    config = tiny_encoder("modernbert", "sequence_classification").config
+    config.classifier_pooling = "mean"
+    with pytest.raises(UnsupportedModelError, match="pools by 'mean'"):
+        get_spec(transformers.ModernBertForSequenceClassification(config))

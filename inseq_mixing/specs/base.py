@@ -199,6 +199,8 @@ class ModelSpec:
             ``decoder`` (the stack whose positions are explained) with ``causal=False``.
         head: The read-out of an encoder-only model (masked LM or classifier), or None (then ``lm_head`` is the
             read-out, or the model is a bare encoder that explains no logit).
+        output_attentions: The model's attention returns its probabilities only when the forward pass is called
+            with ``output_attentions=True`` (DeBERTa-v2's own argument).
     """
 
     family: str
@@ -212,6 +214,7 @@ class ModelSpec:
     logit_softcap: float | None = None
     causal: bool = True
     head: HeadSpec | None = None
+    output_attentions: bool = False
 
     @property
     def is_encoder_only(self) -> bool:
