@@ -135,7 +135,15 @@ def load_model(name: str, method: str, device: str | None):
     import inseq
 
     from inseq_mixing.attr.base import refuse_mismatched_tokenizer
+    from inseq_mixing.encoders import is_encoder_only_model
 
+    if name != "demo" and is_encoder_only_model(name):  # masked LMs and classifiers: the encoder front end
+        from inseq_mixing.encoders import load_model as load_encoder
+
+        try:
+            return load_encoder(name, method, device=device)
+        except Exception as error:  # report what went wrong in one line, not a traceback
+            raise UserError(f"could not load model {name!r}: {type(error).__name__}: {error}") from error
     if name == "demo":
         from inseq_mixing.demo import load_demo_model
 
@@ -162,6 +170,11 @@ def load_for_compare(args: argparse.Namespace):
     """The Inseq model of ``args.model`` for the first method, with a one-line error for what a user can fix."""
     check_methods_known(args.methods)
     model = load_model(args.model, args.methods[0], args.device)
+    if not hasattr(model, "is_encoder_decoder"):
+        raise UserError(
+            "compare takes generation models; for an encoder-only model use `inseq-mixing evaluate --protocol "
+            "faithfulness` (classifiers, masked LMs) or inseq_mixing.load_model(...).attribute in Python"
+        )
     if not model.is_encoder_decoder and args.target is not None and not args.target.startswith(args.text):
         raise UserError("for a decoder-only model, --target is the whole text and must start with the prompt")
     if args.target is None:

@@ -36,7 +36,7 @@ from torch import nn
 from .declarations import DECLARATIONS, Request
 from .methods.results import LogitScores
 from .specs import get_spec
-from .specs.encoder_heads import model_task
+from .specs.encoder_heads import TASK_SUFFIXES, model_task
 from .trace import eval_mode, trace_model
 
 #: Inseq's gradient baselines, by name, as Captum classes on the input embeddings.
@@ -76,19 +76,17 @@ def load_model(model, method: str, *, tokenizer=None, device: str | None = None,
     if isinstance(model, str) and model == "demo":
         return load_demo_model(method, device=device, **kwargs)
     if isinstance(model, str):
-        from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer
+        import transformers
 
-        config = AutoConfig.from_pretrained(model)
+        config = transformers.AutoConfig.from_pretrained(model)
         if config.is_encoder_decoder or _is_generation_config(config):
             return inseq.load_model(model, method, tokenizer=tokenizer, device=device, **kwargs)
-        tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
-        architecture = (config.architectures or [""])[0]
-        loader = AutoModelForMaskedLM if architecture.endswith("ForMaskedLM") else AutoModel
-        if architecture.endswith(("ForSequenceClassification", "ForTokenClassification")):
-            import transformers
-
-            loader = getattr(transformers, architecture)
-        model = loader.from_pretrained(model)
+        tokenizer = tokenizer or transformers.AutoTokenizer.from_pretrained(model)
+        architecture = (config.architectures or [""])[0]  # the class it was saved as: its head
+        loader = (
+            getattr(transformers, architecture, None) if architecture.endswith(tuple(TASK_SUFFIXES.values())) else None
+        )
+        model = (loader or transformers.AutoModel).from_pretrained(model)
     if _is_generation_model(model):
         return inseq.load_model(model, method, tokenizer=tokenizer, device=device, **kwargs)
     if tokenizer is None:
@@ -98,6 +96,25 @@ def load_model(model, method: str, *, tokenizer=None, device: str | None = None,
     if device is not None:
         model = model.to(device)
     return EncoderAttributionModel(model, tokenizer, method)
+
+
+def is_encoder_only_model(model) -> bool:
+    """Whether ``model`` (a HF model, or a name or folder, read from its config) is an encoder-only model of a
+    supported family, for the encoder front end."""
+    from .specs import supported_model_types
+
+    if isinstance(model, str):
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(model)
+        except (OSError, ValueError):
+            return False
+        generation = config.is_encoder_decoder or _is_generation_config(config)
+    else:
+        config = getattr(model, "config", None)
+        generation = config is None or _is_generation_model(model)
+    return not generation and getattr(config, "model_type", None) in supported_model_types()
 
 
 def _is_generation_config(config) -> bool:
@@ -156,6 +173,22 @@ class EncoderAttributionModel:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def model_name(self) -> str:
+        return getattr(self.model.config, "name_or_path", "") or type(self.model).__name__
+
+    def check_options(self, options: dict) -> None:
+        """Refuse unknown option names and wrong values before any work."""
+        if self.declaration is not None:
+            self.declaration.check_options(options)
+        elif set(options) - {"n_steps"}:
+            raise ValueError(f"Unknown option(s) {sorted(set(options) - {'n_steps'})} for {self.method}.")
+
+    def split_target(self, text: str):
+        """A dataset's target text as ``attribute``'s target: a masked LM's words (one per mask) and a token
+        classifier's labels (one per explained token) are separated by spaces; a sequence classifier's is one label."""
+        return text if self.task == "sequence_classification" else text.split()
+
     def attribute(
         self,
         texts: str | list[str],
@@ -191,11 +224,8 @@ class EncoderAttributionModel:
             raise ValueError("Give at least one text.")
         targets, foils = _per_text(targets, len(texts), "targets"), _per_text(foils, len(texts), "foils")
         positions = _per_text_positions(positions, len(texts))
-        options = {}
-        if self.declaration is not None:
-            options = self.declaration.make_options(method_options)
-        elif method_options and set(method_options) - {"n_steps"}:
-            raise ValueError(f"Unknown option(s) {sorted(set(method_options) - {'n_steps'})} for {self.method}.")
+        self.check_options(method_options)
+        options = self.declaration.make_options(method_options) if self.declaration is not None else {}
         sequences = []
         starts = range(0, len(texts), batch_size)
         with eval_mode(self.model):
@@ -209,7 +239,7 @@ class EncoderAttributionModel:
                     sequences += self._declared_sequences(batch, trace, options)
         info = {
             "attribution_method": self.method,
-            "model_name": getattr(self.model.config, "name_or_path", "") or type(self.model).__name__,
+            "model_name": self.model_name,
             "model_class": type(self.model).__name__,
             "tokenizer_name": getattr(self.tokenizer, "name_or_path", ""),
             "tokenizer_class": type(self.tokenizer).__name__,
@@ -285,9 +315,9 @@ class EncoderAttributionModel:
         if len(given) != len(cells):
             raise ValueError(f"Text {row} explains {len(cells)} position(s), but {what} gives {len(given)} value(s).")
         for cell, value in zip(cells, given, strict=True):
-            ids[row, cell] = self._output_index(value)
+            ids[row, cell] = self.output_index(value)
 
-    def _output_index(self, value) -> int:
+    def output_index(self, value) -> int:
         """The output row of a target or foil: a word's first subword (masked LM), or a label's index."""
         if self.task == "masked_lm":
             if not isinstance(value, str) or not value.strip():
@@ -301,6 +331,8 @@ class EncoderAttributionModel:
                 )
             return ids[0]
         labels = getattr(self.model.config, "label2id", None) or {}
+        if isinstance(value, str) and value not in labels and value.strip().isdigit():  # a label index read as text
+            value = int(value)
         if isinstance(value, str):
             if value not in labels:
                 raise ValueError(f"Unknown label {value!r}: the model's labels are {list(labels)}.")

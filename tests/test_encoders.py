@@ -4,6 +4,7 @@ attention norm / GlobEnc against pair-by-pair computations on the HF modules, pa
 Inseq's show / save / load, and the errors a user meets."""
 
 import functools
+import json
 
 import inseq
 import pytest
@@ -397,3 +398,117 @@ def test_models_that_mix_tokens_outside_one_position_are_refused_with_the_reason
     config.classifier_pooling = "mean"
     with pytest.raises(UnsupportedModelError, match="pools by 'mean'"):
         get_spec(transformers.ModernBertForSequenceClassification(config))
+
+
+# ----- dataset runs and the papers' protocols on encoder models -----
+
+
+@pytest.fixture(scope="module")
+def encoder_dirs(tmp_path_factory) -> dict:
+    """A tiny BERT masked LM and a tiny RoBERTa classifier saved with the tokenizer, as a user's checkpoints."""
+    folders = {}
+    for name, family, task in (("mlm", "bert", "masked_lm"), ("clf", "roberta", "sequence_classification")):
+        folder = tmp_path_factory.mktemp(name)
+        encoder(family, task).save_pretrained(folder)
+        tokenizer().save_pretrained(folder)
+        folders[name] = folder
+    return folders
+
+
+MLM_ROWS = [
+    {"source": "the books on the mat [MASK] read", "target": "were", "foil": "was", "cues": ["books"],
+     "evidence": ["books"]},
+    {"source": "a dog [MASK] on the mat", "target": "sat", "foil": "read", "cues": ["dog"],
+     "evidence": ["dog", "mat"]},
+    {"source": "the cat near the dogs [MASK]", "target": "sat", "foil": "sat", "cues": ["cat"], "evidence": ["cat"]},
+    {"source": "no mask here", "target": "sat", "cues": ["mask"], "evidence": ["no"]},
+]  # fmt: skip
+CLF_ROWS = [{"source": "the dog sat on the mat and read many books", "target": "neutral"},
+            {"source": "a cat sat", "target": 2}, {"source": "the books were read by many people"}]  # fmt: skip
+
+
+def _jsonl(path, rows):
+    path.write_text("\n".join(json.dumps(row) for row in rows))
+    return path
+
+
+def test_a_dataset_run_of_an_encoder_stores_what_attribute_gives_each_text_alone(encoder_dirs, tmp_path):
+    data = _jsonl(tmp_path / "clf.jsonl", CLF_ROWS)
+    model = inseq_mixing.load_model(str(encoder_dirs["clf"]), "decompx")
+    for method, options in (("decompx", {}), ("value_zeroing", {}), ("integrated_gradients", {"n_steps": 4})):
+        summary = inseq_mixing.attribute_dataset(str(encoder_dirs["clf"]), method, data, tmp_path / method,
+                                                 batch_size=2, show_progress=False, **options)  # fmt: skip
+        assert summary.attributed == 3
+        run = inseq_mixing.load_run(tmp_path / method)
+        alone = inseq_mixing.load_model(model.model, method, tokenizer=model.tokenizer)
+        for row, stored in zip(CLF_ROWS, run.to_inseq().sequence_attributions, strict=True):
+            target = None if "target" not in row else str(row["target"])
+            expected = alone.attribute(row["source"], target, show_progress=False, **options).sequence_attributions[0]
+            assert [t.id for t in stored.target] == [t.id for t in expected.target]
+            torch.testing.assert_close(stored.source_attributions, expected.source_attributions, atol=1e-5, rtol=1e-4)
+            for name, value in expected.step_scores.items():
+                torch.testing.assert_close(stored.step_scores[name], value, atol=1e-5, rtol=1e-4)
+    assert [t.token for t in run.to_inseq().sequence_attributions[0].target] == ["neutral"]
+
+
+def test_the_commands_take_encoder_models(encoder_dirs, tmp_path, capsys):
+    from inseq_mixing.cli import main
+
+    data = _jsonl(tmp_path / "mlm.jsonl", MLM_ROWS[:2])
+    assert main(["attribute-dataset", str(data), "--model", str(encoder_dirs["mlm"]), "--method", "alti_logit",
+                 "--out", str(tmp_path / "run")]) == 0  # fmt: skip
+    stored = inseq_mixing.load_run(tmp_path / "run").to_inseq().sequence_attributions
+    assert [[t.token for t in seq.target] for seq in stored] == [["were"], ["sat"]]  # the target column, per mask
+    for protocol in ("cue", "evidence"):
+        out = tmp_path / f"{protocol}.html"
+        code = main(["evaluate", str(data), "--model", str(encoder_dirs["mlm"]), "--protocol", protocol, "--methods",
+                     "value_zeroing", "alti_logit", "--draws", "20", "--out", str(out)])  # fmt: skip
+        assert code == 0, capsys.readouterr().err
+        assert out.is_file()
+    code = main(["compare", "a cat sat", "--model", str(encoder_dirs["clf"]), "--out", str(tmp_path / "c.html")])
+    assert code == 2 and "evaluate --protocol faithfulness" in capsys.readouterr().err
+
+
+def test_cue_and_evidence_on_a_masked_lm_read_the_mask_row(encoder_dirs, tmp_path):
+    """The cue contribution is the share of the mask position's row on the cue words, per layer, from the front
+    end's own output; rows without a mask, or whose target and foil share their token, are skipped with the reason."""
+    data = _jsonl(tmp_path / "mlm.jsonl", MLM_ROWS)
+    evaluation = inseq_mixing.evaluate(str(encoder_dirs["mlm"]), ["value_zeroing", "alti_logit"], data, "cue",
+                                       draws=20)  # fmt: skip
+    reasons = {skip.row: skip.reason for skip in evaluation.skipped}
+    assert set(reasons) == {2, 3} and "share their explained token" in reasons[2] and "no mask token" in reasons[3]
+    front = inseq_mixing.load_model(str(encoder_dirs["mlm"]), "value_zeroing")
+    shares = []
+    for row in MLM_ROWS[:2]:
+        seq = front.attribute(row["source"], row["target"], show_progress=False).sequence_attributions[0]
+        words = row["source"].split()
+        scores = seq.source_attributions[1:-1, 0]  # (words, layers): one token per word, [CLS] and [SEP] left out
+        cue = scores[[words.index(word) for word in row["cues"]]].sum(0)
+        shares.append(cue / scores.sum(0))
+    expected = torch.stack(shares).mean(0)  # per layer
+    result = evaluation.results["value_zeroing"]
+    layers = torch.stack([statistic.value() for statistic in result.layer_statistics])
+    torch.testing.assert_close(layers, expected.double(), atol=1e-5, rtol=1e-4)
+    evidence = inseq_mixing.evaluate(str(encoder_dirs["mlm"]), ["alti_logit"], data, "evidence", draws=20)
+    assert 0 < float(evidence.results["alti_logit"].statistics["mrr"].value()) <= 1
+
+
+def test_faithfulness_deletes_the_top_tokens_of_a_classifier(encoder_dirs, tmp_path):
+    """The probabilities AOPC reads after deleting tokens are the model's on the text without them."""
+    from inseq_mixing.evaluation.encoders import _reader
+
+    front = inseq_mixing.load_model(str(encoder_dirs["clf"]), "alti")
+    text = CLF_ROWS[0]["source"]
+    ids = torch.tensor(tokenizer()(text).input_ids)
+    read = _reader(front, ids, 0, 1)
+    kept = torch.ones(len(ids), dtype=torch.bool)
+    kept[[2, 5]] = False  # "dog" and "mat"
+    prob, logit = read(kept[None])
+    shorter = " ".join(word for n, word in enumerate(text.split()) if n not in (1, 4))
+    with torch.no_grad():
+        direct = front.model(**model_inputs([shorter])).logits[0]
+    torch.testing.assert_close(logit[0], direct[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(prob[0], direct.softmax(-1)[1], atol=1e-6, rtol=1e-5)
+    data = _jsonl(tmp_path / "clf.jsonl", CLF_ROWS[:2])
+    evaluation = inseq_mixing.evaluate(str(encoder_dirs["clf"]), ["decompx", "alti"], data, "faithfulness", draws=20)
+    assert set(evaluation.results) == {"decompx", "alti"} and "comprehensiveness_prob" in evaluation.baseline

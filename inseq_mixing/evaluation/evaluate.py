@@ -260,6 +260,12 @@ def evaluate(
     if target_tokens not in TARGET_TOKENS:
         raise ValueError(f"target_tokens must be one of {TARGET_TOKENS}, not {target_tokens!r}.")
     columns = {role.removesuffix("_column"): name for role, name in columns.items()}
+    from ..encoders import EncoderAttributionModel, is_encoder_only_model
+
+    if isinstance(model, EncoderAttributionModel) or is_encoder_only_model(model):
+        settings = {"tokenizer": tokenizer, "device": device, "batch_size": batch_size, "draws": draws, "seed": seed,
+                    "examples": examples, "random_draws": random_draws, "show_progress": show_progress}  # fmt: skip
+        return _evaluate_encoder(model, methods, data, protocol, method_kwargs or {}, columns, **settings)
     base = model if isinstance(model, inseq.models.AttributionModel) else None
     if base is None:
         base = inseq.load_model(model, methods[0], tokenizer=tokenizer, device=device)
@@ -279,20 +285,35 @@ def evaluate(
     method_kwargs = method_kwargs or {}
     if protocol == "faithfulness":
         return _faithfulness(base, methods, items, batch_size, method_kwargs, random_draws, evaluation, examples)
+
+    def score(method: str):
+        attribution_model = inseq.load_model(base.model, method, tokenizer=base.tokenizer)
+        explained = explain_items(attribution_model, items, batch_size, method_kwargs.get(method, {}))
+        return SCORERS[protocol](explained), explained
+
+    _score_methods(evaluation, methods, score, examples, show_progress)
+    evaluation.baseline = BASELINES[protocol](items)
+    return evaluation
+
+
+def _score_methods(evaluation: Evaluation, methods: list[str], score, examples: int, show_progress: bool) -> None:
+    """Each method's result and first explanations from ``score(method) -> (MethodResult, explanations)``; a method
+    that fails is reported in ``evaluation.failed`` and left out, the others kept.
+
+    Raises:
+        RuntimeError: Every method failed.
+    """
     for method in tqdm(methods, desc="evaluating", disable=not show_progress):
         try:
-            attribution_model = inseq.load_model(base.model, method, tokenizer=base.tokenizer)
-            explained = explain_items(attribution_model, items, batch_size, method_kwargs.get(method, {}))
-            evaluation.results[method] = SCORERS[protocol](explained)
+            result, explained = score(method)
         except Exception as error:  # keep the other methods; report this one
             evaluation.failed[method] = f"{type(error).__name__}: {error}"
-            warnings.warn(f"evaluate: {method} failed and is left out ({evaluation.failed[method]})", stacklevel=2)
+            warnings.warn(f"evaluate: {method} failed and is left out ({evaluation.failed[method]})", stacklevel=3)
             continue
+        evaluation.results[method] = result
         evaluation.examples[method] = explained[:examples]
     if not evaluation.results:
         raise RuntimeError(f"Every method failed: {evaluation.failed}")
-    evaluation.baseline = BASELINES[protocol](items)
-    return evaluation
 
 
 def score_evidence(explained: list[Explanation]) -> MethodResult:
@@ -406,3 +427,53 @@ def _faithfulness(base, methods, items, batch_size, method_kwargs, random_draws,
 def _mean(values: list[float]) -> float:
     values = [value for value in values if not math.isnan(value)]
     return sum(values) / len(values) if values else float("nan")
+
+
+def _evaluate_encoder(model, methods, data, protocol, method_kwargs, columns, *, tokenizer, device, batch_size, draws,
+                      seed, examples, random_draws, show_progress) -> Evaluation:  # fmt: skip
+    """:func:`evaluate` on an encoder-only model (:mod:`.encoders`): the rows every method can explain, then each
+    method on them."""
+    from ..encoders import EncoderAttributionModel
+    from ..encoders import load_model as load_any_model
+    from .encoders import encoder_faithfulness, explain_encoder_items
+
+    if protocol == "alignment":
+        raise EvaluationInputError("The alignment protocol needs an encoder–decoder model (source and target words).")
+    if not isinstance(model, EncoderAttributionModel):
+        model = load_any_model(model, methods[0], tokenizer=tokenizer, device=device)
+    items, skipped = read_items_skipping(data, protocol, True, columns)
+    evaluation = Evaluation(protocol, draws=draws, seed=seed, skipped=skipped)
+    probe = EncoderAttributionModel(model.model, model.tokenizer, "alti_logit" if model.task else "alti")
+    kept = []
+    for item in items:  # the rows no method can explain, with the reason, before any method runs
+        _, refused = explain_encoder_items(probe, [item], 1, {})
+        evaluation.skipped += refused
+        if not refused:
+            kept.append(item)
+    evaluation.skipped.sort(key=lambda skip: skip.row)
+    if not kept:
+        reasons = "; ".join(skip.reason for skip in evaluation.skipped[:3])
+        raise EvaluationInputError(f"No row of the data can be evaluated: {reasons}.")
+    faithfulness_rows = {}
+
+    def score(method: str):
+        attribution = EncoderAttributionModel(model.model, model.tokenizer, method)
+        explained, refused = explain_encoder_items(attribution, kept, batch_size, method_kwargs.get(method, {}))
+        if refused:
+            raise ValueError(refused[0].reason)
+        if protocol != "faithfulness":
+            return SCORERS[protocol](explained), explained
+        rows = encoder_faithfulness(attribution, explained, random_draws=random_draws, seed=seed)
+        faithfulness_rows[method] = rows
+        statistics = {name: mean_statistic([row[name] for row in rows]) for name in METRICS["faithfulness"]}
+        return MethodResult(statistics), explained
+
+    _score_methods(evaluation, methods, score, examples, show_progress)
+    if protocol == "faithfulness":
+        rows = next(iter(faithfulness_rows.values()))
+        evaluation.baseline = {
+            name: _mean([row[f"random_{name}"] for row in rows]) for name in METRICS["faithfulness"]
+        }
+    else:
+        evaluation.baseline = BASELINES[protocol](kept)
+    return evaluation

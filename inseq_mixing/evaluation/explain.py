@@ -76,8 +76,9 @@ def _token_scores(seq, per_layer: bool):
 
 
 def is_per_layer(seq) -> bool:
-    """Whether an output has a layer axis (per-layer context-mixing maps)."""
-    return not type(seq).__name__.startswith("Granular") and seq.target_attributions.ndim == 3
+    """Whether an output has a layer axis (per-layer context-mixing maps); encoder outputs have source scores only."""
+    scores = seq.target_attributions if seq.target_attributions is not None else seq.source_attributions
+    return not type(seq).__name__.startswith("Granular") and scores.ndim == 3
 
 
 def contrast_function(attribution_model) -> str | None:

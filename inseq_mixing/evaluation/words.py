@@ -2,7 +2,8 @@
 
 Scores are per token; the protocols work on words. A fast tokenizer's character offsets map every token of a text to
 the word it starts in; special tokens (``</s>``, the decoder start token) belong to no word, but the unknown token
-belongs to the word it stands for. A word's score is the sum of its tokens' scores.
+belongs to the word it stands for, and a mask token to its own word (the masked word of the encoder protocols). A
+word's score is the sum of its tokens' scores.
 """
 
 import re
@@ -44,7 +45,8 @@ def token_words(tokenizer, text: str, token_ids: list[int], as_target: bool = Fa
         raise WordMappingError(f"The attributed tokens do not match the tokenization of {text!r}.")
     spans = word_spans(text)
     words = [-1] * len(token_ids)
-    special = set(tokenizer.all_special_ids) - {tokenizer.unk_token_id}  # unknown words keep their tokens' scores
+    # unknown words keep their tokens' scores, and a masked word (encoder protocols) its mask token's
+    special = set(tokenizer.all_special_ids) - {tokenizer.unk_token_id, getattr(tokenizer, "mask_token_id", None)}
     for offset, (token_id, (begin, end)) in enumerate(zip(ids, offsets, strict=True)):
         if token_id in special or end <= begin:
             continue

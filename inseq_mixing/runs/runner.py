@@ -186,11 +186,30 @@ def distributed_state(device: str | None):
 
 
 def load_attribution_model(model, method: str, tokenizer, device: str | None, dtype):
-    """An Inseq ``AttributionModel`` with ``method`` as its method, from a name, a HF model or an Inseq model."""
+    """An Inseq ``AttributionModel`` with ``method`` as its method, from a name, a HF model or an Inseq model; an
+    encoder-only model (name, HF model or :class:`~inseq_mixing.encoders.EncoderAttributionModel`) gets the encoder
+    front end."""
     import inseq
     from inseq.models import AttributionModel
 
+    from ..encoders import EncoderAttributionModel, is_encoder_only_model
+    from ..encoders import load_model as load_any_model
+
     torch_dtype = _torch_dtype(dtype)
+    if isinstance(model, EncoderAttributionModel):
+        model = model.model if model.method != method else model
+        if isinstance(model, EncoderAttributionModel):
+            return model
+        return EncoderAttributionModel(model, tokenizer, method)
+    if isinstance(model, str | Path) and is_encoder_only_model(str(model)):
+        try:
+            return load_any_model(str(model), method, tokenizer=tokenizer, device=device, dtype=torch_dtype)
+        except Exception as error:
+            raise ValueError(f"Could not load model {str(model)!r}: {type(error).__name__}: {error}") from error
+    if isinstance(model, torch.nn.Module) and is_encoder_only_model(model):
+        if tokenizer is None:
+            raise ValueError("A Hugging Face model object needs its tokenizer: pass tokenizer=...")
+        return load_any_model(model, method, tokenizer=tokenizer, device=device, dtype=torch_dtype)
     if isinstance(model, AttributionModel):
         if torch_dtype is not None and model.model.dtype != torch_dtype:
             raise ValueError(f"The model runs in {model.model.dtype}; convert it to {torch_dtype} before the run.")
@@ -243,8 +262,18 @@ def is_declared(attribution_model) -> bool:
     return getattr(attribution_model.attribution_method, "declaration", None) is not None
 
 
+def is_encoder(attribution_model) -> bool:
+    """Whether the model is an encoder-only one (the encoder front end, not Inseq)."""
+    from ..encoders import EncoderAttributionModel
+
+    return isinstance(attribution_model, EncoderAttributionModel)
+
+
 def split_arguments(attribution_model, kwargs: dict) -> tuple[dict, dict]:
     """Split ``kwargs`` into Inseq's attribute arguments and the method's options, rejecting unknown names."""
+    if is_encoder(attribution_model):  # no Inseq arguments: every name is an option, checked by the front end
+        attribution_model.check_options(kwargs)
+        return {}, dict(kwargs)
     method = attribution_model.attribution_method
     if not is_declared(attribution_model):
         return _split_inseq_arguments(attribution_model, kwargs)
@@ -286,7 +315,7 @@ def _split_inseq_arguments(attribution_model, kwargs: dict) -> tuple[dict, dict]
 def check_targets(attribution_model, examples: list[Example]) -> None:
     """Decoder-only targets are the full text: each must start with its prompt (Inseq's convention); a prompt whose
     generation would run past a table of absolute positions (GPT-2's ``n_positions``) is refused before any work."""
-    if attribution_model.is_encoder_decoder:
+    if is_encoder(attribution_model) or attribution_model.is_encoder_decoder:
         return
     for example in examples:
         if example.target is not None and not example.target.startswith(example.source):
@@ -340,6 +369,17 @@ def attribute_batch(attribution_model, batch: list[Example], inseq_args: dict, o
     sources = [example.source for example in batch]
     missing = [idx for idx, example in enumerate(batch) if example.target is None]
     targets = [example.target for example in batch]
+    if is_encoder(attribution_model):  # the target column: a mask's word (one per mask), or a label (per token)
+        given = [None if target is None else attribution_model.split_target(target) for target in targets]
+        sequences = attribution_model.attribute(
+            sources, given, show_progress=False, batch_size=len(sources), **options
+        ).sequence_attributions
+        pairs = zip(targets, sequences, strict=True)
+        texts = [target or " ".join(token.token for token in seq.target) for target, seq in pairs]
+        return [
+            sequence_to_row(sequence, example, source, text)
+            for sequence, example, source, text in zip(sequences, batch, sources, texts, strict=True)
+        ]
     if missing:
         generated = generate_targets(attribution_model, [sources[idx] for idx in missing])
         for idx, text in zip(missing, generated, strict=True):

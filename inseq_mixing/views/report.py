@@ -106,8 +106,9 @@ def sequence_heatmaps(seq, method: str, index: int) -> str:
     if source is not None:
         rows = [token.token for token in seq.source]
         tables.append(heatmap_table(source, rows, generated, "source", f"{method}-{index}-source"))
-    rows = [token.token for token in seq.target]
-    tables.append(heatmap_table(target, rows, generated, "target", f"{method}-{index}-target"))
+    if target is not None:  # encoder-only models' outputs have source scores only
+        rows = [token.token for token in seq.target]
+        tables.append(heatmap_table(target, rows, generated, "target", f"{method}-{index}-target"))
     return f'<div class="heatmaps">{"".join(tables)}</div>'
 
 

@@ -1,0 +1,146 @@
+"""The papers' protocols on encoder-only models (through :mod:`inseq_mixing.encoders`).
+
+Rows have a ``source`` column: the text, with the model's mask token where the target word is (masked LMs), or the
+text to classify. Context words are the source's whitespace-separated words (the mask token is one of them); evidence
+and cue words are marked among them as for the other models (:mod:`.items`).
+
+- ``cue`` (Value Zeroing paper, BLiMP-style rows): the share of the mask position's row on the cue words, per layer
+  for per-layer methods; ``target`` is the masked word (first subword, the ALTI-logit paper's convention).
+- ``evidence`` (ALTI-logit paper's protocol on a masked LM): the reciprocal rank of the best evidence word; with a
+  ``foil`` column, logit methods explain ``logit(target) − logit(foil)`` at the mask (map methods explain the mask's
+  row whatever the foil).
+- ``faithfulness`` (AOPC, as DecompX and ALTI evaluate classifiers): the top-ranked ``k%`` of the tokens are deleted
+  (comprehensiveness) or kept alone (sufficiency), special tokens and the mask never, and the drop in the explained
+  label's (or masked word's) probability and logit is averaged over ``k``; random rankings are the baseline.
+  ``target``: a label (classifiers) or the masked word.
+
+A row the front end refuses (no mask token, a word mapped to the unknown token, an unknown label, target and foil on
+the same token) is skipped with its reason.
+"""
+
+import math
+
+import torch
+
+from .explain import Explanation
+from .faithfulness import AOPC_KEYS, DEFAULT_FRACTIONS
+from .items import Item, Skipped
+from .words import token_words, word_scores
+
+
+class EncoderExplanation(Explanation):
+    """An item's explanation by an encoder model: one explained entry (the mask, or the label read at the first
+    token), source scores ``(tokens, 1[, layers])``."""
+
+    def explained_columns(self) -> list[int]:
+        return [0]
+
+    def context_scores(self, columns: int | list[int], per_layer: bool = False) -> torch.Tensor:
+        scores = self.seq.source_attributions.float()[:, columns if isinstance(columns, list) else [columns]].sum(1)
+        if scores.ndim == 2 and not per_layer:
+            scores = scores.mean(-1)
+        return word_scores(scores, self.source_words, len(self.item.source.split()))
+
+
+def explain_encoder_items(attribution, items: list[Item], batch_size: int, options: dict):
+    """Explanations of ``items`` by an :class:`~inseq_mixing.encoders.EncoderAttributionModel`, and the rows it
+    refused (with their reason)."""
+    explained, skipped = [], []
+    contrast = attribution.declaration is not None and attribution.declaration.explains_logit
+    for start in range(0, len(items), batch_size):
+        batch = items[start : start + batch_size]
+        for item in batch:  # one call each: a refused row must not take its batch with it
+            foil = item.foil if contrast else None
+            try:
+                if foil is not None and attribution.task == "masked_lm" and _same_token(attribution, item):
+                    raise ValueError(f"target {item.target!r} and foil {item.foil!r} share their explained token")
+                target = attribution.split_target(item.target) if item.target else None
+                foils = None if foil is None else attribution.split_target(foil)
+                seq = attribution.attribute(item.source, target, foils, show_progress=False, **options)
+            except ValueError as error:
+                skipped.append(Skipped(item.row, f"Row {item.row}: {error}", "not explainable"))
+                continue
+            seq = seq.sequence_attributions[0]
+            ids = [token.id for token in seq.source]
+            words = token_words(attribution.tokenizer, item.source, ids)
+            explained.append(EncoderExplanation(item, seq, words, []))
+    return explained, skipped
+
+
+def _same_token(attribution, item: Item) -> bool:
+    return attribution.output_index(item.target) == attribution.output_index(item.foil)
+
+
+def encoder_faithfulness(attribution, explanations, fractions=DEFAULT_FRACTIONS, random_draws: int = 3, seed=0):
+    """AOPC by deletion for every explanation of ``attribution``'s method (see the module docstring): per row, the
+    metrics of the method's ranking and of ``random_draws`` random rankings (``random_*``)."""
+    generator = torch.Generator().manual_seed(seed)
+    special = set(attribution.tokenizer.all_special_ids)
+    rows = []
+    for explanation in explanations:
+        seq = explanation.seq
+        ids = torch.tensor([token.id for token in seq.source])
+        cell = _explained_cell(attribution, ids)
+        candidates = torch.tensor([int(i) not in special and n != cell for n, i in enumerate(ids.tolist())])
+        scores = seq.source_attributions.float()[:, 0]
+        scores = scores.mean(-1) if scores.ndim == 2 else scores
+        target = seq.target[0].id
+        read = _reader(attribution, ids, cell, target)
+        original = read(torch.ones_like(ids, dtype=torch.bool)[None])
+        order = candidates.nonzero().squeeze(-1)
+        ranked = order[torch.argsort(scores[order], descending=True, stable=True)]
+        row = _aopc(read, ranked, order, len(ids), fractions, original)
+        draws = [
+            _aopc(read, order[torch.randperm(len(order), generator=generator)], order, len(ids), fractions, original)
+            for _ in range(random_draws)
+        ]
+        row.update({f"random_{key}": sum(draw[key] for draw in draws) / max(1, len(draws)) for key in AOPC_KEYS})
+        rows.append(row)
+    return rows
+
+
+def _explained_cell(attribution, ids: torch.Tensor) -> int:
+    if attribution.task == "masked_lm":
+        return int((ids == attribution.tokenizer.mask_token_id).nonzero()[0])
+    return 0
+
+
+def _reader(attribution, ids: torch.Tensor, cell: int, target: int):
+    """The explained probability and logit for rows of kept-token masks ``(rows, tokens)``: each row's kept tokens
+    are re-encoded without the deleted ones (right padding), the explained cell moved to its new index."""
+    model = attribution.model
+
+    @torch.no_grad()
+    def read(kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lengths = kept.sum(1)
+        inputs = torch.full((len(kept), int(lengths.max())), attribution.tokenizer.pad_token_id)
+        mask = torch.zeros_like(inputs)
+        for row, keep in enumerate(kept):
+            inputs[row, : lengths[row]] = ids[keep]
+            mask[row, : lengths[row]] = 1
+        cells = kept[:, :cell].sum(1)
+        logits = model(input_ids=inputs.to(attribution.device), attention_mask=mask.to(attribution.device)).logits
+        logits = (logits[torch.arange(len(kept)), cells] if logits.dim() == 3 else logits).float().cpu()
+        return logits.softmax(-1)[:, target], logits[:, target]
+
+    return read
+
+
+def _aopc(read, ranked: torch.Tensor, candidates: torch.Tensor, length: int, fractions, original) -> dict[str, float]:
+    """Comprehensiveness (the top ``k%`` of ``ranked`` deleted) and sufficiency (only they kept among the
+    candidates), averaged over ``fractions``."""
+    removed, kept = [], []
+    for fraction in fractions:
+        top = ranked[: math.ceil(fraction * len(ranked))]
+        without = torch.ones(length, dtype=torch.bool)
+        without[top] = False
+        removed.append(without)
+        only = torch.ones(length, dtype=torch.bool)
+        only[candidates[~torch.isin(candidates, top)]] = False
+        kept.append(only)
+    scores = {}
+    for name, masks in (("comprehensiveness", removed), ("sufficiency", kept)):
+        prob, logit = read(torch.stack(masks))
+        scores[f"{name}_prob"] = float((original[0] - prob).mean())
+        scores[f"{name}_logit"] = float((original[1] - logit).mean())
+    return scores
