@@ -8,6 +8,14 @@
   their ``normalize_contributions(..., scaling="min_sum")`` and ``compute_joint_attention`` normalise and roll them out
   (their ``utils_contributions`` module imports notebook and dataset packages at the top, so only those two functions
   are read from it).
+- GlobEnc and the norm analysis of Kobayashi et al. (mohsenfayyaz/GlobEnc, whose patched ``modeling_bert`` extends
+  Kobayashi et al.'s ``output_norms``): per layer N, N-Res, N-ResLN and the encoder-level N-Enc (GlobEnc's layer map),
+  with the context-mixing ratios, and their ``AttentionRollout`` of the row-normalised N-Enc maps (GlobEnc).
+- DecompX (mohsenfayyaz/DecompX): their patched ``BertForSequenceClassification`` with a ``DecompXConfig`` (vector
+  aggregation through the pooler and classifier, GeLU and tanh at their zero-origin slopes) gives each token's
+  contribution to each class logit. Their modelling file needs transformers 4.26 (``pip install --no-deps --target
+  /tmp/tf426 transformers==4.26.1 huggingface_hub==0.13.4``), put first on the path for that stage only, as for
+  GlobEnc's.
 
 Both run in one virtual environment with transformers 4.15:
 
@@ -17,11 +25,14 @@ Both run in one virtual environment with transformers 4.15:
     pip install --no-deps transformers==4.15.0 huggingface_hub==0.2.1 captum==0.7.0
     git clone https://github.com/hmohebbi/ValueZeroing /tmp/ValueZeroing
     git clone https://github.com/mt-upc/transformer-contributions /tmp/transformer-contributions
+    git clone https://github.com/mohsenfayyaz/DecompX /tmp/DecompX
+    git clone https://github.com/mohsenfayyaz/GlobEnc /tmp/GlobEnc
 
 Then, from this project's environment:
 
     python scripts/compare_with_authors.py --authors-python /tmp/vz-venv/bin/python \\
-        --value-zeroing-repo /tmp/ValueZeroing --alti-repo /tmp/transformer-contributions
+        --value-zeroing-repo /tmp/ValueZeroing --alti-repo /tmp/transformer-contributions \\
+        --decompx-repo /tmp/DecompX --globenc-repo /tmp/GlobEnc --decompx-transformers /tmp/tf426
 
 Stage 1 (the authors' environment) builds the random BERT with the Value Zeroing authors' model class, saves its
 weights and config, and computes both sets of scores; stage 2 (ours) loads the same weights into transformers 5's BERT
@@ -30,9 +41,26 @@ and compares our per-layer maps and rollouts. Not part of CI.
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+#: Shared by every stage (run in the authors' environment): random weights large enough for non-trivial attention.
+RANDOMIZE = r"""
+import torch
+
+
+def randomize(model, seed):
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            if param.dim() >= 2:
+                param.copy_(noise * 1.2 / param.shape[-1] ** 0.5)
+            else:
+                param.copy_(1 + 0.1 * noise if "LayerNorm.weight" in name else 0.1 * noise)
+"""
 
 STAGE_ONE = r"""
 import json, sys
@@ -50,12 +78,7 @@ config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=3, num_atte
                     max_position_embeddings=32)
 torch.manual_seed(0)
 model = BertForMaskedLM(config).eval()
-generator = torch.Generator().manual_seed(0)
-with torch.no_grad():  # weights large enough for non-trivial attention
-    for name, param in model.named_parameters():
-        noise = torch.randn(param.shape, generator=generator)
-        param.copy_(noise * 1.2 / param.shape[-1] ** 0.5 if param.dim() >= 2 else 1 + 0.1 * noise if "LayerNorm.weight"
-                    in name else 0.1 * noise)
+randomize(model, 0)
 ids = torch.tensor([[2, 11, 17, 5, 23, 42, 8, 3]])
 mask = torch.ones_like(ids)
 with torch.no_grad():
@@ -98,17 +121,160 @@ import transformers
 print("authors' code: transformers", transformers.__version__, "torch", torch.__version__)
 """
 
+DECOMPX_STAGE = r"""
+import sys
+from pathlib import Path
+import numpy as np
+import torch
+
+repo, out = sys.argv[1], Path(sys.argv[2])
+sys.path.insert(0, repo)
+from transformers import BertConfig
+from src.decompx_utils import DecompXConfig
+from src.modeling_bert import BertForSequenceClassification
+
+config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=3, num_attention_heads=4, intermediate_size=32,
+                    max_position_embeddings=32, num_labels=3)
+torch.manual_seed(0)
+model = BertForSequenceClassification(config).eval()
+randomize(model, 1)
+ids = torch.tensor([[2, 11, 17, 5, 23, 42, 8, 3]])
+(out / "classifier_config.json").write_text(config.to_json_string())
+for variant in ("", "_no_first_value_bias"):  # their first layer gives its value bias to the tokens, not the bias
+    if variant:
+        with torch.no_grad():
+            model.bert.encoder.layer[0].attention.self.value.bias.zero_()
+    for name, options in (("separate", {"include_bias_token": True, "bias_decomp_type": None}), ("absdot", {})):
+        decompx = DecompXConfig(aggregation="vector", include_classifier_w_pooler=True, output_all_layers=False,
+                                output_aggregated=None, output_classifier=True, **options)
+        with torch.no_grad():
+            logits, _, last = model(input_ids=ids, attention_mask=torch.ones_like(ids), return_dict=False,
+                                    output_hidden_states=True, decompx_config=decompx)
+        scores = last.classifier[0].double().numpy()  # (tokens [+ bias], classes)
+        np.save(out / f"decompx_{name}{variant}.npy", scores)
+    np.save(out / f"decompx_logits{variant}.npy", logits[0].double().numpy())
+    torch.save(model.state_dict(), out / f"classifier_weights{variant}.pt")
+import transformers
+print("DecompX authors' code: transformers", transformers.__version__)
+"""
+
+GLOBENC_STAGE = r"""
+import sys
+from pathlib import Path
+import numpy as np
+import torch
+
+repo, out = sys.argv[1], Path(sys.argv[2])
+sys.path.insert(0, repo)
+from transformers import BertConfig
+from src.attention_rollout import AttentionRollout
+from src.modeling.modeling_bert import BertForSequenceClassification
+
+config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=3, num_attention_heads=4, intermediate_size=32,
+                    max_position_embeddings=32, num_labels=3)
+model = BertForSequenceClassification(config).eval()
+randomize(model, 2)
+ids = torch.tensor([[2, 11, 17, 5, 23, 42, 8, 3]])
+with torch.no_grad():
+    _, _, norms = model(input_ids=ids, attention_mask=torch.ones_like(ids), output_attentions=True,
+                        output_norms=True, return_dict=False)
+names = {1: "N", 2: "N-Res", 3: "N-ResLN", 4: "N-Enc", 6: "ratio N-Res", 7: "ratio N-ResLN"}
+for index, name in names.items():
+    np.save(out / f"norms_{name}.npy", torch.stack([layer[index][0] for layer in norms]).double().numpy())
+encoder_maps = torch.stack([layer[4][0] for layer in norms]).double().numpy()
+encoder_maps = encoder_maps / encoder_maps.sum(-1, keepdims=True)
+np.save(out / "globenc_rollout.npy", AttentionRollout().compute_flows([encoder_maps], output_hidden_states=True)[0])
+torch.save(model.state_dict(), out / "globenc_weights.pt")
+(out / "globenc_config.json").write_text(config.to_json_string())
+import transformers
+print("GlobEnc authors' code: transformers", transformers.__version__)
+"""
+
+
+def compare_globenc(out: Path, ids) -> None:
+    """Our attention norm (N, N-Res, N-ResLN and the context-mixing ratios) and GlobEnc on the weights the GlobEnc
+    authors' code explained."""
+    import numpy as np
+    import torch
+    import transformers
+
+    from inseq_mixing.methods.norm_based import attention_norm, globenc
+    from inseq_mixing.trace import trace_model
+
+    config = transformers.BertConfig(**json.loads((out / "globenc_config.json").read_text()))
+    model = transformers.BertForSequenceClassification(config).eval()
+    model.load_state_dict(torch.load(out / "globenc_weights.pt"), strict=False)
+    trace = trace_model(model, ids, torch.ones_like(ids))
+    for name, options in (("N", {}), ("N-Res", {"residual": True}), ("N-ResLN", {"layer_norm": True})):
+        maps = attention_norm(trace, **options)
+        theirs = np.load(out / f"norms_{name}.npy")
+        line = f"attention_norm {name}: maps {theirs.shape}: max |ours - theirs| = "
+        line += f"{np.abs(maps.target[0].double().numpy() - theirs).max():.2e}"
+        if name != "N":
+            ratio = maps.positions["context_mixing_ratio"][0].double().numpy()
+            line += f"; mixing ratio {np.abs(ratio - np.load(out / f'norms_ratio {name}.npy')).max():.2e}"
+        print(line)
+    layers = globenc(trace, rollout=False).target[0].double().numpy()
+    theirs = np.load(out / "norms_N-Enc.npy")
+    theirs = theirs / theirs.sum(-1, keepdims=True)
+    rolled = globenc(trace, rollout=True).target[0].double().numpy()
+    their_rollout = np.load(out / "globenc_rollout.npy")[-1]
+    print(
+        f"globenc: row-normalised layer maps {theirs.shape}: max |ours - theirs| = "
+        f"{np.abs(layers - theirs).max():.2e}; rollout (last layer): {np.abs(rolled - their_rollout).max():.2e}"
+    )
+
+
+def compare_decompx(out: Path, ids) -> None:
+    """Our DecompX on the classifier the authors' code explained, every class, both bias treatments; then the same
+    with the first layer's value bias set to 0 (their first layer gives it to the tokens, every later layer and ours
+    to the bias)."""
+    import numpy as np
+    import torch
+    import transformers
+
+    from inseq_mixing.methods.decompx import DecompXOptions, decompx
+    from inseq_mixing.trace import trace_model
+
+    config = transformers.BertConfig(**json.loads((out / "classifier_config.json").read_text()))
+    for variant in ("", "_no_first_value_bias"):
+        model = transformers.BertForSequenceClassification(config).eval()
+        model.load_state_dict(torch.load(out / f"classifier_weights{variant}.pt"), strict=False)
+        trace = trace_model(model, ids, torch.ones_like(ids))
+        logits = np.load(out / f"decompx_logits{variant}.npy")
+        gap = np.abs(trace.logits[0, 0].double().numpy() - logits).max()
+        for mode, convention in (("separate", "paper"), ("separate", "reference"), ("absdot", "paper"),
+                                 ("absdot", "reference")):  # fmt: skip
+            theirs = np.load(out / f"decompx_{mode}{variant}.npy")
+            ours = []
+            for label in range(theirs.shape[1]):
+                options = DecompXOptions(bias=mode, convention=convention)
+                scores = decompx(trace, torch.full_like(ids, label), options=options)
+                row = scores.target[0, 0].double()
+                ours.append(row if scores.bias is None else torch.cat([row, scores.bias[0, :1].double()]))
+            ours = torch.stack(ours, dim=1).numpy()
+            print(f"decompx{variant} (bias={mode}, convention={convention}): token x class scores {theirs.shape}: "
+                  f"max |ours - theirs| = {np.abs(ours - theirs).max():.2e} (largest score "
+                  f"{np.abs(theirs).max():.2e}; logits differ by {gap:.1e})")  # fmt: skip
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--authors-python", required=True, help="python of the environment with transformers 4.15")
     parser.add_argument("--value-zeroing-repo", required=True, help="a clone of github.com/hmohebbi/ValueZeroing")
     parser.add_argument("--alti-repo", required=True, help="a clone of github.com/mt-upc/transformer-contributions")
+    parser.add_argument("--decompx-repo", default=None, help="a clone of github.com/mohsenfayyaz/DecompX")
+    parser.add_argument("--globenc-repo", default=None, help="a clone of github.com/mohsenfayyaz/GlobEnc")
+    parser.add_argument("--decompx-transformers", default=None, help="a folder with transformers 4.26 (--target)")
     parser.add_argument("--out", default="out/authors")
     args = parser.parse_args()
     out = Path(args.out).resolve()
-    command = [args.authors_python, "-c", STAGE_ONE, args.value_zeroing_repo, args.alti_repo, str(out)]
+    command = [args.authors_python, "-c", RANDOMIZE + STAGE_ONE, args.value_zeroing_repo, args.alti_repo, str(out)]
     subprocess.run(command, check=True)
+    environment = {**os.environ, "PYTHONPATH": args.decompx_transformers or ""}
+    for repo, stage in ((args.decompx_repo, DECOMPX_STAGE), (args.globenc_repo, GLOBENC_STAGE)):
+        if repo:
+            subprocess.run([args.authors_python, "-c", RANDOMIZE + stage, repo, str(out)], check=True, env=environment)
 
     import numpy as np
     import torch
@@ -139,6 +305,10 @@ def main() -> int:
         theirs, their_rollout = np.load(out / f"{maps}.npy"), np.load(out / f"{rollouts}.npy")
         print(f"{method}: per-layer maps {theirs.shape}: max |ours - theirs| = {np.abs(ours - theirs).max():.2e}; "
               f"rollout (last layer): {np.abs(rolled - their_rollout[-1]).max():.2e}")  # fmt: skip
+    if args.globenc_repo:
+        compare_globenc(out, ids)
+    if args.decompx_repo:
+        compare_decompx(out, ids)
     return 0
 
 

@@ -512,3 +512,46 @@ def test_faithfulness_deletes_the_top_tokens_of_a_classifier(encoder_dirs, tmp_p
     data = _jsonl(tmp_path / "clf.jsonl", CLF_ROWS[:2])
     evaluation = inseq_mixing.evaluate(str(encoder_dirs["clf"]), ["decompx", "alti"], data, "faithfulness", draws=20)
     assert set(evaluation.results) == {"decompx", "alti"} and "comprehensiveness_prob" in evaluation.baseline
+
+
+@pytest.mark.parametrize("task", ["masked_lm", "sequence_classification"])
+def test_decompx_through_the_head_adds_up_for_every_bias_split(task):
+    """The components go through the head's steps with each bias split on the way: every split and convention adds up
+    to the model's logit."""
+    from inseq_mixing.methods.decompx import BIAS_SPLITS, CONVENTIONS, DecompXOptions, decompx
+
+    model = encoder("roberta", task)
+    kwargs, trace = _trace(model, TEXTS[:1])
+    label = torch.full_like(kwargs["input_ids"], 2)
+    expected = trace.logits[0, :, 2]
+    with torch.no_grad():
+        own = model(**kwargs).logits[0]
+    torch.testing.assert_close(expected[0] if task != "masked_lm" else expected, own[2] if task != "masked_lm" else
+                               own[:, 2], atol=1e-5, rtol=1e-5)  # fmt: skip
+    for bias in BIAS_SPLITS:
+        for convention in CONVENTIONS:
+            scores = decompx(trace, label, options=DecompXOptions(bias=bias, convention=convention))
+            total = scores.target[0].sum(-1) + (0 if scores.bias is None else scores.bias[0])
+            torch.testing.assert_close(total, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_the_reference_convention_keeps_the_first_value_bias_with_each_token():
+    """The released code's first layer gives its value bias to each key's own token: with bias='separate', the two
+    conventions differ by that alone, so they agree once it is zero."""
+    from inseq_mixing.methods.decompx import DecompXOptions, decompx
+
+    model = tiny_encoder("bert", "sequence_classification")
+    kwargs = model_inputs(TEXTS[:1])
+
+    def both():
+        trace = _trace(model, TEXTS[:1])[1]
+        label = torch.zeros_like(kwargs["input_ids"])
+        return [decompx(trace, label, options=DecompXOptions(bias="separate", convention=convention)).target[0, 0]
+                for convention in ("paper", "reference")]  # fmt: skip
+
+    paper, reference = both()
+    assert (paper - reference).abs().max() > 1e-4
+    with torch.no_grad():
+        model.bert.encoder.layer[0].attention.self.value.bias.zero_()
+    paper, reference = both()
+    torch.testing.assert_close(paper, reference, atol=1e-6, rtol=1e-5)

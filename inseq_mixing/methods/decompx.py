@@ -49,6 +49,7 @@ from .alti_logit import (
 )
 from .blocks import refuse_non_finite, upcast, valid_cells
 from .chunking import chunk_slices, items_per_chunk
+from .head import FrozenHead
 from .norms import FrozenNorm, freeze_norm
 from .options import (  # the choices are re-exported: the options live in .options so that listing them needs no torch
     BIAS_SPLITS,  # noqa: F401
@@ -333,6 +334,7 @@ def attention_sublayer(
     keys: BlockedStream | None = None,
     place=None,
     heads: "HeadReadout | None" = None,
+    own_offset: int | None = None,
 ) -> BlockedStream:
     r"""Residual plus attention output on a blocked stream, then the norm in post-LN blocks.
 
@@ -350,6 +352,9 @@ def attention_sublayer(
         keys: The key-side stream of a cross-attention (the encoder output); None for self-attention.
         place: Maps key-layout component indices to the query layout (cross-attention).
         heads: Where to read each head's output components out along a logit direction (``per_head``), or None.
+        own_offset: The authors' released code in a stack's first layer (``convention="reference"``): the value
+            bias stays in each key token's own value, :math:`\alpha^h_{ij} (x_j W^h_V + b^h_V) W^h_O` going to token
+            :math:`j` (component ``own_offset + j``), instead of being a bias; None otherwise.
     """
     mode = options.bias
     self_attention = keys is None
@@ -362,6 +367,11 @@ def attention_sublayer(
     # one slab's largest tensors are (B, positions, slab width, heads, head_dim): at most max_chunk_elements
     width = items_per_chunk(batch * max(num_queries, num_keys) * out_weight.shape[-1], options.max_chunk_elements)
     bias = attention_bias(attn)
+    value_bias = None
+    if own_offset is not None and self_attention and attn.value_weight()[1] is not None:
+        bias = None if attn.out_bias is None else upcast(attn.out_bias)
+        per_kv_head = upcast(attn.value_weight()[1]).reshape(attn.num_kv_heads, attn.head_dim)
+        value_bias = per_kv_head[attn.kv_head_of_query_head().to(per_kv_head.device)]  # (H, head_dim)
     out_frozen = None if attn.out_norm is None else freeze_norm(attn.out_norm, record.output)
     biases = [branch_bias(bias, out_frozen, block.rows) for block in stream.blocks]
     weighted = mode in ("absdot", "norm")
@@ -372,6 +382,10 @@ def attention_sublayer(
         if key_rows.start >= num_keys:
             continue
         values = slab_values(attn, keys, norms, slab, key_rows)
+        if value_bias is not None:  # each component's own token keeps the value bias (the first layer, 'reference')
+            own = slab - own_offset - key_rows.start
+            mine = (own >= 0) & (own < values.shape[1])
+            values[:, own[mine], mine.nonzero().squeeze(-1)] += value_bias
         part = torch.einsum("bhqj,bjkhe->bqkhe", probs[:, :, query_rows, key_rows], values)
         mixed = torch.einsum("bqkhe,hed->bqkd", part, out_weight)
         query_slab = slab if place is None else place(slab)
@@ -541,6 +555,7 @@ def decompose_layer(
     encoder: BlockedStream | None = None,
     place=None,
     heads: dict[str, HeadReadout] | None = None,
+    own_offset: int | None = None,
 ) -> BlockedStream:
     """One block on a decomposed stream (updated in place).
 
@@ -553,12 +568,15 @@ def decompose_layer(
         encoder: Components of the encoder output (decoder blocks of encoder–decoders).
         place: Maps encoder component indices to the decoder layout.
         heads: Per-head read-outs of the ``"self"`` and ``"cross"`` attention (``per_head``), or None.
+        own_offset: See :func:`attention_sublayer` (a stack's first layer, ``convention="reference"``).
     """
     heads = heads or {}
     block_input = (
         [block.stream.like(block.stream.parts.clone()) for block in stream.blocks] if layer.ffn.parallel else None
     )
-    stream = attention_sublayer(layer.self_attn, record.self_attn, stream, options, causal, heads=heads.get("self"))
+    self_heads = heads.get("self")
+    stream = attention_sublayer(layer.self_attn, record.self_attn, stream, options, causal, None, None, self_heads,
+                                own_offset)  # fmt: skip
     if layer.cross_attn is not None:
         cross = heads.get("cross")
         stream = attention_sublayer(layer.cross_attn, record.cross_attn, stream, options, False, encoder, place, cross)
@@ -589,13 +607,18 @@ def decompose_stack(
     place_encoder=None,
     keep_layers: bool = False,
     heads: list[dict[str, HeadReadout]] | None = None,
+    offset: int = 0,
 ) -> tuple[BlockedStream, list[Components]]:
     """Every block of a stack, then its final norm; returns the output and (if asked) each block's output, dense.
-    ``heads``: per layer, the per-head read-outs of its attention sub-blocks (``per_head``)."""
+    ``heads``: per layer, the per-head read-outs of its attention sub-blocks (``per_head``); ``offset``: the
+    component of the stack's first token (see :func:`initial_stream`)."""
     layers = []
     heads = heads or [None] * len(stack_spec.layers)
-    for layer, record, layer_heads in zip(stack_spec.layers, stack.layers, heads, strict=True):
-        stream = decompose_layer(layer, record, stream, options, stack.causal, encoder, place_encoder, layer_heads)
+    for index, (layer, record, layer_heads) in enumerate(zip(stack_spec.layers, stack.layers, heads, strict=True)):
+        own = offset if index == 0 and options.convention == "reference" else None
+        stream = decompose_layer(
+            layer, record, stream, options, stack.causal, encoder, place_encoder, layer_heads, own
+        )
         if keep_layers:
             layers.append(stream.to_dense())
     if stack_spec.final_norm is not None:
@@ -628,6 +651,47 @@ def logit_vector_weights(spec, stream: BlockedStream, mode: str) -> torch.Tensor
         squared = torch.einsum("btkd,de,btke->btk", parts, gram, parts)
         weights[:, block.rows, block.cols] = squared.clamp(min=0).sqrt()
     return weights
+
+
+def through_head(stream: BlockedStream, trace: ModelTrace, ids: torch.Tensor, foil_ids, options: DecompXOptions):
+    r"""An encoder head applied to the components of the final hidden state, as the paper does for the pooler: each
+    linear map per component with its bias split over them (``options.bias``), each norm at its recorded statistics
+    with its shift split, each activation at its slope :math:`f(z)/z` at the true pre-activation (the same for every
+    component); the output row of the explained label or token then gives the scores (the paper treats BERT's pooler
+    and classifier; the other heads, and masked-LM heads, are our extension).
+
+    Returns:
+        Scores ``(B, P, K)``, the last linear map's bias of the explained output ``(B, P)`` (split like the logit
+        bias by the caller), and the weights of that split (``convention="reference"``: each component's whole output
+        vector dotted with that bias, as the released code does; else None: by the scores).
+    """
+    frozen = FrozenHead(trace.spec.head, trace.final_hidden)
+    out_weight = upcast(frozen.head.out_proj.weight)
+    out_bias = getattr(frozen.head.out_proj, "bias", None)
+    rows = out_weight[ids] - (0 if foil_ids is None else out_weight[foil_ids])  # (B, P, D)
+    first = stream.blocks[0].stream.parts
+    scores = first.new_zeros(first.shape[0], ids.shape[1], stream.num_components)
+    reference = options.convention == "reference" and options.bias == "absdot" and out_bias is not None
+    weights = torch.zeros_like(scores) if reference else None
+    for block in stream.blocks:
+        parts = block.stream
+        for kind, step in frozen.frozen:
+            if kind == "linear":
+                parts = linear_parts(step, parts, options.bias)
+            elif kind == "norm":
+                normed = step.linear(parts.parts, block.rows)
+                shift = None if step.shift is None else step.shift
+                parts = parts.like(normed if shift is None else split_bias(parts.like(normed), shift, options.bias))
+            else:
+                parts = parts.like(parts.parts * step[:, block.rows, None, :])
+        scores[:, block.rows, block.cols] = torch.einsum("bpkd,bpd->bpk", parts.parts, rows[:, block.rows])
+        if reference:  # |ℓ_k · b| with ℓ_k = W x_k: the bias dotted with each component's whole output vector
+            bias_direction = upcast(out_bias) @ out_weight
+            weights[:, block.rows, block.cols] = torch.einsum("bpkd,d->bpk", parts.parts, bias_direction).abs()
+    bias = torch.zeros(ids.shape, dtype=scores.dtype, device=scores.device)
+    if out_bias is not None:
+        bias = upcast(out_bias)[ids] - (0 if foil_ids is None else upcast(out_bias)[foil_ids])
+    return scores, bias, weights
 
 
 def read_out(stream: BlockedStream, direction: torch.Tensor) -> torch.Tensor:
@@ -713,13 +777,15 @@ def decompx(
     unembedded, bias = readout(trace, target_ids, foil_ids)
     heads = head_readouts(trace, unembedded, available.shape[-1]) if per_head else None
     stream, layers["decoder"] = decompose_stack(
-        spec.decoder, dec, start, options, encoder, place, keep_layers=keep_layers, heads=heads
+        spec.decoder, dec, start, options, encoder, place, keep_layers=keep_layers, heads=heads, offset=offset
     )
-    direction = unembedded * spec.logits_scale
-    scores = read_out(stream, direction)
     weights = None
-    if options.convention == "reference" and options.bias in ("absdot", "norm") and spec.head is None:
-        weights = logit_vector_weights(spec, stream, options.bias)  # encoder heads: their constant splits as 'paper'
+    if spec.head is not None:  # encoder heads: the components go through the head's steps, biases split on the way
+        scores, bias, weights = through_head(stream, trace, target_ids, foil_ids, options)
+    else:
+        scores = read_out(stream, unembedded * spec.logits_scale)
+        if options.convention == "reference" and options.bias in ("absdot", "norm"):
+            weights = logit_vector_weights(spec, stream, options.bias)
     del stream, encoder
     positions = Components(scores.new_empty(0), available, bias_index)
     scores = split_scalar_bias(scores, positions, bias, options.bias, weights)

@@ -99,8 +99,10 @@ class DecompXOptions(Chunking):
         "paper",
         "'paper' (the paper's text: an attention sub-block's bias split over the attention output's components, the "
         "logit bias by the components' scores for the explained token) or 'reference' (the authors' released code: "
-        "the attention bias split over the residual plus the attention output, the logit bias by each component's "
-        "whole logit vector, its dot product with the bias over the vocabulary for 'absdot' or its norm for 'norm').",
+        "the attention bias split over the residual plus the attention output, the first layer's value bias kept in "
+        "each token's own value, the logit bias by each component's whole logit vector, its dot product with the "
+        "bias over the vocabulary for 'absdot' or its norm for 'norm'; on BERT classifiers it gives the released "
+        "code's scores, see scripts/compare_with_authors.py).",
         CONVENTIONS,
     )
 
