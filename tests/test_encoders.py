@@ -555,3 +555,41 @@ def test_the_reference_convention_keeps_the_first_value_bias_with_each_token():
         model.bert.encoder.layer[0].attention.self.value.bias.zero_()
     paper, reference = both()
     torch.testing.assert_close(paper, reference, atol=1e-6, rtol=1e-5)
+
+
+# ----- the invariants every method inherits, on every encoder family -----
+
+ALL_METHODS = LOGIT_METHODS + MAP_METHODS
+
+
+@pytest.mark.parametrize("method", ALL_METHODS)
+def test_bfloat16_runs_and_nan_weights_are_refused_on_every_family(family, method):
+    """Half precision gives finite scores; a NaN weight is refused with a clear error, the weights and hooks left as
+    they were; a call that fails in the last block leaves no hook behind and the model's own output unchanged."""
+    model = tiny_encoder(family, "sequence_classification").to(torch.bfloat16)
+    out = inseq_mixing.load_model(model, method, tokenizer=tokenizer()).attribute(TEXTS[0], show_progress=False)
+    assert torch.isfinite(out.sequence_attributions[0].source_attributions).all()
+    model = tiny_encoder(family, "sequence_classification")
+    attribution = inseq_mixing.load_model(model, method, tokenizer=tokenizer())
+    with torch.no_grad():
+        before = model(**model_inputs(TEXTS[:1])).logits
+    last = get_spec(model).decoder.layers[-1].module
+
+    def fail(*_):
+        raise RuntimeError("provoked")
+
+    handle = last.register_forward_hook(fail)
+    try:
+        with pytest.raises(RuntimeError, match="provoked"):
+            attribution.attribute(TEXTS[0], show_progress=False)
+    finally:
+        handle.remove()
+    assert not any(module._forward_hooks or module._forward_pre_hooks for module in model.modules())
+    with torch.no_grad():
+        torch.testing.assert_close(model(**model_inputs(TEXTS[:1])).logits, before, rtol=0, atol=0)
+        next(p for name, p in model.named_parameters() if p.dim() == 2 and "embed" not in name)[0, 0] = float("nan")
+    state = {name: value.clone() for name, value in model.state_dict().items()}
+    with pytest.raises((ValueError, FloatingPointError), match="(?i)nan|non-finite|finite"):
+        attribution.attribute(TEXTS[0], show_progress=False)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, state[name], rtol=0, atol=0, equal_nan=True)
