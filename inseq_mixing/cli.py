@@ -170,11 +170,8 @@ def load_for_compare(args: argparse.Namespace):
     """The Inseq model of ``args.model`` for the first method, with a one-line error for what a user can fix."""
     check_methods_known(args.methods)
     model = load_model(args.model, args.methods[0], args.device)
-    if not hasattr(model, "is_encoder_decoder"):
-        raise UserError(
-            "compare takes generation models; for an encoder-only model use `inseq-mixing evaluate --protocol "
-            "faithfulness` (classifiers, masked LMs) or inseq_mixing.load_model(...).attribute in Python"
-        )
+    if not hasattr(model, "is_encoder_decoder"):  # an encoder-only model: no generation, no prompt to fit
+        return model
     if not model.is_encoder_decoder and args.target is not None and not args.target.startswith(args.text):
         raise UserError("for a decoder-only model, --target is the whole text and must start with the prompt")
     if args.target is None:

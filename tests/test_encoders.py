@@ -465,8 +465,30 @@ def test_the_commands_take_encoder_models(encoder_dirs, tmp_path, capsys):
                      "value_zeroing", "alti_logit", "--draws", "20", "--out", str(out)])  # fmt: skip
         assert code == 0, capsys.readouterr().err
         assert out.is_file()
-    code = main(["compare", "a cat sat", "--model", str(encoder_dirs["clf"]), "--out", str(tmp_path / "c.html")])
-    assert code == 2 and "evaluate --protocol faithfulness" in capsys.readouterr().err
+    page = tmp_path / "c.html"
+    code = main(["compare", "the dog sat on the mat and read many books", "--model", str(encoder_dirs["clf"]),
+                 "--methods", "decompx", "value_zeroing", "integrated_gradients", "--out", str(page)])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    assert page.read_text().count('class="heatmap"') >= 3 and "per layer" in page.read_text()
+
+
+def test_compare_scores_an_encoder_by_deleting_tokens(encoder_dirs):
+    """Each method's AOPC row is the deletion AOPC of its own ranking, and every two methods get an agreement."""
+    from inseq_mixing.evaluation.encoders import encoder_faithfulness
+
+    texts = [row["source"] for row in CLF_ROWS]
+    result = inseq_mixing.compare(str(encoder_dirs["clf"]), ["decompx", "alti"], texts, random_draws=2)
+    assert set(result.outputs) == {"decompx", "alti"} and len(result.agreement) == len(texts)
+    front = inseq_mixing.load_model(str(encoder_dirs["clf"]), "alti")
+    own = encoder_faithfulness(front, list(_wrapped(result.outputs["alti"])), random_draws=2)
+    rows = [row for row in result.tokens if row["method"] == "alti"]
+    assert [row["comprehensiveness_prob"] for row in rows] == [row["comprehensiveness_prob"] for row in own]
+
+
+def _wrapped(out):
+    from types import SimpleNamespace
+
+    return (SimpleNamespace(seq=seq) for seq in out.sequence_attributions)
 
 
 def test_cue_and_evidence_on_a_masked_lm_read_the_mask_row(encoder_dirs, tmp_path):

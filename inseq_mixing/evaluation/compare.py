@@ -152,9 +152,11 @@ def compare(
     Args:
         model: A Hugging Face model, an Inseq ``AttributionModel``, or a model name or local path.
         methods: Registered attribution method names (e.g. ``["alti_logit", "decompx", "integrated_gradients"]``).
-        inputs: Source texts (encoder–decoders) or prompts (decoder-only models).
+        inputs: Source texts (encoder–decoders) or prompts (decoder-only models); encoder-only models: the texts
+            (a masked LM's with its mask token).
         targets: Target texts (decoder-only: the whole sequence). If None, the first method's generation is used
-            for all methods.
+            for all methods. Encoder-only models: the masked word or the label, default the prediction; the first
+            explained entry of each text is scored, by deleting tokens (:mod:`.encoders`).
         tokenizer: The tokenizer, when ``model`` is a model object.
         replacement_token: The token that replaces perturbed context tokens (default: the unknown token, else pad).
         fractions: Shares of the candidate tokens removed (or kept) at each point of the perturbation curve.
@@ -174,6 +176,15 @@ def compare(
     inputs = [inputs] if isinstance(inputs, str) else list(inputs)
     targets = [targets] if isinstance(targets, str) else targets
     method_kwargs = method_kwargs or {}
+    from ..encoders import EncoderAttributionModel, is_encoder_only_model
+
+    if isinstance(model, EncoderAttributionModel) or is_encoder_only_model(model):
+        from ..encoders import load_model as load_any_model
+        from .encoders import compare_encoder
+
+        if not isinstance(model, EncoderAttributionModel):
+            model = load_any_model(model, methods[0], tokenizer=tokenizer)
+        return compare_encoder(model, methods, inputs, targets, fractions, random_draws, method_kwargs, show_progress)
     base = model if isinstance(model, inseq.models.AttributionModel) else None
     if base is None:
         base = inseq.load_model(model, methods[0], tokenizer=tokenizer)

@@ -144,3 +144,51 @@ def _aopc(read, ranked: torch.Tensor, candidates: torch.Tensor, length: int, fra
         scores[f"{name}_prob"] = float((original[0] - prob).mean())
         scores[f"{name}_logit"] = float((original[1] - logit).mean())
     return scores
+
+
+def compare_encoder(attribution, methods, texts, targets, fractions, random_draws, method_kwargs, show_progress):
+    """:func:`~inseq_mixing.compare` on an encoder model: each method on the same texts, the first explained entry of
+    each text (a mask, or the label) scored by AOPC with deletion (see the module docstring), and the Spearman
+    agreement of every two methods over the candidate tokens."""
+    import warnings
+    from itertools import combinations
+    from types import SimpleNamespace
+
+    from tqdm.auto import tqdm
+
+    from ..encoders import EncoderAttributionModel
+    from .compare import Comparison, rank_correlation
+
+    comparison = Comparison()
+    candidates_scores = {}
+    for method in tqdm(methods, desc="attributing", disable=not show_progress):
+        try:
+            front = EncoderAttributionModel(attribution.model, attribution.tokenizer, method)
+            out = front.attribute(texts, targets, show_progress=False, **method_kwargs.get(method, {}))
+            rows = encoder_faithfulness(front, [SimpleNamespace(seq=seq) for seq in out.sequence_attributions],
+                                        fractions, random_draws)  # fmt: skip
+        except Exception as error:  # keep what the other methods computed; report this one
+            comparison.failed[method] = f"{type(error).__name__}: {error}"
+            warnings.warn(f"compare: {method} failed and is left out ({comparison.failed[method]})", stacklevel=2)
+            continue
+        comparison.outputs[method] = out
+        for sentence, row in enumerate(rows):
+            comparison.tokens.append({"method": method, "sentence": sentence, "position": 0, **row})
+        candidates_scores[method] = [_candidate_scores(attribution, seq) for seq in out.sequence_attributions]
+    if not comparison.outputs:
+        raise RuntimeError(f"Every method failed: {comparison.failed}")
+    for first, second in combinations(candidates_scores, 2):
+        for sentence, (a, b) in enumerate(zip(candidates_scores[first], candidates_scores[second], strict=True)):
+            comparison.agreement.append({"sentence": sentence, "position": 0, "method_a": first, "method_b": second,
+                                         "spearman": rank_correlation(a, b)})  # fmt: skip
+    return comparison
+
+
+def _candidate_scores(attribution, seq) -> torch.Tensor:
+    """The first explained entry's scores of the tokens AOPC may delete (special tokens and the mask excluded)."""
+    ids = torch.tensor([token.id for token in seq.source])
+    cell = _explained_cell(attribution, ids)
+    special = set(attribution.tokenizer.all_special_ids)
+    keep = torch.tensor([int(i) not in special and n != cell for n, i in enumerate(ids.tolist())])
+    scores = seq.source_attributions.float()[:, 0]
+    return (scores.mean(-1) if scores.ndim == 2 else scores)[keep]

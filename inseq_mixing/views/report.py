@@ -83,15 +83,16 @@ def metrics_table(comparison: Comparison) -> str:
 
 def layer_panels(seq, method: str) -> str:
     """Per-layer panels (embedded PNG) for a per-layer context-mixing output; empty for other outputs."""
-    if type(seq).__name__.startswith("Granular") or seq.target_attributions is None:
+    if type(seq).__name__.startswith("Granular"):
         return ""
-    if seq.target_attributions.ndim != 3:
+    sides = [("source", seq.source_attributions, seq.source), ("target", seq.target_attributions, seq.target)]
+    blocks = [
+        (side, scores, [token.token for token in tokens]) for side, scores, tokens in sides if scores is not None
+    ]
+    if not blocks or blocks[-1][1].ndim != 3:  # encoder-only outputs have source scores only
         return ""
     generated = [token.token for token in seq.target[seq.attr_pos_start :]]
     images = []
-    blocks = [("target", seq.target_attributions, [token.token for token in seq.target])]
-    if seq.source_attributions is not None:
-        blocks.insert(0, ("source", seq.source_attributions, [token.token for token in seq.source]))
     for side, scores, rows in blocks:
         figure = layer_figure(scores, rows, generated, title=f"{method}: {side} scores per layer")
         images.append(f'<img alt="{method} {side} per layer" src="data:image/png;base64,{figure_png_base64(figure)}">')
