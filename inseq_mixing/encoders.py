@@ -263,27 +263,50 @@ class EncoderAttributionModel:
 
     # ----- inputs -----
 
-    def _batch(self, texts, targets, foils, positions) -> tuple[_Batch, object]:
+    def validate(self, texts: str | list[str], targets=None, foils=None, positions=None) -> None:
+        """Raise the error :meth:`attribute` would raise for these inputs (no mask token, a word mapped to the
+        unknown token, an unknown label, a count that does not match), without running the model."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        targets, foils = _per_text(targets, len(texts), "targets"), _per_text(foils, len(texts), "foils")
+        inputs = self._encode(texts)
+        explained = self._explained(inputs, _per_text_positions(positions, len(texts)))
+        self._output_ids(inputs["input_ids"], explained, targets, foils, torch.zeros_like(inputs["input_ids"]))
+
+    def _encode(self, texts: list[str]) -> dict:
+        """The tokenized texts (right padding), with the inputs the model's forward takes."""
         encoded = self.tokenizer(texts, return_tensors="pt", padding=True)
         accepted = inspect.signature(self.model.forward).parameters
-        inputs = {name: value.to(self.device) for name, value in encoded.items() if name in accepted}
+        return {name: value.to(self.device) for name, value in encoded.items() if name in accepted}
+
+    def _explained(self, inputs: dict, positions: list) -> list[list[int]]:
         ids, mask = inputs["input_ids"], inputs["attention_mask"]
+        return [self._explained_positions(ids[row], mask[row], positions[row], row) for row in range(len(ids))]
+
+    def _output_ids(self, ids, explained, targets, foils, predictions):
+        """The explained output at every position ``(B, T)`` (``predictions`` where no target is given) and the
+        foils', or None without foils."""
+        target_ids = predictions.clone()
+        foil_ids = None if all(foil is None for foil in foils) else torch.zeros_like(ids)
+        for row, cells in enumerate(explained):
+            self._fill(target_ids, row, cells, targets[row], "targets")
+            if foil_ids is not None:
+                if foils[row] is None:
+                    raise ValueError(f"Text {row} has no foil: give one foil per text, or none at all.")
+                self._fill(foil_ids, row, cells, foils[row], "foils")
+        return target_ids, foil_ids
+
+    def _batch(self, texts, targets, foils, positions) -> tuple[_Batch, object]:
+        inputs = self._encode(texts)
+        ids, mask = inputs["input_ids"], inputs["attention_mask"]
+        explained = self._explained(inputs, positions)  # a text without a mask fails before the model runs
+        self._output_ids(ids, explained, targets, foils, torch.zeros_like(ids))  # and so does a bad target
         extra = {name: value for name, value in inputs.items() if name not in ("input_ids", "attention_mask")}
         trace = trace_model(self.model, ids, mask, spec=self.spec, extra=extra)
-        explained = [self._explained_positions(ids[row], mask[row], positions[row], row) for row in range(len(texts))]
         where = torch.zeros_like(mask, dtype=torch.bool)
         for row, cells in enumerate(explained):
             where[row, cells] = True
-        target_ids = torch.zeros_like(ids)
-        foil_ids = None if all(foil is None for foil in foils) else torch.zeros_like(ids)
-        if trace.logits is not None:
-            target_ids = trace.logits.argmax(-1)
-            for row, cells in enumerate(explained):
-                self._fill(target_ids, row, cells, targets[row], "targets")
-                if foil_ids is not None:
-                    if foils[row] is None:
-                        raise ValueError(f"Text {row} has no foil: give one foil per text, or none at all.")
-                    self._fill(foil_ids, row, cells, foils[row], "foils")
+        predictions = torch.zeros_like(ids) if trace.logits is None else trace.logits.argmax(-1)
+        target_ids, foil_ids = self._output_ids(ids, explained, targets, foils, predictions)
         return _Batch(texts, inputs, where, explained, target_ids, foil_ids), trace
 
     def _explained_positions(self, ids, mask, chosen, row: int) -> list[int]:

@@ -7,6 +7,7 @@ queries. Hooks are removed and the model's attention implementation and
 training flag are restored in ``finally`` blocks, so a failed call leaves the model exactly as it was.
 """
 
+import itertools
 import logging
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -285,7 +286,7 @@ def _in_call_order(callbacks: list):
     layers records each call into its own layer, in the order the model calls it."""
     if len(callbacks) == 1:
         return callbacks[0]
-    calls = iter(range(1 << 62))
+    calls = itertools.count()
 
     def hook(*args):
         return callbacks[next(calls) % len(callbacks)](*args)
@@ -469,7 +470,11 @@ def trace_model(
             final_hidden = None
             if spec.is_encoder_only:
                 final_hidden = stack_output(spec.decoder, decoder)
-                logits = None if spec.head is None else head_logits(spec.head, final_hidden)
+                logits, own = None, getattr(output, "logits", None)
+                if own is not None and own.dim() == 3:  # masked LMs and token classifiers: the model's own
+                    logits = own.detach()
+                elif spec.head is not None:  # a sequence classifier's own logits are its first position's only
+                    logits = head_logits(spec.head, final_hidden)
             else:
                 logits = output.logits.detach()
     if logits is not None:

@@ -42,29 +42,37 @@ class EncoderExplanation(Explanation):
         return word_scores(scores, self.source_words, len(self.item.source.split()))
 
 
-def explain_encoder_items(attribution, items: list[Item], batch_size: int, options: dict):
-    """Explanations of ``items`` by an :class:`~inseq_mixing.encoders.EncoderAttributionModel`, and the rows it
-    refused (with their reason)."""
-    explained, skipped = [], []
-    contrast = attribution.declaration is not None and attribution.declaration.explains_logit
-    for start in range(0, len(items), batch_size):
-        batch = items[start : start + batch_size]
-        for item in batch:  # one call each: a refused row must not take its batch with it
-            foil = item.foil if contrast else None
-            try:
-                if foil is not None and attribution.task == "masked_lm" and _same_token(attribution, item):
-                    raise ValueError(f"target {item.target!r} and foil {item.foil!r} share their explained token")
-                target = attribution.split_target(item.target) if item.target else None
-                foils = None if foil is None else attribution.split_target(foil)
-                seq = attribution.attribute(item.source, target, foils, show_progress=False, **options)
-            except ValueError as error:
-                skipped.append(Skipped(item.row, f"Row {item.row}: {error}", "not explainable"))
-                continue
-            seq = seq.sequence_attributions[0]
-            ids = [token.id for token in seq.source]
-            words = token_words(attribution.tokenizer, item.source, ids)
-            explained.append(EncoderExplanation(item, seq, words, []))
-    return explained, skipped
+def explain_encoder_items(attribution, items: list[Item], batch_size: int, options: dict) -> list[EncoderExplanation]:
+    """Explanations of ``items`` (checked first with :func:`explainable`) by an
+    :class:`~inseq_mixing.encoders.EncoderAttributionModel`, in batches of rows alike in having a foil (a padded
+    batch gives each text what it gets alone)."""
+    contrast = attribution.declaration is None or attribution.declaration.explains_logit
+    explained = {}
+    for with_foil in (False, True):
+        group = [item for item in items if (contrast and item.foil is not None) == with_foil]
+        for start in range(0, len(group), batch_size):
+            batch = group[start : start + batch_size]
+            targets = [attribution.split_target(item.target) if item.target else None for item in batch]
+            foils = [attribution.split_target(item.foil) for item in batch] if with_foil else None
+            out = attribution.attribute([item.source for item in batch], targets, foils, batch_size=len(batch),
+                                        show_progress=False, **options)  # fmt: skip
+            for item, seq in zip(batch, out.sequence_attributions, strict=True):
+                words = token_words(attribution.tokenizer, item.source, [token.id for token in seq.source])
+                explained[item.row] = EncoderExplanation(item, seq, words, [])
+    return [explained[item.row] for item in items]
+
+
+def explainable(attribution, item: Item) -> Skipped | None:
+    """Why ``item`` cannot be explained by ``attribution``'s model (checked without running it), or None."""
+    try:
+        if item.foil is not None and attribution.task == "masked_lm" and _same_token(attribution, item):
+            raise ValueError(f"target {item.target!r} and foil {item.foil!r} share their explained token")
+        target = attribution.split_target(item.target) if item.target else None
+        foil = None if item.foil is None else attribution.split_target(item.foil)
+        attribution.validate(item.source, target, foil)
+    except ValueError as error:
+        return Skipped(item.row, f"Row {item.row}: {error}", "not explainable")
+    return None
 
 
 def _same_token(attribution, item: Item) -> bool:

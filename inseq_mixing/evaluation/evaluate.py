@@ -435,7 +435,7 @@ def _evaluate_encoder(model, methods, data, protocol, method_kwargs, columns, *,
     method on them."""
     from ..encoders import EncoderAttributionModel
     from ..encoders import load_model as load_any_model
-    from .encoders import encoder_faithfulness, explain_encoder_items
+    from .encoders import encoder_faithfulness, explain_encoder_items, explainable
 
     if protocol == "alignment":
         raise EvaluationInputError("The alignment protocol needs an encoder–decoder model (source and target words).")
@@ -443,13 +443,13 @@ def _evaluate_encoder(model, methods, data, protocol, method_kwargs, columns, *,
         model = load_any_model(model, methods[0], tokenizer=tokenizer, device=device)
     items, skipped = read_items_skipping(data, protocol, True, columns)
     evaluation = Evaluation(protocol, draws=draws, seed=seed, skipped=skipped)
-    probe = EncoderAttributionModel(model.model, model.tokenizer, "alti_logit" if model.task else "alti")
     kept = []
     for item in items:  # the rows no method can explain, with the reason, before any method runs
-        _, refused = explain_encoder_items(probe, [item], 1, {})
-        evaluation.skipped += refused
-        if not refused:
+        refused = explainable(model, item)
+        if refused is None:
             kept.append(item)
+        else:
+            evaluation.skipped.append(refused)
     evaluation.skipped.sort(key=lambda skip: skip.row)
     if not kept:
         reasons = "; ".join(skip.reason for skip in evaluation.skipped[:3])
@@ -458,9 +458,7 @@ def _evaluate_encoder(model, methods, data, protocol, method_kwargs, columns, *,
 
     def score(method: str):
         attribution = EncoderAttributionModel(model.model, model.tokenizer, method)
-        explained, refused = explain_encoder_items(attribution, kept, batch_size, method_kwargs.get(method, {}))
-        if refused:
-            raise ValueError(refused[0].reason)
+        explained = explain_encoder_items(attribution, kept, batch_size, method_kwargs.get(method, {}))
         if protocol != "faithfulness":
             return SCORERS[protocol](explained), explained
         rows = encoder_faithfulness(attribution, explained, random_draws=random_draws, seed=seed)
