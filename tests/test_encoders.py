@@ -615,3 +615,20 @@ def test_bfloat16_runs_and_nan_weights_are_refused_on_every_family(family, metho
         attribution.attribute(TEXTS[0], show_progress=False)
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, state[name], rtol=0, atol=0, equal_nan=True)
+
+
+def test_debertas_tied_masked_lm_head_adds_up():
+    """DeBERTa-v2's non-legacy masked-LM head reads out through the word embeddings' transpose plus its own bias."""
+    import transformers
+
+    config = tiny_encoder("deberta-v2", "bare").config
+    config.legacy = False
+    model = transformers.DebertaV2ForMaskedLM(config).eval()
+    logits = own_logits(model, TEXTS[:1])[0]
+    cell = _explained_cells(model_inputs(TEXTS[:1])["input_ids"][0], "masked_lm", logits.shape[0])
+    for method in LOGIT_METHODS:
+        out = inseq_mixing.load_model(model, method, tokenizer=tokenizer()).attribute(TEXTS[0], show_progress=False)
+        sequence = out.sequence_attributions[0]
+        terms = sum(value for name, value in sequence.step_scores.items() if name.startswith("unattributed_"))
+        expected = logits[cell, sequence.target[0].id]
+        torch.testing.assert_close(sequence.source_attributions.sum(0) + terms, expected, atol=1e-4, rtol=1e-4)
