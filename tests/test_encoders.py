@@ -17,7 +17,7 @@ import inseq_mixing
 from inseq_mixing.methods.norm_based import attention_norm, globenc
 from inseq_mixing.methods.value_zeroing import value_zeroing
 from inseq_mixing.specs import get_spec
-from inseq_mixing.testing import ENCODER_FAMILIES, encoder_tokenizer, tiny_encoder
+from inseq_mixing.testing import ENCODER_FAMILIES, encoder_tokenizer, randomize_weights, tiny_encoder
 from inseq_mixing.trace import trace_model
 
 from .reference import (
@@ -624,6 +624,8 @@ def test_debertas_tied_masked_lm_head_adds_up():
     config = tiny_encoder("deberta-v2", "bare").config
     config.legacy = False
     model = transformers.DebertaV2ForMaskedLM(config).eval()
+    randomize_weights(model, 3)  # the head's own bias included
+    assert model.lm_predictions.lm_head.bias.abs().max() > 0
     logits = own_logits(model, TEXTS[:1])[0]
     cell = _explained_cells(model_inputs(TEXTS[:1])["input_ids"][0], "masked_lm", logits.shape[0])
     for method in LOGIT_METHODS:
