@@ -267,7 +267,7 @@ def test_bare_encoders_take_map_methods_and_explain_the_first_token_by_default(f
             inseq_mixing.load_model(model, method, tokenizer=tokenizer())
 
 
-def test_show_save_and_load_work_as_for_generation_models(tmp_path):
+def test_show_save_load_and_weighting_work_as_for_generation_models(tmp_path):
     model = encoder("roberta", "masked_lm")
     for method in ("decompx", "value_zeroing"):
         out = inseq_mixing.load_model(model, method, tokenizer=tokenizer()).attribute(TEXTS, show_progress=False)
@@ -280,6 +280,11 @@ def test_show_save_and_load_work_as_for_generation_models(tmp_path):
             torch.testing.assert_close(after.source_attributions, before.source_attributions)
         assert loaded.info["attributed_fn"] == out.info["attributed_fn"]
         assert out.aggregate().sequence_attributions[0].source_attributions.ndim == 2
+    logit_out = inseq_mixing.load_model(model, "decompx", tokenizer=tokenizer()).attribute(TEXTS, show_progress=False)
+    before = [seq.source_attributions.clone() for seq in logit_out.sequence_attributions]
+    logit_out.weight_attributions("logit")
+    for seq, scores in zip(logit_out.sequence_attributions, before, strict=True):
+        torch.testing.assert_close(seq.source_attributions, scores * seq.step_scores["logit"])
 
 
 def test_a_failed_call_leaves_the_model_as_it_was():
