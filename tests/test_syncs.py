@@ -87,3 +87,28 @@ def test_the_counter_sees_what_it_counts():
         values = torch.arange(5.0)
         bool(values.sum() > 0), values.tolist(), values[values > 2], torch.nonzero(values)
     assert counts == {"__bool__": 1, "tolist": 1, "__getitem__": 1, "nonzero": 1}
+
+
+@pytest.mark.parametrize("family", ["gpt2", "marian"])
+def test_the_batch_path_syncs_do_not_grow_with_length(family):
+    """A dataset batch through Inseq (token strings included: Inseq's tokenizer call would read device ids one by
+    one) makes as many synchronisations for 10-word texts as for 5-word ones."""
+    from inseq_mixing.runs.runner import attribute_texts, split_arguments
+    from inseq_mixing.testing import WORDS, is_seq2seq, load_tiny
+
+    model = load_tiny(family, "alti_logit")
+    inseq_args, options = split_arguments(model, {})
+    generator = torch.Generator().manual_seed(0)
+
+    def words(count: int) -> str:
+        return " ".join(WORDS[int(i)] for i in torch.randint(len(WORDS), (count,), generator=generator))
+
+    def batch_syncs(count: int) -> int:
+        sources = [words(count) for _ in range(4)]
+        targets = [words(count) if is_seq2seq(family) else f"{source} {words(count)}" for source in sources]
+        with counting_syncs() as counts:
+            attribute_texts(model, sources, targets, inseq_args, options)
+        return sum(counts.values())
+
+    batch_syncs(3)  # first-call work
+    assert batch_syncs(5) == batch_syncs(10)

@@ -180,6 +180,7 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         self.first_attributed_position = 1  # index of the first generated token Inseq attributes (unpadded)
         record_requested_fn(attribution_model)
         answer_step_scores(attribution_model)
+        tokens_from_host_ids(attribution_model)
         self.hook(**kwargs)
 
     def attribute(self, batch, *args, **kwargs):
@@ -513,6 +514,20 @@ def answer_step_scores(attribution_model) -> None:
 
     attribution_model.attribute = attribute_with_step_scores
     attribution_model.step_scores_answered = True
+
+
+def tokens_from_host_ids(attribution_model) -> None:
+    """Make an Inseq model turn token ids into strings from one host copy of them: its tokenizer would otherwise read
+    a device tensor one element at a time (a host–device synchronisation per token). Installed once per model."""
+    if getattr(attribution_model, "tokens_from_host_ids", False):
+        return
+    convert = attribution_model._convert_ids_to_tokens
+
+    def convert_on_host(ids, *args, **kwargs):
+        return convert(ids.tolist() if isinstance(ids, torch.Tensor) else ids, *args, **kwargs)
+
+    attribution_model._convert_ids_to_tokens = convert_on_host
+    attribution_model.tokens_from_host_ids = True
 
 
 def fix_attributed_positions(sequences: list, first: int) -> None:
