@@ -639,3 +639,11 @@ def test_debertas_tied_masked_lm_head_adds_up():
         terms = sum(value for name, value in sequence.step_scores.items() if name.startswith("unattributed_"))
         expected = logits[cell, sequence.target[0].id]
         torch.testing.assert_close(sequence.source_attributions.sum(0) + terms, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_a_dataset_run_takes_an_encoder_attribution_model_for_another_method(tmp_path):
+    data = _jsonl(tmp_path / "clf.jsonl", CLF_ROWS[:2])
+    front = inseq_mixing.load_model(encoder("bert", "sequence_classification"), "alti", tokenizer=tokenizer())
+    summary = inseq_mixing.attribute_dataset(front, "decompx", data, tmp_path / "run", show_progress=False)
+    assert summary.attributed == 2
+    assert inseq_mixing.load_run(tmp_path / "run").manifest["method"] == "decompx"

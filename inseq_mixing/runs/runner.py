@@ -196,11 +196,8 @@ def load_attribution_model(model, method: str, tokenizer, device: str | None, dt
     from ..encoders import load_model as load_any_model
 
     torch_dtype = _torch_dtype(dtype)
-    if isinstance(model, EncoderAttributionModel):
-        model = model.model if model.method != method else model
-        if isinstance(model, EncoderAttributionModel):
-            return model
-        return EncoderAttributionModel(model, tokenizer, method)
+    if isinstance(model, EncoderAttributionModel):  # another method on the same model keeps its tokenizer
+        return model if model.method == method else EncoderAttributionModel(model.model, model.tokenizer, method)
     if isinstance(model, str | Path) and is_encoder_only_model(str(model)):
         try:
             return load_any_model(str(model), method, tokenizer=tokenizer, device=device, dtype=torch_dtype)
