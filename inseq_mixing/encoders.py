@@ -73,14 +73,20 @@ def load_model(model, method: str, *, tokenizer=None, device: str | None = None,
     from . import load_demo_model, register
 
     register()
+
+    def generation_model(attribution_model):
+        if dtype is not None:
+            attribution_model.model.to(dtype)
+        return attribution_model
+
     if isinstance(model, str) and model == "demo":
-        return load_demo_model(method, device=device, **kwargs)
+        return generation_model(load_demo_model(method, device=device, **kwargs))
     if isinstance(model, str):
         import transformers
 
         config = transformers.AutoConfig.from_pretrained(model)
         if config.is_encoder_decoder or _is_generation_config(config):
-            return inseq.load_model(model, method, tokenizer=tokenizer, device=device, **kwargs)
+            return generation_model(inseq.load_model(model, method, tokenizer=tokenizer, device=device, **kwargs))
         tokenizer = tokenizer or transformers.AutoTokenizer.from_pretrained(model)
         architecture = (config.architectures or [""])[0]  # the class it was saved as: its head
         loader = (
@@ -88,7 +94,7 @@ def load_model(model, method: str, *, tokenizer=None, device: str | None = None,
         )
         model = (loader or transformers.AutoModel).from_pretrained(model)
     if _is_generation_model(model):
-        return inseq.load_model(model, method, tokenizer=tokenizer, device=device, **kwargs)
+        return generation_model(inseq.load_model(model, method, tokenizer=tokenizer, device=device, **kwargs))
     if tokenizer is None:
         raise ValueError("Pass the tokenizer of this encoder model: load_model(model, method, tokenizer=...).")
     if dtype is not None:

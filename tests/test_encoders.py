@@ -647,3 +647,13 @@ def test_a_dataset_run_takes_an_encoder_attribution_model_for_another_method(tmp
     summary = inseq_mixing.attribute_dataset(front, "decompx", data, tmp_path / "run", show_progress=False)
     assert summary.attributed == 2
     assert inseq_mixing.load_run(tmp_path / "run").manifest["method"] == "decompx"
+
+
+def test_load_model_sends_generation_models_to_inseq_in_the_dtype_asked():
+    from inseq_mixing.testing import tiny_model, word_tokenizer
+
+    model = inseq_mixing.load_model(tiny_model("gpt2"), "alti_logit", tokenizer=word_tokenizer(False),
+                                    dtype=torch.bfloat16)  # fmt: skip
+    assert isinstance(model, inseq.models.AttributionModel) and model.model.dtype == torch.bfloat16
+    encoder_model = inseq_mixing.load_model(tiny_encoder("bert"), "alti", tokenizer=tokenizer(), dtype=torch.float64)
+    assert encoder_model.model.dtype == torch.float64
