@@ -232,7 +232,7 @@ class EncoderAttributionModel:
         positions = _per_text_positions(positions, len(texts))
         self.check_options(method_options)
         options = self.declaration.make_options(method_options) if self.declaration is not None else {}
-        sequences = []
+        sequences, axis = [], None
         starts = range(0, len(texts), batch_size)
         with eval_mode(self.model):
             for start in tqdm(starts, disable=not show_progress, desc=f"Attributing with {self.method}"):
@@ -242,7 +242,8 @@ class EncoderAttributionModel:
                 if self.declaration is None:
                     sequences += self._gradient_sequences(batch, **method_options)
                 else:
-                    sequences += self._declared_sequences(batch, trace, options)
+                    batch_sequences, axis = self._declared_sequences(batch, trace, options)
+                    sequences += batch_sequences
         info = {
             "attribution_method": self.method,
             "model_name": self.model_name,
@@ -256,11 +257,9 @@ class EncoderAttributionModel:
             "step_scores": [],
             "attribution_args": dict(method_options),
         }
-        if self._axis is not None:
-            info["score_axis"] = list(self._axis)
+        if axis is not None:
+            info["score_axis"] = list(axis)
         return inseq.FeatureAttributionOutput(sequence_attributions=sequences, step_attributions=None, info=info)
-
-    _axis: list[str] | None = None
 
     def _explained_quantity(self, foils) -> str:
         if self.declaration is not None and not self.declaration.explains_logit:
@@ -373,7 +372,8 @@ class EncoderAttributionModel:
 
     # ----- outputs -----
 
-    def _declared_sequences(self, batch: _Batch, trace, options) -> list:
+    def _declared_sequences(self, batch: _Batch, trace, options) -> tuple[list, list[str] | None]:
+        """One batch's sequences by the declared method, and the labels of their extra axis (or None)."""
         request = Request(
             spec=self.spec,
             model=self.model,
@@ -387,18 +387,15 @@ class EncoderAttributionModel:
             tracer=lambda: trace,
         )
         result = self.declaration.compute(request, options)
-        self._axis = result.axis
+        rows = range(len(batch.texts))
         if isinstance(result, LogitScores):
             name = "contrast_logits_diff" if batch.foil_ids is not None else "logit"
             steps = {**result.terms, name: result.logit}
             if result.logit_after_softcap is not None:
                 steps[f"{name}_after_softcap"] = result.logit_after_softcap
-            return [self._sequence(batch, row, result.target, steps, signed=True) for row in range(len(batch.texts))]
-        encoder = result.target
-        return [
-            self._sequence(batch, row, result.target, {}, signed=False, maps=encoder)
-            for row in range(len(batch.texts))
-        ]
+            return [self._sequence(batch, row, result.target, steps, signed=True) for row in rows], result.axis
+        maps = [self._sequence(batch, row, result.target, {}, signed=False, maps=result.target) for row in rows]
+        return maps, result.axis
 
     def _sequence(self, batch: _Batch, row: int, scores, steps: dict, signed: bool, maps=None):
         """One text's Inseq sequence from ``(B, [slots,] T, T)`` scores whose rows are positions."""

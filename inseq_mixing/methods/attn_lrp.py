@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from ..specs import ModelSpec
-from ..specs.base import UnsupportedModelError, norm_params
+from ..specs.base import UnsupportedModelError, is_norm
 from ..trace import (
     ModelCall,
     ModelTrace,
@@ -110,14 +110,6 @@ def frozen_norm_rule(norm: nn.Module, output: torch.Tensor, tensor_input: torch.
     return output.detach() + (linear - linear.detach()).to(output.dtype)
 
 
-def _is_norm(module: nn.Module) -> bool:
-    try:
-        norm_params(module)
-    except UnsupportedModelError:
-        return False
-    return True
-
-
 def _scale_attention_inputs(_module, args, kwargs):
     """Queries (and cross-attention's key/value states) pass ¼ of the gradient."""
     if args:
@@ -147,7 +139,7 @@ def lrp_rules(model: nn.Module, spec: ModelSpec) -> Iterator[None]:
             hooks.callback(handle.remove)
 
         for module in model.modules():
-            if _is_norm(module):
+            if is_norm(module):
                 add(module.register_forward_hook(lambda m, args, out: frozen_norm_rule(m, out, args[0])))
         for layer in (layer for stack in spec.stacks.values() for layer in stack.layers):
             ffn = layer.ffn

@@ -673,6 +673,7 @@ def through_head(stream: BlockedStream, trace: ModelTrace, ids: torch.Tensor, fo
     scores = first.new_zeros(first.shape[0], ids.shape[1], stream.num_components)
     reference = options.convention == "reference" and options.bias == "absdot" and out_bias is not None
     weights = torch.zeros_like(scores) if reference else None
+    bias_direction = upcast(out_bias) @ out_weight if reference else None  # |ℓ_k · b| = |x_k · (b W)|, ℓ_k = W x_k
     for block in stream.blocks:
         parts = block.stream
         for kind, step in frozen.frozen:
@@ -680,13 +681,12 @@ def through_head(stream: BlockedStream, trace: ModelTrace, ids: torch.Tensor, fo
                 parts = linear_parts(step, parts, options.bias)
             elif kind == "norm":
                 normed = step.linear(parts.parts, block.rows)
-                shift = None if step.shift is None else step.shift
-                parts = parts.like(normed if shift is None else split_bias(parts.like(normed), shift, options.bias))
+                shifted = normed if step.shift is None else split_bias(parts.like(normed), step.shift, options.bias)
+                parts = parts.like(shifted)
             else:
                 parts = parts.like(parts.parts * step[:, block.rows, None, :])
         scores[:, block.rows, block.cols] = torch.einsum("bpkd,bpd->bpk", parts.parts, rows[:, block.rows])
-        if reference:  # |ℓ_k · b| with ℓ_k = W x_k: the bias dotted with each component's whole output vector
-            bias_direction = upcast(out_bias) @ out_weight
+        if reference:  # the bias dotted with each component's whole output vector
             weights[:, block.rows, block.cols] = torch.einsum("bpkd,d->bpk", parts.parts, bias_direction).abs()
     bias = torch.zeros(ids.shape, dtype=scores.dtype, device=scores.device)
     if out_bias is not None:

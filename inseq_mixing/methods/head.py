@@ -14,17 +14,9 @@ rule on activations and norms).
 
 import torch
 
-from ..specs.base import HeadSpec, UnsupportedModelError, norm_params
+from ..specs.base import HeadSpec, is_norm
 from .blocks import upcast
 from .norms import freeze_norm
-
-
-def _is_norm(step) -> bool:
-    try:
-        norm_params(step)
-    except (UnsupportedModelError, AttributeError, TypeError):
-        return False
-    return True
 
 
 class FrozenHead:
@@ -44,7 +36,7 @@ class FrozenHead:
             if isinstance(step, torch.nn.Linear):
                 self.frozen.append(("linear", step))
                 state = torch.nn.functional.linear(state, upcast(step.weight), _bias(step))
-            elif _is_norm(step):
+            elif is_norm(step):
                 frozen = freeze_norm(step, state)
                 self.frozen.append(("norm", frozen))
                 state = frozen.linear(state) + (0 if frozen.shift is None else frozen.shift)

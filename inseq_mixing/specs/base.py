@@ -274,6 +274,15 @@ def norm_params(module: nn.Module) -> NormParams:
     )
 
 
+def is_norm(module) -> bool:
+    """Whether ``module`` is a norm :func:`norm_params` describes (a LayerNorm or an RMSNorm)."""
+    try:
+        norm_params(module)
+    except UnsupportedModelError:
+        return False
+    return True
+
+
 def _as_in_out_matrix(module: nn.Module, out_slice: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Weight of a linear map as ``(in, out)``.
 
