@@ -136,8 +136,9 @@ def load_model(name: str, method: str, device: str | None):
 
     from inseq_mixing.attr.base import refuse_mismatched_tokenizer
     from inseq_mixing.encoders import is_encoder_only_model
+    from inseq_mixing.speech import is_speech_name
 
-    if name != "demo" and is_encoder_only_model(name):  # masked LMs and classifiers: the encoder front end
+    if name != "demo" and (is_encoder_only_model(name) or is_speech_name(name)):  # the encoder and speech front ends
         from inseq_mixing.encoders import load_model as load_encoder
 
         try:
@@ -307,6 +308,12 @@ def run_evaluate(args: argparse.Namespace) -> int:
         options = method_options(args.option)
         model = load_model(args.model, args.methods[0], args.device)
         columns = {role: getattr(args, f"{role}_column") for role in DEFAULT_COLUMNS}
+        from inseq_mixing.speech import SpeechAttributionModel
+
+        if isinstance(model, SpeechAttributionModel):
+            columns.update({role: getattr(args, f"{role}_column") for role in ("audio", "words", "transcript")})
+        elif args.protocol == "blankout" or args.random_baseline:
+            raise UserError("--protocol blankout and --random-baseline are for speech models.")
         result = inseq_mixing.evaluate(
             model,
             args.methods,
@@ -317,6 +324,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             draws=args.draws,
             show_progress=True,
             target_tokens=args.target_tokens,
+            random_baseline=args.random_baseline,
             **columns,
         )
     except (UserError, EvaluationInputError, RuntimeError, ValueError) as error:
@@ -408,11 +416,19 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("data", help="a .jsonl, .csv or .parquet file of annotated rows")
     evaluate.add_argument("--model", required=True, help=MODEL_HELP)
     evaluate.add_argument("--methods", nargs="+", default=["alti_logit", "decompx", "value_zeroing", "alti"])
-    evaluate.add_argument("--protocol", required=True, choices=["evidence", "cue", "alignment", "faithfulness"])
+    evaluate.add_argument("--protocol", required=True,
+                          choices=["evidence", "cue", "alignment", "faithfulness", "blankout"],
+                          help="blankout: speech models (Whisper) only")  # fmt: skip
+    evaluate.add_argument(
+        "--random-baseline",
+        action="store_true",
+        help="speech cue: also run every method on a randomly initialised copy of the model",
+    )
     evaluate.add_argument("--out", default="evaluation.html", help="the HTML report")
     evaluate.add_argument("--json", default=None, help="also write the metrics as JSON here")
     for role, default in (("source", "source"), ("prefix", "prefix"), ("target", "target"), ("foil", "foil"),
-                          ("evidence", "evidence"), ("cues", "cues"), ("alignment", "alignment")):  # fmt: skip
+                          ("evidence", "evidence"), ("cues", "cues"), ("alignment", "alignment"), ("audio", "audio"),
+                          ("words", "words"), ("transcript", "transcript")):  # fmt: skip
         evaluate.add_argument(f"--{role}-column", default=default, dest=f"{role}_column")
     evaluate.add_argument("--batch-size", type=int, default=16)
     evaluate.add_argument("--device", default=None, help="e.g. cpu or cuda (default: Inseq's choice)")

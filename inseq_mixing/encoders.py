@@ -52,18 +52,22 @@ EXPLAINED = {
 }
 
 
-def load_model(model, method: str, *, tokenizer=None, device: str | None = None, dtype=None, **kwargs):
+def load_model(model, method: str, *, tokenizer=None, processor=None, device: str | None = None, dtype=None, **kwargs):
     """One entry point for every kind of model.
 
     Encoder–decoders and decoder-only models go to ``inseq.load_model`` unchanged (``"demo"`` is the embedded demo
     model); encoder-only models (``...ForMaskedLM``, ``...ForSequenceClassification``, ``...ForTokenClassification``,
-    or a bare encoder such as ``BertModel``) get an :class:`EncoderAttributionModel`.
+    or a bare encoder such as ``BertModel``) get an :class:`EncoderAttributionModel`; speech models (Whisper,
+    ``Wav2Vec2ForCTC``, ``HubertForCTC`` and their bare encoders) a
+    :class:`~inseq_mixing.speech.SpeechAttributionModel`.
 
     Args:
         model: A hub name or local folder, ``"demo"``, or a loaded Hugging Face model.
         method: One of this package's methods, or ``integrated_gradients``, ``deeplift``, ``saliency``,
             ``input_x_gradient`` (Captum's, on encoder-only models too).
         tokenizer: The tokenizer (default: loaded from the model's name or folder).
+        processor: Speech models: the processor (feature extractor and tokenizer; default: loaded from the model's
+            name or folder).
         device: e.g. ``"cpu"`` or ``"cuda"``.
         dtype: e.g. ``torch.bfloat16``.
         kwargs: Passed to ``inseq.load_model`` for generation models.
@@ -71,6 +75,7 @@ def load_model(model, method: str, *, tokenizer=None, device: str | None = None,
     import inseq
 
     from . import load_demo_model, register
+    from .speech import SPEECH_MODEL_TYPES, SpeechAttributionModel, is_speech_model, load_processor
 
     register()
 
@@ -85,14 +90,23 @@ def load_model(model, method: str, *, tokenizer=None, device: str | None = None,
         import transformers
 
         config = transformers.AutoConfig.from_pretrained(model)
-        if config.is_encoder_decoder or _is_generation_config(config):
+        if config.model_type in SPEECH_MODEL_TYPES:
+            processor = processor or load_processor(model)
+            architecture = (config.architectures or [""])[0]
+            model = (getattr(transformers, architecture, None) or transformers.AutoModel).from_pretrained(model)
+        elif config.is_encoder_decoder or _is_generation_config(config):
             return generation_model(inseq.load_model(model, method, tokenizer=tokenizer, device=device, **kwargs))
-        tokenizer = tokenizer or transformers.AutoTokenizer.from_pretrained(model)
-        architecture = (config.architectures or [""])[0]  # the class it was saved as: its head
-        loader = (
-            getattr(transformers, architecture, None) if architecture.endswith(tuple(TASK_SUFFIXES.values())) else None
-        )
-        model = (loader or transformers.AutoModel).from_pretrained(model)
+        else:
+            tokenizer = tokenizer or transformers.AutoTokenizer.from_pretrained(model)
+            architecture = (config.architectures or [""])[0]  # the class it was saved as: its head
+            suffixes = tuple(TASK_SUFFIXES.values())
+            loader = getattr(transformers, architecture, None) if architecture.endswith(suffixes) else None
+            model = (loader or transformers.AutoModel).from_pretrained(model)
+    if is_speech_model(model):
+        if processor is None:
+            raise ValueError("Pass the processor of this speech model: load_model(model, method, processor=...).")
+        model = model.to(dtype) if dtype is not None else model
+        return SpeechAttributionModel(model.to(device) if device is not None else model, processor, method)
     if _is_generation_model(model):
         return generation_model(inseq.load_model(model, method, tokenizer=tokenizer, device=device, **kwargs))
     if tokenizer is None:
@@ -108,6 +122,7 @@ def is_encoder_only_model(model) -> bool:
     """Whether ``model`` (a HF model, or a name or folder, read from its config) is an encoder-only model of a
     supported family, for the encoder front end."""
     from .specs import supported_model_types
+    from .speech import SPEECH_MODEL_TYPES, is_speech_model
 
     if isinstance(model, str):
         from transformers import AutoConfig
@@ -117,7 +132,11 @@ def is_encoder_only_model(model) -> bool:
         except (OSError, ValueError):
             return False
         generation = config.is_encoder_decoder or _is_generation_config(config)
+        if config.model_type in SPEECH_MODEL_TYPES:
+            return False
     else:
+        if is_speech_model(model):
+            return False
         config = getattr(model, "config", None)
         generation = config is None or _is_generation_model(model)
     return not generation and getattr(config, "model_type", None) in supported_model_types()
@@ -146,7 +165,21 @@ class _Batch:
     foil_ids: torch.Tensor | None
 
 
-class EncoderAttributionModel:
+class FrontEndModel:
+    """What the encoder and speech front ends share: a Hugging Face ``model``, its device and name."""
+
+    model: nn.Module
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def model_name(self) -> str:
+        return getattr(self.model.config, "name_or_path", "") or type(self.model).__name__
+
+
+class EncoderAttributionModel(FrontEndModel):
     """An encoder-only model with one attribution method (see the module docstring).
 
     Args:
@@ -174,14 +207,6 @@ class EncoderAttributionModel:
             )
         if self.task == "masked_lm" and tokenizer.mask_token_id is None:
             raise ValueError("This tokenizer has no mask token: a masked LM explains its mask tokens.")
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
-    def model_name(self) -> str:
-        return getattr(self.model.config, "name_or_path", "") or type(self.model).__name__
 
     def check_options(self, options: dict) -> None:
         """Refuse unknown option names and wrong values before any work."""
@@ -386,7 +411,7 @@ class EncoderAttributionModel:
             positions=batch.positions,
             tracer=lambda: trace,
         )
-        result = self.declaration.compute(request, options)
+        result = self.declaration.run(request, options)
         rows = range(len(batch.texts))
         if isinstance(result, LogitScores):
             name = "contrast_logits_diff" if batch.foil_ids is not None else "logit"
@@ -404,10 +429,10 @@ class EncoderAttributionModel:
         cells = batch.explained[row]
         length = int(batch.inputs["attention_mask"][row].sum())
         rows = scores[row][..., cells, :length]  # ([slots,] explained, tokens)
-        source_attributions = _tokens_first(rows)
+        source_attributions = tokens_first(rows)
         sequence_scores = {}
         if maps is not None:
-            sequence_scores["encoder_self_scores"] = _tokens_first(maps[row][..., :length, :length])
+            sequence_scores["encoder_self_scores"] = tokens_first(maps[row][..., :length, :length])
         step_scores = {name: value[row, cells].detach().float().cpu() for name, value in steps.items()}
         cls = SignedMixingSequenceOutput if signed else MixingSequenceOutput
         return cls(
@@ -509,7 +534,7 @@ class _ExplainedLogit(nn.Module):
         return logits[:, self.target] - (0 if self.foil is None else logits[:, self.foil])
 
 
-def _tokens_first(rows: torch.Tensor) -> torch.Tensor:
+def tokens_first(rows: torch.Tensor) -> torch.Tensor:
     """``([slots,] explained, tokens)`` → Inseq's ``(tokens, explained[, slots])``."""
     rows = rows.detach().float().cpu()
     return rows.permute(2, 1, 0).contiguous() if rows.ndim == 3 else rows.T.contiguous()

@@ -4,6 +4,8 @@ Nothing here downloads anything: models are built from configs with random weigh
 benchmarks need to check the math, the shapes and the speed.
 """
 
+from dataclasses import dataclass
+
 import torch
 import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
@@ -324,3 +326,80 @@ def tiny_encoder(
     model = getattr(transformers, f"{names[family]}{suffix}")(config)
     randomize_weights(model, seed)
     return model.eval()
+
+
+# ----- speech models -----
+
+#: Speech families with a tiny builder (see :func:`tiny_speech`): Whisper, wav2vec 2.0 post-LN with a layer-norm
+#: feature encoder (batchable), post-LN with a group-norm one (wav2vec2-base: one utterance at a time), the stable
+#: layer norm (pre-LN) variant, and HuBERT.
+SPEECH_FAMILIES = ("whisper", "wav2vec2", "wav2vec2_group", "wav2vec2_stable", "hubert")
+#: Sampling rate of the tiny speech models and of the synthetic audio.
+SAMPLING_RATE = 16_000
+
+
+@dataclass
+class SpeechProcessor:
+    """A processor for the tiny speech models: a transformers feature extractor and the local word tokenizer."""
+
+    feature_extractor: object
+    tokenizer: object
+
+
+def speech_processor(family: str) -> SpeechProcessor:
+    """The feature extractor of ``family`` (Whisper: 16 mel bins, 1 s inputs, so 50 encoder frames) and
+    :func:`word_tokenizer` (CTC blank = ``<pad>``)."""
+    if family == "whisper":
+        extractor = transformers.WhisperFeatureExtractor(feature_size=16, chunk_length=1, sampling_rate=SAMPLING_RATE)
+    else:
+        extractor = transformers.Wav2Vec2FeatureExtractor(
+            feature_size=1, sampling_rate=SAMPLING_RATE, padding_value=0.0, do_normalize=True,
+            return_attention_mask=family != "wav2vec2_group",
+        )  # fmt: skip
+    return SpeechProcessor(extractor, word_tokenizer(seq2seq=False))
+
+
+def tiny_speech(family: str, head: bool = True, d_model: int = 16, layers: int = 2, heads: int = 4, ffn: int = 32,
+                seed: int = 0, frames: int = 50) -> torch.nn.Module:  # fmt: skip
+    """A random speech model of ``family`` (:data:`SPEECH_FAMILIES`): ``WhisperForConditionalGeneration`` (``head``)
+    or ``WhisperEncoder``; ``Wav2Vec2ForCTC`` / ``HubertForCTC`` (``head``) or the bare encoder. Frames are 20 ms
+    (Whisper: ``frames`` encoder frames, its fixed input length); eval mode, eager attention."""
+    vocab = len(SPECIAL_TOKENS) + len(WORDS)
+    torch.manual_seed(seed)
+    if family == "whisper":
+        config = transformers.WhisperConfig(
+            vocab_size=vocab, num_mel_bins=16, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
+            encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn,
+            max_source_positions=frames, max_target_positions=32, pad_token_id=PAD_ID, eos_token_id=EOS_ID,
+            bos_token_id=BOS_ID, decoder_start_token_id=BOS_ID, begin_suppress_tokens=None, suppress_tokens=None,
+        )  # fmt: skip
+        cls = transformers.WhisperForConditionalGeneration
+    elif family in ("wav2vec2", "wav2vec2_group", "wav2vec2_stable", "hubert"):
+        config = getattr(transformers, "HubertConfig" if family == "hubert" else "Wav2Vec2Config")(
+            vocab_size=vocab, hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads,
+            intermediate_size=ffn, conv_dim=(8, 8, 8), conv_stride=(5, 8, 8), conv_kernel=(10, 8, 8),
+            num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=2, pad_token_id=PAD_ID,
+            feat_extract_norm="group" if family == "wav2vec2_group" else "layer",
+            do_stable_layer_norm=family == "wav2vec2_stable", mask_time_prob=0.0,
+        )  # fmt: skip
+        name = "Hubert" if family == "hubert" else "Wav2Vec2"
+        cls = getattr(transformers, f"{name}ForCTC" if head else f"{name}Model")
+    else:
+        raise ValueError(f"No speech builder for {family!r}; known: {SPEECH_FAMILIES}")
+    config._attn_implementation = "eager"
+    model = cls(config)
+    randomize_weights(model, seed)
+    if family == "whisper" and not head:
+        model = model.get_encoder()
+    return model.eval()
+
+
+def synthetic_audio(seconds: float, seed: int = 0, tone_hz: float = 220.0) -> "numpy.ndarray":  # noqa: F821
+    """A float32 signal at :data:`SAMPLING_RATE`: a tone with a slow amplitude envelope, plus noise."""
+    import numpy
+
+    rng = numpy.random.default_rng(seed)
+    time = numpy.arange(int(seconds * SAMPLING_RATE)) / SAMPLING_RATE
+    envelope = 0.5 + 0.5 * numpy.sin(2 * numpy.pi * 1.5 * time)
+    signal = 0.3 * envelope * numpy.sin(2 * numpy.pi * tone_hz * time) + 0.05 * rng.standard_normal(len(time))
+    return signal.astype(numpy.float32)

@@ -130,10 +130,26 @@ class StackTrace:
 @dataclass
 class ModelCall:
     """The model and the keyword arguments of its teacher-forced forward pass (:func:`forward_arguments`): what a
-    method that runs passes of its own (AttnLRP's forward and backward passes) reads from a trace."""
+    method that runs passes of its own (AttnLRP's forward and backward passes) reads from a trace.
+
+    ``frame_masks``: speech models, whose inputs are audio features rather than tokens: the ``(batch, frames)`` masks
+    of the stacks that read audio, by stack name (``"encoder"``, or ``"decoder"`` for a CTC encoder's one stack).
+    """
 
     model: nn.Module
     kwargs: dict
+    frame_masks: dict[str, torch.Tensor] | None = None
+
+    @property
+    def decoder_mask(self) -> torch.Tensor:
+        """``(batch, positions)`` mask of the explained stack (the decoder; an encoder-only model's one stack)."""
+        masks = self.frame_masks or {}
+        return masks["decoder"] if "decoder" in masks else decoder_mask(self.kwargs)
+
+    @property
+    def encoder_mask(self) -> torch.Tensor:
+        """``(batch, source positions)`` mask of an encoder–decoder's encoder."""
+        return (self.frame_masks or {}).get("encoder", self.kwargs.get("attention_mask"))
 
 
 @dataclass
@@ -422,7 +438,7 @@ def forward_arguments(
 
 def decoder_mask(kwargs: dict) -> torch.Tensor:
     """The mask of the decoder positions in :func:`forward_arguments`' keyword arguments."""
-    return kwargs.get("decoder_attention_mask", kwargs["attention_mask"])
+    return kwargs["decoder_attention_mask"] if "decoder_attention_mask" in kwargs else kwargs["attention_mask"]
 
 
 def trace_model(
@@ -452,6 +468,13 @@ def trace_model(
     spec = spec or get_spec(model)
     call = ModelCall(model, forward_arguments(model, spec, input_ids, attention_mask, decoder_input_ids,
                                               decoder_attention_mask, extra))  # fmt: skip
+    return trace_call(spec, call)
+
+
+def trace_call(spec: ModelSpec, call: ModelCall) -> ModelTrace:
+    """:func:`trace_model` on prepared forward arguments (text: :func:`forward_arguments`; speech: the speech front
+    end's, with the frame masks of the stacks that read audio)."""
+    model = call.model
     asked = NEEDS_OUTPUT_ATTENTIONS or spec.output_attentions
     kwargs = {**call.kwargs, "output_attentions": True} if asked else dict(call.kwargs)
     recorders = {name: _Recorder(stack, keep_cross_call=name == "decoder") for name, stack in spec.stacks.items()}
@@ -466,24 +489,24 @@ def trace_model(
             hooks.callback(head_hook.remove)
         with torch.no_grad():
             output = model(**kwargs)
-            decoder = recorders["decoder"].result(decoder_mask(kwargs), causal=spec.causal)
+            decoder = recorders["decoder"].result(call.decoder_mask, causal=spec.causal)
             final_hidden = None
             if spec.is_encoder_only:
                 final_hidden = stack_output(spec.decoder, decoder)
                 logits, own = None, getattr(output, "logits", None)
-                if own is not None and own.dim() == 3:  # masked LMs and token classifiers: the model's own
+                if own is not None and own.dim() == 3:  # masked LMs, token classifiers, CTC: the model's own
                     logits = own.detach()
                 elif spec.head is not None:  # a sequence classifier's own logits are its first position's only
                     logits = head_logits(spec.head, final_hidden)
             else:
                 logits = output.logits.detach()
     if logits is not None:
-        refuse_non_finite_forward(model, logits, decoder_mask(kwargs))
+        refuse_non_finite_forward(model, logits, call.decoder_mask)
     encoder = recorders.get("encoder")
     return ModelTrace(
         spec=spec,
         decoder=decoder,
-        encoder=None if encoder is None else encoder.result(kwargs["attention_mask"], causal=False),
+        encoder=None if encoder is None else encoder.result(call.encoder_mask, causal=False),
         logits=logits,
         logits_before_softcap=head_output.get("logits"),
         call=call,

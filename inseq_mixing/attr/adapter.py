@@ -37,7 +37,7 @@ def run_declared(owner: ContextMixingAttribution, inputs, additional_forward_arg
         positions=owner.explained_positions(steps),
         tracer=lambda: owner.trace(steps),
     )
-    result = declaration.compute(request, options)
+    result = declaration.run(request, options)
     owner.keep_axis(result.axis)
     dimensions = 0 if result.axis is None else 1
     requested = {}

@@ -27,6 +27,7 @@ from ..methods.results import LayerMaps, LogitScores
 if TYPE_CHECKING:  # reading declarations (the CLI's listing) needs no torch; computing imports it
     import torch
 
+    from ..methods.units import FrameUnits
     from ..specs import ModelSpec
     from ..trace import ModelTrace
 
@@ -47,6 +48,8 @@ class Request:
         positions: ``(B, T)`` booleans: the decoder positions whose predictions are explained.
         tracer: Returns the one traced forward pass (:func:`~inseq_mixing.trace.trace_model`); called once, when a
             method first reads :attr:`trace`.
+        units: Speech models: the audio units over the frames of the audio stack
+            (:class:`~inseq_mixing.methods.units.FrameUnits`); :meth:`Declaration.run` pools the result onto them.
     """
 
     spec: ModelSpec
@@ -59,6 +62,7 @@ class Request:
     foil_ids: torch.Tensor | None
     positions: torch.Tensor
     tracer: Callable[[], ModelTrace]
+    units: FrameUnits | None = None
 
     @cached_property
     def trace(self) -> ModelTrace:
@@ -81,6 +85,8 @@ class Declaration:
         options: The frozen options dataclass.
         compute: ``compute(request, options) -> LayerMaps | LogitScores``.
         explains_logit: Whether it explains a logit (returns :class:`LogitScores`; contrast applies).
+        pools_units: ``compute`` handles a request's audio units itself (value zeroing zeroes whole units); others
+            return frame-level results that :meth:`run` pools.
     """
 
     name: str
@@ -89,6 +95,15 @@ class Declaration:
     options: type
     compute: Callable[[Request, Any], LayerMaps | LogitScores]
     explains_logit: bool = False
+    pools_units: bool = False
+
+    def run(self, request: Request, options) -> LayerMaps | LogitScores:
+        """``compute``, its result pooled onto the request's audio units when it has some (speech models: key frames
+        summed per unit, query frames averaged; see :mod:`inseq_mixing.methods.units`)."""
+        result = self.compute(request, options)
+        if request.units is None or self.pools_units:
+            return result
+        return request.units.pool(result)
 
     def option_fields(self) -> list[dataclasses.Field]:
         """The option fields, the method's own first, then those of the shared pieces it inherits."""

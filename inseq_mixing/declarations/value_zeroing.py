@@ -7,7 +7,7 @@ through the rest of that block (:mod:`inseq_mixing.methods.value_zeroing`). A ch
 
 from dataclasses import dataclass
 
-from ..methods.options import NORMALIZATIONS, SIMILARITY_METRICS
+from ..methods.options import NORMALIZATIONS, SIMILARITY_METRICS, UNIT_ROWS
 from .base import Chunking, Declaration, EncoderMaps, Request, layer_axis, option
 
 
@@ -26,14 +26,29 @@ class ValueZeroingOptions(EncoderMaps, Chunking):
     rollout: bool = option(
         False, "Return the rollout across layers instead of per-layer maps (encoder–decoders: our extension)."
     )
+    unit_rows: str = option(
+        "mean", "Speech models: a query unit's row is the mean (the speech study's) or max of its frames' rows.",
+        UNIT_ROWS,
+    )  # fmt: skip
 
 
 def compute(request: Request, options: ValueZeroingOptions):
+    from ..methods.rollout import normalize_rows
+    from ..methods.rollout import rollout as rollout_stack
     from ..methods.value_zeroing import value_zeroing, value_zeroing_maps
 
+    units = request.units
     encoder = options.output_encoder_self_scores or options.rollout
-    scores = value_zeroing(request.trace, options.similarity_metric, encoder, options.max_chunk_elements)
+    scores = value_zeroing(request.trace, options.similarity_metric, encoder, options.max_chunk_elements, units)
+    unit_map = None
+    if units is not None:  # audio units are zeroed whole; a query unit's row reduces its frames' rows
+        if units.stack == "encoder" and scores.encoder is not None:
+            scores.encoder = units.queries(scores.encoder, options.unit_rows)
+        elif units.stack == "decoder":
+            unit_map = normalize_rows(units.queries(scores.decoder, options.unit_rows))
     maps = value_zeroing_maps(scores, options.normalization, options.rollout)
+    if unit_map is not None:
+        maps.encoder = rollout_stack(unit_map)[:, -1] if options.rollout else unit_map
     if not options.rollout:
         maps.axis = layer_axis(maps.target.shape[1])
     return maps
@@ -52,9 +67,13 @@ DECLARATION = Declaration(
         "sequence_scores['decoder_self_scores']), encoder self-attention zeroing in "
         "sequence_scores['encoder_self_scores']. Decoder-only: target scores. With rollout=True, one rolled-out map "
         "instead of per-layer scores.\n\n"
+        "Speech models (inseq_mixing.load_model): the frames of an audio unit (a word, a window, a silence) are "
+        "zeroed at once, -Σ_h Σ_(j in unit) α^h_ij v^h_j W^h_O, and a unit's row is the mean (unit_rows='max': the "
+        "max) of its frames' rows before normalising.\n\n"
         "This method replaces Inseq's built-in value_zeroing, which import inseq_mixing renames to "
         "inseq_value_zeroing."
     ),
     options=ValueZeroingOptions,
     compute=compute,
+    pools_units=True,
 )

@@ -65,6 +65,7 @@ class Evaluation:
             ``target equals foil``, ``not explainable``).
         unknown_words: Row → context words the tokenizer maps (in part) to its unknown token; they keep their
             scores.
+        metric_names: The metrics when they are not the protocol's (speech evaluations, :mod:`.speech`).
         target_tokens: Which tokens of a target word were explained (``first`` or ``whole``, see
             :mod:`.targets`), for ``evidence`` and ``cue``.
     """
@@ -78,6 +79,7 @@ class Evaluation:
     seed: int = 0
     skipped: list[Skipped] = field(default_factory=list)
     unknown_words: dict[int, list[str]] = field(default_factory=dict)
+    metric_names: tuple[str, ...] | None = None
     target_tokens: str | None = None
 
     def skipped_counts(self) -> dict[str, int]:
@@ -89,7 +91,8 @@ class Evaluation:
 
     @property
     def metrics(self) -> tuple[str, ...]:
-        return METRICS[self.protocol]
+        """The metrics, headline first: the protocol's, or those a speech evaluation sets (``metric_names``)."""
+        return self.metric_names or METRICS[self.protocol]
 
     def method_summary(self, method: str) -> dict:
         """``{METRIC: value, "ci": [low, high], "n": items, OTHER: value, "OTHER_ci": [...], ...}``."""
@@ -194,6 +197,8 @@ def evaluate(
     random_draws: int = 3,
     show_progress: bool = False,
     target_tokens: str = "first",
+    random_baseline: bool = False,
+    processor=None,
     **columns: str,
 ) -> Evaluation:
     """Evaluate ``methods`` on annotated ``data`` with one of the papers' protocols.
@@ -209,6 +214,9 @@ def evaluate(
       against gold Pharaoh alignments (ALTI+ paper); encoder–decoders only.
     * ``faithfulness``: AOPC comprehensiveness and sufficiency of every generated token (:mod:`.faithfulness`),
       with random rankings as the baseline.
+
+    Speech models (Whisper, wav2vec 2.0 / HuBERT CTC) take the speech study's ``cue`` (audio and text cues, with
+    ``random_baseline``) and ``blankout`` protocols instead; see :mod:`.speech` for their rows and metrics.
 
     Every metric comes with a percentile bootstrap 95% interval over the items and every two methods with a paired
     permutation test of the headline metric; an interval that cannot vary (one item, or every item alike) is reported
@@ -237,8 +245,11 @@ def evaluate(
         target_tokens: For ``evidence`` and ``cue``: explain the ``"first"`` token of ``" " + target`` (the
             ALTI-logit paper's convention for multi-token words), or the ``"whole"`` word (the sum over its tokens,
             which for logit methods is a sum of logits of different predictions, not a logit); see :mod:`.targets`.
+        random_baseline: Speech ``cue``: also run every method on a randomly initialised copy of the model.
+        processor: Speech models given as objects: their processor.
         **columns: Column names by role: ``source``, ``prefix``, ``target``, ``foil``, ``evidence``, ``cues``,
-            ``alignment`` (e.g. ``prefix="one_prefix_prefix"``; ``prefix_column=...`` is accepted too).
+            ``alignment`` (e.g. ``prefix="one_prefix_prefix"``; ``prefix_column=...`` is accepted too); speech:
+            ``audio``, ``words``, ``transcript``.
 
     Returns:
         An :class:`Evaluation` (``to_json``, ``summary_rows``); ``views.eval_report.write_evaluation_report`` writes
@@ -261,6 +272,16 @@ def evaluate(
         raise ValueError(f"target_tokens must be one of {TARGET_TOKENS}, not {target_tokens!r}.")
     columns = {role.removesuffix("_column"): name for role, name in columns.items()}
     from ..encoders import EncoderAttributionModel, is_encoder_only_model
+    from ..speech import SpeechAttributionModel, is_speech_model, is_speech_name
+
+    if isinstance(model, SpeechAttributionModel) or is_speech_model(model) or is_speech_name(model):
+        from .speech import evaluate_speech
+
+        return evaluate_speech(model, methods, data, protocol, processor=processor, method_kwargs=method_kwargs,
+                               random_baseline=random_baseline, draws=draws, seed=seed, show_progress=show_progress,
+                               **columns)  # fmt: skip
+    if protocol == "blankout" or random_baseline:
+        raise ValueError("The blankout protocol and random_baseline are for speech models.")
 
     if isinstance(model, EncoderAttributionModel) or is_encoder_only_model(model):
         settings = {"tokenizer": tokenizer, "device": device, "batch_size": batch_size, "draws": draws, "seed": seed,

@@ -255,17 +255,17 @@ def lrp_of_call(
     """The relevance passes of :func:`attn_lrp` on one prepared call; ``head``: an encoder head's frozen direction
     ``(B, T, D)`` and constant ``(B, T)``, where the relevance starts instead of the logits."""
     model, kwargs = call.model, call.kwargs
-    input_ids = kwargs["input_ids"]
-    mask = decoder_mask(kwargs).bool()
+    mask = call.decoder_mask.bool()
     positions = mask if positions is None else positions & mask
     rows, columns = positions.nonzero(as_tuple=True)
     batch, length = mask.shape
     dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
     target = torch.zeros(batch, length, length, dtype=dtype, device=mask.device)
-    source = None if not spec.is_encoder_decoder else target.new_zeros(batch, length, input_ids.shape[1])
+    sources = call.encoder_mask.shape[1] if spec.is_encoder_decoder else 0
+    source = None if not spec.is_encoder_decoder else target.new_zeros(batch, length, sources)
     logit = target.new_zeros(batch, length)
     capped = None if spec.logit_softcap is None else target.new_zeros(batch, length)
-    chunk = _chunk_size(spec, length + (input_ids.shape[1] if spec.is_encoder_decoder else 0), max_chunk_elements)
+    chunk = _chunk_size(spec, length + sources, max_chunk_elements)
     with lrp_pass(model, spec) as recorded:
         for start in range(0, len(rows), chunk):
             copies, at = rows[start : start + chunk], columns[start : start + chunk]

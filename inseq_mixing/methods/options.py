@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 
 from .chunking import DEFAULT_CHUNK_ELEMENTS
 
+#: How value zeroing reduces an audio unit's frame rows (speech models).
+UNIT_ROWS = ("mean", "max")
+
 
 def option(default, doc: str, choices: tuple[str, ...] | None = None):
     """A declared option: its default, one line of documentation, and (for string options) the accepted values."""

@@ -16,6 +16,11 @@ Zeroing :math:`v_j` changes the attention output of query :math:`i` by exactly
 norms, FFN, and cross-attention, whose queries come from position :math:`i` alone). So the zeroings of one layer are a
 single batched pass of a ``(zeroed tokens, positions, d_model)`` tensor through the rest of the block, chunked over
 zeroed tokens; no re-run of the model per token.
+
+Audio units (speech models, :mod:`.units`): zeroing every frame of a unit :math:`u` at once changes the attention
+output of query :math:`i` by :math:`-\sum_h \sum_{j \in u} \alpha^h_{ij}\, v^h_j W^h_O`, so the closed form holds
+for spans too; a layer's zeroings are then one pass per unit instead of per frame. Its scores are
+``(positions, units)``; the front end reduces the query frames of each unit (mean, or max) before normalising.
 """
 
 from dataclasses import dataclass
@@ -31,6 +36,7 @@ from .options import NORMALIZATIONS, SIMILARITY_METRICS
 from .results import LayerMaps
 from .rollout import joint_rollout, normalize_rows
 from .rollout import rollout as rollout_stack
+from .units import FrameUnits
 
 #: Upper bound on the elements of one chunk of corrupted hidden states (times the FFN expansion, about 4).
 
@@ -77,6 +83,7 @@ def zeroing_distances(
     causal: bool,
     metric: str = "cosine",
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    key_units: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Distances of one layer's output when each context token's values are zeroed in one attention sub-block.
 
@@ -87,10 +94,13 @@ def zeroing_distances(
         causal: Only positions ``i >= j`` are computed (causal self-attention).
         metric: ``"cosine"`` or ``"euclidean"``.
         max_chunk_elements: Memory bound per chunk of zeroed tokens.
+        key_units: ``(batch, units, tokens)`` 0/1 membership (non-causal sub-blocks only): zero all tokens (frames) of
+            a unit at once, one zeroing per unit.
 
     Returns:
-        ``(batch, positions i, tokens j)`` distances; cells ``i < j`` of causal maps, and keys no head attends to
-        (outside a sliding window), are exactly 0: zeroing their values changes nothing.
+        ``(batch, positions i, tokens j)`` distances (with ``key_units``: ``(batch, positions i, units)``); cells
+        ``i < j`` of causal maps, and keys no head attends to (outside a sliding window), are exactly 0: zeroing
+        their values changes nothing.
     """
     attn = layer.self_attn if sub_block == "self" else layer.cross_attn
     attn_record = record.self_attn if sub_block == "self" else record.cross_attn
@@ -107,15 +117,11 @@ def zeroing_distances(
         layer, record, sub_block, residual, attn_output.to(dtype), torch.arange(batch, device=probs.device), full
     )
     clean = upcast(clean)
-    scores = probs.new_zeros(batch, num_queries, num_keys)
-    chunk = chunk_size_for(batch, num_queries, residual.shape[-1], max_chunk_elements)
-    if causal:  # narrow chunks let each one skip the positions before its first key: ~n²/2 pairs instead of n²
-        chunk = min(chunk, max(4, -(-num_keys // 8)))
-    for start in range(0, num_keys, chunk):
-        keys = slice(start, min(start + chunk, num_keys))
-        queries = slice(start, None) if causal else full
-        width = keys.stop - keys.start
-        delta = torch.einsum("bhqk,bhkd->bkqd", probs[:, :, queries, keys], value_outputs[:, :, keys])
+
+    def distances(delta: torch.Tensor, queries: slice) -> torch.Tensor:
+        """``(B, width, queries)`` distances of the layer output when ``delta`` ``(B, width, queries, d_model)``
+        is taken from the attention output."""
+        width = delta.shape[1]
         corrupted_attn = attn_output[:, None, queries] - delta
         rows = batch * width
         batch_index = torch.arange(batch, device=probs.device).repeat_interleave(width)
@@ -128,10 +134,52 @@ def zeroing_distances(
             batch_index,
             queries,
         )
-        dist = distance(upcast(corrupted).view(batch, width, -1, residual.shape[-1]), clean[:, None, queries], metric)
-        scores[:, queries, keys] = dist.transpose(1, 2)
+        return distance(upcast(corrupted).view(batch, width, -1, residual.shape[-1]), clean[:, None, queries], metric)
+
+    if key_units is not None:
+        return unit_zeroing_distances(probs, value_outputs, key_units, distances, residual.shape[-1],
+                                      max_chunk_elements).to(score_dtype)  # fmt: skip
+    scores = probs.new_zeros(batch, num_queries, num_keys)
+    chunk = chunk_size_for(batch, num_queries, residual.shape[-1], max_chunk_elements)
+    if causal:  # narrow chunks let each one skip the positions before its first key: ~n²/2 pairs instead of n²
+        chunk = min(chunk, max(4, -(-num_keys // 8)))
+    for start in range(0, num_keys, chunk):
+        keys = slice(start, min(start + chunk, num_keys))
+        queries = slice(start, None) if causal else full
+        delta = torch.einsum("bhqk,bhkd->bkqd", probs[:, :, queries, keys], value_outputs[:, :, keys])
+        scores[:, queries, keys] = distances(delta, queries).transpose(1, 2)
     attended = (probs > 0).any(dim=1)
     return scores.clamp(min=0).masked_fill(~attended, 0.0).to(score_dtype)
+
+
+def unit_zeroing_distances(
+    probs: torch.Tensor,
+    value_outputs: torch.Tensor,
+    key_units: torch.Tensor,
+    distances,
+    d_model: int,
+    max_chunk_elements: int,
+) -> torch.Tensor:
+    """Zero each unit's frames at once (see the module docstring): ``(B, queries, units)`` distances (0: empty units).
+
+    A chunk of units forms its deltas as one product: the probabilities masked to each unit's frames, heads and
+    frames flattened together, times the per-head value outputs ``v W_O``.
+    """
+    batch, heads, num_queries, num_keys = probs.shape
+    num_units = key_units.shape[1]
+    members = key_units.to(probs.dtype)
+    flat_values = value_outputs.reshape(batch, 1, heads * num_keys, -1)  # (B, 1, H·K, D)
+    chunk = min(
+        chunk_size_for(batch, num_queries, d_model, max_chunk_elements),
+        items_per_chunk(batch * heads * num_queries * num_keys, max_chunk_elements),
+    )
+    scores = probs.new_zeros(batch, num_queries, num_units)
+    for start in range(0, num_units, chunk):
+        units = slice(start, min(start + chunk, num_units))
+        masked = probs[:, None] * members[:, units, None, None, :]  # (B, w, H, Q, K)
+        masked = masked.transpose(2, 3).reshape(batch, -1, num_queries, heads * num_keys)
+        scores[:, :, units] = distances(masked @ flat_values, slice(None)).transpose(1, 2)
+    return scores.clamp(min=0) * (members.sum(-1) > 0)[:, None, :]
 
 
 def resummed_attention_output(attn, probs: torch.Tensor, value_outputs: torch.Tensor):
@@ -156,11 +204,18 @@ def stack_distances(
     causal: bool,
     metric: str,
     max_chunk_elements: int,
+    key_units: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """:func:`zeroing_distances` for every layer of a stack, masked: ``(batch, layers, positions, tokens)``."""
-    valid = valid_cells(stack.mask, key_mask, causal)
+    """:func:`zeroing_distances` for every layer of a stack, masked: ``(batch, layers, positions, tokens)`` (with
+    ``key_units``: ``(batch, layers, positions, units)``)."""
+    if key_units is None:
+        valid = valid_cells(stack.mask, key_mask, causal)
+    else:
+        valid = stack.mask.bool()[:, :, None] & (key_units.sum(-1) > 0)[:, None, :]
     per_layer = [
-        zeroing_distances(layer, record, sub_block, causal, metric, max_chunk_elements).masked_fill(~valid, 0.0)
+        zeroing_distances(layer, record, sub_block, causal, metric, max_chunk_elements, key_units).masked_fill(
+            ~valid, 0.0
+        )
         for layer, record in zip(stack_spec_layers, stack.layers, strict=True)
     ]
     return torch.stack(per_layer, dim=1)
@@ -172,6 +227,7 @@ def value_zeroing(
     metric: str = "cosine",
     encoder_scores: bool = True,
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    units: FrameUnits | None = None,
 ) -> ValueZeroingScores:
     """Raw value-zeroing distances for every layer and attention sub-block of a traced model.
 
@@ -180,22 +236,36 @@ def value_zeroing(
         metric: ``"cosine"`` (cosine distance, the paper's choice) or ``"euclidean"``.
         encoder_scores: Also compute encoder self-attention scores (encoder–decoders).
         max_chunk_elements: Memory bound per chunk of zeroed tokens.
+        units: Audio units of a speech model's audio stack: its frames are zeroed a unit at a time (the key axis of
+            every map over those frames is then units; query axes stay frames).
     """
     if metric not in SIMILARITY_METRICS:
         raise ValueError(f"Unknown similarity metric {metric!r}: use one of {SIMILARITY_METRICS}.")
     spec, dec, enc = trace.spec, trace.decoder, trace.encoder
     blocks = [layer.module for stack in (spec.decoder, spec.encoder) if stack is not None for layer in stack.layers]
+    audio = {} if units is None else {units.stack: units.members}
+    if audio.get("decoder") is not None and dec.causal:
+        raise ValueError("Audio units are for non-causal stacks (speech encoders).")
     with eval_mode(*blocks):  # the blocks are re-run: dropout must stay off whatever the model's flags
         scores = ValueZeroingScores(
-            decoder=stack_distances(spec.decoder.layers, dec, "self", dec.mask, dec.causal, metric, max_chunk_elements)
+            decoder=stack_distances(
+                spec.decoder.layers,
+                dec,
+                "self",
+                dec.mask,
+                dec.causal,
+                metric,
+                max_chunk_elements,
+                audio.get("decoder"),
+            )  # fmt: skip
         )
         if spec.is_encoder_decoder:
             scores.cross = stack_distances(
-                spec.decoder.layers, dec, "cross", enc.mask, False, metric, max_chunk_elements
+                spec.decoder.layers, dec, "cross", enc.mask, False, metric, max_chunk_elements, audio.get("encoder")
             )
             if encoder_scores:
                 scores.encoder = stack_distances(
-                    spec.encoder.layers, enc, "self", enc.mask, False, metric, max_chunk_elements
+                    spec.encoder.layers, enc, "self", enc.mask, False, metric, max_chunk_elements, audio.get("encoder")
                 )
     return check_finite(scores)
 

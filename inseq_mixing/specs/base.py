@@ -152,7 +152,7 @@ class StackSpec:
 
 
 #: What an encoder-only model's head explains (see :class:`HeadSpec`).
-HEAD_TASKS = ("masked_lm", "sequence_classification", "token_classification")
+HEAD_TASKS = ("masked_lm", "sequence_classification", "token_classification", "ctc")
 
 
 @dataclass(frozen=True)

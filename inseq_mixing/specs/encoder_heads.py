@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from .base import HEAD_TASKS, HeadSpec, UnsupportedModelError
+from .base import HeadSpec, UnsupportedModelError
 
 #: task → steps: dotted attribute paths on the model (modules, or module attributes holding a function), or functions.
 HeadPaths = dict[str, tuple[str | Callable, ...]]
@@ -20,6 +20,7 @@ TASK_SUFFIXES = {
     "masked_lm": "ForMaskedLM",
     "sequence_classification": "ForSequenceClassification",
     "token_classification": "ForTokenClassification",
+    "ctc": "ForCTC",
 }
 
 
@@ -55,5 +56,6 @@ def head_spec(model: nn.Module, paths: HeadPaths) -> HeadSpec | None:
     task = model_task(model)
     if task is None:
         return None
-    assert task in HEAD_TASKS
+    if task not in paths:
+        raise UnsupportedModelError(f"{type(model).__name__}: inseq-mixing has no {task} head for this family.")
     return HeadSpec(task=task, steps=tuple(_resolve(model, step) for step in paths[task]))

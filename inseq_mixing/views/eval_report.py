@@ -11,10 +11,16 @@ DESCRIPTIONS = {
     "evidence": "Mean reciprocal rank of the best-ranked evidence word among the context words (word score = sum of "
     "its subword scores; ties share their mean rank). Higher is better.",
     "cue": "Share of the explained word's scores (absolute values) on its cue words: per layer for per-layer methods "
-    "(the table gives their mean), the total for rolled-out and logit methods. Higher is better.",
+    "(the table gives their mean), the total for rolled-out and logit methods. Higher is better. Speech models: "
+    "cue_contribution is the share on the cue words' audio units (Whisper: through cross-attention; CTC encoders: "
+    "the target word's row of the unit map), text_cue_contribution the share on cue words the decoder wrote before "
+    "the target; '(random init)' marks a randomly initialised copy of the model.",
     "alignment": "Alignment error rate against the gold links, each target word linked to its highest-scoring source "
     "word (lower is better), and the share of target words whose predicted source word is a gold one (higher is "
     "better).",
+    "blankout": "Speech models: drop of the probability of the target word's first token when the cue words' audio "
+    "is replaced by silence, when a random other word's is (the control), and when the cue words' tokens in the "
+    "decoder's text are replaced by the unknown token. Higher drops mean the model relies more on the cues.",
     "faithfulness": "AOPC comprehensiveness (drop of the token's probability when its top-ranked context tokens are "
     "replaced; higher is better) and sufficiency (drop when only they are kept; lower is better), over every "
     "generated token.",

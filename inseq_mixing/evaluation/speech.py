@@ -1,0 +1,301 @@
+"""The speech study's protocols (Mohebbi et al., "Homophone disambiguation reveals patterns of context mixing in
+speech Transformers", EMNLP 2023) on speech models: ``cue`` and ``blankout``.
+
+Rows (JSONL, CSV, Parquet, a DataFrame or dicts): ``audio`` (a WAV/FLAC path), ``words`` (its forced alignment: a
+JSON list of ``[word, start_s, end_s]``), ``target`` (the word to explain, a homophone: a word of the alignment),
+``cues`` (its cue words: words of the alignment, JSON list or space-separated) and, for Whisper, ``transcript`` (the
+text the decoder is teacher-forced on; default: the aligned words joined by spaces).
+
+- ``cue``: per method and layer, the share of the target's context mixing on its cues (absolute scores; a word's
+  score is its unit's, or the sum of its tokens'): ``cue_contribution`` from the audio (Whisper: the cross-attention
+  side, the target's first transcript token explained over the audio's word units; CTC encoders: the target word's
+  row of the unit-to-unit map), and for Whisper ``text_cue_contribution`` from the decoder's own text (the cue words
+  written before the target; rows with none are left out of that metric). Silences and padding are not context
+  words. With ``random_baseline``, every method also runs on a randomly initialised copy of the model
+  (``"METHOD (random init)"``), the baseline of the study; the uniform baseline is the share of cue words.
+- ``blankout`` (Whisper): the drop of the probability of the target's first token when the cue words' audio samples
+  are replaced by silence (``audio_cue_drop``), when a random other word's are (``audio_random_drop``: the control),
+  and when the cue words' tokens in the decoder's text are replaced by the unknown token (``text_cue_drop``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import torch
+
+from ..audio import AudioError, read_audio
+from ..runs.data import read_rows
+from .evaluate import Evaluation, MethodResult, _score_methods
+from .items import EvaluationInputError, Skipped
+from .metrics import Statistic, cue_share, mean_statistic
+
+SPEECH_PROTOCOLS = ("cue", "blankout")
+CUE_METRICS = ("cue_contribution", "text_cue_contribution")
+BLANKOUT_METRICS = ("audio_cue_drop", "audio_random_drop", "text_cue_drop")
+#: The name suffix of a method run on the randomly initialised copy.
+RANDOM_SUFFIX = " (random init)"
+
+
+class _Row:
+    def __init__(self, row: int, audio, words, target: str, cues: list[str], transcript: str):
+        self.row, self.audio, self.words, self.target, self.cues, self.transcript = (
+            row, audio, words, target, cues, transcript,
+        )  # fmt: skip
+
+    @property
+    def word_names(self) -> list[str]:
+        return [str(word) for word, _, _ in self.words]
+
+
+def read_speech_rows(data, columns: dict[str, str] | None = None) -> tuple[list[_Row], list[Skipped]]:
+    """The usable rows and the skipped ones (with their reason)."""
+    names = {"audio": "audio", "words": "words", "target": "target", "cues": "cues", "transcript": "transcript"}
+    names.update({role: name for role, name in (columns or {}).items() if role in names and name})
+    rows, skipped = [], []
+    for index, raw in enumerate(read_rows(data)):
+        missing = [role for role in ("audio", "words", "target", "cues") if raw.get(names[role]) in (None, "")]
+        if missing:
+            if index == 0 and any(names[role] not in raw for role in missing):
+                raise EvaluationInputError(f"The data has no column {[names[role] for role in missing]}.")
+            skipped.append(Skipped(index, f"missing {', '.join(missing)}"))
+            continue
+        words = raw[names["words"]]
+        cues = raw[names["cues"]]
+        try:
+            words = json.loads(words) if isinstance(words, str) else words
+            words = [(str(word), float(start), float(end)) for word, start, end in words]
+            cues = json.loads(cues) if isinstance(cues, str) and cues.strip().startswith("[") else cues
+            cues = cues.split() if isinstance(cues, str) else [str(cue) for cue in cues]
+        except (TypeError, ValueError):
+            skipped.append(Skipped(index, "words must be a list of [word, start_s, end_s]; cues a list of words"))
+            continue
+        spoken = [word for word, _, _ in words]
+        target = str(raw[names["target"]])
+        absent = [word for word in [target, *cues] if word not in spoken]
+        if absent:
+            skipped.append(Skipped(index, f"{absent} not among the aligned words {spoken}"))
+            continue
+        transcript = raw.get(names["transcript"]) or " ".join(spoken)
+        rows.append(_Row(index, raw[names["audio"]], words, target, cues, str(transcript)))
+    return rows, skipped
+
+
+def evaluate_speech(
+    model,
+    methods: list[str],
+    data,
+    protocol: str,
+    *,
+    processor=None,
+    method_kwargs: dict | None = None,
+    random_baseline: bool = False,
+    draws: int = 1000,
+    seed: int = 0,
+    show_progress: bool = False,
+    **columns: str,
+) -> Evaluation:
+    """Evaluate ``methods`` on a speech model (see the module docstring).
+
+    Args:
+        model: A :class:`~inseq_mixing.speech.SpeechAttributionModel`, a speech HF model (with ``processor``), or a
+            name or folder.
+        methods: This package's method names (``blankout`` ignores them: it measures the model).
+        data: The rows.
+        protocol: ``"cue"`` or ``"blankout"``.
+        processor: The processor of a model object.
+        method_kwargs: Per method, its options.
+        random_baseline: ``cue``: also run every method on a randomly initialised copy of the model.
+        draws: Bootstrap resamples and permutations.
+        seed: Seed of the resampling, the random copy and the random words of ``blankout``.
+        show_progress: Show a progress bar over the methods.
+        columns: Column names by role (``audio``, ``words``, ``target``, ``cues``, ``transcript``).
+    """
+    from ..encoders import load_model
+    from ..speech import SpeechAttributionModel
+
+    if protocol not in SPEECH_PROTOCOLS:
+        raise EvaluationInputError(f"Speech models are evaluated with {SPEECH_PROTOCOLS}, not {protocol!r}.")
+    if not isinstance(model, SpeechAttributionModel):
+        model = load_model(model, methods[0], processor=processor)
+    rows, skipped = read_speech_rows(data, {role.removesuffix("_column"): name for role, name in columns.items()})
+    kept = []
+    for row in rows:
+        try:
+            signal = read_audio(row.audio, model.sampling_rate, row.row)
+        except AudioError as error:
+            skipped.append(Skipped(row.row, str(error)))
+            continue
+        row.signal = signal
+        kept.append(row)
+    evaluation = Evaluation(protocol, draws=draws, seed=seed, skipped=sorted(skipped, key=lambda skip: skip.row))
+    if not kept:
+        reasons = "; ".join(skip.reason for skip in evaluation.skipped[:3])
+        raise EvaluationInputError(f"No row of the data can be evaluated: {reasons}.")
+    if protocol == "blankout":
+        if not model.whisper:
+            raise EvaluationInputError("blankout measures a decoder's next-token probability: it needs Whisper.")
+        evaluation.metric_names = BLANKOUT_METRICS
+        evaluation.results["model"] = _blankout(model, kept, seed)
+        return evaluation
+    evaluation.metric_names = CUE_METRICS if model.whisper else CUE_METRICS[:1]
+    method_kwargs = method_kwargs or {}
+    copies = {"": model.model}
+    if random_baseline:
+        copies[RANDOM_SUFFIX] = _random_copy(model.model, seed)
+
+    def score(name: str):
+        suffix = RANDOM_SUFFIX if name.endswith(RANDOM_SUFFIX) else ""
+        method = name.removesuffix(suffix)
+        attribution = SpeechAttributionModel(copies[suffix], _processor(model), method)
+        return _score_cue(attribution, kept, method_kwargs.get(method, {})), []
+
+    names = [f"{method}{suffix}" for suffix in copies for method in methods]
+    _score_methods(evaluation, names, score, 0, show_progress)
+    shares = [len(row.cues) / len(row.words) for row in kept]
+    evaluation.baseline = {"cue_contribution": sum(shares) / len(shares)}
+    return evaluation
+
+
+def _processor(model):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(feature_extractor=model.feature_extractor, tokenizer=model.tokenizer)
+
+
+def _random_copy(model, seed: int):
+    """A randomly initialised model of the same configuration (transformers' own initialisation)."""
+    torch.manual_seed(seed)
+    copy = type(model)(model.config)
+    return copy.to(next(model.parameters()).device).eval()
+
+
+def _score_cue(attribution, rows, options: dict) -> MethodResult:
+    audio, text = [], []
+    for row in rows:
+        seq = attribution.attribute(row.signal, row.transcript if attribution.whisper else None, words=row.words,
+                                    show_progress=False, **options).sequence_attributions[0]  # fmt: skip
+        units = [token.token for token in seq.source]
+        words = [index for index, label in enumerate(units) if label in row.word_names]
+        cues = [words.index(index) for index in words if units[index] in row.cues]
+        if attribution.whisper:
+            column = _target_column(attribution, row)
+            scores = seq.source_attributions[:, column]
+            audio.append(cue_share(scores[words], cues).nan_to_num(0.0))
+            text.append(_text_share(attribution, row, seq, column))
+        else:
+            target_unit = units.index(row.target)
+            scores = seq.sequence_scores["encoder_self_scores"][:, target_unit]
+            audio.append(cue_share(scores[words], cues).nan_to_num(0.0))
+    statistics = {}
+    layers = torch.stack(audio)
+    if layers.dim() == 1:
+        statistics["cue_contribution"] = mean_statistic(layers)
+        result = MethodResult(statistics)
+    else:
+        statistics["cue_contribution"] = mean_statistic(layers.mean(1))
+        result = MethodResult(statistics)
+        result.layer_statistics = [mean_statistic(layers[:, layer]) for layer in range(layers.shape[1])]
+        result.per_layer = Statistic(layers.T, torch.ones_like(layers.T))
+    if text:
+        values = torch.stack([share if share.dim() == 0 else share.mean() for share in text])
+        present = torch.isfinite(values)
+        statistics["text_cue_contribution"] = Statistic(values.nan_to_num(0.0), present.double())
+    return result
+
+
+def _word_tokens(tokenizer, transcript: str) -> list[list[int]]:
+    """Per whitespace word of ``transcript``, the indices of its tokens (from the fast tokenizer's offsets)."""
+    encoded = tokenizer(transcript, add_special_tokens=False, return_offsets_mapping=True)
+    spans, position = [], 0
+    for word in transcript.split():
+        start = transcript.index(word, position)
+        spans.append((start, start + len(word)))
+        position = start + len(word)
+    tokens = [[] for _ in spans]
+    for index, (start, end) in enumerate(encoded["offset_mapping"]):
+        for number, (word_start, word_end) in enumerate(spans):
+            if start < word_end and end > word_start:
+                tokens[number].append(index)
+                break
+    return tokens
+
+
+def _target_column(attribution, row) -> int:
+    """The generated-token column of the target word's first token in the transcript."""
+    words = row.transcript.split()
+    if row.target not in words:
+        raise EvaluationInputError(f"Row {row.row}: the target {row.target!r} is not a word of the transcript.")
+    tokens = _word_tokens(attribution.tokenizer, row.transcript)
+    return tokens[words.index(row.target)][0]
+
+
+def _text_share(attribution, row, seq, column: int) -> torch.Tensor:
+    """Share of the target's decoder-side scores on the cue words written before it (NaN when none is)."""
+    words = row.transcript.split()
+    tokens = _word_tokens(attribution.tokenizer, row.transcript)
+    before = words.index(row.target)
+    if not any(word in row.cues for word in words[:before]):
+        return torch.tensor(float("nan"), dtype=torch.float64)
+    offset = seq.attr_pos_start  # transcript token k is decoder token offset + k
+    scores = seq.target_attributions[:, column].nan_to_num(0.0)
+    per_word = torch.stack([scores[[offset + k for k in tokens[number]]].sum(0) for number in range(before)])
+    cues = [number for number in range(before) if words[number] in row.cues]
+    return cue_share(per_word, cues)
+
+
+@torch.no_grad()
+def _blankout(attribution, rows, seed: int) -> MethodResult:
+    rng = random.Random(seed)
+    drops = {name: [] for name in BLANKOUT_METRICS}
+    for row in rows:
+        tokenizer = attribution.tokenizer
+        prompt = attribution._default_prompt()
+        ids = prompt + tokenizer(row.transcript, add_special_tokens=False).input_ids
+        column = _target_column(attribution, row)
+        position = len(prompt) + column  # the target's first token, predicted at position - 1
+        original = _probability(attribution, row.signal, ids, position)
+        cue_spans = [(start, end) for word, start, end in row.words if word in row.cues]
+        others = [(start, end) for word, start, end in row.words if word not in row.cues and word != row.target]
+        drops["audio_cue_drop"].append(
+            original - _probability(attribution, _silenced(row, cue_spans, attribution.sampling_rate), ids, position)
+        )
+        if others:
+            control = _silenced(row, [rng.choice(others)], attribution.sampling_rate)
+            drops["audio_random_drop"].append(original - _probability(attribution, control, ids, position))
+        else:
+            drops["audio_random_drop"].append(float("nan"))
+        words = row.transcript.split()
+        tokens = _word_tokens(tokenizer, row.transcript)
+        cue_tokens = [len(prompt) + k for number in range(words.index(row.target)) if words[number] in row.cues
+                      for k in tokens[number]]  # fmt: skip
+        if cue_tokens:
+            unk = tokenizer.unk_token_id if tokenizer.unk_token_id is not None else 0
+            masked = [unk if index in cue_tokens else idx for index, idx in enumerate(ids)]
+            drops["text_cue_drop"].append(original - _probability(attribution, row.signal, masked, position))
+        else:
+            drops["text_cue_drop"].append(float("nan"))
+    statistics = {}
+    for name, values in drops.items():
+        values = torch.tensor(values, dtype=torch.float64)
+        statistics[name] = Statistic(values.nan_to_num(0.0), torch.isfinite(values).double())
+    return MethodResult(statistics)
+
+
+def _silenced(row, spans, sampling_rate: int) -> np.ndarray:
+    """The row's signal with the samples of ``spans`` (seconds) replaced by silence."""
+    signal = row.signal.copy()
+    for start, end in spans:
+        signal[int(start * sampling_rate) : int(end * sampling_rate)] = 0.0
+    return signal
+
+
+def _probability(attribution, signal, ids: list[int], position: int) -> float:
+    """Whisper's probability of ``ids[position]`` given the audio and ``ids[:position]`` (teacher-forced)."""
+    inputs, _, _ = attribution._features([signal])
+    model = attribution.model
+    decoder = torch.tensor([ids[:position]], device=attribution.device)
+    logits = model(**inputs, decoder_input_ids=decoder, use_cache=False).logits[0, -1]
+    return float(logits.float().softmax(-1)[ids[position]])

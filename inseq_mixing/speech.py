@@ -1,0 +1,435 @@
+"""The speech front end: Whisper and wav2vec 2.0 / HuBERT, on audio units, with Inseq's output.
+
+Inseq takes no audio. :func:`inseq_mixing.load_model` gives speech models a :class:`SpeechAttributionModel` whose
+``.attribute(audio, targets, words=...)`` returns ``inseq.FeatureAttributionOutput``:
+
+- ``source``: the audio units of each utterance (:mod:`inseq_mixing.audio`): the words of ``words=`` (a forced
+  alignment), or fixed windows of ``window_s`` seconds, plus silences and Whisper's padding, each labelled;
+- Whisper (``WhisperForConditionalGeneration``): ``target`` = the decoder's prompt and transcript tokens,
+  teacher-forced (``targets=`` a text per utterance; default: the model's greedy transcript);
+  ``source_attributions`` ``(units, transcript tokens[, layers])``, ``target_attributions`` over the decoder's own
+  text, ``sequence_scores["encoder_self_scores"]`` ``(units, units[, layers])``;
+- CTC models (``Wav2Vec2ForCTC``, ``HubertForCTC``): ``target`` = the explained frames, labelled with the character
+  predicted there and the time (default: the frames where greedy CTC decoding emits a character; ``targets=`` frame
+  indices); ``source_attributions`` ``(units, frames[, layers])`` and the unit-to-unit map in
+  ``sequence_scores["encoder_self_scores"]``; bare encoders (``Wav2Vec2Model``, ``HubertModel``, ``WhisperEncoder``):
+  map methods, ``targets=`` frames to explain (default: every frame), and the unit map.
+
+Every method runs on frames and is pooled onto units by its declaration (:meth:`Declaration.run`: key frames summed per
+unit, query frames averaged); value zeroing zeroes whole units. Decompositions start at the first block's input,
+after the convolutional front end and the positions (wav2vec 2.0's positional convolution included): those mix
+neighbouring frames outside attention. No math here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .audio import AudioError, Unit, audio_units, read_audio
+from .declarations import DECLARATIONS, Request
+from .encoders import FrontEndModel, tokens_first
+from .methods.results import LogitScores
+from .methods.units import FrameUnits
+from .specs import get_spec
+from .trace import ModelCall, eval_mode, trace_call
+
+#: The model types of the speech families.
+SPEECH_MODEL_TYPES = ("whisper", "wav2vec2", "hubert")
+
+
+def is_speech_model(model) -> bool:
+    """Whether ``model`` (a loaded HF model) is of a speech family this front end handles."""
+    return getattr(getattr(model, "config", None), "model_type", None) in SPEECH_MODEL_TYPES
+
+
+def is_speech_name(name) -> bool:
+    """Whether a hub name or local folder holds a speech model of a supported family (read from its config)."""
+    if not isinstance(name, str):
+        return False
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(name).model_type in SPEECH_MODEL_TYPES
+    except (OSError, ValueError):
+        return False
+
+
+def load_processor(name: str):
+    """The processor saved with a speech model: ``AutoProcessor``, or failing that (a folder whose tokenizer is not
+    the family's own class) its feature extractor and tokenizer read separately."""
+    from types import SimpleNamespace
+
+    import transformers
+
+    try:
+        processor = transformers.AutoProcessor.from_pretrained(name)
+        if hasattr(processor, "feature_extractor"):
+            return processor
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass
+    extractor = transformers.AutoFeatureExtractor.from_pretrained(name)
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError, TypeError):
+        tokenizer = None
+    return SimpleNamespace(feature_extractor=extractor, tokenizer=tokenizer)
+
+
+@dataclass
+class _Batch:
+    """One batch of utterances, prepared for the model."""
+
+    call: ModelCall
+    units: list[list[Unit]]
+    members: torch.Tensor  # (B, U, frames)
+    frames: list[int]  # real frames per utterance (CTC) / frames of the stack (Whisper)
+    explained: list[list[int]]  # per utterance: explained decoder positions (Whisper) or frames (CTC)
+    predicted: torch.Tensor  # (B, T)
+    prompt: list[int]
+    tokens: list[list[int]]  # Whisper: each utterance's decoder tokens (prompt + transcript)
+
+
+class SpeechAttributionModel(FrontEndModel):
+    """A speech model with one attribution method (see the module docstring).
+
+    Args:
+        model: ``WhisperForConditionalGeneration``, ``Wav2Vec2ForCTC``, ``HubertForCTC`` or a bare encoder.
+        processor: Its processor (feature extractor and tokenizer; a bare encoder needs the feature extractor only).
+        method: One of this package's methods.
+    """
+
+    def __init__(self, model: nn.Module, processor, method: str):
+        if method not in DECLARATIONS:
+            raise ValueError(
+                f"Unknown method {method!r} for speech models: use one of {list(DECLARATIONS)} (Inseq's gradient "
+                "methods need token embeddings and are not offered on audio)."
+            )
+        self.model, self.method, self.declaration = model, method, DECLARATIONS[method]
+        self.spec = get_spec(model)
+        self.feature_extractor = getattr(processor, "feature_extractor", processor)
+        self.tokenizer = getattr(processor, "tokenizer", None)
+        self.whisper = self.spec.is_encoder_decoder
+        self.task = "transcription" if self.whisper else (self.spec.head.task if self.spec.head else None)
+        if self.declaration.explains_logit and not self.spec.explains_logits:
+            raise ValueError(
+                f"{method} explains a logit, and {type(model).__name__} is a bare encoder: load it with its head "
+                "(WhisperForConditionalGeneration, Wav2Vec2ForCTC, HubertForCTC) or use a map method."
+            )
+        if self.tokenizer is None and self.task is not None:
+            raise ValueError("Pass the model's processor (feature extractor and tokenizer): processor=...")
+        self.sampling_rate = int(self.feature_extractor.sampling_rate)
+
+    @property
+    def frame_seconds(self) -> float:
+        """Seconds per frame of the audio stack (20 ms for Whisper and wav2vec 2.0 at 16 kHz)."""
+        if self.whisper or type(self.model).__name__ == "WhisperEncoder":
+            encoder = self.model.get_encoder() if self.whisper else self.model
+            stride = encoder.conv1.stride[0] * encoder.conv2.stride[0]
+            return self.feature_extractor.hop_length * stride / self.sampling_rate
+        return math.prod(self.model.config.conv_stride) / self.sampling_rate
+
+    def attribute(
+        self,
+        audio,
+        targets=None,
+        *,
+        words: list | None = None,
+        window_s: float = 0.5,
+        prompt_ids: list[int] | None = None,
+        max_new_tokens: int = 64,
+        batch_size: int = 4,
+        show_progress: bool = True,
+        **method_options,
+    ):
+        """Explain one utterance or several (see the module docstring for what is explained).
+
+        Args:
+            audio: A path to a WAV/FLAC file or a 1-D array at the processor's sampling rate, or a list of them.
+            targets: Whisper: the transcript to explain, per utterance (default: the greedy transcript). CTC and bare
+                encoders: the frame indices to explain, per utterance.
+            words: Per utterance, ``[(word, start_s, end_s), ...]`` (a forced alignment), or None for windows.
+            window_s: Length of the fixed windows used without ``words``.
+            prompt_ids: Whisper: the decoder's prompt tokens (default: the tokenizer's ``prefix_tokens``, else the
+                decoder start token).
+            max_new_tokens: Whisper: the longest greedy transcript.
+            batch_size: Utterances per forward pass (wav2vec 2.0 models with a group-norm feature encoder run one at
+                a time: that norm reads the whole padded signal).
+            show_progress: Show a progress bar over batches.
+            method_options: The method's options (``inseq-mixing methods --options``).
+
+        Returns:
+            ``inseq.FeatureAttributionOutput``, one sequence per utterance.
+        """
+        import inseq
+        from tqdm.auto import tqdm
+
+        single = not isinstance(audio, list | tuple)
+        items = [audio] if single else list(audio)
+        if not items:
+            raise ValueError("Give at least one utterance.")
+        signals = [read_audio(item, self.sampling_rate, index) for index, item in enumerate(items)]
+        targets = _per_item(targets, len(items), "targets", single)
+        words = _per_item(words, len(items), "words", single)
+        options = self.declaration.make_options(method_options)
+        if getattr(self.model.config, "feat_extract_norm", None) == "group":
+            batch_size = 1
+        sequences, axis = [], None
+        starts = range(0, len(items), batch_size)
+        with eval_mode(self.model):
+            for start in tqdm(starts, disable=not show_progress, desc=f"Attributing with {self.method}"):
+                stop = start + batch_size
+                batch, trace = self._batch(signals[start:stop], targets[start:stop], words[start:stop], window_s,
+                                           prompt_ids, max_new_tokens, first=start)  # fmt: skip
+                request = self._request(batch, trace)
+                result = self.declaration.run(request, options)
+                axis = result.axis
+                sequences += [self._sequence(batch, result, row) for row in range(len(batch.units))]
+        info = {
+            "attribution_method": self.method,
+            "model_name": self.model_name,
+            "model_class": type(self.model).__name__,
+            "task": self.task or "encoder",
+            "sampling_rate": self.sampling_rate,
+            "frame_seconds": self.frame_seconds,
+            "units": "words" if any(entry is not None for entry in words) else f"windows of {window_s} s",
+            "attributed_fn": "logit" if self.declaration.explains_logit else f"{self.method} map",
+            "step_scores": [],
+            "attribution_args": dict(method_options),
+        }
+        if axis is not None:
+            info["score_axis"] = list(axis)
+        return inseq.FeatureAttributionOutput(sequence_attributions=sequences, step_attributions=None, info=info)
+
+    # ----- inputs -----
+
+    def _features(self, signals: list) -> tuple[dict, torch.Tensor, list[int]]:
+        """Model inputs, the ``(B, frames)`` mask of the audio stack, and each utterance's real frames."""
+        extractor = self.feature_extractor
+        if self.whisper or type(self.model).__name__ == "WhisperEncoder":
+            limit = extractor.n_samples
+            for index, signal in enumerate(signals):
+                if len(signal) > limit:
+                    raise AudioError(
+                        f"Audio {index} lasts {len(signal) / self.sampling_rate:.2f}s; Whisper reads "
+                        f"{limit / self.sampling_rate:.0f}s at a time: cut it into shorter utterances."
+                    )
+            features = extractor(signals, sampling_rate=self.sampling_rate, return_tensors="pt")
+            inputs = {"input_features": features["input_features"].to(self.device, self.model.dtype)}
+            encoder = self.model.get_encoder() if self.whisper else self.model
+            total = encoder.config.max_source_positions
+            frame_s = self.frame_seconds
+            real = [min(total, math.ceil(len(signal) / self.sampling_rate / frame_s - 1e-9)) for signal in signals]
+            return inputs, torch.ones(len(signals), total, dtype=torch.long, device=self.device), real
+        asks_mask = bool(getattr(extractor, "return_attention_mask", False))
+        features = extractor(signals, sampling_rate=self.sampling_rate, padding=True, return_tensors="pt",
+                             return_attention_mask=True)  # fmt: skip
+        inputs = {"input_values": features["input_values"].to(self.device, self.model.dtype)}
+        lengths = self.model._get_feat_extract_output_lengths(torch.tensor([len(signal) for signal in signals]))
+        real = [int(length) for length in lengths]
+        if asks_mask:
+            inputs["attention_mask"] = features["attention_mask"].to(self.device)
+        total = max(real)
+        mask = (torch.arange(total)[None, :] < torch.tensor(real)[:, None]).long().to(self.device)
+        return inputs, mask, real
+
+    def _batch(self, signals, targets, words, window_s, prompt_ids, max_new_tokens, first: int):
+        inputs, frame_mask, real = self._features(signals)
+        total = frame_mask.shape[1]
+        units = [
+            audio_units(
+                len(signal) / self.sampling_rate,
+                self.frame_seconds,
+                frames,
+                total if self.whisper else frames,
+                entry,
+                window_s,
+                first + row,
+            )  # fmt: skip
+            for row, (signal, frames, entry) in enumerate(zip(signals, real, words, strict=True))
+        ]
+        members = torch.zeros(len(signals), max(len(item) for item in units), total, device=self.device)
+        for row, item in enumerate(units):
+            for number, unit in enumerate(item):
+                members[row, number, unit.start : unit.stop] = 1
+        if self.whisper:
+            return self._whisper_batch(inputs, frame_mask, real, units, members, targets, prompt_ids, max_new_tokens,
+                                       first)  # fmt: skip
+        call = ModelCall(self.model, inputs, frame_masks={"decoder": frame_mask})
+        trace = trace_call(self.spec, call)
+        predicted = torch.zeros_like(frame_mask) if trace.logits is None else trace.logits.argmax(-1)
+        explained = [self._explained_frames(predicted[row], real[row], targets[row], first + row)
+                     for row in range(len(signals))]  # fmt: skip
+        return _Batch(call, units, members, real, explained, predicted, [], []), trace
+
+    def _explained_frames(self, predicted: torch.Tensor, frames: int, chosen, index: int) -> list[int]:
+        if chosen is not None:
+            chosen = [int(frame) for frame in ([chosen] if isinstance(chosen, int) else chosen)]
+            bad = [frame for frame in chosen if not 0 <= frame < frames]
+            if bad:
+                raise ValueError(f"Audio {index} has {frames} frames: frames {bad} are outside it.")
+            return chosen
+        if self.task is None:
+            return list(range(frames))
+        ids = predicted[:frames].tolist()
+        blank = self.model.config.pad_token_id
+        emitted = [frame for frame, idx in enumerate(ids) if idx != blank and (frame == 0 or ids[frame - 1] != idx)]
+        if not emitted:
+            raise ValueError(
+                f"Audio {index}: greedy CTC decoding emits nothing (every frame is blank): pass targets= with the "
+                "frame indices to explain."
+            )
+        return emitted
+
+    def _whisper_batch(self, inputs, frame_mask, real, units, members, targets, prompt_ids, max_new_tokens, first):
+        prompt = list(prompt_ids) if prompt_ids is not None else self._default_prompt()
+        transcripts = []
+        missing = [row for row, target in enumerate(targets) if target is None]
+        greedy = self._greedy(inputs, prompt, max_new_tokens, missing) if missing else {}
+        for row, target in enumerate(targets):
+            ids = greedy[row] if target is None else self.tokenizer(target, add_special_tokens=False).input_ids
+            if not ids:
+                raise ValueError(
+                    f"Audio {first + row}: the transcript to explain is empty (Whisper's greedy transcript ended at "
+                    "once): pass targets= with the text to explain."
+                )
+            transcripts.append(prompt + list(ids))
+        longest = max(len(tokens) for tokens in transcripts)
+        limit = self.spec.max_positions
+        if limit is not None and longest > limit:
+            raise ValueError(f"The decoder text has {longest} tokens; this Whisper model reads {limit} at most.")
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        full = torch.full((len(transcripts), longest), pad, dtype=torch.long, device=self.device)
+        for row, tokens in enumerate(transcripts):
+            full[row, : len(tokens)] = torch.tensor(tokens)
+        decoder_ids, predicted = full[:, :-1], full[:, 1:]
+        lengths = torch.tensor([len(tokens) - 1 for tokens in transcripts], device=self.device)
+        decoder_mask = (torch.arange(longest - 1, device=self.device)[None, :] < lengths[:, None]).long()
+        kwargs = {**inputs, "decoder_input_ids": decoder_ids, "decoder_attention_mask": decoder_mask,
+                  "use_cache": False}  # fmt: skip
+        call = ModelCall(self.model, kwargs, frame_masks={"encoder": frame_mask})
+        explained = [list(range(len(prompt) - 1, len(tokens) - 1)) for tokens in transcripts]
+        trace = trace_call(self.spec, call)
+        return _Batch(call, units, members, real, explained, predicted, prompt, transcripts), trace
+
+    def _default_prompt(self) -> list[int]:
+        try:
+            prefix = list(self.tokenizer.prefix_tokens)
+        except (AttributeError, KeyError, TypeError, ValueError):
+            prefix = []
+        return prefix or [self.model.config.decoder_start_token_id]
+
+    @torch.no_grad()
+    def _greedy(self, inputs: dict, prompt: list[int], max_new_tokens: int, rows: list[int]) -> dict[int, list[int]]:
+        """Whisper's greedy transcript of ``rows`` (until the end-of-text token), the encoder run once."""
+        eos = self.tokenizer.eos_token_id
+        eos = self.model.config.eos_token_id if eos is None else eos
+        features = inputs["input_features"][rows]
+        encoded = self.model.get_encoder()(input_features=features).last_hidden_state
+        ids = torch.tensor([prompt] * len(rows), device=self.device)
+        done = torch.zeros(len(rows), dtype=torch.bool, device=self.device)
+        for _ in range(max_new_tokens):
+            logits = self.model(encoder_outputs=(encoded,), decoder_input_ids=ids, use_cache=False).logits[:, -1]
+            step = logits.argmax(-1).masked_fill(done, eos)
+            ids = torch.cat([ids, step[:, None]], dim=1)
+            done |= step == eos
+            if bool(done.all()):
+                break
+        result = {}
+        for position, row in enumerate(rows):
+            tokens = ids[position, len(prompt) :].tolist()
+            result[row] = tokens[: tokens.index(eos)] if eos in tokens else tokens
+        return result
+
+    def _request(self, batch: _Batch, trace) -> Request:
+        positions = torch.zeros(batch.predicted.shape, dtype=torch.bool, device=self.device)
+        for row, cells in enumerate(batch.explained):
+            positions[row, cells] = True
+        kwargs = batch.call.kwargs
+        return Request(
+            spec=self.spec,
+            model=self.model,
+            input_ids=batch.call.encoder_mask if self.whisper else batch.call.decoder_mask,
+            attention_mask=batch.call.encoder_mask if self.whisper else batch.call.decoder_mask,
+            target_ids=kwargs.get("decoder_input_ids"),
+            target_mask=kwargs.get("decoder_attention_mask"),
+            predicted_ids=batch.predicted,
+            foil_ids=None,
+            positions=positions,
+            tracer=lambda: trace,
+            units=FrameUnits(batch.members, "encoder" if self.whisper else "decoder"),
+        )
+
+    # ----- outputs -----
+
+    def _sequence(self, batch: _Batch, result, row: int):
+        from inseq.utils.typing import TokenWithId
+
+        from .attr.base import MixingSequenceOutput, SignedMixingSequenceOutput
+
+        units = batch.units[row]
+        count = len(units)
+        cells = batch.explained[row]
+        source_map = result.source if self.whisper else result.target
+        source_attributions = tokens_first(source_map[row][..., cells, :count])
+        sequence_scores = {}
+        if getattr(result, "encoder", None) is not None:
+            sequence_scores["encoder_self_scores"] = tokens_first(result.encoder[row][..., :count, :count])
+        step_scores = {}
+        signed = isinstance(result, LogitScores)
+        if signed:
+            steps = {**result.terms, "logit": result.logit}
+            step_scores = {name: value[row, cells].detach().float().cpu() for name, value in steps.items()}
+        source = [TokenWithId(unit.label, number) for number, unit in enumerate(units)]
+        target_attributions = None
+        if self.whisper:
+            tokens = batch.tokens[row]
+            target = [TokenWithId(token, idx) for token, idx in
+                      zip(self.tokenizer.convert_ids_to_tokens(tokens), tokens, strict=True)]  # fmt: skip
+            target_attributions = _decoder_layout(result.target[row], cells, len(tokens))
+            start, stop = len(batch.prompt), len(tokens)
+        else:
+            ids = batch.predicted[row, cells].tolist()
+            names = self.tokenizer.convert_ids_to_tokens(ids) if self.tokenizer is not None else ["frame"] * len(ids)
+            seconds = self.frame_seconds
+            target = [TokenWithId(f"{name}@{cell * seconds:.2f}s", idx)
+                      for name, cell, idx in zip(names, cells, ids, strict=True)]  # fmt: skip
+            start, stop = 0, len(cells)
+        cls = SignedMixingSequenceOutput if signed else MixingSequenceOutput
+        return cls(
+            source=source,
+            target=target,
+            source_attributions=source_attributions,
+            target_attributions=target_attributions,
+            step_scores=step_scores,
+            sequence_scores=sequence_scores,
+            attr_pos_start=start,
+            attr_pos_end=stop,
+            _num_dimensions=source_attributions.ndim - 2,
+        )
+
+
+def _decoder_layout(scores: torch.Tensor, cells: list[int], tokens: int) -> torch.Tensor:
+    """Whisper's decoder map ``([slots,] positions i, tokens j)`` as Inseq's ``(target tokens, generated[, slots])``:
+    generated token ``c`` is predicted at position ``cells[c]`` from the tokens before it; later tokens are NaN."""
+    rows = tokens_first(scores[..., cells, : tokens - 1])  # (tokens - 1, generated[, slots])
+    padded = torch.full((tokens, *rows.shape[1:]), float("nan"))
+    padded[: tokens - 1] = rows
+    index = torch.arange(tokens)[:, None]
+    future = index > torch.tensor(cells)[None, :]
+    padded[future] = float("nan")
+    return padded
+
+
+def _per_item(values, count: int, what: str, single: bool) -> list:
+    """``targets`` / ``words`` as one entry per utterance (unwrapped when one utterance was given alone)."""
+    if values is None:
+        return [None] * count
+    if single:
+        return [values]
+    if isinstance(values, str) or len(values) != count:
+        raise ValueError(f"{what} must have one entry per utterance ({count}), not {values!r}.")
+    return list(values)
