@@ -5,8 +5,9 @@ The model has Whisper-base's shape with random weights (d_model 512, 6 + 6 layer
 1,500 encoder frames, vocabulary 51,865; nothing is downloaded). The audio is synthetic (30 s of tones and noise), the
 alignment 80 words of 0.3 s with a 0.05 s silence after every fifth word (96 units with the silences), the decoder
 teacher-forced on an 80-word transcript (81 decoder tokens). Each method runs in its own process (one untimed call
-first) so that its peak resident memory is its own: ``peak MiB`` is the growth of the process's peak RSS during the
-timed call, over what the loaded model and inputs hold (on CUDA: ``torch.cuda.max_memory_allocated``).
+first) so that its peak resident memory is its own: ``peak MiB`` is the growth of the process's peak RSS over the
+method's two calls, above what the loaded model, the inputs and a forward pass reached (on CUDA:
+``torch.cuda.max_memory_allocated`` over the two calls).
 
 Usage:
     python benchmarks/bench_speech.py [--methods alti alti_logit decompx value_zeroing ...] [--device cuda]
@@ -26,7 +27,10 @@ import transformers
 import inseq_mixing
 from inseq_mixing.testing import WORDS, SpeechProcessor, randomize_weights, synthetic_audio, word_tokenizer
 
-DEFAULT_METHODS = ["alti", "alti_logit", "decompx", "attn_lrp", "value_zeroing", "attention_rollout", "globenc"]
+DEFAULT_METHODS = ["alti", "alti_logit", "decompx", "decompx+units", "attn_lrp", "value_zeroing", "attention_rollout",
+                   "globenc"]  # fmt: skip
+#: Rows that run a method with options: ``decompx+units`` decomposes over the audio units from the first block.
+VARIANTS = {"decompx+units": ("decompx", {"unit_components": True})}
 
 
 def whisper_base(device: str) -> torch.nn.Module:
@@ -56,7 +60,8 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def one(method: str, device: str, seconds: float, words: int) -> dict:
+def one(name: str, device: str, seconds: float, words: int) -> dict:
+    method, options = VARIANTS.get(name, (name, {}))
     model = whisper_base(device)
     processor = SpeechProcessor(transformers.WhisperFeatureExtractor(feature_size=80), word_tokenizer(seq2seq=False))
     audio = synthetic_audio(seconds)
@@ -70,25 +75,25 @@ def one(method: str, device: str, seconds: float, words: int) -> dict:
             model(input_features=features, decoder_input_ids=ids[:, :-1])
 
     def attribute():
-        return attribution.attribute(audio, transcript, words=intervals, show_progress=False)
+        return attribution.attribute(audio, transcript, words=intervals, show_progress=False, **options)
 
     forward()
     start = time.perf_counter()
     forward()
     forward_s = time.perf_counter() - start
-    out = attribute()  # untimed first call
-    units = len(out.sequence_attributions[0].source)
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    before = peak_rss_mib()
+    before = peak_rss_mib()  # the model, the inputs and a forward pass
+    out = attribute()  # untimed first call
+    units = len(out.sequence_attributions[0].source)
     start = time.perf_counter()
     attribute()
     if device == "cuda":
         torch.cuda.synchronize()
     seconds_taken = time.perf_counter() - start
     memory = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else peak_rss_mib() - before
-    return {"method": method, "units": units, "forward_s": forward_s, "method_s": seconds_taken,
+    return {"method": name, "units": units, "forward_s": forward_s, "method_s": seconds_taken,
             "ratio": seconds_taken / forward_s, "peak_mib": memory}  # fmt: skip
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -48,12 +49,12 @@ def is_speech_model(model) -> bool:
 
 def is_speech_name(name) -> bool:
     """Whether a hub name or local folder holds a speech model of a supported family (read from its config)."""
-    if not isinstance(name, str):
+    if not isinstance(name, str | Path) or str(name) == "demo":
         return False
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(name).model_type in SPEECH_MODEL_TYPES
+        return AutoConfig.from_pretrained(str(name)).model_type in SPEECH_MODEL_TYPES
     except (OSError, ValueError):
         return False
 

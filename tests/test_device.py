@@ -87,3 +87,24 @@ def test_half_precision_on_cuda_is_finite_and_follows_float32(method, family, dt
     assert torch.isfinite(half[~half.isnan()]).all()
     assert torch.equal(half.isnan(), full.isnan())  # the same cells are undefined
     assert correlation(half, full) > 0.98
+
+
+@pytest.mark.parametrize("family", ["whisper", "wav2vec2", "wav2vec2_stable", "hubert"])
+@pytest.mark.parametrize("method", inseq_mixing.METHODS)
+def test_speech_on_cuda_equals_cpu(method, family):
+    from inseq_mixing.testing import speech_processor, synthetic_audio, tiny_speech
+
+    model, processor = tiny_speech(family), speech_processor(family)
+    audio = [synthetic_audio(0.7), synthetic_audio(0.46, seed=1)]
+    words = [[("the", 0.1, 0.3), ("cat", 0.32, 0.61)], None]
+    targets = ["the cat sat", "a dog"] if family == "whisper" else None
+
+    def run(device):
+        attribution = inseq_mixing.load_model(model, method, processor=processor, device=device)
+        out = attribution.attribute(audio, targets, words=words, show_progress=False)
+        return [seq.source_attributions for seq in out.sequence_attributions]
+
+    on_cpu = run("cpu")
+    for actual, expected in zip(run("cuda"), on_cpu, strict=True):
+        assert_same(actual, expected, atol=1e-4, rtol=1e-3)
+    model.to("cpu")

@@ -178,6 +178,26 @@ def test_map_rows_over_units_sum_to_one(family):
             torch.testing.assert_close(encoder.sum(0), torch.ones_like(encoder.sum(0)), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("bias", ["separate", "absdot"])
+def test_decompx_over_unit_components(family, bias):
+    """One component per unit from the first block: the frame decomposition summed per unit when biases are kept
+    apart; complete with every bias split."""
+    frames = run(family, "decompx", bias=bias)
+    units = run(family, "decompx", bias=bias, unit_components=True)
+    for by_frames, by_units in zip(frames.sequence_attributions, units.sequence_attributions, strict=True):
+        if bias == "separate":
+            torch.testing.assert_close(by_units.source_attributions, by_frames.source_attributions, atol=1e-5,
+                                       rtol=1e-4)  # fmt: skip
+        total = by_units.source_attributions.sum(0) + sum(
+            value for name, value in by_units.step_scores.items() if name.startswith("unattributed_")
+        )
+        if by_units.target_attributions is not None:
+            total = total + by_units.target_attributions.nan_to_num().sum(0)
+        torch.testing.assert_close(total, by_units.step_scores["logit"], atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="convention='paper'"):
+        run(family, "decompx", convention="reference", unit_components=True)
+
+
 # ----- value zeroing against the definition -----
 
 
@@ -317,6 +337,16 @@ def test_refusals_name_what_to_do():
         inseq_mixing.load_model(speech("whisper")[0], "alti")
 
 
+def test_dataset_runs_refuse_speech_models(tmp_path):
+    from inseq_mixing.runs.runner import load_attribution_model
+
+    whisper, processor = speech("whisper")
+    whisper.save_pretrained(tmp_path / "whisper")
+    for model in (whisper, tmp_path / "whisper", attribution_model("whisper", "alti")):
+        with pytest.raises(ValueError, match="Dataset runs take text models"):
+            load_attribution_model(model, "alti", None, None, None)
+
+
 def test_whisper_explains_its_greedy_transcript_by_default():
     out = attribution_model("whisper", "alti_logit").attribute(AUDIO[0], show_progress=False, max_new_tokens=5)
     seq = out.sequence_attributions[0]
@@ -343,9 +373,16 @@ def test_bare_encoders_give_the_map_methods(family):
     assert seq.source_attributions.shape[1] == len(seq.target)  # every frame is a row by default
 
 
-def test_windows_and_show(family):
+def test_windows_show_save_and_load(family, tmp_path):
+    import inseq
+
     out = attribution_model(family, "alti").attribute(list(AUDIO), targets_of(family), window_s=0.3,
                                                       show_progress=False)  # fmt: skip
+    out.save(tmp_path / "out.json")
+    loaded = inseq.FeatureAttributionOutput.load(tmp_path / "out.json")
+    torch.testing.assert_close(
+        loaded.sequence_attributions[1].source_attributions, out.sequence_attributions[1].source_attributions
+    )
     labels = [token.token for token in out.sequence_attributions[0].source]
     assert labels[:2] == ["0.00-0.30s", "0.30-0.60s"]
     html = out.show(display=False, return_html=True)

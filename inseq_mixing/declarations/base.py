@@ -39,7 +39,8 @@ class Request:
     Attributes:
         spec: The model's spec.
         model: The Hugging Face model (methods that run their own passes, such as AttnLRP, use it).
-        input_ids: Source ids ``(B, S)`` (encoder–decoders) or the whole sequence ``(B, T)`` (decoder-only).
+        input_ids: Source ids ``(B, S)`` (encoder–decoders) or the whole sequence ``(B, T)`` (decoder-only); speech
+            models, whose source is audio: the frame mask of the audio stack (methods read the trace instead).
         attention_mask: Mask of ``input_ids``.
         target_ids: Decoder prefix ``(B, T)`` of encoder–decoders, else None.
         target_mask: Its mask.

@@ -6,21 +6,30 @@ from dataclasses import dataclass
 
 from ..methods.options import DecompXOptions
 from ..methods.results import LogitScores
-from .base import Contrast, Declaration, Heads, Request, logit_scores
+from .base import Contrast, Declaration, Heads, Request, logit_scores, option
 
 
 @dataclass(frozen=True)
 class DecompXMethodOptions(DecompXOptions, Contrast, Heads):
-    pass
+    unit_components: bool = option(
+        False,
+        "Speech models: decompose over the audio units from the first block (one component per unit) instead of over "
+        "frames summed per unit afterwards: frames/units times less work and memory. Equal with bias='separate'; "
+        "with the other splits a unit's component takes its bias shares as a whole (our extension).",
+    )
 
 
 def compute(request: Request, options: DecompXMethodOptions) -> LogitScores:
     from ..methods.decompx import decompx
 
-    scores = decompx(request.trace, request.predicted_ids, request.foil_ids, options, per_head=options.per_head)
+    units = request.units if options.unit_components else None
+    scores = decompx(request.trace, request.predicted_ids, request.foil_ids, options, per_head=options.per_head,
+                     units=units)  # fmt: skip
     terms = {} if scores.bias is None else {"unattributed_bias": scores.bias}
     result = logit_scores(scores, terms, request.spec, options.per_head)
     result.complete = not options.per_head  # heads' direct contributions only: no FFN, residual or bias paths
+    if request.units is not None and units is None:  # frames, summed per unit
+        result = request.units.pool(result)
     return result
 
 
@@ -47,4 +56,5 @@ DECLARATION = Declaration(
     options=DecompXMethodOptions,
     compute=compute,
     explains_logit=True,
+    pools_units=True,
 )

@@ -7,8 +7,11 @@ tensor still runs, one item at a time. Peak memory above the model is then about
 element size (4 bytes in float32) times a small constant for the few temporaries alive at once.
 """
 
-#: The default bound: 2**24 elements (64 MiB in float32) for the largest temporary tensor of one chunk.
-DEFAULT_CHUNK_ELEMENTS = 2**24
+#: The default bound: 2**22 elements (16 MiB in float32) for the largest temporary tensor of one chunk. Measured on a
+#: 2-core CPU (benchmarks/README.md, "Chunk size"): against 2**24, ALTI, ALTI-logit, GlobEnc and DecompX on a 120-token
+#: GPT-2-small-sized input take 0.4–0.6× the time, ALTI on Whisper's 1,500 frames 0.45×, batches of 16 short texts the
+#: same; smaller bounds are slower again (more, smaller kernels).
+DEFAULT_CHUNK_ELEMENTS = 2**22
 
 
 def items_per_chunk(elements_per_item: int, max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> int:

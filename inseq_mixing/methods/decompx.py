@@ -58,6 +58,7 @@ from .options import (  # the choices are re-exported: the options live in .opti
     GATED_SPLITS,  # noqa: F401
     DecompXOptions,
 )
+from .units import FrameUnits
 
 
 @dataclass
@@ -244,18 +245,29 @@ def active_components(components: Components, rows: slice) -> torch.Tensor:
     return active.nonzero().squeeze(-1)
 
 
-def initial_stream(hidden: torch.Tensor, offset: int, available: torch.Tensor, bias_index, max_elements: int):
-    """The stack input as a :class:`BlockedStream`: position ``p`` is entirely component ``offset + p``."""
+def initial_stream(
+    hidden: torch.Tensor, offset: int, available: torch.Tensor, bias_index, max_elements: int,
+    owner: torch.Tensor | None = None,
+):  # fmt: skip
+    """The stack input as a :class:`BlockedStream`: position ``p`` is entirely component ``offset + p``, or with
+    ``owner`` ``(B, positions)`` component ``owner[b, p]`` (audio units: every frame of a unit starts in its unit's
+    component)."""
     batch, positions, d_model = hidden.shape
     num_components = available.shape[-1]
     full = Components(hidden.new_empty(0), available, bias_index)
     blocks = []
     for rows in position_chunks(positions, batch * num_components * d_model, max_elements):
-        own = torch.arange(rows.start, rows.stop, device=hidden.device) + offset
-        cols = torch.unique(torch.cat([active_components(full, rows), own]))
+        if owner is None:
+            own = (torch.arange(rows.start, rows.stop, device=hidden.device) + offset).expand(batch, -1)
+        else:
+            own = owner[:, rows].contiguous()
+        cols = torch.unique(torch.cat([active_components(full, rows), own.flatten()]))
         local_bias = None if bias_index is None else int((cols == bias_index).nonzero())
-        parts = hidden.new_zeros(batch, len(own), len(cols), d_model, dtype=upcast(hidden).dtype)
-        parts[:, torch.arange(len(own)), torch.searchsorted(cols, own)] = upcast(hidden[:, rows])
+        parts = hidden.new_zeros(batch, own.shape[1], len(cols), d_model, dtype=upcast(hidden).dtype)
+        every = torch.arange(batch, device=hidden.device)[:, None]
+        parts[every, torch.arange(own.shape[1], device=hidden.device), torch.searchsorted(cols, own)] = upcast(
+            hidden[:, rows]
+        )
         blocks.append(RowBlock(rows, cols, Components(parts, available[:, rows][:, :, cols], local_bias)))
     return BlockedStream(blocks, num_components)
 
@@ -740,6 +752,7 @@ def decompx(
     options: DecompXOptions | None = None,
     keep_layers: bool = False,
     per_head: bool = False,
+    units: FrameUnits | None = None,
 ) -> DecompXScores:
     """DecompX scores of the token predicted at every decoder position.
 
@@ -751,6 +764,10 @@ def decompx(
         keep_layers: Also return every block's output components (for checks; memory grows with depth).
         per_head: Also read each decoder attention head's output components out along the logit direction on its
             branch (``target_heads``, ``source_heads``; see :class:`HeadReadout`).
+        units: Audio units of a speech model's audio stack, decomposed as the stack's input components: every frame
+            of a unit starts in the unit's component (one component per unit instead of per frame; the scores over
+            that stack are then per unit). With ``bias="separate"`` this equals the frame decomposition summed over
+            each unit's frames; the other bias splits weigh a unit's component as a whole.
 
     Returns:
         :class:`DecompXScores`; ``target.sum(-1) + source.sum(-1) (+ bias) == logit``.
@@ -760,20 +777,32 @@ def decompx(
     if not spec.explains_logits:
         raise ValueError(NO_HEAD.format(method="DecompX"))
     separate = options.bias == "separate"
+    if units is not None and options.convention == "reference":
+        raise ValueError(
+            "DecompX's convention='reference' keeps each token's value bias in its own component, which audio units "
+            "do not have: use convention='paper' with units_as_components."
+        )
+    owners = {} if units is None else {units.stack: units.owner()}
+    key_masks = {"decoder": dec.mask} if units is None or units.stack != "decoder" else {"decoder": units.present}
     layers, encoder, place = {}, None, None
     offset = 0
-    blocks = [(dec.mask, dec.causal)]
     if spec.is_encoder_decoder:
-        num_source = enc.mask.shape[1]
-        available = available_components(enc.mask, [(enc.mask, False)], separate)
+        source_mask = enc.mask if units is None else units.present
+        num_source = source_mask.shape[1]
+        available = available_components(enc.mask, [(source_mask, False)], separate)
         bias_index = num_source if separate else None
-        start = initial_stream(enc.layers[0].input, 0, available, bias_index, options.max_chunk_elements)
+        start = initial_stream(enc.layers[0].input, 0, available, bias_index, options.max_chunk_elements,
+                               owners.get("encoder"))  # fmt: skip
         encoder, layers["encoder"] = decompose_stack(spec.encoder, enc, start, options, keep_layers=keep_layers)
-        offset, blocks = num_source, [(enc.mask, False), (dec.mask, dec.causal)]
+        offset, blocks = num_source, [(source_mask, False), (dec.mask, dec.causal)]
         place = encoder_placement(num_source, dec.mask.shape[1], separate)
+    else:
+        blocks = [(key_masks["decoder"], dec.causal)]
+    num_target = blocks[-1][0].shape[1]  # the decoder stack's components: its tokens, or its audio units
     available = available_components(dec.mask, blocks, separate)
     bias_index = available.shape[-1] - 1 if separate else None
-    start = initial_stream(dec.layers[0].input, offset, available, bias_index, options.max_chunk_elements)
+    start = initial_stream(dec.layers[0].input, offset, available, bias_index, options.max_chunk_elements,
+                           owners.get("decoder"))  # fmt: skip
     unembedded, bias = readout(trace, target_ids, foil_ids)
     heads = head_readouts(trace, unembedded, available.shape[-1]) if per_head else None
     stream, layers["decoder"] = decompose_stack(
@@ -796,14 +825,14 @@ def decompx(
     if heads is not None:
         real_rows = dec.mask[:, None, None, :, None]
         self_heads = torch.stack([layer["self"].scores for layer in heads], dim=1) * real_rows
-        target_heads = self_heads[..., offset : offset + dec.mask.shape[1]]
+        target_heads = self_heads[..., offset : offset + num_target]
         if spec.is_encoder_decoder:
             cross_heads = torch.stack([layer["cross"].scores for layer in heads], dim=1) * real_rows
             source_heads = torch.stack([self_heads[..., :offset], cross_heads[..., :offset]], dim=1)
     return DecompXScores(
         target_heads=target_heads,
         source_heads=source_heads,
-        target=scores[..., offset : offset + dec.mask.shape[1]],
+        target=scores[..., offset : offset + num_target],
         source=scores[..., :offset] if spec.is_encoder_decoder else None,
         bias=scores[..., -1] if separate else None,
         logit=recorded_logit(trace, target_ids, foil_ids) * dec.mask,

@@ -48,6 +48,10 @@ class FrameUnits:
         """``(batch, units)``: whether each unit has a frame (empty units are a batch's padding)."""
         return self.members.sum(-1) > 0
 
+    def owner(self) -> torch.Tensor:
+        """``(batch, frames)``: the unit of each frame (padding frames: 0; they carry nothing)."""
+        return self.members.argmax(1)
+
     def keys(self, scores: torch.Tensor) -> torch.Tensor:
         """Sum the last axis (frames) over each unit: ``(B, ..., frames)`` → ``(B, ..., units)``."""
         members = self.members.to(scores.dtype)

@@ -194,7 +194,13 @@ def load_attribution_model(model, method: str, tokenizer, device: str | None, dt
 
     from ..encoders import EncoderAttributionModel, is_encoder_only_model
     from ..encoders import load_model as load_any_model
+    from ..speech import SpeechAttributionModel, is_speech_model, is_speech_name
 
+    if isinstance(model, SpeechAttributionModel) or is_speech_model(model) or is_speech_name(model):
+        raise ValueError(
+            "Dataset runs take text models; a speech model is explained with inseq_mixing.load_model(...).attribute("
+            "audio, words=...) and evaluated with evaluate(..., protocol='cue' | 'blankout')."
+        )
     torch_dtype = _torch_dtype(dtype)
     if isinstance(model, EncoderAttributionModel):  # another method on the same model keeps its tokenizer
         return model if model.method == method else EncoderAttributionModel(model.model, model.tokenizer, method)
