@@ -87,7 +87,6 @@ class _Batch:
     call: ModelCall
     units: list[list[Unit]]
     members: torch.Tensor  # (B, U, frames)
-    frames: list[int]  # real frames per utterance (CTC) / frames of the stack (Whisper)
     explained: list[list[int]]  # per utterance: explained decoder positions (Whisper) or frames (CTC)
     predicted: torch.Tensor  # (B, T)
     prompt: list[int]
@@ -264,7 +263,7 @@ class SpeechAttributionModel(FrontEndModel):
         predicted = torch.zeros_like(frame_mask) if trace.logits is None else trace.logits.argmax(-1)
         explained = [self._explained_frames(predicted[row], real[row], targets[row], first + row)
                      for row in range(len(signals))]  # fmt: skip
-        return _Batch(call, units, members, real, explained, predicted, [], []), trace
+        return _Batch(call, units, members, explained, predicted, [], []), trace
 
     def _explained_frames(self, predicted: torch.Tensor, frames: int, chosen, index: int) -> list[int]:
         if chosen is not None:
@@ -314,7 +313,7 @@ class SpeechAttributionModel(FrontEndModel):
         call = ModelCall(self.model, kwargs, frame_masks={"encoder": frame_mask})
         explained = [list(range(len(prompt) - 1, len(tokens) - 1)) for tokens in transcripts]
         trace = trace_call(self.spec, call)
-        return _Batch(call, units, members, real, explained, predicted, prompt, transcripts), trace
+        return _Batch(call, units, members, explained, predicted, prompt, transcripts), trace
 
     def _default_prompt(self) -> list[int]:
         try:

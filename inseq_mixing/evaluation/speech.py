@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -39,11 +40,18 @@ BLANKOUT_METRICS = ("audio_cue_drop", "audio_random_drop", "text_cue_drop")
 RANDOM_SUFFIX = " (random init)"
 
 
+@dataclass
 class _Row:
-    def __init__(self, row: int, audio, words, target: str, cues: list[str], transcript: str):
-        self.row, self.audio, self.words, self.target, self.cues, self.transcript = (
-            row, audio, words, target, cues, transcript,
-        )  # fmt: skip
+    """One usable row: its index, audio (path or array), alignment, target, cues, transcript, and the signal once
+    read."""
+
+    row: int
+    audio: object
+    words: list[tuple[str, float, float]]
+    target: str
+    cues: list[str]
+    transcript: str
+    signal: np.ndarray | None = None
 
     @property
     def word_names(self) -> list[str]:

@@ -258,7 +258,7 @@ def initial_stream(
     blocks = []
     for rows in position_chunks(positions, batch * num_components * d_model, max_elements):
         if owner is None:
-            own = (torch.arange(rows.start, rows.stop, device=hidden.device) + offset).expand(batch, -1)
+            own = (torch.arange(rows.start, rows.stop, device=hidden.device) + offset).expand(batch, -1).contiguous()
         else:
             own = owner[:, rows].contiguous()
         cols = torch.unique(torch.cat([active_components(full, rows), own.flatten()]))
