@@ -41,6 +41,9 @@ class AttentionTrace:
         norm_input: Input of the sub-block's layer norm ``(batch, queries, d_model)``: its statistics are the ones
             the methods freeze. Without a norm (OLMo-2), the sub-block's input.
         call: ``(args, kwargs)`` of the module call, kept for cross-attention so it can be re-run on new queries.
+        cross_keys: The keys and values of a kept cross-attention call ``(batch, heads, keys, head_dim)``, computed
+            on the first re-run (False where the module does not take them from a cache), so that re-runs on new
+            queries read them instead of projecting the encoder states again.
     """
 
     probs: torch.Tensor
@@ -48,6 +51,7 @@ class AttentionTrace:
     output: torch.Tensor
     norm_input: torch.Tensor
     call: tuple[tuple, dict] | None = None
+    cross_keys: tuple[torch.Tensor, torch.Tensor] | bool | None = None
 
     def rerun(
         self, module: nn.Module, query_states: torch.Tensor, batch_index: torch.Tensor, queries: slice
@@ -74,13 +78,51 @@ class AttentionTrace:
             return _select_rows(value, batch_size, num_queries, batch_index, queries)
 
         kwargs = {key: select(value) for key, value in kwargs.items()}
-        for key in ("past_key_values", "past_key_value", "cache_position"):  # no cache: the keys are recomputed
+        for key in ("past_key_values", "past_key_value", "cache_position"):  # the recorded call used no cache
             kwargs.pop(key, None)
+        cached = self.keys_and_values(module)
+        if cached is not None:  # the encoder's keys and values, projected once, from an already-filled cache
+            keys, values = (tensor[batch_index] for tensor in cached)
+            kwargs["past_key_values"] = _filled_cross_cache(keys, values, module.layer_idx)
         if args:
             args = (query_states, *[select(arg) for arg in args[1:]])
         else:
             kwargs["hidden_states"] = query_states
         return module(*args, **kwargs)[0]
+
+    def keys_and_values(self, module: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The cross-attention's keys and values of the recorded call, or None where the module does not read them
+        from transformers' ``EncoderDecoderCache`` (then every re-run projects the encoder states again)."""
+        if self.cross_keys is None:
+            self.cross_keys = False
+            layer = getattr(module, "layer_idx", None)
+            if layer is not None and self.call is not None:
+                from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+                args, kwargs = self.call
+                kwargs = {key: value for key, value in kwargs.items()
+                          if key not in ("past_key_values", "past_key_value", "cache_position")}  # fmt: skip
+                cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+                try:
+                    with torch.no_grad():
+                        module(*args, **kwargs, past_key_values=cache)
+                except TypeError:  # a module without a cache argument
+                    return None
+                stored = cache.cross_attention_cache.layers
+                if cache.is_updated.get(layer) and len(stored) > layer and stored[layer].keys is not None:
+                    self.cross_keys = (stored[layer].keys.detach(), stored[layer].values.detach())
+        return self.cross_keys or None
+
+
+def _filled_cross_cache(keys: torch.Tensor, values: torch.Tensor, layer: int):
+    """An ``EncoderDecoderCache`` whose cross-attention entry for ``layer`` holds ``keys`` and ``values``, marked as
+    filled: the attention module reads them instead of projecting its key/value states."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    cache.cross_attention_cache.update(keys, values, layer)
+    cache.is_updated[layer] = True
+    return cache
 
 
 def _select_rows(value, batch_size: int, num_queries: int, batch_index: torch.Tensor, queries: slice):

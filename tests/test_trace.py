@@ -175,3 +175,25 @@ def test_ffn_spec_recomposes_the_ffn(family):
             inner = ffn.w_in(hidden)
             inner = ffn.activation(ffn.w_gate(hidden)) * inner if ffn.is_gated else ffn.activation(inner)
             torch.testing.assert_close(ffn.w_out(inner), ffn.forward(hidden), rtol=0, atol=1e-6)
+
+
+def test_cross_attention_reruns_read_the_encoders_keys_once(seq2seq_family):
+    """Re-running a cross-attention on new queries reads the recorded call's keys and values from a filled cache
+    (projected once), and gives what projecting the encoder states again gives."""
+    model = get_tiny(seq2seq_family)
+    trace = trace_of(model, example_kwargs(seq2seq_family, batch=2))
+    spec, record = trace.spec.decoder.layers[-1], trace.decoder.layers[-1].cross_attn
+    module = spec.cross_attn.module
+    queries = torch.randn(3, record.output.shape[1], record.output.shape[-1], dtype=record.output.dtype)
+    rows = torch.tensor([0, 1, 1]) % record.output.shape[0]
+    record.cross_keys = None
+    with torch.no_grad():
+        cached = record.rerun(module, queries, rows, slice(None))
+        keys, values = record.keys_and_values(module)
+        record.cross_keys = False  # project the encoder states again
+        projected = record.rerun(module, queries, rows, slice(None))
+        record.cross_keys = (torch.zeros_like(keys), torch.zeros_like(values))  # the cache is what is read
+        zeroed = record.rerun(module, queries, rows, slice(None))
+    record.cross_keys = None
+    torch.testing.assert_close(cached, projected)
+    assert not torch.allclose(zeroed, projected)
