@@ -78,12 +78,12 @@ class AttentionTrace:
             return _select_rows(value, batch_size, num_queries, batch_index, queries)
 
         kwargs = {key: select(value) for key, value in kwargs.items()}
-        for key in ("past_key_values", "past_key_value", "cache_position"):  # the recorded call used no cache
+        for key in CACHE_ARGUMENTS:  # the recorded call used no cache
             kwargs.pop(key, None)
         cached = self.keys_and_values(module)
         if cached is not None:  # the encoder's keys and values, projected once, from an already-filled cache
             keys, values = (tensor[batch_index] for tensor in cached)
-            kwargs["past_key_values"] = _filled_cross_cache(keys, values, module.layer_idx)
+            kwargs[_cache_argument(module)] = _filled_cross_cache(keys, values, module.layer_idx)
         if args:
             args = (query_states, *[select(arg) for arg in args[1:]])
         else:
@@ -100,18 +100,30 @@ class AttentionTrace:
                 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
                 args, kwargs = self.call
-                kwargs = {key: value for key, value in kwargs.items()
-                          if key not in ("past_key_values", "past_key_value", "cache_position")}  # fmt: skip
+                kwargs = {key: value for key, value in kwargs.items() if key not in CACHE_ARGUMENTS}
                 cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
                 try:
                     with torch.no_grad():
-                        module(*args, **kwargs, past_key_values=cache)
+                        module(*args, **kwargs, **{_cache_argument(module): cache})
                 except TypeError:  # a module without a cache argument
                     return None
                 stored = cache.cross_attention_cache.layers
                 if cache.is_updated.get(layer) and len(stored) > layer and stored[layer].keys is not None:
                     self.cross_keys = (stored[layer].keys.detach(), stored[layer].values.detach())
         return self.cross_keys or None
+
+
+#: The cache arguments of attention modules across transformers versions (``cache`` from 5.24, ``past_key_values``
+#: before), and the positions that go with a cache.
+CACHE_ARGUMENTS = ("cache", "past_key_values", "past_key_value", "cache_position")
+
+
+def _cache_argument(module: nn.Module) -> str:
+    """The name under which ``module``'s forward takes a cache."""
+    import inspect
+
+    parameters = inspect.signature(module.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def _filled_cross_cache(keys: torch.Tensor, values: torch.Tensor, layer: int):
