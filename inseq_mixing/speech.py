@@ -113,6 +113,7 @@ class SpeechAttributionModel(FrontEndModel):
         self.feature_extractor = getattr(processor, "feature_extractor", processor)
         self.tokenizer = getattr(processor, "tokenizer", None)
         self.whisper = self.spec.is_encoder_decoder
+        self.mel = self.spec.family == "whisper"  # log-mel input of fixed length (the whole model or its encoder)
         self.task = "transcription" if self.whisper else (self.spec.head.task if self.spec.head else None)
         if self.declaration.explains_logit and not self.spec.explains_logits:
             raise ValueError(
@@ -123,10 +124,17 @@ class SpeechAttributionModel(FrontEndModel):
             raise ValueError("Pass the model's processor (feature extractor and tokenizer): processor=...")
         self.sampling_rate = int(self.feature_extractor.sampling_rate)
 
+    def for_method(self, method: str, model: nn.Module | None = None) -> SpeechAttributionModel:
+        """The same processor with another method (and, given, another model of the same configuration)."""
+        from types import SimpleNamespace
+
+        processor = SimpleNamespace(feature_extractor=self.feature_extractor, tokenizer=self.tokenizer)
+        return SpeechAttributionModel(self.model if model is None else model, processor, method)
+
     @property
     def frame_seconds(self) -> float:
         """Seconds per frame of the audio stack (20 ms for Whisper and wav2vec 2.0 at 16 kHz)."""
-        if self.whisper or type(self.model).__name__ == "WhisperEncoder":
+        if self.mel:
             encoder = self.model.get_encoder() if self.whisper else self.model
             stride = encoder.conv1.stride[0] * encoder.conv2.stride[0]
             return self.feature_extractor.hop_length * stride / self.sampling_rate
@@ -209,7 +217,7 @@ class SpeechAttributionModel(FrontEndModel):
     def _features(self, signals: list) -> tuple[dict, torch.Tensor, list[int]]:
         """Model inputs, the ``(B, frames)`` mask of the audio stack, and each utterance's real frames."""
         extractor = self.feature_extractor
-        if self.whisper or type(self.model).__name__ == "WhisperEncoder":
+        if self.mel:
             limit = extractor.n_samples
             for index, signal in enumerate(signals):
                 if len(signal) > limit:
@@ -256,8 +264,7 @@ class SpeechAttributionModel(FrontEndModel):
             for number, unit in enumerate(item):
                 members[row, number, unit.start : unit.stop] = 1
         if self.whisper:
-            return self._whisper_batch(inputs, frame_mask, real, units, members, targets, prompt_ids, max_new_tokens,
-                                       first)  # fmt: skip
+            return self._whisper_batch(inputs, frame_mask, units, members, targets, prompt_ids, max_new_tokens, first)
         call = ModelCall(self.model, inputs, frame_masks={"decoder": frame_mask})
         trace = trace_call(self.spec, call)
         predicted = torch.zeros_like(frame_mask) if trace.logits is None else trace.logits.argmax(-1)
@@ -284,7 +291,7 @@ class SpeechAttributionModel(FrontEndModel):
             )
         return emitted
 
-    def _whisper_batch(self, inputs, frame_mask, real, units, members, targets, prompt_ids, max_new_tokens, first):
+    def _whisper_batch(self, inputs, frame_mask, units, members, targets, prompt_ids, max_new_tokens, first):
         prompt = list(prompt_ids) if prompt_ids is not None else self._default_prompt()
         transcripts = []
         missing = [row for row, target in enumerate(targets) if target is None]

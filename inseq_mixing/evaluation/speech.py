@@ -157,7 +157,7 @@ def evaluate_speech(
     def score(name: str):
         suffix = RANDOM_SUFFIX if name.endswith(RANDOM_SUFFIX) else ""
         method = name.removesuffix(suffix)
-        attribution = SpeechAttributionModel(copies[suffix], _processor(model), method)
+        attribution = model.for_method(method, copies[suffix])
         return _score_cue(attribution, kept, method_kwargs.get(method, {})), []
 
     names = [f"{method}{suffix}" for suffix in copies for method in methods]
@@ -165,12 +165,6 @@ def evaluate_speech(
     shares = [len(row.cues) / len(row.words) for row in kept]
     evaluation.baseline = {"cue_contribution": sum(shares) / len(shares)}
     return evaluation
-
-
-def _processor(model):
-    from types import SimpleNamespace
-
-    return SimpleNamespace(feature_extractor=model.feature_extractor, tokenizer=model.tokenizer)
 
 
 def _random_copy(model, seed: int):
@@ -189,10 +183,11 @@ def _score_cue(attribution, rows, options: dict) -> MethodResult:
         words = [index for index, label in enumerate(units) if label in row.word_names]
         cues = [words.index(index) for index in words if units[index] in row.cues]
         if attribution.whisper:
-            column = _target_column(attribution, row)
+            transcript = _transcript_words(attribution.tokenizer, row)
+            column = transcript.first_token
             scores = seq.source_attributions[:, column]
             audio.append(cue_share(scores[words], cues).nan_to_num(0.0))
-            text.append(_text_share(attribution, row, seq, column))
+            text.append(_text_share(transcript, row, seq, column))
         else:
             target_unit = units.index(row.target)
             scores = seq.sequence_scores["encoder_self_scores"][:, target_unit]
@@ -231,26 +226,40 @@ def _word_tokens(tokenizer, transcript: str) -> list[list[int]]:
     return tokens
 
 
-def _target_column(attribution, row) -> int:
-    """The generated-token column of the target word's first token in the transcript."""
+@dataclass
+class _Transcript:
+    """A row's transcript as words, the indices of each word's tokens, and the target's word index."""
+
+    words: list[str]
+    tokens: list[list[int]]
+    target: int
+
+    @property
+    def first_token(self) -> int:
+        """The transcript token (the generated-token column) of the target word's first token."""
+        return self.tokens[self.target][0]
+
+    def cue_words_before_target(self, cues: list[str]) -> list[int]:
+        return [number for number in range(self.target) if self.words[number] in cues]
+
+
+def _transcript_words(tokenizer, row) -> _Transcript:
     words = row.transcript.split()
     if row.target not in words:
         raise EvaluationInputError(f"Row {row.row}: the target {row.target!r} is not a word of the transcript.")
-    tokens = _word_tokens(attribution.tokenizer, row.transcript)
-    return tokens[words.index(row.target)][0]
+    return _Transcript(words, _word_tokens(tokenizer, row.transcript), words.index(row.target))
 
 
-def _text_share(attribution, row, seq, column: int) -> torch.Tensor:
+def _text_share(transcript: _Transcript, row, seq, column: int) -> torch.Tensor:
     """Share of the target's decoder-side scores on the cue words written before it (NaN when none is)."""
-    words = row.transcript.split()
-    tokens = _word_tokens(attribution.tokenizer, row.transcript)
-    before = words.index(row.target)
-    if not any(word in row.cues for word in words[:before]):
+    cues = transcript.cue_words_before_target(row.cues)
+    if not cues:
         return torch.tensor(float("nan"), dtype=torch.float64)
     offset = seq.attr_pos_start  # transcript token k is decoder token offset + k
     scores = seq.target_attributions[:, column].nan_to_num(0.0)
-    per_word = torch.stack([scores[[offset + k for k in tokens[number]]].sum(0) for number in range(before)])
-    cues = [number for number in range(before) if words[number] in row.cues]
+    per_word = torch.stack(
+        [scores[[offset + k for k in transcript.tokens[number]]].sum(0) for number in range(transcript.target)]
+    )
     return cue_share(per_word, cues)
 
 
@@ -262,8 +271,8 @@ def _blankout(attribution, rows, seed: int) -> MethodResult:
         tokenizer = attribution.tokenizer
         prompt = attribution._default_prompt()
         ids = prompt + tokenizer(row.transcript, add_special_tokens=False).input_ids
-        column = _target_column(attribution, row)
-        position = len(prompt) + column  # the target's first token, predicted at position - 1
+        transcript = _transcript_words(tokenizer, row)
+        position = len(prompt) + transcript.first_token  # the target's first token, predicted at position - 1
         original = _probability(attribution, row.signal, ids, position)
         cue_spans = [(start, end) for word, start, end in row.words if word in row.cues]
         others = [(start, end) for word, start, end in row.words if word not in row.cues and word != row.target]
@@ -275,10 +284,8 @@ def _blankout(attribution, rows, seed: int) -> MethodResult:
             drops["audio_random_drop"].append(original - _probability(attribution, control, ids, position))
         else:
             drops["audio_random_drop"].append(float("nan"))
-        words = row.transcript.split()
-        tokens = _word_tokens(tokenizer, row.transcript)
-        cue_tokens = [len(prompt) + k for number in range(words.index(row.target)) if words[number] in row.cues
-                      for k in tokens[number]]  # fmt: skip
+        cue_tokens = [len(prompt) + k for number in transcript.cue_words_before_target(row.cues)
+                      for k in transcript.tokens[number]]  # fmt: skip
         if cue_tokens:
             unk = tokenizer.unk_token_id if tokenizer.unk_token_id is not None else 0
             masked = [unk if index in cue_tokens else idx for index, idx in enumerate(ids)]
