@@ -11,15 +11,14 @@ Usage:
 """
 
 import argparse
-import logging
 import shutil
 import tempfile
 import time
-import warnings
 
 import inseq
-import torch
-from bench_methods import FULL_SIZE, sentence  # the benchmarks folder is on sys.path when run as a script
+
+# the benchmarks folder is on sys.path when run as a script
+from bench_methods import FULL_SIZE, device_arguments, sentence
 
 import inseq_mixing
 from inseq_mixing.testing import is_seq2seq, tiny_model, word_tokenizer
@@ -59,14 +58,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--models", nargs="+", default=["marian", "gpt2"])
     parser.add_argument("--methods", nargs="+", default=["alti_logit", "value_zeroing", "decompx"])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    args = parser.parse_args()
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
-    dtype = getattr(torch, args.dtype)
-    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{torch.get_num_threads()} threads"
-    print(f"torch {torch.__version__}, {where}, {args.dtype}")
+    args = device_arguments(parser)
+    dtype = args.torch_dtype
     print(f"{'model':8} {'method':14} {'loop ex/s':>10} {'dataset ex/s':>13} {'ratio':>7}")
     for family in args.models:
         tokenizer = word_tokenizer(seq2seq=is_seq2seq(family))

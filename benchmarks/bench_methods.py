@@ -58,6 +58,20 @@ def model_inputs(tokenizer, text: str) -> dict:
     return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
 
 
+def device_arguments(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Add ``--device`` and ``--dtype``, parse, silence warnings and print what the run is on; ``args.torch_dtype``."""
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    args.torch_dtype = getattr(torch, args.dtype)
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{torch.get_num_threads()} threads"
+    versions = f"inseq {version('inseq')}, transformers {version('transformers')}"
+    print(f"torch {torch.__version__}, {where}, {args.dtype}, {versions}")
+    return args
+
+
 def synchronize(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()

@@ -319,7 +319,7 @@ class SpeechAttributionModel(FrontEndModel):
                   "use_cache": False}  # fmt: skip
         call = ModelCall(self.model, kwargs, frame_masks={"encoder": frame_mask})
         explained = [list(range(len(prompt) - 1, len(tokens) - 1)) for tokens in transcripts]
-        trace = trace_call(self.spec, call)
+        trace = trace_call(self.spec, call, full_logits=False)  # the explained logits are gathered, not all 51,865
         return _Batch(call, units, members, explained, predicted, prompt, transcripts), trace
 
     def _default_prompt(self) -> list[int]:

@@ -7,8 +7,10 @@ queries. Hooks are removed and the model's attention implementation and
 training flag are restored in ``finally`` blocks, so a failed call leaves the model exactly as it was.
 """
 
+import functools
 import itertools
 import logging
+import weakref
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -209,9 +211,12 @@ class ModelCall:
 @dataclass
 class ModelTrace:
     """Records of a whole forward pass: the stacks, the model's own ``logits``, for models that soft-cap them
-    (Gemma 2) the LM head's output before the cap, and the call that was traced. Encoder-only models: their one stack
-    is ``decoder`` (non-causal), ``final_hidden`` is its output (what the head reads), ``logits`` the head's at every
-    position ``(batch, positions, outputs)`` (None for a bare encoder)."""
+    (Gemma 2) the LM head's output before the cap, the call that was traced, and ``final_hidden``, what the head reads
+    (the decoder's output, through its final norm). A trace taken with ``full_logits=False`` skipped the LM head's
+    full-vocabulary product: ``logits`` is None and the logits a method explains are read from ``final_hidden``
+    (:func:`~inseq_mixing.methods.alti_logit.recorded_logit`). Encoder-only models: their one stack is ``decoder``
+    (non-causal), ``logits`` the head's at every position ``(batch, positions, outputs)`` (None for a bare
+    encoder)."""
 
     spec: ModelSpec
     decoder: StackTrace
@@ -409,15 +414,41 @@ def left_padding_position_ids(mask: torch.Tensor) -> torch.Tensor | None:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def refuse_non_finite_forward(model: nn.Module, logits: torch.Tensor, mask: torch.Tensor) -> None:
-    """Name the cause when the forward pass gives NaN or infinite logits at real positions: bad weights, or an
-    overflow. (Padding positions may hold NaN: their attention rows can be fully masked.)"""
-    if bool(torch.isfinite(logits[mask.bool()]).all()):
-        return
+#: LM-head weights found finite, by ``id``: a weak reference to the weight and its version (in-place change count)
+#: then; checked again only if changed. (Tensors compare elementwise, so they cannot be weak dictionary keys.)
+_FINITE_HEAD_WEIGHTS: dict[int, tuple[weakref.ref, int]] = {}
+
+
+def refuse_non_finite_head(model: nn.Module, spec: ModelSpec) -> None:
+    """Refuse NaN or infinite LM-head weights (unembedding, biases) when the head's product is skipped: they would
+    have made the full logits non-finite. Each weight is checked once per version, not once per batch."""
+    weights = (spec.lm_head.weight, getattr(spec.lm_head, "bias", None), spec.logits_bias)
+    for weight in (weight for weight in weights if isinstance(weight, torch.Tensor)):
+        known = _FINITE_HEAD_WEIGHTS.get(id(weight))
+        if known is not None and known[0]() is weight and known[1] == weight._version:
+            continue
+        if not bool(torch.isfinite(weight).all()):
+            refuse_non_finite_weights(model)
+            raise ValueError("The model's logit bias contains NaN or infinite values: repair or reload the model.")
+        forget = functools.partial(_FINITE_HEAD_WEIGHTS.pop, id(weight), None)
+        _FINITE_HEAD_WEIGHTS[id(weight)] = (weakref.ref(weight, lambda _ref, forget=forget: forget()), weight._version)
+
+
+def refuse_non_finite_weights(model: nn.Module) -> None:
+    """Raise, naming them, if the model's weights hold NaN or infinite values."""
     bad = [name for name, param in model.named_parameters() if not bool(torch.isfinite(param).all())]
     if bad:
         listed = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
         raise ValueError(f"The model's weights contain NaN or infinite values ({listed}): repair or reload them.")
+
+
+def refuse_non_finite_forward(model: nn.Module, logits: torch.Tensor, mask: torch.Tensor) -> None:
+    """Name the cause when the forward pass gives NaN or infinite logits (or final hidden states, when the head was
+    skipped) at real positions: bad weights, or an overflow. (Padding positions may hold NaN: their attention rows can
+    be fully masked.)"""
+    if bool(torch.isfinite(logits[mask.bool()]).all()):
+        return
+    refuse_non_finite_weights(model)
     dtype = next(model.parameters()).dtype
     if not bool(mask[:, 0].all()):
         raise FloatingPointError(
@@ -503,6 +534,7 @@ def trace_model(
     decoder_attention_mask: torch.Tensor | None = None,
     spec: ModelSpec | None = None,
     extra: dict | None = None,
+    full_logits: bool = True,
 ) -> ModelTrace:
     """Run one teacher-forced forward pass and record every layer.
 
@@ -515,6 +547,10 @@ def trace_model(
         decoder_attention_mask: Mask of ``decoder_input_ids``. Defaults to all ones.
         spec: The model's spec, if already built.
         extra: Encoder-only models: further inputs of the forward pass (``token_type_ids``).
+        full_logits: Compute the LM head's full-vocabulary logits at every position (``ModelTrace.logits``). False:
+            the head's product is skipped (a third of GPT-2-small's forward pass, two fifths of an opus-mt model's);
+            the explained logits are read from the final hidden state, which is checked for NaN instead. Encoder-only
+            models always keep their head's output.
 
     Returns:
         The recorded :class:`ModelTrace`.
@@ -522,40 +558,45 @@ def trace_model(
     spec = spec or get_spec(model)
     call = ModelCall(model, forward_arguments(model, spec, input_ids, attention_mask, decoder_input_ids,
                                               decoder_attention_mask, extra))  # fmt: skip
-    return trace_call(spec, call)
+    return trace_call(spec, call, full_logits)
 
 
-def trace_call(spec: ModelSpec, call: ModelCall) -> ModelTrace:
+def trace_call(spec: ModelSpec, call: ModelCall, full_logits: bool = True) -> ModelTrace:
     """:func:`trace_model` on prepared forward arguments (text: :func:`forward_arguments`; speech: the speech front
     end's, with the frame masks of the stacks that read audio)."""
     model = call.model
     asked = NEEDS_OUTPUT_ATTENTIONS or spec.output_attentions
     kwargs = {**call.kwargs, "output_attentions": True} if asked else dict(call.kwargs)
     recorders = {name: _Recorder(stack, keep_cross_call=name == "decoder") for name, stack in spec.stacks.items()}
+    skip_head = not full_logits and spec.lm_head is not None and not spec.is_encoder_only
     with ExitStack() as hooks:
         hooks.enter_context(eval_mode(model))
         hooks.enter_context(eager_attention(model))
         for recorder in recorders.values():
             recorder.register(hooks)
         head_output = {}
-        if spec.logit_softcap is not None:
+        if skip_head:
+            hooks.enter_context(head_skipped(spec.lm_head))
+        elif spec.logit_softcap is not None:
             head_hook = spec.lm_head.register_forward_hook(lambda _m, _a, out: head_output.update(logits=out.detach()))
             hooks.callback(head_hook.remove)
         with torch.no_grad():
             output = model(**kwargs)
             decoder = recorders["decoder"].result(call.decoder_mask, causal=spec.causal)
-            final_hidden = None
+            final_hidden = stack_output(spec.decoder, decoder)
             if spec.is_encoder_only:
-                final_hidden = stack_output(spec.decoder, decoder)
                 logits, own = None, getattr(output, "logits", None)
                 if own is not None and own.dim() == 3:  # masked LMs, token classifiers, CTC: the model's own
                     logits = own.detach()
                 elif spec.head is not None:  # a sequence classifier's own logits are its first position's only
                     logits = head_logits(spec.head, final_hidden)
             else:
-                logits = output.logits.detach()
+                logits = None if skip_head else output.logits.detach()
     if logits is not None:
         refuse_non_finite_forward(model, logits, call.decoder_mask)
+    elif skip_head:  # what the skipped head would have read, and its weights, checked instead of its logits
+        refuse_non_finite_forward(model, final_hidden, call.decoder_mask)
+        refuse_non_finite_head(model, spec)
     encoder = recorders.get("encoder")
     return ModelTrace(
         spec=spec,
@@ -566,6 +607,27 @@ def trace_call(spec: ModelSpec, call: ModelCall) -> ModelTrace:
         call=call,
         final_hidden=final_hidden,
     )
+
+
+@contextmanager
+def head_skipped(head: nn.Module) -> Iterator[None]:
+    """Make the LM head return zeros of its output's shape (a broadcast view: no memory, no product) instead of the
+    full-vocabulary logits nobody reads; its own ``forward`` (and any wrapper installed on the instance, such as
+    accelerate's device hooks) is put back afterwards."""
+    own = head.__dict__.get("forward")
+    outputs = head.weight.shape[0]
+
+    def forward(hidden: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        return hidden.new_zeros(()).expand(*hidden.shape[:-1], outputs)
+
+    head.forward = forward
+    try:
+        yield
+    finally:
+        if own is None:
+            del head.forward
+        else:
+            head.forward = own
 
 
 def stack_output(stack_spec: StackSpec, stack: StackTrace) -> torch.Tensor:

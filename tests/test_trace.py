@@ -197,3 +197,51 @@ def test_cross_attention_reruns_read_the_encoders_keys_once(seq2seq_family):
     record.cross_keys = None
     torch.testing.assert_close(cached, projected)
     assert not torch.allclose(zeroed, projected)
+
+
+def test_skipped_head_gives_the_models_own_explained_logits(family):
+    """A trace without the LM head's full-vocabulary product gathers the model's own logits (and soft-capped logits)
+    of any token from the final hidden state, never runs the head's product, and leaves the head as it was."""
+    from inseq_mixing.methods.alti_logit import recorded_logit, softcapped_logit
+
+    model = get_tiny(family)
+    kwargs = example_kwargs(family)
+    spec = get_spec(model)
+    products = []
+    counter = spec.lm_head.register_forward_hook(lambda module, args, out: products.append(out.stride()))
+    try:
+        trace = trace_of(model, kwargs, full_logits=False)
+    finally:
+        counter.remove()
+    assert trace.logits is None and "forward" not in vars(spec.lm_head)
+    assert products and all(0 in strides for strides in products)  # the head returned a broadcast view, no product
+    own = forward_logits(model, {**kwargs, "use_cache": False})
+    ids = torch.randint(0, own.shape[-1], own.shape[:-1])
+    foils = torch.randint(0, own.shape[-1], own.shape[:-1])
+    expected = own.gather(-1, ids[..., None])[..., 0] - own.gather(-1, foils[..., None])[..., 0]
+    mask = trace.decoder.mask
+    if spec.logit_softcap is None:
+        torch.testing.assert_close(recorded_logit(trace, ids, foils) * mask, expected * mask, rtol=1e-5, atol=1e-5)
+        assert softcapped_logit(trace, ids, foils) is None
+    else:
+        torch.testing.assert_close(softcapped_logit(trace, ids, foils) * mask, expected * mask, rtol=1e-5, atol=1e-5)
+        full = trace_of(model, kwargs)
+        torch.testing.assert_close(recorded_logit(trace, ids, foils), recorded_logit(full, ids, foils))
+    torch.testing.assert_close(forward_logits(model, {**kwargs, "use_cache": False}), own, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "marian"])
+def test_skipped_head_still_refuses_non_finite_head_weights_changed_after_a_first_trace(family):
+    """Without the full logits, a NaN in an unembedding row of a token nobody explains (or in the logit bias) is still
+    refused: the head's weights are checked once, and again after any in-place change."""
+    model = tiny_model(family)
+    kwargs = example_kwargs(family)
+    spec = get_spec(model)
+    trace_of(model, kwargs, full_logits=False)  # finite: checked and remembered
+    with torch.no_grad():
+        if spec.logits_bias is not None:
+            spec.logits_bias[..., -1] = float("inf")
+        else:
+            spec.lm_head.weight[-1, 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        trace_of(model, kwargs, full_logits=False)

@@ -277,7 +277,8 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         self._pending_step_scores = ({name: score.detach().float().cpu() for name, score in scores.items()}, mask)
 
     def trace(self, steps: StepInputs) -> ModelTrace:
-        """One forward pass of the wrapped model on the step's ids."""
+        """One forward pass of the wrapped model on the step's ids; the LM head's full-vocabulary logits only where
+        step scores read them (the methods gather the explained tokens' logits from the final hidden state)."""
         return trace_model(
             self.attribution_model.model,
             steps.input_ids,
@@ -285,6 +286,7 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
             steps.target_ids,
             steps.target_mask,
             spec=self.spec,
+            full_logits=bool(self.own_pass_step_scores),
         )
 
     def attribute_step(

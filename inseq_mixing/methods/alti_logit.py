@@ -126,14 +126,30 @@ def logit_bias(spec: ModelSpec, ids: torch.Tensor, foil_ids: torch.Tensor | None
 
 def recorded_logit(trace: ModelTrace, ids: torch.Tensor, foil_ids: torch.Tensor | None) -> torch.Tensor:
     """The model's own logit of ``ids`` (minus ``foil_ids``'s) at every position, ``(B, T)``, before the final
-    soft-cap if the model has one: the value the logit methods decompose."""
+    soft-cap if the model has one: the value the logit methods decompose. From a trace that skipped the LM head's
+    full-vocabulary product, the same logits gathered from the final hidden state (:func:`gathered_logit`)."""
+    if trace.logits is None and trace.spec.head is None:
+        logit = gathered_logit(trace, ids)
+        return logit if foil_ids is None else logit - gathered_logit(trace, foil_ids)
     return _gather_logit(trace.explained_logits, ids, foil_ids)
 
 
 def softcapped_logit(trace: ModelTrace, ids: torch.Tensor, foil_ids: torch.Tensor | None) -> torch.Tensor | None:
     """The model's final (soft-capped) logit of ``ids`` (minus ``foil_ids``'s), ``(B, T)``; None for models without
     a final soft-cap."""
+    cap = trace.spec.logit_softcap
+    if trace.logits is None and trace.spec.head is None and cap is not None:
+        logit = cap * torch.tanh(gathered_logit(trace, ids) / cap)
+        return logit if foil_ids is None else logit - cap * torch.tanh(gathered_logit(trace, foil_ids) / cap)
     return None if trace.logits_before_softcap is None else _gather_logit(trace.logits, ids, foil_ids)
+
+
+def gathered_logit(trace: ModelTrace, ids: torch.Tensor) -> torch.Tensor:
+    """The LM head's logit of ``ids`` at every position ``(B, T)`` (before a final soft-cap), from the final hidden
+    state: the unembedding rows of ``ids`` alone (read-out projection, scale and logit bias included), not the
+    full-vocabulary product."""
+    direction = unembedding_direction(trace.spec, ids, None) * trace.spec.logits_scale
+    return _dot(direction, upcast(trace.final_hidden)) + logit_bias(trace.spec, ids, None)
 
 
 def _gather_logit(logits: torch.Tensor, ids: torch.Tensor, foil_ids: torch.Tensor | None) -> torch.Tensor:
