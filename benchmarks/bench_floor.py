@@ -14,7 +14,7 @@ products each definition needs on the real tokens: only the explained rows where
 causal half of every causal map. Usage:
 
     python benchmarks/bench_floor.py [--models gpt2 marian] [--batch-sizes 1 16] [--methods alti_logit ...]
-        [--repeats 3] [--device cuda] [--dtype bfloat16]
+        [--repeats 3] [--compile] [--device cuda] [--dtype bfloat16]
 """
 
 import argparse
@@ -34,7 +34,7 @@ from inseq_mixing.declarations import Declaration
 from inseq_mixing.testing import is_seq2seq, tiny_model, word_tokenizer
 
 
-def capture_requests(model, method: str, rows: list[dict]) -> list:
+def capture_requests(model, method: str, rows: list[dict], **options) -> list:
     """The requests a dataset run of ``rows`` (one batch) hands the method, and the run's time."""
     captured, run = [], Declaration.run
 
@@ -46,7 +46,7 @@ def capture_requests(model, method: str, rows: list[dict]) -> list:
     Declaration.run = keep
     try:
         start = time.perf_counter()
-        inseq_mixing.attribute_dataset(model, method, rows, out, batch_size=len(rows), show_progress=False)
+        inseq_mixing.attribute_dataset(model, method, rows, out, batch_size=len(rows), show_progress=False, **options)
         return captured, time.perf_counter() - start
     finally:
         Declaration.run = run
@@ -171,15 +171,19 @@ def head_flops(request) -> int:
     return 2 * batch * length * weight.shape[0] * weight.shape[1]
 
 
-def measure(hf_model, tokenizer, family: str, method: str, batch_size: int, repeats: int, device: str) -> str:
-    """One table line: the batch's forward pass, the method's request alone and the dataset run; FLOPs and floor."""
+def measure(
+    hf_model, tokenizer, family: str, method: str, batch_size: int, repeats: int, device: str, compile_: bool
+) -> str:
+    """One table line: the batch's forward pass, the method's request alone and the dataset run; FLOPs and floor;
+    with ``compile_``, all with ``compile=True``, and the extra time of the first run (compiling)."""
     model = inseq.load_model(hf_model, method, tokenizer=tokenizer, device=device)
     rows = examples(family, batch_size)
-    capture_requests(model, method, rows)  # warm-up
-    captured, run_time = capture_requests(model, method, rows)
+    _, first_run = capture_requests(model, method, rows, **({"compile": True} if compile_ else {}))  # warm-up
+    captured, run_time = capture_requests(model, method, rows, **({"compile": True} if compile_ else {}))
     ((request, options),) = captured
     declaration = model.attribution_method.declaration
     call = fresh(request).trace.call
+    compiling = f" {first_run - run_time:6.1f}s" if compile_ else ""
 
     def forward():
         with torch.no_grad():
@@ -196,6 +200,7 @@ def measure(hf_model, tokenizer, family: str, method: str, batch_size: int, repe
         f"{family:7} {batch_size:5d} {method:14} {forward_time * 1e3:7.0f}ms {method_time:8.2f}s "
         f"{method_time / forward_time:5.1f}× {run_time:7.2f}s {run_time / forward_time:5.1f}× "
         f"{flops / 1e9:8.1f} {floor / 1e9:8.1f} {flops / floor:6.2f}× {method_time / batch_size * 1e3:7.0f}"
+        + (f"{compiling} (first call, compiling)" if compiling else "")
     )
 
 
@@ -205,6 +210,7 @@ def main() -> None:
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16])
     parser.add_argument("--methods", nargs="+", default=["alti_logit", "value_zeroing", "decompx"])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compile", action="store_true", help="time the methods with compile=True")
     args = device_arguments(parser)
     header = f"{'model':7} {'batch':>5} {'method':14} {'forward':>9} {'method':>9} {'×fwd':>6} {'run':>8} {'×fwd':>6}"
     print(header + f" {'GFLOP':>8} {'floor':>8} {'×floor':>7} {'ms/ex':>7}")
@@ -213,7 +219,9 @@ def main() -> None:
         hf_model = tiny_model(family, **FULL_SIZE[family]).to(device=args.device, dtype=args.torch_dtype)
         for batch_size in args.batch_sizes:
             for method in args.methods:
-                line = measure(hf_model, tokenizer, family, method, batch_size, args.repeats, args.device)
+                line = measure(
+                    hf_model, tokenizer, family, method, batch_size, args.repeats, args.device, args.compile
+                )
                 print(line, flush=True)
 
 

@@ -84,6 +84,28 @@ def test_stored_examples_equal_model_attribute(family, method, tmp_path):
         assert "<table" in got.show(display=False, return_html=True)
 
 
+def test_decoder_only_batches_explain_only_the_generated_rows(tmp_path, monkeypatch):
+    """A decoder-only batch is attributed from position 1 (prompts of different lengths), but each sentence's method
+    request explains only the positions that predict its generated tokens: the prompt rows are not computed."""
+    from inseq_mixing.declarations import Declaration
+
+    requests, run = [], Declaration.run
+    monkeypatch.setattr(Declaration, "run", lambda self, request, options: requests.append(request) or run(
+        self, request, options))  # fmt: skip
+    model = load("gpt2", "value_zeroing")
+    rows = rows_for("gpt2")
+    attribute_dataset(model, "value_zeroing", rows, tmp_path / "run", batch_size=len(rows), show_progress=False)
+    (request,) = requests
+    expected = []  # the batch is sorted by length: compare the rows' explained positions as sets
+    for row in rows:
+        prompt, length = (model.encode(row[key]).input_ids.shape[1] for key in ("source", "target"))
+        expected.append(list(range(prompt - 1, length - 1)))  # the positions that predict generated tokens
+    got = [explained.nonzero().flatten().tolist() for explained in request.positions]
+    assert sorted(got) == sorted(expected)
+    assert any(explained[0] > 0 for explained in expected)  # some prompt rows were skipped
+    assert model.attribution_method.kept_tokens is None  # set for the one call only
+
+
 @pytest.mark.parametrize("family", ["marian", "gpt2"])
 def test_missing_targets_are_generated(family, tmp_path):
     model = load(family, "alti_logit")

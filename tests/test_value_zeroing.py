@@ -97,3 +97,54 @@ def test_non_finite_scores_are_refused():
     trace.decoder.layers[0].self_attn.values[0, 0, 0, 0] = float("inf")
     with pytest.raises(FloatingPointError, match="float32"):
         value_zeroing(trace)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "marian", "gemma2"])
+def test_rows_nobody_reads_are_skipped_and_the_rest_unchanged(family, monkeypatch):
+    """``first_row``: decoder rows before it are not computed (fewer rows go through the rest of the block) and are 0;
+    every later row, chunked or not, is what the full computation gives."""
+    import inseq_mixing.methods.value_zeroing as vz
+
+    model = get_tiny(family)
+    trace = trace_of(model, example_kwargs(family))
+    rows_run = []
+    finish = vz.finish_layer
+
+    def counting(layer, record, sub_block, residual, *args, **kwargs):
+        rows_run.append(residual.shape[0] * residual.shape[1])
+        return finish(layer, record, sub_block, residual, *args, **kwargs)
+
+    monkeypatch.setattr(vz, "finish_layer", counting)
+    full = value_zeroing(trace)
+    all_rows = sum(rows_run)
+    first = trace.decoder.mask.shape[1] // 2
+    for chunk in (2**22, 300):
+        rows_run.clear()
+        skipped = value_zeroing(trace, first_row=first, max_chunk_elements=chunk)
+        assert sum(rows_run) < all_rows
+        for name in ("decoder", "cross"):
+            part, whole = getattr(skipped, name), getattr(full, name)
+            if whole is None:
+                continue
+            assert (part[:, :, :first] == 0).all()
+            torch.testing.assert_close(part[:, :, first:], whole[:, :, first:], rtol=1e-6, atol=1e-7)
+        if full.encoder is not None:
+            torch.testing.assert_close(skipped.encoder, full.encoder, rtol=1e-6, atol=1e-7)
+
+
+def test_inseq_columns_are_the_full_maps_rows_of_the_generated_tokens():
+    """Through Inseq the prompt's rows are skipped; every generated token's column is still its row of the maps
+    computed over every position."""
+    from inseq_mixing.testing import load_tiny
+
+    model = load_tiny("gpt2", "value_zeroing")
+    prompt, text = "the cat sat", "the cat sat on the mat"
+    sequence = model.attribute(prompt, text, show_progress=False).sequence_attributions[0]
+    ids = torch.tensor([[token.id for token in sequence.target]])
+    maps = value_zeroing_maps(value_zeroing(trace_model(model.model, ids[:, :-1]))).target[0]  # (L, T, T)
+    first = len(prompt.split())
+    scores = sequence.target_attributions  # (tokens j, generated g, layers)
+    assert scores.shape[1] == ids.shape[1] - first
+    for generated in range(scores.shape[1]):
+        position = first - 1 + generated
+        torch.testing.assert_close(scores[: position + 1, generated].T, maps[:, position, : position + 1])

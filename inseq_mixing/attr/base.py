@@ -178,6 +178,10 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         self._pending_axis: list[str] | None = None
         self.own_pass_step_scores: list[str] = []  # set by answer_step_scores for one call
         self.first_attributed_position = 1  # index of the first generated token Inseq attributes (unpadded)
+        #: Per sentence, the tokens whose attributions are kept, ``(first, end)`` (unpadded token indices, end
+        #: excluded): set by the dataset runner for one call (prompts of different lengths in one batch), so that the
+        #: methods skip the rows nobody keeps.
+        self.kept_tokens: list[tuple[int, int]] | None = None
         record_requested_fn(attribution_model)
         answer_step_scores(attribution_model)
         tokens_from_host_ids(attribution_model)
@@ -338,7 +342,11 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         mask = steps.decoder_mask.bool()
         padding = (~mask).long().cumprod(-1).sum(-1, keepdim=True)
         index = torch.arange(mask.shape[1], device=mask.device)
-        return mask & (index >= padding + self.first_attributed_position - 1)
+        explained = mask & (index >= padding + self.first_attributed_position - 1)
+        if self.kept_tokens is not None and len(self.kept_tokens) == mask.shape[0]:
+            first, end = torch.tensor(self.kept_tokens, device=mask.device).T[..., None]
+            explained &= (index >= padding + first - 1) & (index < padding + end - 1)
+        return explained
 
     def logit_step_output(
         self,

@@ -5,6 +5,7 @@ from dataclasses import dataclass, replace
 
 from .base import (
     Chunking,
+    Compiling,
     Declaration,
     EncoderMaps,
     Heads,
@@ -17,7 +18,7 @@ from .base import (
 
 
 @dataclass(frozen=True)
-class AltiOptions(EncoderMaps, Chunking, Heads):
+class AltiOptions(EncoderMaps, Chunking, Compiling, Heads):
     rollout: bool = option(
         True,
         "Roll the layer maps out through the model (ALTI+'s joint rollout for encoder–decoders); with False, each "

@@ -4,11 +4,11 @@ items are query positions."""
 from dataclasses import dataclass
 
 from ..methods.results import LogitScores
-from .base import Chunking, Contrast, Declaration, Heads, Request, logit_scores
+from .base import Chunking, Compiling, Contrast, Declaration, Heads, Request, logit_scores
 
 
 @dataclass(frozen=True)
-class AltiLogitOptions(Contrast, Chunking, Heads):
+class AltiLogitOptions(Contrast, Chunking, Compiling, Heads):
     pass
 
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from ..methods.options import Chunking, Contrast, EncoderMaps, Heads, option
+from ..methods.compiled import compiling
+from ..methods.options import Chunking, Compiling, Contrast, EncoderMaps, Heads, option
 from ..methods.results import LayerMaps, LogitScores
 
 if TYPE_CHECKING:  # reading declarations (the CLI's listing) needs no torch; computing imports it
@@ -99,9 +100,11 @@ class Declaration:
     pools_units: bool = False
 
     def run(self, request: Request, options) -> LayerMaps | LogitScores:
-        """``compute``, its result pooled onto the request's audio units when it has some (speech models: key frames
-        summed per unit, query frames averaged; see :mod:`inseq_mixing.methods.units`)."""
-        result = self.compute(request, options)
+        """``compute`` (its hot steps compiled when the options say ``compile=True``, :mod:`.methods.compiled`), its
+        result pooled onto the request's audio units when it has some (speech models: key frames summed per unit,
+        query frames averaged; see :mod:`inseq_mixing.methods.units`)."""
+        with compiling(getattr(options, "compile", False)):
+            result = self.compute(request, options)
         if request.units is None or self.pools_units:
             return result
         return request.units.pool(result)
@@ -224,4 +227,4 @@ def self_and_cross_axis(spec: ModelSpec, layers: int, heads: int, residual: bool
     return head_axis(layers, heads, residual, "self-attention ") + cross
 
 
-__all__ = ["Chunking", "Contrast", "Declaration", "EncoderMaps", "Heads", "Request", "option"]
+__all__ = ["Chunking", "Compiling", "Contrast", "Declaration", "EncoderMaps", "Heads", "Request", "option"]

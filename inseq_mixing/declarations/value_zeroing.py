@@ -8,11 +8,11 @@ through the rest of that block (:mod:`inseq_mixing.methods.value_zeroing`). A ch
 from dataclasses import dataclass
 
 from ..methods.options import NORMALIZATIONS, SIMILARITY_METRICS, UNIT_ROWS
-from .base import Chunking, Declaration, EncoderMaps, Request, layer_axis, option
+from .base import Chunking, Compiling, Declaration, EncoderMaps, Request, layer_axis, option
 
 
 @dataclass(frozen=True)
-class ValueZeroingOptions(EncoderMaps, Chunking):
+class ValueZeroingOptions(EncoderMaps, Chunking, Compiling):
     similarity_metric: str = option(
         "cosine", "Distance between corrupted and clean outputs: cosine distance (the paper's) or Euclidean.",
         SIMILARITY_METRICS,
@@ -39,7 +39,10 @@ def compute(request: Request, options: ValueZeroingOptions):
 
     units = request.units
     encoder = options.output_encoder_self_scores or options.rollout
-    scores = value_zeroing(request.trace, options.similarity_metric, encoder, options.max_chunk_elements, units)
+    first_row = 0 if options.rollout or units is not None else first_explained_row(request)
+    scores = value_zeroing(
+        request.trace, options.similarity_metric, encoder, options.max_chunk_elements, units, first_row
+    )
     unit_map = None
     if units is not None:  # audio units are zeroed whole; a query unit's row reduces its frames' rows
         if units.stack == "encoder" and scores.encoder is not None:
@@ -52,6 +55,16 @@ def compute(request: Request, options: ValueZeroingOptions):
     if not options.rollout:
         maps.axis = layer_axis(maps.target.shape[1])
     return maps
+
+
+def first_explained_row(request: Request) -> int:
+    """The first position any sentence of a decoder-only batch explains (one read of the device per batch): the rows
+    before it (a prompt's) are read by nothing when the maps are not rolled out. Encoder-only and encoder–decoder
+    models show every row of a map (``sequence_scores``): 0."""
+    if request.spec.is_encoder_only or request.spec.is_encoder_decoder:
+        return 0
+    explained = request.positions.any(0)
+    return int(explained.byte().argmax()) if explained.numel() else 0
 
 
 DECLARATION = Declaration(

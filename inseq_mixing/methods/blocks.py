@@ -90,8 +90,10 @@ def finish_layer(
     attn_output: torch.Tensor,
     batch_index: torch.Tensor,
     queries: slice,
+    before_ffn: bool = False,
 ) -> torch.Tensor:
-    """Layer output given a (changed) attention output of one of its attention sub-blocks.
+    """Layer output given a (changed) attention output of one of its attention sub-blocks (with ``before_ffn``: the
+    residual stream entering the FFN sub-block, for a caller that runs the FFN itself).
 
     Args:
         layer: The layer's spec.
@@ -108,6 +110,8 @@ def finish_layer(
         query_states = branch_input(layer.cross_attn, hidden)
         cross_out = record.cross_attn.rerun(layer.cross_attn.module, query_states, batch_index, queries)
         hidden = close_branch(layer.cross_attn, hidden, cross_out)
+    if before_ffn:
+        return hidden
     if layer.ffn.parallel:  # the FFN read the block input: its output does not change
         return hidden + ffn_output(layer, record)[batch_index][:, queries].to(hidden.dtype)
     return apply_ffn(layer.ffn, hidden)

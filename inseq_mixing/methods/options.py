@@ -29,6 +29,15 @@ class Chunking:
 
 
 @dataclass(frozen=True)
+class Compiling:
+    compile: bool = option(
+        False,
+        "Run the method's hot per-chunk steps as kernels compiled by torch.compile (see "
+        "inseq_mixing.methods.compiled): faster on long dataset runs; the first call compiles them (seconds).",
+    )
+
+
+@dataclass(frozen=True)
 class EncoderMaps:
     output_encoder_self_scores: bool = option(
         True, "Encoder–decoders: return the encoder's own map in sequence_scores['encoder_self_scores']."

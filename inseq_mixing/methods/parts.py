@@ -19,6 +19,7 @@ from ..specs import AttentionSpec, LayerSpec, StackSpec
 from ..trace import AttentionTrace, LayerTrace, StackTrace
 from .blocks import cross_attention_input, head_value_outputs, upcast, valid_cells
 from .chunking import DEFAULT_CHUNK_ELEMENTS, chunk_slices
+from .compiled import kernel
 from .norms import FrozenNorm, freeze_norm
 
 Scorer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -56,6 +57,7 @@ def part_scores(
     """
     probs, residual, value_outputs, out_frozen, output = _part_inputs(attn, record, residual, output)
     batch, _, num_queries, num_keys = probs.shape
+    scorer = kernel(scorer)
     extra = int(with_residual and not self_mixing)
     scores = probs.new_zeros(batch, num_queries, num_keys + extra)
     for queries in chunk_slices(num_queries, batch * (num_keys + 1) * output.shape[-1], max_chunk_elements):
@@ -109,6 +111,7 @@ def head_part_scores(
     """
     probs, residual, value_outputs, out_frozen, output = _part_inputs(attn, record, residual, output)
     batch, num_heads, num_queries, num_keys = probs.shape
+    scorer = kernel(scorer)
     scores = probs.new_zeros(batch, num_heads + 1, num_queries, num_keys + (not self_mixing))
     per_query = batch * num_heads * (num_keys + 1) * output.shape[-1]
     for queries in chunk_slices(num_queries, per_query, max_chunk_elements):

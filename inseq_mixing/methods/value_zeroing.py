@@ -28,10 +28,19 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..specs import LayerSpec
+from ..specs import FFNSpec, LayerSpec
 from ..trace import LayerTrace, ModelTrace, StackTrace, eval_mode
-from .blocks import cross_attention_input, finish_layer, head_value_outputs, refuse_non_finite, upcast, valid_cells
+from .blocks import (
+    apply_ffn,
+    cross_attention_input,
+    finish_layer,
+    head_value_outputs,
+    refuse_non_finite,
+    upcast,
+    valid_cells,
+)
 from .chunking import DEFAULT_CHUNK_ELEMENTS, items_per_chunk
+from .compiled import kernel
 from .options import NORMALIZATIONS, SIMILARITY_METRICS
 from .results import LayerMaps
 from .rollout import joint_rollout, normalize_rows
@@ -71,6 +80,13 @@ def distance(corrupted: torch.Tensor, clean: torch.Tensor, metric: str) -> torch
     raise ValueError(f"Unknown similarity metric {metric!r}: use one of {SIMILARITY_METRICS}.")
 
 
+def ffn_distance(ffn: FFNSpec, hidden: torch.Tensor, clean: torch.Tensor, metric: str) -> torch.Tensor:
+    """The FFN sub-block on corrupted rows ``(B·width, queries, D)`` and their distance to the clean layer output
+    ``(B, 1, queries, D)``: ``(B, width, queries)``. Value zeroing's hot step (a fused kernel with ``compile``)."""
+    corrupted = upcast(apply_ffn(ffn, hidden))
+    return distance(corrupted.unflatten(0, (clean.shape[0], -1)), clean, metric)
+
+
 def chunk_size_for(batch: int, positions: int, d_model: int, max_elements: int) -> int:
     """Zeroed tokens per chunk so that the chunk's FFN activations stay under ``max_elements``."""
     return items_per_chunk(batch * positions * d_model * 4, max_elements)
@@ -84,6 +100,7 @@ def zeroing_distances(
     metric: str = "cosine",
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     key_units: torch.Tensor | None = None,
+    first_row: int = 0,
 ) -> torch.Tensor:
     """Distances of one layer's output when each context token's values are zeroed in one attention sub-block.
 
@@ -96,6 +113,8 @@ def zeroing_distances(
         max_chunk_elements: Memory bound per chunk of zeroed tokens.
         key_units: ``(batch, units, tokens)`` 0/1 membership (non-causal sub-blocks only): zero all tokens (frames) of
             a unit at once, one zeroing per unit.
+        first_row: Rows (positions ``i``) before it are not computed and stay 0: nothing reads them (a prompt's rows
+            when only the generated tokens are explained and the maps are not rolled out).
 
     Returns:
         ``(batch, positions i, tokens j)`` distances (with ``key_units``: ``(batch, positions i, units)``); cells
@@ -112,9 +131,15 @@ def zeroing_distances(
     attn_output = upcast(attn_record.output)
     if attn.out_norm is not None:
         probs, value_outputs, attn_output = resummed_attention_output(attn, probs, value_outputs)
-    full = slice(None)
+    full = slice(first_row, None)
     clean = finish_layer(
-        layer, record, sub_block, residual, attn_output.to(dtype), torch.arange(batch, device=probs.device), full
+        layer,
+        record,
+        sub_block,
+        residual[:, full],
+        attn_output[:, full].to(dtype),
+        torch.arange(batch, device=probs.device),
+        full,
     )
     clean = upcast(clean)
 
@@ -124,28 +149,33 @@ def zeroing_distances(
         width = delta.shape[1]
         corrupted_attn = attn_output[:, None, queries] - delta
         rows = batch * width
-        batch_index = torch.arange(batch, device=probs.device).repeat_interleave(width)
-        corrupted = finish_layer(
+        clean_rows = clean[:, None, (queries.start or 0) - first_row :]
+        arguments = (
             layer,
             record,
             sub_block,
             residual[:, None, queries].expand(-1, width, -1, -1).reshape(rows, -1, residual.shape[-1]),
             corrupted_attn.to(dtype).reshape(rows, -1, residual.shape[-1]),
-            batch_index,
+            torch.arange(batch, device=probs.device).repeat_interleave(width),
             queries,
         )
-        return distance(upcast(corrupted).view(batch, width, -1, residual.shape[-1]), clean[:, None, queries], metric)
+        if layer.ffn.parallel:  # the FFN's output does not change (GPT-NeoX)
+            corrupted = upcast(finish_layer(*arguments)).view(batch, width, -1, residual.shape[-1])
+            return distance(corrupted, clean_rows, metric)
+        return kernel(ffn_distance)(layer.ffn, finish_layer(*arguments, before_ffn=True), clean_rows, metric)
 
     if key_units is not None:
+        if first_row:
+            raise ValueError("Audio units take every query row (first_row=0).")
         return unit_zeroing_distances(probs, value_outputs, key_units, distances, residual.shape[-1],
                                       max_chunk_elements).to(score_dtype)  # fmt: skip
     scores = probs.new_zeros(batch, num_queries, num_keys)
-    chunk = chunk_size_for(batch, num_queries, residual.shape[-1], max_chunk_elements)
+    chunk = chunk_size_for(batch, num_queries - first_row, residual.shape[-1], max_chunk_elements)
     if causal:  # narrow chunks let each one skip the positions before its first key: ~n²/2 pairs instead of n²
         chunk = min(chunk, max(4, -(-num_keys // 8)))
     for start in range(0, num_keys, chunk):
         keys = slice(start, min(start + chunk, num_keys))
-        queries = slice(start, None) if causal else full
+        queries = slice(max(start, first_row), None) if causal else full
         delta = torch.einsum("bhqk,bhkd->bkqd", probs[:, :, queries, keys], value_outputs[:, :, keys])
         scores[:, queries, keys] = distances(delta, queries).transpose(1, 2)
     attended = (probs > 0).any(dim=1)
@@ -205,17 +235,18 @@ def stack_distances(
     metric: str,
     max_chunk_elements: int,
     key_units: torch.Tensor | None = None,
+    first_row: int = 0,
 ) -> torch.Tensor:
     """:func:`zeroing_distances` for every layer of a stack, masked: ``(batch, layers, positions, tokens)`` (with
-    ``key_units``: ``(batch, layers, positions, units)``)."""
+    ``key_units``: ``(batch, layers, positions, units)``); rows before ``first_row`` are 0."""
     if key_units is None:
         valid = valid_cells(stack.mask, key_mask, causal)
     else:
         valid = stack.mask.bool()[:, :, None] & (key_units.sum(-1) > 0)[:, None, :]
     per_layer = [
-        zeroing_distances(layer, record, sub_block, causal, metric, max_chunk_elements, key_units).masked_fill(
-            ~valid, 0.0
-        )
+        zeroing_distances(
+            layer, record, sub_block, causal, metric, max_chunk_elements, key_units, first_row
+        ).masked_fill(~valid, 0.0)
         for layer, record in zip(stack_spec_layers, stack.layers, strict=True)
     ]
     return torch.stack(per_layer, dim=1)
@@ -228,6 +259,7 @@ def value_zeroing(
     encoder_scores: bool = True,
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     units: FrameUnits | None = None,
+    first_row: int = 0,
 ) -> ValueZeroingScores:
     """Raw value-zeroing distances for every layer and attention sub-block of a traced model.
 
@@ -238,6 +270,8 @@ def value_zeroing(
         max_chunk_elements: Memory bound per chunk of zeroed tokens.
         units: Audio units of a speech model's audio stack: its frames are zeroed a unit at a time (the key axis of
             every map over those frames is then units; query axes stay frames).
+        first_row: Decoder positions before it (self- and cross-attention maps) are not computed and stay 0: a
+            prompt's rows that nothing reads. The rollout needs every row: leave it 0 there.
     """
     if metric not in SIMILARITY_METRICS:
         raise ValueError(f"Unknown similarity metric {metric!r}: use one of {SIMILARITY_METRICS}.")
@@ -257,12 +291,14 @@ def value_zeroing(
                 metric,
                 max_chunk_elements,
                 audio.get("decoder"),
+                first_row,
             )  # fmt: skip
         )
         if spec.is_encoder_decoder:
             scores.cross = stack_distances(
-                spec.decoder.layers, dec, "cross", enc.mask, False, metric, max_chunk_elements, audio.get("encoder")
-            )
+                spec.decoder.layers, dec, "cross", enc.mask, False, metric, max_chunk_elements, audio.get("encoder"),
+                first_row,
+            )  # fmt: skip
             if encoder_scores:
                 scores.encoder = stack_distances(
                     spec.encoder.layers, enc, "self", enc.mask, False, metric, max_chunk_elements, audio.get("encoder")
