@@ -58,15 +58,18 @@ def fresh(request):
     return dataclasses.replace(request)
 
 
-def best_time(fn, repeats: int, device: str) -> float:
-    times = []
+def best_times(functions: list, repeats: int, device: str) -> list[float]:
+    """The best of ``repeats`` timings of each function, the functions taking turns (so that a slow spell of the
+    machine falls on all of them)."""
+    times = [[] for _ in functions]
     for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return min(times)
+        for function, timings in zip(functions, times, strict=True):
+            synchronize(device)
+            start = time.perf_counter()
+            function()
+            synchronize(device)
+            timings.append(time.perf_counter() - start)
+    return [min(timings) for timings in times]
 
 
 def counted_flops(fn) -> int:
@@ -93,9 +96,19 @@ class Shape:
     s: int = 0
 
 
-def shapes(request) -> list[Shape]:
+def kept_positions(request, model, rows: list[dict]) -> torch.Tensor:
+    """``(B, T)``: the positions whose rows a dataset run keeps (decoder-only: those predicting a generated token;
+    the examples' prompts all have the same number of tokens), whatever the method was asked to compute."""
+    mask = request.decoder_mask.bool()
+    if request.target_ids is not None:
+        return request.positions.bool()
+    (prompt,) = {model.encode(row["source"]).input_ids.shape[1] for row in rows}
+    return mask & (torch.arange(mask.shape[1], device=mask.device) >= prompt - 1)
+
+
+def shapes(request, positions: torch.Tensor) -> list[Shape]:
     mask = request.decoder_mask.bool().cpu()
-    positions = request.positions.bool().cpu()
+    positions = positions.bool().cpu()
     source = request.attention_mask.bool().cpu() if request.target_ids is not None else None
     rows = []
     for idx in range(mask.shape[0]):
@@ -106,8 +119,9 @@ def shapes(request) -> list[Shape]:
     return rows
 
 
-def floor_flops(method: str, request, body_flops: int) -> int:
-    """The matrix arithmetic ``method``'s definition needs on the request's real tokens (2 FLOPs a multiply-add).
+def floor_flops(method: str, request, body_flops: int, kept: torch.Tensor) -> int:
+    """The matrix arithmetic ``method``'s definition needs on the request's real tokens, explaining the ``kept``
+    positions (2 FLOPs a multiply-add).
 
     Terms, per sentence and layer (``n`` real decoder tokens, ``k`` explained, ``P`` the pairs ``(i, j <= i)`` of
     explained rows ``i``, ``s`` source tokens):
@@ -135,7 +149,7 @@ def floor_flops(method: str, request, body_flops: int) -> int:
     layers = len(spec.decoder.layers)
     enc_layers = 0 if spec.encoder is None else len(spec.encoder.layers)
     total = body_flops
-    for row in shapes(request):
+    for row in shapes(request, kept):
         n, k, s = row.n, len(row.explained), row.s
         pairs = sum(t + 1 for t in row.explained)
         rolled = sum((t + 1) * (t + 2) // 2 for t in row.explained)
@@ -175,33 +189,45 @@ def measure(
     hf_model, tokenizer, family: str, method: str, batch_size: int, repeats: int, device: str, compile_: bool
 ) -> str:
     """One table line: the batch's forward pass, the method's request alone and the dataset run; FLOPs and floor;
-    with ``compile_``, all with ``compile=True``, and the extra time of the first run (compiling)."""
+    with ``compile_``, the request with ``compile=True`` too (timed in turn with the others) and the time its first
+    call spent compiling (once per process and kernel: later lines reuse the kernels)."""
     model = inseq.load_model(hf_model, method, tokenizer=tokenizer, device=device)
     rows = examples(family, batch_size)
-    _, first_run = capture_requests(model, method, rows, **({"compile": True} if compile_ else {}))  # warm-up
-    captured, run_time = capture_requests(model, method, rows, **({"compile": True} if compile_ else {}))
+    capture_requests(model, method, rows)  # warm-up
+    captured, run_time = capture_requests(model, method, rows)
     ((request, options),) = captured
     declaration = model.attribution_method.declaration
     call = fresh(request).trace.call
-    compiling = f" {first_run - run_time:6.1f}s" if compile_ else ""
+    offered = compile_ and "compile" in declaration.option_names()
+    compiled = dataclasses.replace(options, compile=True) if offered else None
 
     def forward():
         with torch.no_grad():
             hf_model(**call.kwargs)
 
-    def attribute():
-        declaration.run(fresh(request), options)
+    def attribute(chosen=options):
+        declaration.run(fresh(request), chosen)
 
-    forward_time = best_time(forward, repeats, device)
-    method_time = best_time(attribute, repeats, device)
+    functions = [forward, attribute]
+    if compiled is not None:
+        start = time.perf_counter()
+        attribute(compiled)
+        first_compiled = time.perf_counter() - start
+        functions.append(lambda: attribute(compiled))
+    forward_time, method_time, *compiled_time = best_times(functions, repeats, device)
     flops = counted_flops(attribute)
-    floor = floor_flops(method, request, counted_flops(forward) - head_flops(request))
-    return (
+    floor = floor_flops(
+        method, request, counted_flops(forward) - head_flops(request), kept_positions(request, model, rows)
+    )
+    line = (
         f"{family:7} {batch_size:5d} {method:14} {forward_time * 1e3:7.0f}ms {method_time:8.2f}s "
         f"{method_time / forward_time:5.1f}× {run_time:7.2f}s {run_time / forward_time:5.1f}× "
         f"{flops / 1e9:8.1f} {floor / 1e9:8.1f} {flops / floor:6.2f}× {method_time / batch_size * 1e3:7.0f}"
-        + (f"{compiling} (first call, compiling)" if compiling else "")
     )
+    if compiled_time:
+        (best,) = compiled_time
+        line += f" {best:8.2f}s {best / forward_time:5.1f}× {first_compiled - best:6.1f}s"
+    return line
 
 
 def main() -> None:
@@ -210,10 +236,11 @@ def main() -> None:
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16])
     parser.add_argument("--methods", nargs="+", default=["alti_logit", "value_zeroing", "decompx"])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--compile", action="store_true", help="time the methods with compile=True")
+    parser.add_argument("--compile", action="store_true", help="also time the methods with compile=True")
     args = device_arguments(parser)
     header = f"{'model':7} {'batch':>5} {'method':14} {'forward':>9} {'method':>9} {'×fwd':>6} {'run':>8} {'×fwd':>6}"
-    print(header + f" {'GFLOP':>8} {'floor':>8} {'×floor':>7} {'ms/ex':>7}")
+    header += f" {'GFLOP':>8} {'floor':>8} {'×floor':>7} {'ms/ex':>7}"
+    print(header + (f" {'compiled':>9} {'×fwd':>6} {'compiling':>9}" if args.compile else ""))
     for family in args.models:
         tokenizer = word_tokenizer(seq2seq=is_seq2seq(family))
         hf_model = tiny_model(family, **FULL_SIZE[family]).to(device=args.device, dtype=args.torch_dtype)

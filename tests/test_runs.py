@@ -86,7 +86,7 @@ def test_stored_examples_equal_model_attribute(family, method, tmp_path):
 
 def test_decoder_only_batches_explain_only_the_generated_rows(tmp_path, monkeypatch):
     """A decoder-only batch is attributed from position 1 (prompts of different lengths), but each sentence's method
-    request explains only the positions that predict its generated tokens: the prompt rows are not computed."""
+    request explains only from the position that predicts its first generated token: the prompt rows are skipped."""
     from inseq_mixing.declarations import Declaration
 
     requests, run = [], Declaration.run
@@ -96,14 +96,15 @@ def test_decoder_only_batches_explain_only_the_generated_rows(tmp_path, monkeypa
     rows = rows_for("gpt2")
     attribute_dataset(model, "value_zeroing", rows, tmp_path / "run", batch_size=len(rows), show_progress=False)
     (request,) = requests
-    expected = []  # the batch is sorted by length: compare the rows' explained positions as sets
-    for row in rows:
+    pairs = zip(request.positions, request.decoder_mask, strict=True)
+    lengths = {int(real.sum()): explained for explained, real in pairs}
+    for row in rows:  # the batch is sorted by length (one prompt length per text length here)
         prompt, length = (model.encode(row[key]).input_ids.shape[1] for key in ("source", "target"))
-        expected.append(list(range(prompt - 1, length - 1)))  # the positions that predict generated tokens
-    got = [explained.nonzero().flatten().tolist() for explained in request.positions]
-    assert sorted(got) == sorted(expected)
-    assert any(explained[0] > 0 for explained in expected)  # some prompt rows were skipped
-    assert model.attribution_method.kept_tokens is None  # set for the one call only
+        explained = lengths.get(length, lengths.get(length - 1)).nonzero().flatten().tolist()
+        assert explained[0] == prompt - 1  # the prompt rows are skipped
+        assert set(range(prompt - 1, length - 1)) <= set(explained) <= set(range(prompt - 1, length))
+    assert any(len(row["source"].split()) > 1 for row in rows)  # some rows had prompt rows to skip
+    assert model.attribution_method.kept_from is None  # set for the one call only
 
 
 @pytest.mark.parametrize("family", ["marian", "gpt2"])

@@ -178,10 +178,10 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         self._pending_axis: list[str] | None = None
         self.own_pass_step_scores: list[str] = []  # set by answer_step_scores for one call
         self.first_attributed_position = 1  # index of the first generated token Inseq attributes (unpadded)
-        #: Per sentence, the tokens whose attributions are kept, ``(first, end)`` (unpadded token indices, end
-        #: excluded): set by the dataset runner for one call (prompts of different lengths in one batch), so that the
-        #: methods skip the rows nobody keeps.
-        self.kept_tokens: list[tuple[int, int]] | None = None
+        #: Per sentence, the first token whose attribution is kept (unpadded index): set by the dataset runner for one
+        #: call (prompts of different lengths in one batch, attributed from position 1), so that the methods skip the
+        #: prompt rows nobody keeps.
+        self.kept_from: list[int] | None = None
         record_requested_fn(attribution_model)
         answer_step_scores(attribution_model)
         tokens_from_host_ids(attribution_model)
@@ -343,9 +343,8 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         padding = (~mask).long().cumprod(-1).sum(-1, keepdim=True)
         index = torch.arange(mask.shape[1], device=mask.device)
         explained = mask & (index >= padding + self.first_attributed_position - 1)
-        if self.kept_tokens is not None and len(self.kept_tokens) == mask.shape[0]:
-            first, end = torch.tensor(self.kept_tokens, device=mask.device).T[..., None]
-            explained &= (index >= padding + first - 1) & (index < padding + end - 1)
+        if self.kept_from is not None and len(self.kept_from) == mask.shape[0]:
+            explained &= index >= padding + torch.tensor(self.kept_from, device=mask.device)[:, None] - 1
         return explained
 
     def logit_step_output(

@@ -516,18 +516,19 @@ def attribute_texts(attribution_model, sources: list[str], targets: list[str], i
     finally:
         tokenizer.padding_side = padding_side
     special = not common["skip_special_tokens"]
-    kept = []
-    for source, target in zip(sources, targets, strict=True):
-        prompt, length = (attribution_model.encode(text, add_special_tokens=special).input_ids.shape[1]
-                          for text in (source, target))  # fmt: skip
-        kept.append((max(prompt, args.get("attr_pos_start") or 0), min(length, args.get("attr_pos_end") or length)))
-    method.kept_tokens = kept  # the methods skip the rows that keep_generated drops (prompts, padding)
+    starts = [
+        max(attribution_model.encode(source, add_special_tokens=special).input_ids.shape[1],
+            args.get("attr_pos_start") or 0)
+        for source in sources
+    ]  # fmt: skip
+    method.kept_from = starts  # the methods skip the prompt rows that keep_generated drops
     try:
         output = method.attribute(batch, attr_pos_start=1, attr_pos_end=None, **common)
     finally:
-        method.kept_tokens = None
-    for sequence, (start, end) in zip(output.sequence_attributions, kept, strict=True):
-        keep_generated(sequence, start, min(end, len(sequence.target)))
+        method.kept_from = None
+    for sequence, start in zip(output.sequence_attributions, starts, strict=True):
+        end = min(len(sequence.target), args.get("attr_pos_end") or len(sequence.target))
+        keep_generated(sequence, start, end)
     return output
 
 
