@@ -251,3 +251,54 @@ def test_per_head_scores_read_each_heads_output_components(family):
         mixed = torch.einsum("bhtj,bjkhe->bhtke", record.self_attn.probs.float(), values)
         read = torch.einsum("bhtke,hed,btd->bhtk", mixed, attn.out_weight_per_head().float(), branches[idx]["self"])
         torch.testing.assert_close(scores.target_heads[:, idx], read, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "marian", "t5_gated", "gpt_neox"])
+@pytest.mark.parametrize(
+    "options",
+    OPTIONS,
+    ids=lambda o: f"{o.bias}-{o.ffn_linearization}-{o.gated_split}-{o.include_ffn}-{o.max_chunk_elements}",
+)
+def test_packed_causal_ffn_equals_the_blocked_one(family, options, monkeypatch):
+    """A causal stream's FFN on its packed (position, component) pairs gives what the blocks of positions give, with
+    fewer rows through the FFN's products, in a padded batch."""
+    import inseq_mixing.methods.decompx as dx
+
+    case = padded_case(get_tiny(family), family)
+    trace, ids = case.batched, case.next_ids()
+    rows = []
+    linear = dx.linear_parts
+
+    def counting(module, components, mode):
+        rows.append(components.parts.shape[:-1].numel())
+        return linear(module, components, mode)
+
+    monkeypatch.setattr(dx, "linear_parts", counting)
+    monkeypatch.setattr(dx, "PACK_WHEN", 0.0)  # packed wherever it can be
+    packed = decompx(trace, ids, options=options, keep_layers=True)
+    packed_rows = sum(rows)
+    rows.clear()
+    monkeypatch.setattr(dx, "PACK_CAUSAL_FFN", False)
+    blocked = decompx(trace, ids, options=options, keep_layers=True)
+    assert packed_rows <= sum(rows)
+    if options.include_ffn and options.max_chunk_elements > 1:  # one block of positions: the whole square
+        assert packed_rows < sum(rows)
+    for name in ("target", "source", "bias"):
+        if getattr(blocked, name) is not None:
+            torch.testing.assert_close(getattr(packed, name), getattr(blocked, name), rtol=1e-5, atol=1e-5)
+    real = trace.decoder.mask.bool()  # padding positions hold whatever their rows compute
+    for mine, theirs in zip(packed.layers["decoder"], blocked.layers["decoder"], strict=True):
+        torch.testing.assert_close(mine.parts[real], theirs.parts[real], rtol=1e-5, atol=1e-5)
+
+
+def test_a_single_sentence_packs_its_causal_ffn_rows_by_default(monkeypatch):
+    """One block of positions would carry the whole square of (position, component) rows: the default packs them."""
+    import inseq_mixing.methods.decompx as dx
+
+    kwargs = example_kwargs("gpt2")
+    trace = trace_of(get_tiny("gpt2"), kwargs)
+    counted = []
+    causal_ffn = dx.causal_ffn
+    monkeypatch.setattr(dx, "causal_ffn", lambda *args: counted.append(1) or causal_ffn(*args))
+    decompx(trace, next_tokens(kwargs))
+    assert len(counted) == len(trace.decoder.layers)

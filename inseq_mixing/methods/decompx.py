@@ -31,6 +31,8 @@ on the branch's components before the residual sum. A final logit soft-cap :math
 linear: the components add up to :math:`z`, the logit before the cap, which is reported beside the capped one.
 """
 
+import dataclasses
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -76,31 +78,96 @@ class Components:
     bias_index: int | None
 
     def total(self) -> torch.Tensor:
+        """Each position's vector ``(B, P, ·)``: the sum of its components."""
         return self.parts.sum(2)
 
     def like(self, parts: torch.Tensor, positions: slice = slice(None)) -> "Components":
         return Components(parts, self.available[:, positions], self.bias_index)
 
+    def per_part(self, rows: torch.Tensor) -> torch.Tensor:
+        """A per-position tensor ``(B, P, ·)`` laid out against the parts (broadcast over components)."""
+        return rows[:, :, None]
+
+    def position_sums(self, weights: torch.Tensor) -> torch.Tensor:
+        """Per-part weights ``(B, P, K)`` summed over each position's components, laid out against the parts."""
+        return weights.sum(-1, keepdim=True)
+
+    def dot(self, rows: torch.Tensor) -> torch.Tensor:
+        """Each part dotted with its position's vector of ``rows`` ``(B, P, D)``: ``(B, P, K)``."""
+        return torch.einsum("bpkd,bpd->bpk", self.parts, rows)
+
+    def add_to_bias_component(self, parts: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``parts`` with each position's vector of ``rows`` added to its bias component."""
+        parts = parts.clone()
+        parts[:, :, self.bias_index] += rows
+        return parts
+
+    @property
+    def num_positions(self) -> int:
+        return self.parts.shape[1]
+
+
+@dataclass
+class PackedComponents(Components):
+    """The (position, component) pairs of a causal stream that may be non-zero, packed on one axis: ``parts``
+    ``(B, N, D)``, ``available`` ``(B, N)``, ``position[n]`` the (chunk-local) position of pair ``n``, and the pairs
+    that hold the bias component. Per-position steps (totals, shares of a bias) are segment sums over ``position``; the
+    linear maps run on the N pairs alone, where a block of positions would carry every component its last position
+    sees (about twice the pairs of the causal half)."""
+
+    position: torch.Tensor | None = None
+    positions: int = 0
+    bias_pairs: torch.Tensor | None = None
+
+    def total(self) -> torch.Tensor:
+        shape = (self.parts.shape[0], self.positions, *self.parts.shape[2:])
+        return self.parts.new_zeros(shape).index_add_(1, self.position, self.parts)
+
+    def like(self, parts: torch.Tensor, positions: slice = slice(None)) -> "PackedComponents":
+        return dataclasses.replace(self, parts=parts)
+
+    def per_part(self, rows: torch.Tensor) -> torch.Tensor:
+        return rows.index_select(1, self.position)
+
+    def position_sums(self, weights: torch.Tensor) -> torch.Tensor:
+        sums = weights.new_zeros(weights.shape[0], self.positions).index_add_(1, self.position, weights)
+        return sums.index_select(1, self.position)
+
+    def dot(self, rows: torch.Tensor) -> torch.Tensor:
+        return (self.parts * self.per_part(rows)).sum(-1)
+
+    def add_to_bias_component(self, parts: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        parts = parts.clone()
+        parts[:, self.bias_pairs] += rows.index_select(1, self.position.index_select(0, self.bias_pairs))
+        return parts
+
+    @property
+    def num_positions(self) -> int:
+        return self.positions
+
 
 def bias_shares(components: Components, bias: torch.Tensor, mode: str) -> torch.Tensor:
-    """Share of a bias ``(B, P, D)`` that goes to each component ``(B, P, K)`` (not for ``"separate"``).
+    """Share of a bias ``(B, P, D)`` (or one ``(D,)`` for every position) that goes to each component ``(B, P, K)``
+    (not for ``"separate"``).
 
     A position whose weights are all 0 (e.g. a bias orthogonal to every component) splits equally.
     """
     available = components.available.to(components.parts.dtype)
-    if mode == "absdot":
-        weights = torch.einsum("bpkd,bpd->bpk", components.parts, bias).abs()
+    if mode == "absdot":  # one vector for every position: a matrix-vector product
+        weights = (components.parts @ bias if bias.dim() == 1 else components.dot(bias)).abs()
     elif mode == "norm":
         weights = torch.linalg.vector_norm(components.parts, dim=-1)
     else:
         weights = available
-    return normalized_shares(weights * available, available)
+    return normalized_shares(weights * available, available, components.position_sums)
 
 
-def normalized_shares(weights: torch.Tensor, available: torch.Tensor) -> torch.Tensor:
-    """Weights normalised over the last axis, equal over the available components where they sum to 0."""
-    total = weights.sum(-1, keepdim=True)
-    equal = available / available.sum(-1, keepdim=True).clamp(min=1)
+def normalized_shares(weights: torch.Tensor, available: torch.Tensor, position_sums=None) -> torch.Tensor:
+    """Weights normalised over each position's components (the last axis; packed pairs: ``position_sums``), equal
+    over the available components where they sum to 0."""
+    position_sums = position_sums or (lambda values: values.sum(-1, keepdim=True))
+    total = position_sums(weights)
+    equal = available / position_sums(available).clamp(min=1)
     return torch.where(total > 0, weights / torch.where(total > 0, total, 1), equal)
 
 
@@ -115,13 +182,11 @@ def split_bias(components: Components, bias: torch.Tensor, mode: str, onto: torc
     """
     parts = components.parts if onto is None else onto
     bias = upcast(bias).to(parts.device)
-    if bias.dim() == 1:
-        bias = bias.expand(*parts.shape[:2], -1)
     if mode == "separate":
-        parts = parts.clone()
-        parts[:, :, components.bias_index] += bias
-        return parts
-    return parts + bias_shares(components, bias, mode)[..., None] * bias[:, :, None]
+        rows = bias.expand(parts.shape[0], components.num_positions, -1) if bias.dim() == 1 else bias
+        return components.add_to_bias_component(parts, rows)
+    laid_out = bias if bias.dim() == 1 else components.per_part(bias)
+    return parts + bias_shares(components, bias, mode)[..., None] * laid_out
 
 
 def split_scalar_bias(
@@ -302,7 +367,7 @@ def key_norms(attn: AttentionSpec, record: AttentionTrace, stream: BlockedStream
         shares = None
         if frozen.shift is not None and mode != "separate":
             normed = block.stream.like(frozen.linear(block.stream.parts))
-            shares = bias_shares(normed, frozen.shift.expand(*normed.parts.shape[:2], -1), mode)
+            shares = bias_shares(normed, frozen.shift, mode)
         norms.append(KeyNorm(frozen, shares))
     return norms
 
@@ -499,12 +564,12 @@ def linearized_activation(activation, branch: Components, options: DecompXOption
     if options.ffn_linearization == "zero_origin":
         value = activation(pre)
         safe = torch.where(pre == 0, torch.ones_like(pre), pre)
-        return branch.parts * torch.where(pre == 0, torch.zeros_like(pre), value / safe)[:, :, None]
+        return branch.parts * branch.per_part(torch.where(pre == 0, torch.zeros_like(pre), value / safe))
     with torch.enable_grad():
         point = pre.detach().requires_grad_(True)
         value = activation(point)
         (slope,) = torch.autograd.grad(value.sum(), point)
-    hidden = branch.parts * slope[:, :, None]
+    hidden = branch.parts * branch.per_part(slope)
     return split_bias(branch.like(hidden), value.detach() - slope * pre, options.bias)
 
 
@@ -518,10 +583,10 @@ def decompose_ffn(ffn: FFNSpec, inputs: Components, options: DecompXOptions) -> 
         hidden = linearized_activation(ffn.activation, linear, options)
     elif options.gated_split == "linear":
         gate = ffn.activation(linear_total(ffn.w_gate, inputs.total()))
-        hidden = linear.parts * gate[:, :, None]
+        hidden = linear.parts * linear.per_part(gate)
     else:
         gate = linear_parts(ffn.w_gate, inputs, options.bias)
-        hidden = linearized_activation(ffn.activation, gate, options) * linear.total()[:, :, None]
+        hidden = linearized_activation(ffn.activation, gate, options) * linear.per_part(linear.total())
     return linear_parts(ffn.w_out, linear.like(hidden), options.bias).parts
 
 
@@ -532,18 +597,96 @@ def decompose_ffn_block(
     options: DecompXOptions,
     source: Components | None = None,
     out_norm_input: torch.Tensor | None = None,
+    causal: bool = False,
 ):
-    """The FFN sub-block on decomposed positions: norm (pre-LN), FFN chunked over positions, output norm (if any),
-    residual, norm (post-LN). ``norm_input`` is the recorded input of the FFN's norm at these positions, and
-    ``out_norm_input`` that of its output norm. ``source``: what a parallel FFN reads (the block input's
-    components), when it is not ``stream``."""
+    """The FFN sub-block on decomposed positions: norm (pre-LN), FFN chunked over positions (a causal stream's
+    (position, component) pairs packed, :func:`causal_ffn`), output norm (if any), residual, norm (post-LN).
+    ``norm_input`` is the recorded input of the FFN's norm at these positions, and ``out_norm_input`` that of its
+    output norm. ``source``: what a parallel FFN reads (the block input's components), when it is not ``stream``."""
     mode = options.bias
     source = stream if source is None else source
     inputs = source if ffn.in_norm is None else decompose_norm(ffn.in_norm, norm_input, source, mode)
     batch, positions, num_components, _ = inputs.parts.shape
     width = ffn.w_out.weight.numel() // inputs.parts.shape[-1]
+    per_position = batch * num_components * width
+    counts = None
+    if causal and PACK_CAUSAL_FFN and inputs.bias_index in (None, num_components - 1):
+        counts = pair_counts(inputs)
+        blocks = position_chunks(positions, per_position, options.max_chunk_elements)
+        blocked_rows = sum((rows.stop - rows.start) * max(counts[rows]) for rows in blocks)
+        if blocked_rows < PACK_WHEN * sum(counts):  # blocks of a few positions waste little: their products are faster
+            counts = None
+    if counts is not None:
+        output = causal_ffn(ffn, inputs, options, batch * width, counts)
+    else:
+        output = blocked_ffn(ffn, inputs, options, per_position)
+    if ffn.out_norm is not None:
+        output = decompose_norm(ffn.out_norm, out_norm_input, inputs.like(output), mode).parts
+    del inputs
+    stream = stream.like(stream.parts + output)
+    return stream if ffn.post_norm is None else decompose_norm(ffn.post_norm, norm_input, stream, mode)
+
+
+#: Run a causal stack's FFN on its packed (position, component) pairs (:func:`causal_ffn`) where blocks of positions,
+#: each carrying every component its last position sees (:func:`blocked_ffn`), would run at least ``PACK_WHEN`` times
+#: as many rows. Measured on a 2-core CPU (GPT-2-small-sized, 20 tokens, interleaved calls): packed 20% faster at
+#: batch 1 (blocks: one block, the whole square), 0-8% at batch 16 (blocks of 3 positions, 17% more rows); on an
+#: opus-mt-sized Marian at batch 16 (blocks carry the 20 source components anyway: few extra rows) within noise.
+PACK_CAUSAL_FFN = True
+PACK_WHEN = 1.1
+
+
+def pair_counts(inputs: Components) -> list[int]:
+    """How many components each position may carry (a token some sentence's position sees, and the bias component)."""
+    return _seen(inputs).sum(1).tolist()
+
+
+def _seen(inputs: Components) -> torch.Tensor:
+    seen = inputs.available.any(0)
+    if inputs.bias_index is not None:
+        seen[:, inputs.bias_index] = True
+    return seen
+
+
+def causal_ffn(
+    ffn: FFNSpec, inputs: Components, options: DecompXOptions, elements_per_pair: int, counts: list[int]
+) -> torch.Tensor:
+    """FFN output components ``(B, P, K, D)`` of a causal stream, computed on the (position, component) pairs that may
+    be non-zero (``counts`` per position, :func:`pair_counts`), packed on one axis in chunks of whole positions: the
+    causal half of the rows instead of blocks that carry their last position's components."""
+    pairs = _seen(inputs).nonzero()  # position-major: a position's bias component is its last pair
+    limit = items_per_chunk(elements_per_pair, options.max_chunk_elements)
+    chunks, first, taken = [], 0, 0  # whole positions, at most `limit` pairs (or one position) each
+    for position, count in enumerate(counts):
+        if taken and taken + count > limit:
+            chunks.append((first, position))
+            first, taken = position, 0
+        taken += count
+    chunks.append((first, len(counts)))
+    offsets = [0, *itertools.accumulate(counts)]
     output = torch.zeros_like(inputs.parts)
-    for rows in position_chunks(positions, batch * num_components * width, options.max_chunk_elements):
+    for first, end in chunks:
+        chunk = pairs[offsets[first] : offsets[end]]
+        rows, cols = chunk[:, 0], chunk[:, 1]
+        last_pairs = torch.tensor(offsets[first + 1 : end + 1], device=rows.device) - offsets[first] - 1
+        packed = PackedComponents(
+            inputs.parts[:, rows, cols],
+            inputs.available[:, rows, cols],
+            inputs.bias_index,
+            position=rows - first,
+            positions=end - first,
+            bias_pairs=None if inputs.bias_index is None else last_pairs,
+        )
+        output[:, rows, cols] = decompose_ffn(ffn, packed, options)
+    return output
+
+
+def blocked_ffn(ffn: FFNSpec, inputs: Components, options: DecompXOptions, elements_per_position: int) -> torch.Tensor:
+    """FFN output components ``(B, P, K, D)`` in blocks of positions, each with the components its positions can see
+    (non-causal streams)."""
+    positions = inputs.parts.shape[1]
+    output = torch.zeros_like(inputs.parts)
+    for rows in position_chunks(positions, elements_per_position, options.max_chunk_elements):
         active = active_components(inputs, rows)
         chunk = Components(
             inputs.parts[:, rows][:, :, active],
@@ -551,11 +694,7 @@ def decompose_ffn_block(
             None if inputs.bias_index is None else int((active == inputs.bias_index).nonzero()),
         )
         output[:, rows, active] = decompose_ffn(ffn, chunk, options)
-    if ffn.out_norm is not None:
-        output = decompose_norm(ffn.out_norm, out_norm_input, inputs.like(output), mode).parts
-    del inputs
-    stream = stream.like(stream.parts + output)
-    return stream if ffn.post_norm is None else decompose_norm(ffn.post_norm, norm_input, stream, mode)
+    return output
 
 
 def decompose_layer(
@@ -597,7 +736,7 @@ def decompose_layer(
     for block, source in zip(stream.blocks, sources, strict=True):
         norm_input = record.ffn_norm_input[:, block.rows]
         out_input = None if out_norm_input is None else out_norm_input[:, block.rows]
-        block.stream = decompose_ffn_block(layer.ffn, norm_input, block.stream, options, source, out_input)
+        block.stream = decompose_ffn_block(layer.ffn, norm_input, block.stream, options, source, out_input, causal)
     return stream
 
 
