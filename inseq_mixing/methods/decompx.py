@@ -186,7 +186,7 @@ def split_bias(components: Components, bias: torch.Tensor, mode: str, onto: torc
         rows = bias.expand(parts.shape[0], components.num_positions, -1) if bias.dim() == 1 else bias
         return components.add_to_bias_component(parts, rows)
     laid_out = bias if bias.dim() == 1 else components.per_part(bias)
-    return parts + bias_shares(components, bias, mode)[..., None] * laid_out
+    return torch.addcmul(parts, bias_shares(components, bias, mode)[..., None], laid_out)  # one pass over the parts
 
 
 def split_scalar_bias(
@@ -555,7 +555,7 @@ def add_split_bias(stream: Components, bias: torch.Tensor, weights: torch.Tensor
     available = stream.available.to(stream.parts.dtype)
     weights = available if mode == "equal" else weights
     shares = normalized_shares(weights * available, available)
-    return stream.like(stream.parts + shares[..., None] * bias)  # (D,) or (B, P, 1, D)
+    return stream.like(torch.addcmul(stream.parts, shares[..., None], bias))  # bias (D,) or (B, P, 1, D)
 
 
 def linearized_activation(activation, branch: Components, options: DecompXOptions) -> torch.Tensor:
