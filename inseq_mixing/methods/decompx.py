@@ -609,15 +609,16 @@ def decompose_ffn_block(
     batch, positions, num_components, _ = inputs.parts.shape
     width = ffn.w_out.weight.numel() // inputs.parts.shape[-1]
     per_position = batch * num_components * width
-    counts = None
+    seen = None
     if causal and PACK_CAUSAL_FFN and inputs.bias_index in (None, num_components - 1):
-        counts = pair_counts(inputs)
+        seen = carried_components(inputs)
+        counts = seen.sum(1).tolist()
         blocks = position_chunks(positions, per_position, options.max_chunk_elements)
         blocked_rows = sum((rows.stop - rows.start) * max(counts[rows]) for rows in blocks)
         if blocked_rows < PACK_WHEN * sum(counts):  # blocks of a few positions waste little: their products are faster
-            counts = None
-    if counts is not None:
-        output = causal_ffn(ffn, inputs, options, batch * width, counts)
+            seen = None
+    if seen is not None:
+        output = causal_ffn(ffn, inputs, options, batch * width, seen, counts)
     else:
         output = blocked_ffn(ffn, inputs, options, per_position)
     if ffn.out_norm is not None:
@@ -636,12 +637,9 @@ PACK_CAUSAL_FFN = True
 PACK_WHEN = 1.1
 
 
-def pair_counts(inputs: Components) -> list[int]:
-    """How many components each position may carry (a token some sentence's position sees, and the bias component)."""
-    return _seen(inputs).sum(1).tolist()
-
-
-def _seen(inputs: Components) -> torch.Tensor:
+def carried_components(inputs: Components) -> torch.Tensor:
+    """``(P, K)``: the components each position may carry (a token some sentence's position sees, and the bias
+    component)."""
     seen = inputs.available.any(0)
     if inputs.bias_index is not None:
         seen[:, inputs.bias_index] = True
@@ -649,12 +647,17 @@ def _seen(inputs: Components) -> torch.Tensor:
 
 
 def causal_ffn(
-    ffn: FFNSpec, inputs: Components, options: DecompXOptions, elements_per_pair: int, counts: list[int]
+    ffn: FFNSpec,
+    inputs: Components,
+    options: DecompXOptions,
+    elements_per_pair: int,
+    seen: torch.Tensor,
+    counts: list[int],
 ) -> torch.Tensor:
     """FFN output components ``(B, P, K, D)`` of a causal stream, computed on the (position, component) pairs that may
-    be non-zero (``counts`` per position, :func:`pair_counts`), packed on one axis in chunks of whole positions: the
-    causal half of the rows instead of blocks that carry their last position's components."""
-    pairs = _seen(inputs).nonzero()  # position-major: a position's bias component is its last pair
+    be non-zero (``seen``, :func:`carried_components`; ``counts`` per position), packed on one axis in chunks of whole
+    positions: the causal half of the rows instead of blocks that carry their last position's components."""
+    pairs = seen.nonzero()  # position-major: a position's bias component is its last pair
     limit = items_per_chunk(elements_per_pair, options.max_chunk_elements)
     chunks, first, taken = [], 0, 0  # whole positions, at most `limit` pairs (or one position) each
     for position, count in enumerate(counts):
