@@ -19,6 +19,7 @@ import torch
 import transformers
 from torch import nn
 
+from .deferred import check
 from .specs import AttentionSpec, HeadSpec, ModelSpec, StackSpec, get_spec
 
 logger = logging.getLogger(__name__)
@@ -445,8 +446,17 @@ def refuse_non_finite_weights(model: nn.Module) -> None:
 def refuse_non_finite_forward(model: nn.Module, logits: torch.Tensor, mask: torch.Tensor) -> None:
     """Name the cause when the forward pass gives NaN or infinite logits (or final hidden states, when the head was
     skipped) at real positions: bad weights, or an overflow. (Padding positions may hold NaN: their attention rows can
-    be fully masked.)"""
-    if bool(torch.isfinite(logits[mask.bool()]).all()):
+    be fully masked.) Inside a :func:`.deferred.one_read` scope, when the scope ends (no host–device synchronisation
+    here)."""
+    real = mask.bool().reshape(*mask.shape, *[1] * (logits.dim() - mask.dim()))
+    check(
+        (torch.isfinite(logits) | ~real.to(logits.device)).all(),
+        functools.partial(_explain_non_finite_forward, model, mask),
+    )
+
+
+def _explain_non_finite_forward(model: nn.Module, mask: torch.Tensor, finite: int) -> None:
+    if finite:
         return
     refuse_non_finite_weights(model)
     dtype = next(model.parameters()).dtype
@@ -469,7 +479,8 @@ def refuse_non_finite_forward(model: nn.Module, logits: torch.Tensor, mask: torc
 def check_vocabulary(model: nn.Module, *sequences: torch.Tensor | None) -> None:
     """Refuse token ids the model has no embedding for (a tokenizer from another model)."""
     size = model.get_input_embeddings().num_embeddings
-    largest = max(int(ids.max()) for ids in sequences if ids is not None and ids.numel())
+    given = [ids for ids in sequences if ids is not None and ids.numel()]
+    largest = int(torch.stack([ids.max().to(given[0].device) for ids in given]).max())  # one host read
     if largest >= size:
         raise ValueError(
             f"Token id {largest} is outside the model's vocabulary of {size}: the tokenizer does not match the model. "

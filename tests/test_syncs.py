@@ -6,25 +6,36 @@ tensor's value can creep back in."""
 
 import collections
 import contextlib
+import pathlib
+import sys
 
 import pytest
 import torch
 
+from inseq_mixing import deferred
+from inseq_mixing.attr.base import HostCopies
 from inseq_mixing.declarations import DECLARATIONS, Request
 from inseq_mixing.specs import get_spec
 from inseq_mixing.testing import tiny_encoder, tiny_model
 from inseq_mixing.trace import trace_model
 
-#: The most synchronisations one ``compute`` may make (today's largest is DecompX's 17 on GPT-2: its position blocks,
-#: boolean selections and finite checks).
+#: The most synchronisations one ``compute`` may make (today's largest is DecompX's 18 on GPT-2: its position blocks
+#: and boolean selections).
 MOST_SYNCS = 20
+#: The most one ``Declaration.run`` (the traced forward pass included) may make, for every method but DecompX: the
+#: vocabulary check before the forward pass, the left-padding decision, one read of all the deferred checks (finite
+#: scores and forward pass, ALTI's empty rows), and one of the method's own (value zeroing's first explained row,
+#: AttnLRP's relevance seed).
+MOST_SYNCS_PER_RUN = 4
 TENSOR_METHODS = ("item", "__bool__", "__int__", "__float__", "tolist", "nonzero")
 TORCH_FUNCTIONS = ("nonzero", "unique")
+OUR_FILES = str(pathlib.Path(deferred.__file__).parent)
 
 
 @contextlib.contextmanager
-def counting_syncs():
-    """Count the calls that read a tensor's values on the host, by kind."""
+def counting_syncs(ours_only: bool = False):
+    """Count the calls that read a tensor's values on the host, by kind; with ``ours_only``, only those made by this
+    package's code (not inside transformers' forward pass)."""
     counts = collections.Counter()
     patched = []
 
@@ -32,7 +43,7 @@ def counting_syncs():
         original = getattr(owner, name)
 
         def wrapper(*args, **kwargs):
-            if counted(args):
+            if counted(args) and (not ours_only or OUR_FILES in sys._getframe(1).f_code.co_filename):
                 counts[name] += 1
             return original(*args, **kwargs)
 
@@ -56,16 +67,22 @@ def counting_syncs():
             setattr(owner, name, original)
 
 
-def syncs_of(model, method: str, batch: int, length: int) -> int:
+def syncs_of(model, method: str, batch: int, length: int, with_trace: bool = False) -> int:
+    """Synchronisations of the method's ``compute`` on a traced batch, or (``with_trace``) those this package makes in
+    its whole ``run``: the traced forward pass, the math and the deferred checks."""
     ids = torch.randint(5, 60, (batch, length), generator=torch.Generator().manual_seed(length))
     mask = torch.ones_like(ids)
     spec = get_spec(model)
-    trace = trace_model(model, ids, mask, spec=spec)
+    traced = None if with_trace else trace_model(model, ids, mask, spec=spec)
     explained = torch.zeros_like(ids) if spec.is_encoder_only else torch.roll(ids, -1, 1)  # a label, or the next token
-    request = Request(spec, model, ids, mask, None, None, explained, None, mask.bool(), lambda: trace)
+
+    def tracer():
+        return traced or trace_model(model, ids, mask, spec=spec)
+
+    request = Request(spec, model, ids, mask, None, None, explained, None, mask.bool(), tracer)
     declaration = DECLARATIONS[method]
-    with counting_syncs() as counts:
-        declaration.compute(request, declaration.options())
+    with counting_syncs(ours_only=with_trace) as counts:
+        (declaration.run if with_trace else declaration.compute)(request, declaration.options())
     return sum(counts.values())
 
 
@@ -80,6 +97,85 @@ def test_the_math_makes_a_fixed_small_number_of_syncs(models, kind, method):
     counts = {(batch, length): syncs_of(models[kind], method, batch, length) for batch in (1, 4) for length in (6, 14)}
     assert len(set(counts.values())) == 1, counts  # the same for every batch size and length
     assert next(iter(counts.values())) <= MOST_SYNCS, counts
+
+
+@pytest.mark.parametrize("method", [name for name in DECLARATIONS if name != "decompx"])
+@pytest.mark.parametrize("kind", ["gpt2", "bert"])
+def test_a_whole_run_reads_the_device_a_few_times(models, kind, method):
+    """Trace, math and every finite check: the checks are read back together at the end of the run, once."""
+    counts = {
+        (batch, length): syncs_of(models[kind], method, batch, length, True) for batch in (1, 4) for length in (6, 14)
+    }
+    assert len(set(counts.values())) == 1, counts
+    assert next(iter(counts.values())) <= MOST_SYNCS_PER_RUN, counts
+
+
+def test_deferred_checks_act_in_order_after_one_read():
+    seen = []
+    with counting_syncs() as counts, deferred.one_read():
+        for value in (3, 0, 5):
+            deferred.check(torch.tensor(value), seen.append)
+        deferred.check(torch.tensor(True), seen.append)
+        assert seen == []  # nothing read yet
+    assert seen == [3, 0, 5, 1]
+    assert counts == {"tolist": 1}
+    deferred.check(torch.tensor(7), seen.append)  # outside a scope: at once
+    assert seen[-1] == 7
+
+
+def test_a_deferred_failure_raises_first_and_explains_a_later_error():
+    def refuse(name):
+        def act(finite):
+            if not finite:
+                raise FloatingPointError(name)
+
+        return act
+
+    with pytest.raises(FloatingPointError, match="^second$"):
+        with deferred.one_read():
+            deferred.check(torch.tensor(True), refuse("first"))
+            deferred.check(torch.tensor(False), refuse("second"))
+            deferred.check(torch.tensor(False), refuse("third"))
+    with pytest.raises(FloatingPointError, match="^nan$") as caught:
+        with deferred.one_read():
+            deferred.check(torch.isfinite(torch.tensor(float("nan"))), refuse("nan"))
+            raise IndexError("what the NaN caused downstream")
+    assert isinstance(caught.value.__cause__, IndexError)
+    with pytest.raises(IndexError):  # the checks pass: the original error stands
+        with deferred.one_read():
+            deferred.check(torch.tensor(True), refuse("fine"))
+            raise IndexError("unrelated")
+
+
+def test_refused_scores_still_raise_through_a_run(models):
+    """A non-finite score made inside ``Declaration.run`` raises when the run ends, with the method's message."""
+    model = models["gpt2"]
+    ids = torch.randint(5, 60, (2, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    spec = get_spec(model)
+    trace = trace_model(model, ids, mask, spec=spec)
+    trace.decoder.layers[1].self_attn.values[0, 2, 0, 0] = float("nan")
+    request = Request(spec, model, ids, mask, None, None, torch.roll(ids, -1, 1), None, mask.bool(), lambda: trace)
+    declaration = DECLARATIONS["alti"]
+    with pytest.raises(FloatingPointError, match="ALTI produced non-finite scores"):
+        declaration.run(request, declaration.options())
+
+
+def test_token_strings_read_each_batch_tensor_once():
+    """Inseq converts a batch's ids row by row (and token by token): each row is read from one host copy of the
+    batch tensor, equal to reading it alone."""
+    ids = torch.randint(0, 1000, (5, 9), generator=torch.Generator().manual_seed(0))
+    copies = HostCopies()
+    with counting_syncs() as counts:
+        rows = [copies.values(row) for row in ids]
+        runs = [copies.values(ids[row, start : start + 3]) for row in range(5) for start in (0, 4, 6)]
+    assert counts == {"tolist": 1}
+    assert rows == ids.tolist()
+    assert runs == [ids[row, start : start + 3].tolist() for row in range(5) for start in (0, 4, 6)]
+    ids[0, 0] += 1  # changed in place: read again
+    assert copies.values(ids[0]) == ids[0].tolist()
+    column = ids[:, 2]  # a view that is not a run of a row: read alone
+    assert copies.values(column) == column.tolist()
 
 
 def test_the_counter_sees_what_it_counts():

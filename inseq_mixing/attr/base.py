@@ -1,5 +1,6 @@
 """Shared Inseq glue for the plugin's final-step methods: read Inseq's step arguments, trace, wrap outputs."""
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -526,17 +527,48 @@ def answer_step_scores(attribution_model) -> None:
 
 
 def tokens_from_host_ids(attribution_model) -> None:
-    """Make an Inseq model turn token ids into strings from one host copy of them: its tokenizer would otherwise read
-    a device tensor one element at a time (a host–device synchronisation per token). Installed once per model."""
+    """Make an Inseq model turn token ids into strings from one host copy per batch tensor: its tokenizer would
+    otherwise read a device tensor one element at a time (a host–device synchronisation per token), and Inseq converts
+    a batch one row (or one token) at a time. Installed once per model."""
     if getattr(attribution_model, "tokens_from_host_ids", False):
         return
     convert = attribution_model._convert_ids_to_tokens
+    copies = HostCopies()
 
     def convert_on_host(ids, *args, **kwargs):
-        return convert(ids.tolist() if isinstance(ids, torch.Tensor) else ids, *args, **kwargs)
+        return convert(copies.values(ids) if isinstance(ids, torch.Tensor) else ids, *args, **kwargs)
 
     attribution_model._convert_ids_to_tokens = convert_on_host
     attribution_model.tokens_from_host_ids = True
+
+
+class HostCopies:
+    """The values of 1-D views of a 2-D integer tensor (its rows, or runs within a row), read from one host copy of the
+    whole tensor (``tolist``), kept while that tensor lives unchanged. Other tensors are read whole."""
+
+    #: How many base tensors' copies are kept (Inseq converts the source and the target ids of a batch in turn).
+    KEPT = 4
+
+    def __init__(self):
+        self.kept: list[tuple[weakref.ref, int, list[list[int]]]] = []
+
+    def values(self, ids: torch.Tensor) -> list[int]:
+        base = ids._base
+        if base is None or base.dim() != 2 or ids.dim() != 1 or not base.is_contiguous() or ids.stride(0) != 1:
+            return ids.tolist()
+        offset = ids.storage_offset() - base.storage_offset()
+        row, col = divmod(offset, base.shape[1])
+        if col + ids.shape[0] > base.shape[1]:
+            return ids.tolist()
+        return self.rows_of(base)[row][col : col + ids.shape[0]]
+
+    def rows_of(self, base: torch.Tensor) -> list[list[int]]:
+        for ref, version, rows in self.kept:
+            if ref() is base and version == base._version:
+                return rows
+        rows = base.tolist()
+        self.kept = [(weakref.ref(base), base._version, rows), *self.kept[: self.KEPT - 1]]
+        return rows
 
 
 def fix_attributed_positions(sequences: list, first: int) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from ..deferred import one_read
 from ..methods.compiled import compiling
 from ..methods.options import Chunking, Compiling, Contrast, EncoderMaps, Heads, option
 from ..methods.results import LayerMaps, LogitScores
@@ -100,10 +101,11 @@ class Declaration:
     pools_units: bool = False
 
     def run(self, request: Request, options) -> LayerMaps | LogitScores:
-        """``compute`` (its hot steps compiled when the options say ``compile=True``, :mod:`.methods.compiled`), its
-        result pooled onto the request's audio units when it has some (speech models: key frames summed per unit,
-        query frames averaged; see :mod:`inseq_mixing.methods.units`)."""
-        with compiling(getattr(options, "compile", False)):
+        """``compute`` (its hot steps compiled when the options say ``compile=True``, :mod:`.methods.compiled`; its
+        checks on device values read back together at the end, :mod:`inseq_mixing.deferred`), its result pooled onto
+        the request's audio units when it has some (speech models: key frames summed per unit, query frames averaged;
+        see :mod:`inseq_mixing.methods.units`)."""
+        with compiling(getattr(options, "compile", False)), one_read():
             result = self.compute(request, options)
         if request.units is None or self.pools_units:
             return result

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..deferred import check
 from ..specs import AttentionSpec, StackSpec
 from ..trace import AttentionTrace, ModelTrace, StackTrace
 from .blocks import refuse_non_finite, upcast
@@ -132,15 +133,18 @@ def fill_empty_rows(
     """
     refuse_non_finite("ALTI", scores)
     empty = (scores.sum(-1) == 0) & query_mask
-    if not empty.any():
-        return scores
-    warnings.warn(
-        f"ALTI: {int(empty.sum())} position(s) had no token closer to the output than the origin (undefined in the "
-        "paper); each is attributed to its own residual stream (an identity row).",
-        stacklevel=2,
-    )
+    check(empty.sum(), warn_empty_rows)  # read with the other checks: no host–device synchronisation here
     own = own_rows(scores, self_mixing) if own is None else own
     return torch.where(empty[..., None], own, scores)
+
+
+def warn_empty_rows(count: int) -> None:
+    if count:
+        warnings.warn(
+            f"ALTI: {count} position(s) had no token closer to the output than the origin (undefined in the paper); "
+            "each is attributed to its own residual stream (an identity row).",
+            stacklevel=2,
+        )
 
 
 def own_rows(like: torch.Tensor, self_mixing: bool) -> torch.Tensor:

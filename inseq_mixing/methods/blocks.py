@@ -7,8 +7,11 @@ keys and values come from the unchanged encoder output. So the effect of any cha
 position can be computed by pushing the changed vectors, batched, through these functions.
 """
 
+import functools
+
 import torch
 
+from ..deferred import check
 from ..specs import AttentionSpec, FFNSpec, LayerSpec
 from ..trace import AttentionTrace, LayerTrace
 
@@ -19,8 +22,15 @@ def upcast(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def refuse_non_finite(method: str, *tensors: torch.Tensor | None) -> None:
-    """Raise instead of returning NaN or infinite scores (overflowing half-precision activations)."""
-    if any(tensor is not None and not torch.isfinite(tensor).all() for tensor in tensors):
+    """Raise instead of returning NaN or infinite scores (overflowing half-precision activations); inside a
+    :func:`..deferred.one_read` scope, when the scope ends (no host–device synchronisation here)."""
+    for tensor in tensors:
+        if tensor is not None:
+            check(torch.isfinite(tensor).all(), functools.partial(_finite_or_raise, method))
+
+
+def _finite_or_raise(method: str, finite: int) -> None:
+    if not finite:
         raise FloatingPointError(
             f"{method} produced non-finite scores: the model's activations overflow. In float16, run the model in "
             "float32 or bfloat16 (model.float()) and retry; in float32 or float64, check the weights and inputs."
