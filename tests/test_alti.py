@@ -2,8 +2,12 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from inseq_mixing.methods import chunking
 from inseq_mixing.methods.alti import alti, alti_maps, joint_layer_blocks
+from inseq_mixing.methods.chunking import CAUSAL_CHUNK_SHARE, NARROWED_ELEMENTS, causal_chunk_slices
 from inseq_mixing.methods.rollout import encoder_decoder_rollout
 from inseq_mixing.specs import get_spec
 from inseq_mixing.testing import is_seq2seq, tiny_model
@@ -73,6 +77,36 @@ def test_chunking_does_not_change_maps(family):
     for name in ("decoder", "cross", "encoder"):
         if getattr(whole, name) is not None:
             torch.testing.assert_close(getattr(whole, name), getattr(chunked, name), rtol=0, atol=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 300),
+    st.integers(1, 2**19),
+    st.sampled_from([1, 2**16, 2**22]),
+    st.sampled_from([None, 0]),
+    st.integers(1, 6),
+)
+def test_causal_chunks_cover_the_triangle_with_little_waste(num_items, per_item, bound, smallest, fewest):
+    chunks = causal_chunk_slices(num_items, per_item, bound, smallest, fewest)
+    assert [item for chunk in chunks for item in range(chunk.start, chunk.stop)] == list(range(num_items))
+    widths = [chunk.stop - chunk.start for chunk in chunks]
+    assert max(widths) <= max(1, bound // per_item)  # the memory bound holds
+    narrowed = max(-(-num_items // CAUSAL_CHUNK_SHARE), fewest)
+    if smallest is not None or per_item * narrowed >= NARROWED_ELEMENTS:  # narrowed: the waste is ~n²/16 at most
+        wasted = sum(width * (width - 1) // 2 for width in widths)
+        assert wasted <= num_items * (max(narrowed, 1) - 1) / 2
+
+
+def test_narrowed_causal_chunks_do_not_change_maps(monkeypatch):
+    """ALTI's causal chunks narrowed to a few positions (as on full-size batches) give the maps of one whole chunk."""
+    trace = trace_of(get_tiny("gpt2"), example_kwargs("gpt2", batch=2))
+    whole = alti(trace)
+    monkeypatch.setattr(chunking, "NARROWED_ELEMENTS", 0)
+    monkeypatch.setattr(chunking, "CAUSAL_CHUNK_SHARE", 3)
+    narrowed = alti(trace)
+    torch.testing.assert_close(narrowed.decoder, whole.decoder, rtol=0, atol=1e-6)
+    assert not torch.equal(narrowed.decoder, torch.zeros_like(narrowed.decoder))
 
 
 @pytest.mark.parametrize("family", ["bart", "qwen2"])

@@ -24,3 +24,35 @@ def chunk_slices(num_items: int, elements_per_item: int, max_chunk_elements: int
     """Consecutive slices over ``num_items`` items, each a chunk of :func:`items_per_chunk` items."""
     size = items_per_chunk(elements_per_item, max_chunk_elements)
     return [slice(start, min(start + size, num_items)) for start in range(0, num_items, size)]
+
+
+#: A causal triangle's chunks hold at most about this share of its items: a chunk of ``c`` items along one side
+#: computes the ``c (c - 1) / 2`` pairs past the causal edge inside it, so narrow chunks keep that waste near
+#: ``n² / 16`` of the ``n² / 2`` pairs needed.
+CAUSAL_CHUNK_SHARE = 8
+#: Where the wasted pairs cost elementwise work only (ALTI's proximity, the norms), a chunk is not narrowed below this
+#: many elements: small work is faster whole than in more, smaller operations. Measured on a 2-core CPU
+#: (GPT-2-small-sized, 21 tokens, both rules in turn in one process): ALTI-logit on a batch of 16 0.37 s narrowed
+#: (chunks of 3 positions) vs 0.39–0.47 s (chunks of 15); on one sentence 0.058–0.060 s either way (one chunk),
+#: 0.062 s in chunks of 4.
+NARROWED_ELEMENTS = 2**20
+
+
+def causal_chunk_slices(
+    num_items: int,
+    elements_per_item: int,
+    max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    smallest_chunk_elements: int | None = None,
+    fewest_items: int = 1,
+) -> list:
+    """:func:`chunk_slices` for the items along one side of a causal triangle (queries, or zeroed keys), narrowed to
+    about ``num_items / CAUSAL_CHUNK_SHARE`` items (at least ``fewest_items``, and as many as make
+    ``smallest_chunk_elements``, default :data:`NARROWED_ELEMENTS`) so that few pairs past the causal edge are
+    computed; never above the memory bound."""
+    if smallest_chunk_elements is None:
+        smallest_chunk_elements = NARROWED_ELEMENTS
+    narrow = max(-(-num_items // CAUSAL_CHUNK_SHARE), fewest_items)
+    if smallest_chunk_elements:
+        narrow = max(narrow, items_per_chunk(elements_per_item, smallest_chunk_elements))
+    size = min(items_per_chunk(elements_per_item, max_chunk_elements), narrow)
+    return [slice(start, min(start + size, num_items)) for start in range(0, num_items, size)]

@@ -18,7 +18,7 @@ import torch
 from ..specs import AttentionSpec, LayerSpec, StackSpec
 from ..trace import AttentionTrace, LayerTrace, StackTrace
 from .blocks import cross_attention_input, head_value_outputs, upcast, valid_cells
-from .chunking import DEFAULT_CHUNK_ELEMENTS, chunk_slices
+from .chunking import DEFAULT_CHUNK_ELEMENTS, causal_chunk_slices, chunk_slices
 from .compiled import kernel
 from .norms import FrozenNorm, freeze_norm
 
@@ -60,7 +60,8 @@ def part_scores(
     scorer = kernel(scorer)
     extra = int(with_residual and not self_mixing)
     scores = probs.new_zeros(batch, num_queries, num_keys + extra)
-    for queries in chunk_slices(num_queries, batch * (num_keys + 1) * output.shape[-1], max_chunk_elements):
+    slices = causal_chunk_slices if causal else chunk_slices  # causal: narrow chunks, few pairs past the edge
+    for queries in slices(num_queries, batch * (num_keys + 1) * output.shape[-1], max_chunk_elements):
         keys = slice(0, queries.stop) if causal else slice(0, num_keys)
         parts = torch.einsum("bhqk,bhkd->bqkd", probs[:, :, queries, keys], value_outputs[:, :, keys])
         if out_frozen is not None:  # a norm on the attention output acts on every part (its shift stays outside)
@@ -114,7 +115,8 @@ def head_part_scores(
     scorer = kernel(scorer)
     scores = probs.new_zeros(batch, num_heads + 1, num_queries, num_keys + (not self_mixing))
     per_query = batch * num_heads * (num_keys + 1) * output.shape[-1]
-    for queries in chunk_slices(num_queries, per_query, max_chunk_elements):
+    slices = causal_chunk_slices if causal else chunk_slices
+    for queries in slices(num_queries, per_query, max_chunk_elements):
         keys = slice(0, queries.stop) if causal else slice(0, num_keys)
         parts = torch.einsum("bhqk,bhkd->bqhkd", probs[:, :, queries, keys], value_outputs[:, :, keys])
         if out_frozen is not None:

@@ -39,7 +39,7 @@ from .blocks import (
     upcast,
     valid_cells,
 )
-from .chunking import DEFAULT_CHUNK_ELEMENTS, items_per_chunk
+from .chunking import DEFAULT_CHUNK_ELEMENTS, causal_chunk_slices, chunk_slices, items_per_chunk
 from .compiled import kernel
 from .options import NORMALIZATIONS, SIMILARITY_METRICS
 from .results import LayerMaps
@@ -87,9 +87,14 @@ def ffn_distance(ffn: FFNSpec, hidden: torch.Tensor, clean: torch.Tensor, metric
     return distance(corrupted.unflatten(0, (clean.shape[0], -1)), clean, metric)
 
 
+def chunk_elements_per_key(batch: int, positions: int, d_model: int) -> int:
+    """Elements one zeroed token adds to a chunk's largest tensor (its FFN activations)."""
+    return batch * positions * d_model * 4
+
+
 def chunk_size_for(batch: int, positions: int, d_model: int, max_elements: int) -> int:
     """Zeroed tokens per chunk so that the chunk's FFN activations stay under ``max_elements``."""
-    return items_per_chunk(batch * positions * d_model * 4, max_elements)
+    return items_per_chunk(chunk_elements_per_key(batch, positions, d_model), max_elements)
 
 
 def zeroing_distances(
@@ -170,11 +175,16 @@ def zeroing_distances(
         return unit_zeroing_distances(probs, value_outputs, key_units, distances, residual.shape[-1],
                                       max_chunk_elements).to(score_dtype)  # fmt: skip
     scores = probs.new_zeros(batch, num_queries, num_keys)
-    chunk = chunk_size_for(batch, num_queries - first_row, residual.shape[-1], max_chunk_elements)
-    if causal:  # narrow chunks let each one skip the positions before its first key: ~n²/2 pairs instead of n²
-        chunk = min(chunk, max(4, -(-num_keys // 8)))
-    for start in range(0, num_keys, chunk):
-        keys = slice(start, min(start + chunk, num_keys))
+    per_key = chunk_elements_per_key(batch, num_queries - first_row, residual.shape[-1])
+    # causal: narrow chunks let each one skip the positions before its first key, ~n²/2 pairs instead of n² (each
+    # wasted pair is an FFN row: narrowed whatever the chunk's size)
+    chunks = (
+        causal_chunk_slices(num_keys, per_key, max_chunk_elements, smallest_chunk_elements=0, fewest_items=4)
+        if causal
+        else chunk_slices(num_keys, per_key, max_chunk_elements)
+    )
+    for keys in chunks:
+        start = keys.start
         queries = slice(max(start, first_row), None) if causal else full
         delta = torch.einsum("bhqk,bhkd->bkqd", probs[:, :, queries, keys], value_outputs[:, :, keys])
         scores[:, queries, keys] = distances(delta, queries).transpose(1, 2)
