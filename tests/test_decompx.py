@@ -291,6 +291,56 @@ def test_packed_causal_ffn_equals_the_blocked_one(family, options, monkeypatch):
         torch.testing.assert_close(mine.parts[real], theirs.parts[real], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama", "marian", "gemma2", "opt_post_ln"])
+@pytest.mark.parametrize(
+    "options",
+    [DecompXOptions(), DecompXOptions(bias="separate"), DecompXOptions(max_chunk_elements=2**11)],
+    ids=lambda o: f"{o.bias}-{o.max_chunk_elements}",
+)
+def test_causal_attention_products_on_carried_pairs_equal_dense_ones(family, options, monkeypatch):
+    """A causal self-attention's value and output projections taken only on the (position, component) pairs that may
+    be non-zero give what the products on every pair of each block give, with fewer rows, in a padded batch."""
+    import inseq_mixing.methods.decompx as dx
+
+    case = padded_case(get_tiny(family), family)
+    trace, ids = case.batched, case.next_ids()
+    rows = []
+    matmul = dx.carried_matmul
+
+    def counting(inputs, weight, pairs):
+        rows.append(inputs.shape[:-1].numel() if pairs is None else inputs.shape[0] * pairs[0].numel())
+        return matmul(inputs, weight, pairs)
+
+    monkeypatch.setattr(dx, "carried_matmul", counting)
+    monkeypatch.setattr(dx, "PACK_WHEN", 0.0)  # packed wherever it can be
+    packed = decompx(trace, ids, options=options, per_head=True, keep_layers=True)
+    packed_rows = sum(rows)
+    rows.clear()
+    monkeypatch.setattr(dx.RowBlock, "carried_pairs", lambda self, local, key: None)
+    dense = decompx(trace, ids, options=options, per_head=True, keep_layers=True)
+    assert 0 < packed_rows < sum(rows)
+    for name in ("target", "source", "bias", "target_heads", "source_heads"):
+        if getattr(dense, name, None) is not None:
+            torch.testing.assert_close(getattr(packed, name), getattr(dense, name), rtol=1e-5, atol=1e-5)
+    real = trace.decoder.mask.bool()  # padding positions hold whatever their rows compute
+    for mine, theirs in zip(packed.layers["decoder"], dense.layers["decoder"], strict=True):
+        torch.testing.assert_close(mine.parts[real], theirs.parts[real], rtol=1e-5, atol=1e-5)
+
+
+def test_the_reference_convention_keeps_its_value_bias_on_carried_pairs(monkeypatch):
+    """``convention="reference"`` adds each token's value bias to its own value (the first layer): packed or not."""
+    import inseq_mixing.methods.decompx as dx
+
+    case = padded_case(get_tiny("gpt2"), "gpt2")
+    trace, ids = case.batched, case.next_ids()
+    options = DecompXOptions(convention="reference")
+    monkeypatch.setattr(dx, "PACK_WHEN", 0.0)
+    packed = decompx(trace, ids, options=options)
+    monkeypatch.setattr(dx.RowBlock, "carried_pairs", lambda self, local, key: None)
+    dense = decompx(trace, ids, options=options)
+    torch.testing.assert_close(packed.target, dense.target, rtol=1e-5, atol=1e-5)
+
+
 def test_a_single_sentence_packs_its_causal_ffn_rows_by_default(monkeypatch):
     """One block of positions would carry the whole square of (position, component) rows: the default packs them."""
     import inseq_mixing.methods.decompx as dx

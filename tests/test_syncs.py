@@ -19,7 +19,7 @@ from inseq_mixing.specs import get_spec
 from inseq_mixing.testing import tiny_encoder, tiny_model
 from inseq_mixing.trace import trace_model
 
-#: The most synchronisations one ``compute`` may make (today's largest is DecompX's 18 on GPT-2: its position blocks
+#: The most synchronisations one ``compute`` may make (today's largest is DecompX's 20 on GPT-2: its position blocks
 #: and boolean selections).
 MOST_SYNCS = 20
 #: The most one ``Declaration.run`` (the traced forward pass included) may make, for every method but DecompX: the

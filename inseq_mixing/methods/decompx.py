@@ -255,12 +255,35 @@ class RowBlock:
     rows: slice
     cols: torch.Tensor
     stream: Components
+    carried: dict = dataclasses.field(default_factory=dict, repr=False)
 
     def local(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """For component ``indices`` of the stack layout: which are kept here, and their local positions."""
         position = torch.searchsorted(self.cols, indices).clamp(max=len(self.cols) - 1)
         kept = self.cols[position] == indices
         return kept, position[kept]
+
+    def carried_pairs(self, local: torch.Tensor, key: tuple) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The (block row, index into ``local``) pairs where the block's ``local`` components may be non-zero at its
+        positions (:func:`carried_components`: the same at every layer, found once per ``key``), or None where they
+        are most of the block (a dense product is then as cheap)."""
+        if key not in self.carried:
+            seen = carried_components(self.stream)[:, local]
+            pairs = seen.nonzero(as_tuple=True)  # one host read; their number is then known
+            self.carried[key] = None if seen.numel() < PACK_WHEN * pairs[0].numel() else pairs
+        return self.carried[key]
+
+
+def carried_matmul(inputs: torch.Tensor, weight: torch.Tensor, pairs) -> torch.Tensor:
+    """``inputs @ weight`` for ``inputs`` ``(B, rows, components, ·)``, the product taken only on the (row, component)
+    ``pairs`` that may be non-zero (:meth:`RowBlock.carried_pairs`; every other row of ``inputs`` is exactly 0, so
+    its product is too), or on every row where ``pairs`` is None."""
+    if pairs is None:
+        return inputs @ weight
+    rows, cols = pairs
+    out = inputs.new_zeros(*inputs.shape[:-1], weight.shape[-1])
+    out[:, rows, cols] = inputs[:, rows, cols] @ weight
+    return out
 
 
 @dataclass
@@ -372,9 +395,13 @@ def key_norms(attn: AttentionSpec, record: AttentionTrace, stream: BlockedStream
     return norms
 
 
-def slab_values(attn: AttentionSpec, keys: BlockedStream, norms, slab: torch.Tensor, rows: slice) -> torch.Tensor:
+def slab_values(
+    attn: AttentionSpec, keys: BlockedStream, norms, slab: torch.Tensor, rows: slice, packed: tuple | None = None
+) -> torch.Tensor:
     r"""Value vectors ``(B, key positions in rows, |slab|, heads, head_dim)`` of the key-side components ``slab``:
-    :math:`x_{j \Leftarrow k} W^h_V` (normalised first in pre-LN blocks), 0 where a position does not carry one."""
+    :math:`x_{j \Leftarrow k} W^h_V` (normalised first in pre-LN blocks), 0 where a position does not carry one
+    (with ``packed``, the slab's key in :meth:`RowBlock.carried_pairs`: the product taken only where it may be
+    non-zero, :func:`carried_matmul`)."""
     value_weight, _ = attn.value_weight()
     first = keys.blocks[0].stream.parts
     values = first.new_zeros(first.shape[0], rows.stop - rows.start, len(slab), value_weight.shape[-1])
@@ -388,7 +415,8 @@ def slab_values(attn: AttentionSpec, keys: BlockedStream, norms, slab: torch.Ten
         if norms is not None:
             parts = norms[number].apply(parts, local, block.stream.bias_index)
         target = slice(block.rows.start - rows.start, block.rows.stop - rows.start)
-        values[:, target, kept.nonzero().squeeze(-1)] = parts @ upcast(value_weight)
+        pairs = None if packed is None else block.carried_pairs(local, packed)
+        values[:, target, kept.nonzero().squeeze(-1)] = carried_matmul(parts, upcast(value_weight), pairs)
     values = values.unflatten(-1, (attn.num_kv_heads, attn.head_dim))
     return values[..., attn.kv_head_of_query_head().to(values.device), :]
 
@@ -458,28 +486,32 @@ def attention_sublayer(
         query_rows = slice(key_rows.start if causal and self_attention else 0, num_queries)
         if key_rows.start >= num_keys:
             continue
-        values = slab_values(attn, keys, norms, slab, key_rows)
+        # a causal self-attention's products only on the (position, component) pairs that may be non-zero
+        packed = ("slab", start, len(slab)) if causal and self_attention else None
+        values = slab_values(attn, keys, norms, slab, key_rows, packed)
         if value_bias is not None:  # each component's own token keeps the value bias (the first layer, 'reference')
             own = slab - own_offset - key_rows.start
             mine = (own >= 0) & (own < values.shape[1])
             values[:, own[mine], mine.nonzero().squeeze(-1)] += value_bias
         part = torch.einsum("bhqj,bjkhe->bqkhe", probs[:, :, query_rows, key_rows], values)
-        mixed = torch.einsum("bqkhe,hed->bqkd", part, out_weight)
         query_slab = slab if place is None else place(slab)
         if heads is not None:
             heads.read(part, out_weight, query_rows, query_slab)
-        del part, values
+        del values
+        part = part.flatten(-2)  # (B, q, slab, H · head_dim), against W_O as one (H · head_dim, D) matrix
         for block, weight, block_bias in zip(stream.blocks, weights, biases, strict=True):
             if block.rows.stop <= query_rows.start:
                 continue
             kept, local = block.local(query_slab)
             rows = slice(block.rows.start - query_rows.start, block.rows.stop - query_rows.start)
-            contribution = mixed[:, rows][:, :, kept]
+            pairs = None if packed is None else block.carried_pairs(local, packed)
+            contribution = carried_matmul(part[:, rows][:, :, kept], out_weight.flatten(0, 1), pairs)
             if out_frozen is not None:  # the norm on the attention output, frozen, acts on every component
                 contribution = out_frozen.linear(contribution, block.rows)
             block.stream.parts[:, :, local] += contribution
             if block_bias is not None and weighted and options.convention == "paper":  # over the attention output
                 weight[:, :, local] = bias_weights(contribution, block_bias, mode)
+        del part
     for block, weight, block_bias in zip(stream.blocks, weights, biases, strict=True):
         if block_bias is None:
             continue
