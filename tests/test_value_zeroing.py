@@ -148,3 +148,39 @@ def test_inseq_columns_are_the_full_maps_rows_of_the_generated_tokens():
     for generated in range(scores.shape[1]):
         position = first - 1 + generated
         torch.testing.assert_close(scores[: position + 1, generated].T, maps[:, position, : position + 1])
+
+
+@pytest.mark.parametrize("family", ["gpt2", "t5_gated"])
+def test_gelu_new_runs_as_one_fused_kernel_with_the_same_scores(family, monkeypatch):
+    """The corrupted rows' ``gelu_new`` runs as torch's fused tanh GELU (counted) and gives the scores of the
+    model's own Python activation; the activation modules are as they were afterwards."""
+    import contextlib
+
+    import inseq_mixing.methods.blocks as blocks
+    import inseq_mixing.methods.value_zeroing as vz
+
+    model = get_tiny(family)
+    trace = trace_of(model, example_kwargs(family, batch=2))
+    calls = []
+    fused = blocks.fused_gelu
+    monkeypatch.setattr(blocks, "fused_gelu", lambda x: calls.append(x.shape) or fused(x))
+    fast = value_zeroing(trace)
+    assert len(calls) >= len(trace.spec.decoder.layers)
+    assert not any("forward" in module.__dict__ for module in model.modules())  # each module's own forward again
+    monkeypatch.setattr(vz, "fused_activations", lambda spec: contextlib.nullcontext())
+    own = value_zeroing(trace)
+    for name in ("decoder", "cross", "encoder"):
+        if getattr(own, name) is not None:
+            torch.testing.assert_close(getattr(fast, name), getattr(own, name), rtol=1e-5, atol=1e-6)
+
+
+def test_fused_activations_put_the_modules_back_after_an_error():
+    from inseq_mixing.methods.blocks import fused_activations
+
+    model = get_tiny("gpt2")
+    spec = get_spec(model)
+    act = spec.decoder.layers[0].ffn.activation
+    with pytest.raises(RuntimeError, match="inside"), fused_activations(spec):
+        assert "forward" in act.__dict__
+        raise RuntimeError("inside")
+    assert "forward" not in act.__dict__

@@ -15,7 +15,9 @@ Zeroing :math:`v_j` changes the attention output of query :math:`i` by exactly
 :math:`-\sum_h \alpha^h_{ij}\, v^h_j W^h_O`, and everything after the attention module is position-wise (residual,
 norms, FFN, and cross-attention, whose queries come from position :math:`i` alone). So the zeroings of one layer are a
 single batched pass of a ``(zeroed tokens, positions, d_model)`` tensor through the rest of the block, chunked over
-zeroed tokens; no re-run of the model per token.
+zeroed tokens; no re-run of the model per token. The rest of the block is the model's own modules, except that
+transformers' Python ``gelu_new`` (GPT-2, T5 v1.1) runs as torch's fused kernel of the same formula there
+(:func:`.blocks.fused_activations`; equal to float rounding), for the clean and the corrupted rows alike.
 
 Audio units (speech models, :mod:`.units`): zeroing every frame of a unit :math:`u` at once changes the attention
 output of query :math:`i` by :math:`-\sum_h \sum_{j \in u} \alpha^h_{ij}\, v^h_j W^h_O`, so the closed form holds
@@ -34,6 +36,7 @@ from .blocks import (
     apply_ffn,
     cross_attention_input,
     finish_layer,
+    fused_activations,
     head_value_outputs,
     refuse_non_finite,
     upcast,
@@ -290,7 +293,8 @@ def value_zeroing(
     audio = {} if units is None else {units.stack: units.members}
     if audio.get("decoder") is not None and dec.causal:
         raise ValueError("Audio units are for non-causal stacks (speech encoders).")
-    with eval_mode(*blocks):  # the blocks are re-run: dropout must stay off whatever the model's flags
+    # the blocks are re-run: dropout must stay off whatever the model's flags; gelu_new as one fused kernel
+    with eval_mode(*blocks), fused_activations(spec):
         scores = ValueZeroingScores(
             decoder=stack_distances(
                 spec.decoder.layers,
