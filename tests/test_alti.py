@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from inseq_mixing.methods import chunking
 from inseq_mixing.methods.alti import alti, alti_maps, joint_layer_blocks
-from inseq_mixing.methods.chunking import CAUSAL_CHUNK_SHARE, NARROWED_ELEMENTS, causal_chunk_slices
+from inseq_mixing.methods.chunking import CAUSAL_CHUNK_SHARE, NARROWED_ELEMENTS, causal_chunk_slices, chunk_slices
 from inseq_mixing.methods.rollout import encoder_decoder_rollout
 from inseq_mixing.specs import get_spec
 from inseq_mixing.testing import is_seq2seq, tiny_model
@@ -88,6 +88,10 @@ def test_chunking_does_not_change_maps(family):
     st.integers(1, 6),
 )
 def test_causal_chunks_cover_the_triangle_with_little_waste(num_items, per_item, bound, smallest, fewest):
+    # on an accelerator a layer's chunks stay as wide as the memory bound allows (fewer kernels)
+    assert causal_chunk_slices(num_items, per_item, bound, smallest, fewest, "cuda") == chunk_slices(
+        num_items, per_item, bound
+    )
     chunks = causal_chunk_slices(num_items, per_item, bound, smallest, fewest)
     assert [item for chunk in chunks for item in range(chunk.start, chunk.stop)] == list(range(num_items))
     widths = [chunk.stop - chunk.start for chunk in chunks]

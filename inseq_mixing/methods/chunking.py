@@ -44,11 +44,19 @@ def causal_chunk_slices(
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     smallest_chunk_elements: int | None = None,
     fewest_items: int = 1,
+    device_type: str = "cpu",
 ) -> list:
     """:func:`chunk_slices` for the items along one side of a causal triangle (queries, or zeroed keys), narrowed to
     about ``num_items / CAUSAL_CHUNK_SHARE`` items (at least ``fewest_items``, and as many as make
     ``smallest_chunk_elements``, default :data:`NARROWED_ELEMENTS`) so that few pairs past the causal edge are
-    computed; never above the memory bound."""
+    computed; never above the memory bound.
+
+    Narrowed on the CPU only (``device_type``), where the wasted pairs cost their arithmetic. On an accelerator a
+    layer's chunks stay as wide as the memory bound allows: there the cost of small work is the number of kernels
+    and their launches (issue 26's H100 profile: thousands of small kernels per batch), not the pairs past the edge.
+    Not measured on a GPU yet."""
+    if device_type != "cpu":
+        return chunk_slices(num_items, elements_per_item, max_chunk_elements)
     if smallest_chunk_elements is None:
         smallest_chunk_elements = NARROWED_ELEMENTS
     narrow = max(-(-num_items // CAUSAL_CHUNK_SHARE), fewest_items)

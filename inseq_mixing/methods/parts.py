@@ -11,6 +11,7 @@ asks for (a post-LN block's norm, ...). Parts come in position chunks bounded by
 skip future keys. A method only supplies the scorer of a chunk, ``scorer(output, parts) -> (B, q, k)``.
 """
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -60,7 +61,8 @@ def part_scores(
     scorer = kernel(scorer)
     extra = int(with_residual and not self_mixing)
     scores = probs.new_zeros(batch, num_queries, num_keys + extra)
-    slices = causal_chunk_slices if causal else chunk_slices  # causal: narrow chunks, few pairs past the edge
+    # causal: narrow chunks on the CPU, few pairs past the edge
+    slices = functools.partial(causal_chunk_slices, device_type=probs.device.type) if causal else chunk_slices
     for queries in slices(num_queries, batch * (num_keys + 1) * output.shape[-1], max_chunk_elements):
         keys = slice(0, queries.stop) if causal else slice(0, num_keys)
         parts = torch.einsum("bhqk,bhkd->bqkd", probs[:, :, queries, keys], value_outputs[:, :, keys])
@@ -115,7 +117,7 @@ def head_part_scores(
     scorer = kernel(scorer)
     scores = probs.new_zeros(batch, num_heads + 1, num_queries, num_keys + (not self_mixing))
     per_query = batch * num_heads * (num_keys + 1) * output.shape[-1]
-    slices = causal_chunk_slices if causal else chunk_slices
+    slices = functools.partial(causal_chunk_slices, device_type=probs.device.type) if causal else chunk_slices
     for queries in slices(num_queries, per_query, max_chunk_elements):
         keys = slice(0, queries.stop) if causal else slice(0, num_keys)
         parts = torch.einsum("bhqk,bhkd->bqhkd", probs[:, :, queries, keys], value_outputs[:, :, keys])

@@ -179,10 +179,18 @@ def zeroing_distances(
                                       max_chunk_elements).to(score_dtype)  # fmt: skip
     scores = probs.new_zeros(batch, num_queries, num_keys)
     per_key = chunk_elements_per_key(batch, num_queries - first_row, residual.shape[-1])
-    # causal: narrow chunks let each one skip the positions before its first key, ~n²/2 pairs instead of n² (each
-    # wasted pair is an FFN row: narrowed whatever the chunk's size)
+    # causal, on the CPU: narrow chunks let each one skip the positions before its first key, ~n²/2 pairs instead of
+    # n² (each wasted pair is an FFN row: narrowed whatever the chunk's size); on an accelerator as wide as memory
+    # allows
     chunks = (
-        causal_chunk_slices(num_keys, per_key, max_chunk_elements, smallest_chunk_elements=0, fewest_items=4)
+        causal_chunk_slices(
+            num_keys,
+            per_key,
+            max_chunk_elements,
+            smallest_chunk_elements=0,
+            fewest_items=4,
+            device_type=probs.device.type,
+        )  # fmt: skip
         if causal
         else chunk_slices(num_keys, per_key, max_chunk_elements)
     )
