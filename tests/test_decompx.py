@@ -327,6 +327,25 @@ def test_causal_attention_products_on_carried_pairs_equal_dense_ones(family, opt
         torch.testing.assert_close(mine.parts[real], theirs.parts[real], rtol=1e-5, atol=1e-5)
 
 
+def test_narrow_blocks_of_a_causal_stream_do_not_change_the_scores(monkeypatch):
+    """A causal stream stored in narrow blocks of positions (as on full-size batches) gives the scores of one block."""
+    import inseq_mixing.methods.decompx as dx
+    from inseq_mixing.methods import chunking
+
+    case = padded_case(get_tiny("gpt2"), "gpt2")
+    trace, ids = case.batched, case.next_ids()
+    blocks = []
+    initial = dx.initial_stream
+    monkeypatch.setattr(dx, "initial_stream", lambda *a, **k: blocks.append(len((s := initial(*a, **k)).blocks)) or s)
+    whole = decompx(trace, ids, keep_layers=True)
+    monkeypatch.setattr(chunking, "NARROWED_ELEMENTS", 0)
+    monkeypatch.setattr(chunking, "CAUSAL_CHUNK_SHARE", 3)
+    narrow = decompx(trace, ids, keep_layers=True)
+    assert blocks[0] == 1 and blocks[1] == 3
+    torch.testing.assert_close(narrow.target, whole.target, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(narrow.bias, whole.bias, rtol=1e-5, atol=1e-5)
+
+
 def test_the_reference_convention_keeps_its_value_bias_on_carried_pairs(monkeypatch):
     """``convention="reference"`` adds each token's value bias to its own value (the first layer): packed or not."""
     import inseq_mixing.methods.decompx as dx

@@ -50,7 +50,7 @@ from .alti_logit import (
     through_readout,
 )
 from .blocks import refuse_non_finite, upcast, valid_cells
-from .chunking import chunk_slices, items_per_chunk
+from .chunking import causal_chunk_slices, chunk_slices, items_per_chunk
 from .head import FrozenHead
 from .norms import FrozenNorm, freeze_norm
 from .options import (  # the choices are re-exported: the options live in .options so that listing them needs no torch
@@ -335,16 +335,23 @@ def active_components(components: Components, rows: slice) -> torch.Tensor:
 
 def initial_stream(
     hidden: torch.Tensor, offset: int, available: torch.Tensor, bias_index, max_elements: int,
-    owner: torch.Tensor | None = None,
+    owner: torch.Tensor | None = None, causal: bool = False,
 ):  # fmt: skip
     """The stack input as a :class:`BlockedStream`: position ``p`` is entirely component ``offset + p``, or with
     ``owner`` ``(B, positions)`` component ``owner[b, p]`` (audio units: every frame of a unit starts in its unit's
-    component)."""
+    component). A ``causal`` stack's blocks of positions are narrowed like any causal chunk
+    (:func:`.chunking.causal_chunk_slices`; GPT-2-sized batch of 16: 2.48–2.76 s -> 2.42–2.50 s, in turn in one
+    process; one sentence and Marian unchanged)."""
     batch, positions, d_model = hidden.shape
     num_components = available.shape[-1]
     full = Components(hidden.new_empty(0), available, bias_index)
     blocks = []
-    for rows in position_chunks(positions, batch * num_components * d_model, max_elements):
+    per_position = batch * num_components * d_model
+    if causal:  # narrow blocks on the CPU: each carries fewer components its rows cannot see
+        chunks = causal_chunk_slices(positions, per_position, max_elements, device_type=hidden.device.type)
+    else:
+        chunks = position_chunks(positions, per_position, max_elements)
+    for rows in chunks:
         if owner is None:
             own = (torch.arange(rows.start, rows.stop, device=hidden.device) + offset).expand(batch, -1).contiguous()
         else:
@@ -976,7 +983,7 @@ def decompx(
     available = available_components(dec.mask, blocks, separate)
     bias_index = available.shape[-1] - 1 if separate else None
     start = initial_stream(dec.layers[0].input, offset, available, bias_index, options.max_chunk_elements,
-                           owners.get("decoder"))  # fmt: skip
+                           owners.get("decoder"), dec.causal)  # fmt: skip
     unembedded, bias = readout(trace, target_ids, foil_ids)
     heads = head_readouts(trace, unembedded, available.shape[-1]) if per_head else None
     stream, layers["decoder"] = decompose_stack(
