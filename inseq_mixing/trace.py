@@ -623,22 +623,29 @@ def trace_call(spec: ModelSpec, call: ModelCall, full_logits: bool = True) -> Mo
 @contextmanager
 def head_skipped(head: nn.Module) -> Iterator[None]:
     """Make the LM head return zeros of its output's shape (a broadcast view: no memory, no product) instead of the
-    full-vocabulary logits nobody reads; its own ``forward`` (and any wrapper installed on the instance, such as
-    accelerate's device hooks) is put back afterwards."""
-    own = head.__dict__.get("forward")
+    full-vocabulary logits nobody reads (:func:`replaced_forward`)."""
     outputs = head.weight.shape[0]
 
     def forward(hidden: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         return hidden.new_zeros(()).expand(*hidden.shape[:-1], outputs)
 
-    head.forward = forward
+    with replaced_forward(head, forward):
+        yield
+
+
+@contextmanager
+def replaced_forward(module: nn.Module, forward) -> Iterator[None]:
+    """Run ``forward`` in place of a module's own; its own ``forward`` (and any wrapper installed on the instance, such
+    as accelerate's device hooks) is put back afterwards, whatever happens."""
+    own = module.__dict__.get("forward")
+    module.forward = forward
     try:
         yield
     finally:
         if own is None:
-            del head.forward
+            del module.forward
         else:
-            head.forward = own
+            module.forward = own
 
 
 def stack_output(stack_spec: StackSpec, stack: StackTrace) -> torch.Tensor:

@@ -16,7 +16,7 @@ from transformers.activations import NewGELUActivation
 
 from ..deferred import check
 from ..specs import AttentionSpec, FFNSpec, LayerSpec, ModelSpec
-from ..trace import AttentionTrace, LayerTrace
+from ..trace import AttentionTrace, LayerTrace, replaced_forward
 
 
 def upcast(tensor: torch.Tensor) -> torch.Tensor:
@@ -144,15 +144,8 @@ def fused_activations(spec: ModelSpec) -> Iterator[None]:
     instance) is put back on exit."""
     stacks = [stack for stack in (spec.decoder, spec.encoder) if stack is not None]
     modules = {id(act): act for stack in stacks for act in (layer.ffn.activation for layer in stack.layers)}
-    replaced = [module for module in modules.values() if type(module) is NewGELUActivation]
-    own = [module.__dict__.get("forward") for module in replaced]
-    try:
-        for module in replaced:
-            module.forward = fused_gelu
+    with contextlib.ExitStack() as replaced:
+        for module in modules.values():
+            if type(module) is NewGELUActivation:
+                replaced.enter_context(replaced_forward(module, fused_gelu))
         yield
-    finally:
-        for module, forward in zip(replaced, own, strict=True):
-            if forward is None:
-                module.__dict__.pop("forward", None)
-            else:
-                module.forward = forward

@@ -22,7 +22,11 @@ def items_per_chunk(elements_per_item: int, max_chunk_elements: int = DEFAULT_CH
 
 def chunk_slices(num_items: int, elements_per_item: int, max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> list:
     """Consecutive slices over ``num_items`` items, each a chunk of :func:`items_per_chunk` items."""
-    size = items_per_chunk(elements_per_item, max_chunk_elements)
+    return consecutive(num_items, items_per_chunk(elements_per_item, max_chunk_elements))
+
+
+def consecutive(num_items: int, size: int) -> list:
+    """Consecutive slices of ``size`` items over ``num_items`` (the last may be shorter)."""
     return [slice(start, min(start + size, num_items)) for start in range(0, num_items, size)]
 
 
@@ -45,22 +49,22 @@ def causal_chunk_slices(
     smallest_chunk_elements: int | None = None,
     fewest_items: int = 1,
     device_type: str = "cpu",
+    causal: bool = True,
 ) -> list:
     """:func:`chunk_slices` for the items along one side of a causal triangle (queries, or zeroed keys), narrowed to
     about ``num_items / CAUSAL_CHUNK_SHARE`` items (at least ``fewest_items``, and as many as make
     ``smallest_chunk_elements``, default :data:`NARROWED_ELEMENTS`) so that few pairs past the causal edge are
-    computed; never above the memory bound.
+    computed; never above the memory bound. ``causal=False`` (a square, not a triangle): :func:`chunk_slices`.
 
     Narrowed on the CPU only (``device_type``), where the wasted pairs cost their arithmetic. On an accelerator a
     layer's chunks stay as wide as the memory bound allows: there the cost of small work is the number of kernels
     and their launches (issue 26's H100 profile: thousands of small kernels per batch), not the pairs past the edge.
     Not measured on a GPU yet."""
-    if device_type != "cpu":
+    if not causal or device_type != "cpu":
         return chunk_slices(num_items, elements_per_item, max_chunk_elements)
     if smallest_chunk_elements is None:
         smallest_chunk_elements = NARROWED_ELEMENTS
     narrow = max(-(-num_items // CAUSAL_CHUNK_SHARE), fewest_items)
     if smallest_chunk_elements:
         narrow = max(narrow, items_per_chunk(elements_per_item, smallest_chunk_elements))
-    size = min(items_per_chunk(elements_per_item, max_chunk_elements), narrow)
-    return [slice(start, min(start + size, num_items)) for start in range(0, num_items, size)]
+    return consecutive(num_items, min(items_per_chunk(elements_per_item, max_chunk_elements), narrow))

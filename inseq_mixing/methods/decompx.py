@@ -347,10 +347,8 @@ def initial_stream(
     full = Components(hidden.new_empty(0), available, bias_index)
     blocks = []
     per_position = batch * num_components * d_model
-    if causal:  # narrow blocks on the CPU: each carries fewer components its rows cannot see
-        chunks = causal_chunk_slices(positions, per_position, max_elements, device_type=hidden.device.type)
-    else:
-        chunks = position_chunks(positions, per_position, max_elements)
+    # causal: narrow blocks on the CPU, each carrying fewer components its rows cannot see
+    chunks = causal_chunk_slices(positions, per_position, max_elements, device_type=hidden.device.type, causal=causal)
     for rows in chunks:
         if owner is None:
             own = (torch.arange(rows.start, rows.stop, device=hidden.device) + offset).expand(batch, -1).contiguous()

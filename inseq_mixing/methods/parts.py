@@ -11,7 +11,6 @@ asks for (a post-LN block's norm, ...). Parts come in position chunks bounded by
 skip future keys. A method only supplies the scorer of a chunk, ``scorer(output, parts) -> (B, q, k)``.
 """
 
-import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -19,7 +18,7 @@ import torch
 from ..specs import AttentionSpec, LayerSpec, StackSpec
 from ..trace import AttentionTrace, LayerTrace, StackTrace
 from .blocks import cross_attention_input, head_value_outputs, upcast, valid_cells
-from .chunking import DEFAULT_CHUNK_ELEMENTS, causal_chunk_slices, chunk_slices
+from .chunking import DEFAULT_CHUNK_ELEMENTS, causal_chunk_slices
 from .compiled import kernel
 from .norms import FrozenNorm, freeze_norm
 
@@ -61,9 +60,11 @@ def part_scores(
     scorer = kernel(scorer)
     extra = int(with_residual and not self_mixing)
     scores = probs.new_zeros(batch, num_queries, num_keys + extra)
+    per_query = batch * (num_keys + 1) * output.shape[-1]
     # causal: narrow chunks on the CPU, few pairs past the edge
-    slices = functools.partial(causal_chunk_slices, device_type=probs.device.type) if causal else chunk_slices
-    for queries in slices(num_queries, batch * (num_keys + 1) * output.shape[-1], max_chunk_elements):
+    for queries in causal_chunk_slices(
+        num_queries, per_query, max_chunk_elements, device_type=probs.device.type, causal=causal
+    ):
         keys = slice(0, queries.stop) if causal else slice(0, num_keys)
         parts = torch.einsum("bhqk,bhkd->bqkd", probs[:, :, queries, keys], value_outputs[:, :, keys])
         if out_frozen is not None:  # a norm on the attention output acts on every part (its shift stays outside)
@@ -117,8 +118,9 @@ def head_part_scores(
     scorer = kernel(scorer)
     scores = probs.new_zeros(batch, num_heads + 1, num_queries, num_keys + (not self_mixing))
     per_query = batch * num_heads * (num_keys + 1) * output.shape[-1]
-    slices = functools.partial(causal_chunk_slices, device_type=probs.device.type) if causal else chunk_slices
-    for queries in slices(num_queries, per_query, max_chunk_elements):
+    for queries in causal_chunk_slices(
+        num_queries, per_query, max_chunk_elements, device_type=probs.device.type, causal=causal
+    ):
         keys = slice(0, queries.stop) if causal else slice(0, num_keys)
         parts = torch.einsum("bhqk,bhkd->bqhkd", probs[:, :, queries, keys], value_outputs[:, :, keys])
         if out_frozen is not None:

@@ -42,7 +42,7 @@ from .blocks import (
     upcast,
     valid_cells,
 )
-from .chunking import DEFAULT_CHUNK_ELEMENTS, causal_chunk_slices, chunk_slices, items_per_chunk
+from .chunking import DEFAULT_CHUNK_ELEMENTS, causal_chunk_slices, items_per_chunk
 from .compiled import kernel
 from .options import NORMALIZATIONS, SIMILARITY_METRICS
 from .results import LayerMaps
@@ -182,18 +182,10 @@ def zeroing_distances(
     # causal, on the CPU: narrow chunks let each one skip the positions before its first key, ~n²/2 pairs instead of
     # n² (each wasted pair is an FFN row: narrowed whatever the chunk's size); on an accelerator as wide as memory
     # allows
-    chunks = (
-        causal_chunk_slices(
-            num_keys,
-            per_key,
-            max_chunk_elements,
-            smallest_chunk_elements=0,
-            fewest_items=4,
-            device_type=probs.device.type,
-        )  # fmt: skip
-        if causal
-        else chunk_slices(num_keys, per_key, max_chunk_elements)
-    )
+    chunks = causal_chunk_slices(
+        num_keys, per_key, max_chunk_elements, smallest_chunk_elements=0, fewest_items=4,
+        device_type=probs.device.type, causal=causal,
+    )  # fmt: skip
     for keys in chunks:
         start = keys.start
         queries = slice(max(start, first_row), None) if causal else full
