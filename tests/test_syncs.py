@@ -19,9 +19,9 @@ from inseq_mixing.specs import get_spec
 from inseq_mixing.testing import tiny_encoder, tiny_model
 from inseq_mixing.trace import trace_model
 
-#: The most synchronisations one ``compute`` may make (today's largest is DecompX's 20 on GPT-2: its position blocks
-#: and boolean selections).
-MOST_SYNCS = 20
+#: The most synchronisations one ``compute`` may make (today's largest is DecompX's 7 on GPT-2: the layout of its
+#: blocks of positions, found once per call and kept for every layer).
+MOST_SYNCS = 10
 #: The most one ``Declaration.run`` (the traced forward pass included) may make, for every method but DecompX: the
 #: vocabulary check before the forward pass, the left-padding decision, one read of all the deferred checks (finite
 #: scores and forward pass, ALTI's empty rows), and one of the method's own (value zeroing's first explained row,
@@ -108,6 +108,17 @@ def test_a_whole_run_reads_the_device_a_few_times(models, kind, method):
     }
     assert len(set(counts.values())) == 1, counts
     assert next(iter(counts.values())) <= MOST_SYNCS_PER_RUN, counts
+
+
+@pytest.fixture(scope="module")
+def deeper():
+    return tiny_model("gpt2", layers=4)
+
+
+@pytest.mark.parametrize("method", list(DECLARATIONS))
+def test_the_syncs_do_not_grow_with_the_number_of_layers(models, deeper, method):
+    """What is read from the device (layouts, checks) is read once per run, not once per layer."""
+    assert syncs_of(models["gpt2"], method, 4, 14, True) == syncs_of(deeper, method, 4, 14, True)
 
 
 def test_deferred_checks_act_in_order_after_one_read():

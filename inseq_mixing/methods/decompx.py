@@ -255,13 +255,20 @@ class RowBlock:
     rows: slice
     cols: torch.Tensor
     stream: Components
+    #: What is found once and read at every layer: packed pairs of attention slabs, the FFN's packing.
     carried: dict = dataclasses.field(default_factory=dict, repr=False)
 
-    def local(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """For component ``indices`` of the stack layout: which are kept here, and their local positions."""
+    def local(self, indices: torch.Tensor, key: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """For component ``indices`` of the stack layout: where in ``indices`` those kept here are, and their local
+        positions. With ``key`` (naming ``indices``: the same at every layer), found once and kept."""
+        if key is not None and ("local", key) in self.carried:
+            return self.carried[("local", key)]
         position = torch.searchsorted(self.cols, indices).clamp(max=len(self.cols) - 1)
-        kept = self.cols[position] == indices
-        return kept, position[kept]
+        kept = (self.cols[position] == indices).nonzero().squeeze(-1)
+        found = kept, position[kept]
+        if key is not None:
+            self.carried[("local", key)] = found
+        return found
 
     def carried_pairs(self, local: torch.Tensor, key: tuple) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The (block row, index into ``local``) pairs where the block's ``local`` components may be non-zero at its
@@ -401,36 +408,37 @@ def key_norms(attn: AttentionSpec, record: AttentionTrace, stream: BlockedStream
 
 
 def slab_values(
-    attn: AttentionSpec, keys: BlockedStream, norms, slab: torch.Tensor, rows: slice, packed: tuple | None = None
+    attn: AttentionSpec, keys: BlockedStream, norms, slab: torch.Tensor, rows: slice, key: tuple, packed: bool = False
 ) -> torch.Tensor:
-    r"""Value vectors ``(B, key positions in rows, |slab|, heads, head_dim)`` of the key-side components ``slab``:
-    :math:`x_{j \Leftarrow k} W^h_V` (normalised first in pre-LN blocks), 0 where a position does not carry one
-    (with ``packed``, the slab's key in :meth:`RowBlock.carried_pairs`: the product taken only where it may be
-    non-zero, :func:`carried_matmul`)."""
+    r"""Value vectors ``(B, key positions in rows, |slab|, heads, head_dim)`` of the key-side components ``slab``
+    (named ``key`` in :meth:`RowBlock.local`): :math:`x_{j \Leftarrow k} W^h_V` (normalised first in pre-LN blocks), 0
+    where a position does not carry one (with ``packed``, the product taken only where it may be non-zero,
+    :func:`carried_matmul`)."""
     value_weight, _ = attn.value_weight()
     first = keys.blocks[0].stream.parts
     values = first.new_zeros(first.shape[0], rows.stop - rows.start, len(slab), value_weight.shape[-1])
     for number, block in enumerate(keys.blocks):
         if block.rows.stop <= rows.start:
             continue
-        kept, local = block.local(slab)
+        kept, local = block.local(slab, key)
         if not len(local):
             continue
         parts = block.stream.parts[:, :, local]
         if norms is not None:
             parts = norms[number].apply(parts, local, block.stream.bias_index)
         target = slice(block.rows.start - rows.start, block.rows.stop - rows.start)
-        pairs = None if packed is None else block.carried_pairs(local, packed)
-        values[:, target, kept.nonzero().squeeze(-1)] = carried_matmul(parts, upcast(value_weight), pairs)
+        pairs = block.carried_pairs(local, key) if packed else None
+        values[:, target, kept] = carried_matmul(parts, upcast(value_weight), pairs)
     values = values.unflatten(-1, (attn.num_kv_heads, attn.head_dim))
     return values[..., attn.kv_head_of_query_head().to(values.device), :]
 
 
-def first_carrying_row(stream: BlockedStream, slab: torch.Tensor) -> int:
-    """The first position that carries one of the components ``slab`` (positions before it carry none)."""
+def first_carrying_row(stream: BlockedStream, slab: torch.Tensor, key: tuple) -> int:
+    """The first position that carries one of the components ``slab`` (named ``key``; positions before it carry
+    none)."""
     for block in stream.blocks:
-        kept, _ = block.local(slab)
-        if kept.any():
+        _, local = block.local(slab, key)
+        if len(local):
             return block.rows.start
     return stream.blocks[-1].rows.stop
 
@@ -487,13 +495,15 @@ def attention_sublayer(
     weighted = mode in ("absdot", "norm")
     for start in range(0, keys.num_components, width):
         slab = torch.arange(start, min(start + width, keys.num_components), device=probs.device)
-        key_rows = slice(first_carrying_row(keys, slab) if causal else 0, num_keys)
+        # the slab's layout in each block is the same at every layer: found once (keys name it, placed or not)
+        key, query_key = ("slab", start, len(slab)), ("slab" if place is None else "placed", start, len(slab))
+        key_rows = slice(first_carrying_row(keys, slab, key) if causal else 0, num_keys)
         query_rows = slice(key_rows.start if causal and self_attention else 0, num_queries)
         if key_rows.start >= num_keys:
             continue
         # a causal self-attention's products only on the (position, component) pairs that may be non-zero
-        packed = ("slab", start, len(slab)) if causal and self_attention else None
-        values = slab_values(attn, keys, norms, slab, key_rows, packed)
+        packed = causal and self_attention
+        values = slab_values(attn, keys, norms, slab, key_rows, key, packed)
         if value_bias is not None:  # each component's own token keeps the value bias (the first layer, 'reference')
             own = slab - own_offset - key_rows.start
             mine = (own >= 0) & (own < values.shape[1])
@@ -507,9 +517,9 @@ def attention_sublayer(
         for block, weight, block_bias in zip(stream.blocks, weights, biases, strict=True):
             if block.rows.stop <= query_rows.start:
                 continue
-            kept, local = block.local(query_slab)
+            kept, local = block.local(query_slab, query_key)
             rows = slice(block.rows.start - query_rows.start, block.rows.stop - query_rows.start)
-            pairs = None if packed is None else block.carried_pairs(local, packed)
+            pairs = block.carried_pairs(local, query_key) if packed else None
             contribution = carried_matmul(part[:, rows][:, :, kept], out_weight.flatten(0, 1), pairs)
             if out_frozen is not None:  # the norm on the attention output, frozen, acts on every component
                 contribution = out_frozen.linear(contribution, block.rows)
@@ -635,27 +645,28 @@ def decompose_ffn_block(
     source: Components | None = None,
     out_norm_input: torch.Tensor | None = None,
     causal: bool = False,
+    known: dict | None = None,
 ):
     """The FFN sub-block on decomposed positions: norm (pre-LN), FFN chunked over positions (a causal stream's
     (position, component) pairs packed, :func:`causal_ffn`), output norm (if any), residual, norm (post-LN).
     ``norm_input`` is the recorded input of the FFN's norm at these positions, and ``out_norm_input`` that of its
-    output norm. ``source``: what a parallel FFN reads (the block input's components), when it is not ``stream``."""
+    output norm. ``source``: what a parallel FFN reads (the block input's components), when it is not ``stream``.
+    ``known``: where the packing of these positions is kept from one layer to the next (a :class:`RowBlock`'s
+    ``carried``; the components each position carries are the same at every layer)."""
     mode = options.bias
     source = stream if source is None else source
     inputs = source if ffn.in_norm is None else decompose_norm(ffn.in_norm, norm_input, source, mode)
     batch, positions, num_components, _ = inputs.parts.shape
     width = ffn.w_out.weight.numel() // inputs.parts.shape[-1]
     per_position = batch * num_components * width
-    seen = None
+    packing = None
     if causal and PACK_CAUSAL_FFN and inputs.bias_index in (None, num_components - 1):
-        seen = carried_components(inputs)
-        counts = seen.sum(1).tolist()
-        blocks = position_chunks(positions, per_position, options.max_chunk_elements)
-        blocked_rows = sum((rows.stop - rows.start) * max(counts[rows]) for rows in blocks)
-        if blocked_rows < PACK_WHEN * sum(counts):  # blocks of a few positions waste little: their products are faster
-            seen = None
-    if seen is not None:
-        output = causal_ffn(ffn, inputs, options, batch * width, seen, counts)
+        known = {} if known is None else known
+        if "ffn" not in known:
+            known["ffn"] = ffn_packing(inputs, per_position, options.max_chunk_elements)
+        packing = known["ffn"]
+    if packing is not None:
+        output = causal_ffn(ffn, inputs, options, batch * width, *packing)
     else:
         output = blocked_ffn(ffn, inputs, options, per_position)
     if ffn.out_norm is not None:
@@ -683,18 +694,30 @@ def carried_components(inputs: Components) -> torch.Tensor:
     return seen
 
 
+def ffn_packing(inputs: Components, per_position: int, max_chunk_elements: int):
+    """``(pairs, counts)`` for :func:`causal_ffn`: the (position, component) pairs that may be non-zero
+    (:func:`carried_components`, position-major: a position's bias component is its last pair) and their number per
+    position; or None where blocks of positions would run fewer than ``PACK_WHEN`` times the rows."""
+    seen = carried_components(inputs)
+    counts = seen.sum(1).tolist()
+    blocks = position_chunks(inputs.parts.shape[1], per_position, max_chunk_elements)
+    blocked_rows = sum((rows.stop - rows.start) * max(counts[rows]) for rows in blocks)
+    if blocked_rows < PACK_WHEN * sum(counts):  # blocks of a few positions waste little: their products are faster
+        return None
+    return seen.nonzero(), counts
+
+
 def causal_ffn(
     ffn: FFNSpec,
     inputs: Components,
     options: DecompXOptions,
     elements_per_pair: int,
-    seen: torch.Tensor,
+    pairs: torch.Tensor,
     counts: list[int],
 ) -> torch.Tensor:
-    """FFN output components ``(B, P, K, D)`` of a causal stream, computed on the (position, component) pairs that may
-    be non-zero (``seen``, :func:`carried_components`; ``counts`` per position), packed on one axis in chunks of whole
-    positions: the causal half of the rows instead of blocks that carry their last position's components."""
-    pairs = seen.nonzero()  # position-major: a position's bias component is its last pair
+    """FFN output components ``(B, P, K, D)`` of a causal stream, computed on the (position, component) ``pairs`` that
+    may be non-zero (:func:`ffn_packing`; ``counts`` per position), packed on one axis in chunks of whole positions:
+    the causal half of the rows instead of blocks that carry their last position's components."""
     limit = items_per_chunk(elements_per_pair, options.max_chunk_elements)
     chunks, first, taken = [], 0, 0  # whole positions, at most `limit` pairs (or one position) each
     for position, count in enumerate(counts):
@@ -776,7 +799,9 @@ def decompose_layer(
     for block, source in zip(stream.blocks, sources, strict=True):
         norm_input = record.ffn_norm_input[:, block.rows]
         out_input = None if out_norm_input is None else out_norm_input[:, block.rows]
-        block.stream = decompose_ffn_block(layer.ffn, norm_input, block.stream, options, source, out_input, causal)
+        block.stream = decompose_ffn_block(
+            layer.ffn, norm_input, block.stream, options, source, out_input, causal, block.carried
+        )
     return stream
 
 
