@@ -413,7 +413,9 @@ def test_two_real_processes_write_one_store_equal_to_a_single_process_run(model_
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [*launch, *args, "--out", str(tmp_path / "two")]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
+    # a rank's own "error: ..." line first: the launcher's summary fills the end of stderr
+    own_errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 0, "\n".join(own_errors) + "\n" + result.stderr[-2000:]
     assert "process 0 of 2" in result.stdout and "process 1 of 2" in result.stdout
     subprocess.run(cli(*args, "--out", str(tmp_path / "one")), capture_output=True, check=True, env=env)
     two, one = load_run(tmp_path / "two"), load_run(tmp_path / "one")
