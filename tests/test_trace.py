@@ -140,7 +140,8 @@ def test_spec_recomposes_logits_from_last_layer(family):
 
 
 def test_frozen_norms_reproduce_every_recorded_norm(family):
-    """Each norm, frozen at its recorded input's statistics, is an affine map that gives the norm's output."""
+    """Each norm, frozen at its recorded input's statistics, is an affine map that gives the norm's output; its
+    transpose and its dot product with a vector (parts of several components at each position) agree with it."""
     model = get_tiny(family)
     trace = trace_of(model, example_kwargs(family))
     for stack_spec, stack in traced_stacks(trace):
@@ -162,6 +163,9 @@ def test_frozen_norms_reproduce_every_recorded_norm(family):
             torch.testing.assert_close(
                 (frozen.linear(other) * direction).sum(), (other * frozen.transpose(direction)).sum()
             )
+            d_model = norm_input.shape[-1]
+            parts, vector = torch.randn(*norm_input.shape[:2], 3, d_model), torch.randn(d_model)
+            torch.testing.assert_close(frozen.dot_linear(parts, vector), frozen.linear(parts) @ vector)
 
 
 def test_ffn_spec_recomposes_the_ffn(family):

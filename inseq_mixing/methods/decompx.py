@@ -49,7 +49,7 @@ from .alti_logit import (
     sweep_logit,
     through_readout,
 )
-from .blocks import refuse_non_finite, upcast, valid_cells
+from .blocks import fused_activations, refuse_non_finite, upcast, valid_cells
 from .chunking import causal_chunk_slices, chunk_slices, items_per_chunk
 from .head import FrozenHead
 from .norms import FrozenNorm, freeze_norm
@@ -97,8 +97,7 @@ class Components:
         return torch.einsum("bpkd,bpd->bpk", self.parts, rows)
 
     def add_to_bias_component(self, parts: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """``parts`` with each position's vector of ``rows`` added to its bias component."""
-        parts = parts.clone()
+        """``parts`` with each position's vector of ``rows`` added to its bias component (in place)."""
         parts[:, :, self.bias_index] += rows
         return parts
 
@@ -137,7 +136,6 @@ class PackedComponents(Components):
         return (self.parts * self.per_part(rows)).sum(-1)
 
     def add_to_bias_component(self, parts: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        parts = parts.clone()
         parts[:, self.bias_pairs] += rows.index_select(1, self.position.index_select(0, self.bias_pairs))
         return parts
 
@@ -172,7 +170,8 @@ def normalized_shares(weights: torch.Tensor, available: torch.Tensor, position_s
 
 
 def split_bias(components: Components, bias: torch.Tensor, mode: str, onto: torch.Tensor | None = None):
-    """Add ``bias`` (``(D,)`` or ``(B, P, D)``) to a decomposed vector, split over its components by ``mode``.
+    """Add ``bias`` (``(D,)`` or ``(B, P, D)``) to a decomposed vector, split over its components by ``mode``, in
+    place: the parts must be fresh (a product's or a norm's output), read by nothing else.
 
     Args:
         components: The decomposed vector the bias is added to (its components set the shares).
@@ -186,7 +185,7 @@ def split_bias(components: Components, bias: torch.Tensor, mode: str, onto: torc
         rows = bias.expand(parts.shape[0], components.num_positions, -1) if bias.dim() == 1 else bias
         return components.add_to_bias_component(parts, rows)
     laid_out = bias if bias.dim() == 1 else components.per_part(bias)
-    return torch.addcmul(parts, bias_shares(components, bias, mode)[..., None], laid_out)  # one pass over the parts
+    return parts.addcmul_(bias_shares(components, bias, mode)[..., None], laid_out)  # one pass over the parts
 
 
 def split_scalar_bias(
@@ -279,18 +278,6 @@ class RowBlock:
             pairs = seen.nonzero(as_tuple=True)  # one host read; their number is then known
             self.carried[key] = None if seen.numel() < PACK_WHEN * pairs[0].numel() else pairs
         return self.carried[key]
-
-
-def carried_matmul(inputs: torch.Tensor, weight: torch.Tensor, pairs) -> torch.Tensor:
-    """``inputs @ weight`` for ``inputs`` ``(B, rows, components, ·)``, the product taken only on the (row, component)
-    ``pairs`` that may be non-zero (:meth:`RowBlock.carried_pairs`; every other row of ``inputs`` is exactly 0, so
-    its product is too), or on every row where ``pairs`` is None."""
-    if pairs is None:
-        return inputs @ weight
-    rows, cols = pairs
-    out = inputs.new_zeros(*inputs.shape[:-1], weight.shape[-1])
-    out[:, rows, cols] = inputs[:, rows, cols] @ weight
-    return out
 
 
 @dataclass
@@ -388,7 +375,7 @@ class KeyNorm:
         if self.shares is None:  # "separate": the whole shift goes to the bias component
             is_bias = (local == bias_index).to(normed.dtype)
             return normed + is_bias[:, None] * shift
-        return normed + self.shares[:, :, local, None] * shift
+        return normed.addcmul_(self.shares[:, :, local, None], shift)  # one pass, on the fresh normalised parts
 
 
 def key_norms(attn: AttentionSpec, record: AttentionTrace, stream: BlockedStream, mode: str) -> list[KeyNorm] | None:
@@ -400,7 +387,11 @@ def key_norms(attn: AttentionSpec, record: AttentionTrace, stream: BlockedStream
     for block in stream.blocks:
         frozen = freeze_norm(attn.in_norm, record.norm_input[:, block.rows])
         shares = None
-        if frozen.shift is not None and mode != "separate":
+        if frozen.shift is not None and mode == "absdot":  # |A(x_k) · β| without forming A(x_k)
+            available = block.stream.available.to(block.stream.parts.dtype)
+            weights = frozen.dot_linear(block.stream.parts, frozen.shift).abs()
+            shares = normalized_shares(weights * available, available)
+        elif frozen.shift is not None and mode != "separate":
             normed = block.stream.like(frozen.linear(block.stream.parts))
             shares = bias_shares(normed, frozen.shift, mode)
         norms.append(KeyNorm(frozen, shares))
@@ -412,11 +403,14 @@ def slab_values(
 ) -> torch.Tensor:
     r"""Value vectors ``(B, key positions in rows, |slab|, heads, head_dim)`` of the key-side components ``slab``
     (named ``key`` in :meth:`RowBlock.local`): :math:`x_{j \Leftarrow k} W^h_V` (normalised first in pre-LN blocks), 0
-    where a position does not carry one (with ``packed``, the product taken only where it may be non-zero,
-    :func:`carried_matmul`)."""
+    where a position does not carry one (with ``packed``, the product taken only on the (position, component) pairs
+    where it may be non-zero, :meth:`RowBlock.carried_pairs`: every other row is exactly 0, so its product is too).
+    Stored head-major, ``(B, heads, positions, |slab|, head_dim)`` under the returned view, so that mixing them over
+    key positions (a product per batch row and head) reads them without a copy."""
     value_weight, _ = attn.value_weight()
     first = keys.blocks[0].stream.parts
-    values = first.new_zeros(first.shape[0], rows.stop - rows.start, len(slab), value_weight.shape[-1])
+    stored = first.new_zeros(first.shape[0], attn.num_kv_heads, rows.stop - rows.start, len(slab), attn.head_dim)
+    values = stored.permute(0, 2, 3, 1, 4)  # (B, positions, |slab|, KV heads, head_dim), written through
     for number, block in enumerate(keys.blocks):
         if block.rows.stop <= rows.start:
             continue
@@ -428,9 +422,15 @@ def slab_values(
             parts = norms[number].apply(parts, local, block.stream.bias_index)
         target = slice(block.rows.start - rows.start, block.rows.stop - rows.start)
         pairs = block.carried_pairs(local, key) if packed else None
-        values[:, target, kept] = carried_matmul(parts, upcast(value_weight), pairs)
-    values = values.unflatten(-1, (attn.num_kv_heads, attn.head_dim))
-    return values[..., attn.kv_head_of_query_head().to(values.device), :]
+        if pairs is None:
+            values[:, target, kept] = (parts @ upcast(value_weight)).unflatten(-1, (attn.num_kv_heads, -1))
+        else:  # the products of the carried pairs written where they go (every other value stays 0)
+            pair_rows, pair_cols = pairs
+            product = parts[:, pair_rows, pair_cols] @ upcast(value_weight)
+            values[:, target.start + pair_rows, kept[pair_cols]] = product.unflatten(-1, (attn.num_kv_heads, -1))
+    if attn.num_kv_heads != attn.num_heads:  # each query head reads its group's value head
+        stored = stored[:, attn.kv_head_of_query_head().to(stored.device)]
+    return stored.permute(0, 2, 3, 1, 4)
 
 
 def first_carrying_row(stream: BlockedStream, slab: torch.Tensor, key: tuple) -> int:
@@ -513,18 +513,26 @@ def attention_sublayer(
         if heads is not None:
             heads.read(part, out_weight, query_rows, query_slab)
         del values
-        part = part.flatten(-2)  # (B, q, slab, H · head_dim), against W_O as one (H · head_dim, D) matrix
+        out_matrix = out_weight.flatten(0, 1)  # (H · head_dim, D): W_O as one matrix against (heads, head_dim)
         for block, weight, block_bias in zip(stream.blocks, weights, biases, strict=True):
             if block.rows.stop <= query_rows.start:
                 continue
             kept, local = block.local(query_slab, query_key)
             rows = slice(block.rows.start - query_rows.start, block.rows.stop - query_rows.start)
-            pairs = block.carried_pairs(local, query_key) if packed else None
-            contribution = carried_matmul(part[:, rows][:, :, kept], out_weight.flatten(0, 1), pairs)
+            pairs = block.carried_pairs(local, query_key) if packed and out_frozen is None else None
+            paper_weights = block_bias is not None and weighted and options.convention == "paper"
+            if pairs is not None:  # the carried pairs alone, gathered and added where they go
+                pair_rows, pair_cols = pairs
+                contribution = part[:, rows.start + pair_rows, kept[pair_cols]].flatten(-2) @ out_matrix
+                block.stream.parts[:, pair_rows, local[pair_cols]] += contribution  # distinct pairs
+                if paper_weights:  # over the attention output (0 where nothing is carried)
+                    weight[:, pair_rows, local[pair_cols]] = bias_weights(contribution, block_bias, mode)
+                continue
+            contribution = part[:, rows][:, :, kept].flatten(-2) @ out_matrix
             if out_frozen is not None:  # the norm on the attention output, frozen, acts on every component
                 contribution = out_frozen.linear(contribution, block.rows)
             block.stream.parts[:, :, local] += contribution
-            if block_bias is not None and weighted and options.convention == "paper":  # over the attention output
+            if paper_weights:  # over the attention output
                 weight[:, :, local] = bias_weights(contribution, block_bias, mode)
         del part
     for block, weight, block_bias in zip(stream.blocks, weights, biases, strict=True):
@@ -584,8 +592,8 @@ def bias_weights(components: torch.Tensor, bias: torch.Tensor, mode: str) -> tor
 def dot_with_bias(components: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """``(B, P, K)`` dot products of components with a bias ``(D,)`` or one bias per position ``(B, P, D)``."""
     bias = bias.to(components.device)
-    if bias.dim() == 1:
-        return torch.einsum("bpkd,d->bpk", components, bias)
+    if bias.dim() == 1:  # components (B, P, K, D) or packed pairs (B, N, D)
+        return components @ bias
     return torch.einsum("bpkd,bpd->bpk", components, bias)
 
 
@@ -602,16 +610,20 @@ def add_split_bias(stream: Components, bias: torch.Tensor, weights: torch.Tensor
     available = stream.available.to(stream.parts.dtype)
     weights = available if mode == "equal" else weights
     shares = normalized_shares(weights * available, available)
-    return stream.like(torch.addcmul(stream.parts, shares[..., None], bias))  # bias (D,) or (B, P, 1, D)
+    return stream.like(stream.parts.addcmul_(shares[..., None], bias))  # bias (D,) or (B, P, 1, D); in place
 
 
-def linearized_activation(activation, branch: Components, options: DecompXOptions) -> torch.Tensor:
-    """Components of ``activation(z)`` from components of ``z``, the activation linearised at the true ``z``."""
+def linearized_activation(
+    activation, branch: Components, options: DecompXOptions, in_place: bool = False
+) -> torch.Tensor:
+    """Components of ``activation(z)`` from components of ``z``, the activation linearised at the true ``z``
+    (``in_place``: the zero-origin slope multiplies ``branch.parts`` itself, which nothing reads afterwards)."""
     pre = branch.total()
     if options.ffn_linearization == "zero_origin":
         value = activation(pre)
         safe = torch.where(pre == 0, torch.ones_like(pre), pre)
-        return branch.parts * branch.per_part(torch.where(pre == 0, torch.zeros_like(pre), value / safe))
+        slope = branch.per_part(torch.where(pre == 0, torch.zeros_like(pre), value / safe))
+        return branch.parts.mul_(slope) if in_place else branch.parts * slope
     with torch.enable_grad():
         point = pre.detach().requires_grad_(True)
         value = activation(point)
@@ -626,8 +638,8 @@ def decompose_ffn(ffn: FFNSpec, inputs: Components, options: DecompXOptions) -> 
         output = upcast(ffn.forward(inputs.total().to(ffn.w_in.weight.dtype)))
         return split_bias(inputs, output, options.bias, onto=torch.zeros_like(inputs.parts))
     linear = linear_parts(ffn.w_in, inputs, options.bias)
-    if not ffn.is_gated:
-        hidden = linearized_activation(ffn.activation, linear, options)
+    if not ffn.is_gated:  # the first product's parts are read by nothing else
+        hidden = linearized_activation(ffn.activation, linear, options, in_place=True)
     elif options.gated_split == "linear":
         gate = ffn.activation(linear_total(ffn.w_gate, inputs.total()))
         hidden = linear.parts * linear.per_part(gate)
@@ -665,14 +677,16 @@ def decompose_ffn_block(
         if "ffn" not in known:
             known["ffn"] = ffn_packing(inputs, per_position, options.max_chunk_elements)
         packing = known["ffn"]
+    # the FFN's components go straight onto the residual stream's (each chunk of positions reads its inputs first)
+    into = stream.parts if ffn.out_norm is None else torch.zeros_like(inputs.parts)
     if packing is not None:
-        output = causal_ffn(ffn, inputs, options, batch * width, *packing)
+        causal_ffn(ffn, inputs, options, batch * width, *packing, into=into)
     else:
-        output = blocked_ffn(ffn, inputs, options, per_position)
+        blocked_ffn(ffn, inputs, options, per_position, into=into)
     if ffn.out_norm is not None:
-        output = decompose_norm(ffn.out_norm, out_norm_input, inputs.like(output), mode).parts
+        output = decompose_norm(ffn.out_norm, out_norm_input, inputs.like(into), mode).parts
+        stream = stream.like(stream.parts + output)
     del inputs
-    stream = stream.like(stream.parts + output)
     return stream if ffn.post_norm is None else decompose_norm(ffn.post_norm, norm_input, stream, mode)
 
 
@@ -714,10 +728,12 @@ def causal_ffn(
     elements_per_pair: int,
     pairs: torch.Tensor,
     counts: list[int],
-) -> torch.Tensor:
-    """FFN output components ``(B, P, K, D)`` of a causal stream, computed on the (position, component) ``pairs`` that
-    may be non-zero (:func:`ffn_packing`; ``counts`` per position), packed on one axis in chunks of whole positions:
-    the causal half of the rows instead of blocks that carry their last position's components."""
+    into: torch.Tensor,
+) -> None:
+    """FFN output components ``(B, P, K, D)`` of a causal stream, added to ``into``, computed on the (position,
+    component) ``pairs`` that may be non-zero (:func:`ffn_packing`; ``counts`` per position), packed on one axis in
+    chunks of whole positions: the causal half of the rows instead of blocks that carry their last position's
+    components."""
     limit = items_per_chunk(elements_per_pair, options.max_chunk_elements)
     chunks, first, taken = [], 0, 0  # whole positions, at most `limit` pairs (or one position) each
     for position, count in enumerate(counts):
@@ -727,7 +743,6 @@ def causal_ffn(
         taken += count
     chunks.append((first, len(counts)))
     offsets = [0, *itertools.accumulate(counts)]
-    output = torch.zeros_like(inputs.parts)
     for first, end in chunks:
         chunk = pairs[offsets[first] : offsets[end]]
         rows, cols = chunk[:, 0], chunk[:, 1]
@@ -740,15 +755,15 @@ def causal_ffn(
             positions=end - first,
             bias_pairs=None if inputs.bias_index is None else last_pairs,
         )
-        output[:, rows, cols] = decompose_ffn(ffn, packed, options)
-    return output
+        into[:, rows, cols] += decompose_ffn(ffn, packed, options)
 
 
-def blocked_ffn(ffn: FFNSpec, inputs: Components, options: DecompXOptions, elements_per_position: int) -> torch.Tensor:
-    """FFN output components ``(B, P, K, D)`` in blocks of positions, each with the components its positions can see
-    (non-causal streams)."""
+def blocked_ffn(
+    ffn: FFNSpec, inputs: Components, options: DecompXOptions, elements_per_position: int, into: torch.Tensor
+) -> None:
+    """FFN output components ``(B, P, K, D)``, added to ``into``, in blocks of positions, each with the components its
+    positions can see (non-causal streams)."""
     positions = inputs.parts.shape[1]
-    output = torch.zeros_like(inputs.parts)
     for rows in position_chunks(positions, elements_per_position, options.max_chunk_elements):
         active = active_components(inputs, rows)
         chunk = Components(
@@ -756,8 +771,7 @@ def blocked_ffn(ffn: FFNSpec, inputs: Components, options: DecompXOptions, eleme
             inputs.available[:, rows][:, :, active],
             None if inputs.bias_index is None else int((active == inputs.bias_index).nonzero()),
         )
-        output[:, rows, active] = decompose_ffn(ffn, chunk, options)
-    return output
+        into[:, rows, active] += decompose_ffn(ffn, chunk, options)
 
 
 def decompose_layer(
@@ -976,10 +990,14 @@ def decompx(
     Returns:
         :class:`DecompXScores`; ``target.sum(-1) + source.sum(-1) (+ bias) == logit``.
     """
-    options = options or DecompXOptions()
-    spec, dec, enc = trace.spec, trace.decoder, trace.encoder
-    if not spec.explains_logits:
+    if not trace.spec.explains_logits:
         raise ValueError(NO_HEAD.format(method="DecompX"))
+    with fused_activations(trace.spec):  # the activation slopes: GPT-2's Python GELU as one fused kernel
+        return _decompose(trace, target_ids, foil_ids, options or DecompXOptions(), keep_layers, per_head, units)
+
+
+def _decompose(trace, target_ids, foil_ids, options, keep_layers, per_head, units) -> DecompXScores:
+    spec, dec, enc = trace.spec, trace.decoder, trace.encoder
     separate = options.bias == "separate"
     if units is not None and options.convention == "reference":
         raise ValueError(

@@ -37,12 +37,23 @@ class FrozenNorm:
         return tensor if self.params.weight is None else tensor * upcast(self.params.weight)
 
     def linear(self, parts: torch.Tensor, positions: slice = slice(None)) -> torch.Tensor:
-        """:math:`A(x)` for parts ``(batch, positions, *, d_model)`` of the inputs at ``positions``."""
-        if self.params.kind == "layer":
-            parts = parts - parts.mean(-1, keepdim=True)
+        """:math:`A(x)` for parts ``(batch, positions, *, d_model)`` of the inputs at ``positions`` (the gain and the
+        scale applied as one per-position factor: two passes over the parts)."""
         scale = self.inv_scale[:, positions]
-        scale = scale.reshape(*scale.shape[:2], *[1] * (parts.dim() - 2))
-        return self._gain(parts * scale)
+        factor = self._gain(scale.reshape(*scale.shape[:2], *[1] * (parts.dim() - 2)))
+        if self.params.kind == "layer":
+            return (parts - parts.mean(-1, keepdim=True)).mul_(factor)
+        return parts * factor
+
+    def dot_linear(self, parts: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
+        r""":math:`A(x) \cdot v` for parts ``(batch, positions, *, d_model)`` of the inputs at every position, without
+        forming :math:`A(x)`: :math:`s\, x \cdot c(\gamma \odot v)` (scale :math:`s`, gain :math:`\gamma`, :math:`c`
+        centring the vector for a LayerNorm, whose mean subtraction is symmetric), one pass over the parts."""
+        vector = self._gain(upcast(vector))
+        if self.params.kind == "layer":
+            vector = vector - vector.mean()
+        scale = self.inv_scale.reshape(*self.inv_scale.shape[:2], *[1] * (parts.dim() - 3))
+        return (parts @ vector) * scale
 
     def transpose(self, direction: torch.Tensor) -> torch.Tensor:
         """:math:`A^\\top g` for one direction per position, ``(batch, positions, d_model)``."""
