@@ -91,3 +91,51 @@ def test_per_head_parts_add_up_to_each_layers_part_and_to_the_scores(family):
     torch.testing.assert_close(rebuilt, plain.target, atol=1e-5, rtol=1e-5)
     if plain.source is not None:
         torch.testing.assert_close(scores.source_heads.sum((1, 2, 3)), plain.source, atol=1e-5, rtol=1e-5)
+
+
+def test_the_last_layers_map_is_not_computed_and_not_needed(family):
+    """A layer's parts are traced back through the maps of the layers below it: the method computes the maps of all
+    but the last decoder layer, with fewer FLOPs and the scores of the whole set of maps."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    kwargs = example_kwargs(family, batch=2)
+    trace, ids = trace_of(get_tiny(family), kwargs), next_tokens(kwargs)
+    with FlopCounterMode(display=False) as below_last:
+        scores = alti_logit(trace, ids)
+    with FlopCounterMode(display=False) as every_layer:
+        whole = alti_logit(trace, ids, scores=alti(trace, encoder_scores=True))
+    assert below_last.get_total_flops() < every_layer.get_total_flops()
+    for name in ("target", "source"):
+        if getattr(whole, name) is not None:
+            torch.testing.assert_close(getattr(scores, name), getattr(whole, name), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2", "marian"])
+def test_rows_before_the_first_explained_one_are_skipped_and_the_others_unchanged(family):
+    """With ``first_row``, the logit directions and parts of earlier rows (a prompt's) are not computed: those rows
+    and terms are 0, every later one is what the whole computation gives (per head too), in a padded batch."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .conftest import padded_case
+
+    case = padded_case(get_tiny(family), family)
+    trace, ids = case.batched, case.next_ids()
+    first = 3
+    with FlopCounterMode(display=False) as every_row:
+        whole = alti_logit(trace, ids, per_head=True)
+    with FlopCounterMode(display=False) as later_rows:
+        later = alti_logit(trace, ids, per_head=True, first_row=first)
+    assert later_rows.get_total_flops() < every_row.get_total_flops()
+    pairs = [(later.target, whole.target, -2), (later.direct, whole.direct, -1)]
+    pairs += [(later.unattributed[name], whole.unattributed[name], -1) for name in UNATTRIBUTED_TERMS]
+    pairs += [(later.target_heads, whole.target_heads, -2)]
+    if whole.source is not None:
+        pairs += [(later.source, whole.source, -2), (later.source_heads, whole.source_heads, -2)]
+    for mine, theirs, axis in pairs:
+        kept = [slice(None)] * mine.dim()
+        kept[axis] = slice(first, None)
+        torch.testing.assert_close(mine[tuple(kept)], theirs[tuple(kept)], rtol=1e-5, atol=1e-6)
+        skipped = list(kept)
+        skipped[axis] = slice(0, first)
+        assert (mine[tuple(skipped)] == 0).all()
+    torch.testing.assert_close(later.logit, whole.logit)

@@ -17,7 +17,7 @@ def compute(request: Request, options: AltiLogitOptions) -> LogitScores:
 
     scores = alti_logit(
         request.trace, request.predicted_ids, request.foil_ids, max_chunk_elements=options.max_chunk_elements,
-        per_head=options.per_head,
+        per_head=options.per_head, first_row=request.first_explained_row(),
     )  # fmt: skip
     terms = {f"unattributed_{name}": term for name, term in scores.unattributed.items()}
     if options.per_head:

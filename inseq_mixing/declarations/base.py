@@ -76,6 +76,15 @@ class Request:
         """Mask of the decoder positions ``(B, T)``."""
         return self.attention_mask if self.target_ids is None else self.target_mask
 
+    def first_explained_row(self) -> int:
+        """The first position any sentence of a decoder-only batch explains (one read of the device per batch): the
+        rows before it (a prompt's) are read by nothing unless a map is rolled out. Encoder-only and encoder–decoder
+        models show every row of a map (``sequence_scores``): 0."""
+        if self.spec.is_encoder_only or self.spec.is_encoder_decoder:
+            return 0
+        explained = self.positions.any(0)
+        return int(explained.byte().argmax()) if explained.numel() else 0
+
 
 @dataclass(frozen=True)
 class Declaration:

@@ -39,7 +39,7 @@ def compute(request: Request, options: ValueZeroingOptions):
 
     units = request.units
     encoder = options.output_encoder_self_scores or options.rollout
-    first_row = 0 if options.rollout or units is not None else first_explained_row(request)
+    first_row = 0 if options.rollout or units is not None else request.first_explained_row()
     scores = value_zeroing(
         request.trace, options.similarity_metric, encoder, options.max_chunk_elements, units, first_row
     )
@@ -55,16 +55,6 @@ def compute(request: Request, options: ValueZeroingOptions):
     if not options.rollout:
         maps.axis = layer_axis(maps.target.shape[1])
     return maps
-
-
-def first_explained_row(request: Request) -> int:
-    """The first position any sentence of a decoder-only batch explains (one read of the device per batch): the rows
-    before it (a prompt's) are read by nothing when the maps are not rolled out. Encoder-only and encoder–decoder
-    models show every row of a map (``sequence_scores``): 0."""
-    if request.spec.is_encoder_only or request.spec.is_encoder_decoder:
-        return 0
-    explained = request.positions.any(0)
-    return int(explained.byte().argmax()) if explained.numel() else 0
 
 
 DECLARATION = Declaration(

@@ -96,16 +96,17 @@ def stack_contributions(
     key_mask: torch.Tensor,
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     per_head: bool = False,
+    layers: int | None = None,
 ) -> torch.Tensor:
-    """Normalised ALTI maps of every layer of a stack for one kind of sub-block: ``(B, L, Q, K[+1])``; with
-    ``per_head``, ``(B, L, H + 1, Q, K[+1])``, each row normalised over all heads and tokens and the residual (index
-    ``H``)."""
+    """Normalised ALTI maps of every layer (or of the first ``layers``) of a stack for one kind of sub-block:
+    ``(B, L, Q, K[+1])``; with ``per_head``, ``(B, L, H + 1, Q, K[+1])``, each row normalised over all heads and
+    tokens and the residual (index ``H``)."""
 
     def layer_scores(_layer, _record, attn, attn_record, residual, self_mixing, causal):
         return contributions(attn, attn_record, residual, self_mixing, causal, max_chunk_elements, per_head)
 
     self_mixing = sub_block == "self"
-    maps = stack_scores(stack_spec, stack, sub_block, key_mask, layer_scores)
+    maps = stack_scores(stack_spec, stack, sub_block, key_mask, layer_scores, layers=layers)
     if per_head:  # a row spans (heads, tokens): normalise it as one
         heads = maps.shape[2]
         flat = maps.permute(0, 1, 3, 2, 4).flatten(3)  # (B, L, Q, (H + 1)·K)
@@ -164,6 +165,7 @@ def alti(
     encoder_scores: bool = True,
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     per_head: bool = False,
+    decoder_layers: int | None = None,
 ):
     """ALTI maps of every layer and attention sub-block of a traced model.
 
@@ -174,18 +176,19 @@ def alti(
         per_head: Split every part by attention head, the residual a part of its own (our extension, see
             :func:`stack_contributions`): maps ``(B, L, H + 1, i, j)``, index ``H`` the residual. These maps do not
             roll out.
+        decoder_layers: Only the first layers of the decoder (the encoder's maps are all computed).
 
     Returns:
         :class:`AltiScores`.
     """
     spec, dec, enc = trace.spec, trace.decoder, trace.encoder
 
-    def maps(stack_spec, stack, sub_block, key_mask):
-        return stack_contributions(stack_spec, stack, sub_block, key_mask, max_chunk_elements, per_head)
+    def maps(stack_spec, stack, sub_block, key_mask, layers=None):
+        return stack_contributions(stack_spec, stack, sub_block, key_mask, max_chunk_elements, per_head, layers)
 
-    scores = AltiScores(decoder=maps(spec.decoder, dec, "self", dec.mask))
+    scores = AltiScores(decoder=maps(spec.decoder, dec, "self", dec.mask, decoder_layers))
     if spec.is_encoder_decoder:
-        scores.cross = maps(spec.decoder, dec, "cross", enc.mask)
+        scores.cross = maps(spec.decoder, dec, "cross", enc.mask, decoder_layers)
         if encoder_scores:
             scores.encoder = maps(spec.encoder, enc, "self", enc.mask)
     return scores

@@ -159,16 +159,19 @@ def _gather_logit(logits: torch.Tensor, ids: torch.Tensor, foil_ids: torch.Tenso
 
 
 def attention_logit_parts(
-    attn: AttentionSpec, record: AttentionTrace, direction: torch.Tensor, per_head: bool = False
-) -> torch.Tensor:
+    attn: AttentionSpec, record: AttentionTrace, direction: torch.Tensor, per_head: bool = False,
+    rows: slice = slice(None),
+) -> torch.Tensor:  # fmt: skip
     r""":math:`\Delta_{tj} = g_t \cdot \sum_h \alpha^h_{tj} v^h_j W^h_O`, ``(B, T, K)``, heads contracted first;
-    with ``per_head``, each head's term :math:`g_t \cdot \alpha^h_{tj} v^h_j W^h_O`, ``(B, H, T, K)``."""
+    with ``per_head``, each head's term :math:`g_t \cdot \alpha^h_{tj} v^h_j W^h_O`, ``(B, H, T, K)``. ``direction``
+    holds the query positions ``rows`` only (and so does the result)."""
     values = upcast(record.values[:, :, attn.kv_head_of_query_head().to(record.values.device)])
     projected = torch.einsum("hed,bqd->bhqe", upcast(attn.out_weight_per_head()), direction)
     per_key = torch.einsum("bkhe,bhqe->bhqk", values, projected)
+    probs = upcast(record.probs[:, :, rows])
     if per_head:
-        return upcast(record.probs) * per_key
-    return torch.einsum("bhqk,bhqk->bqk", upcast(record.probs), per_key)
+        return probs * per_key
+    return torch.einsum("bhqk,bhqk->bqk", probs, per_key)
 
 
 def _dot(direction: torch.Tensor, vector: torch.Tensor | None) -> torch.Tensor:
@@ -198,27 +201,30 @@ class LogitSweep:
     branches: list[dict[str, torch.Tensor]] = field(default_factory=list)
 
 
-def _through_norm(norm, norm_input, direction, terms) -> torch.Tensor:
-    """Carry a direction from a norm's output to its input; book the norm's shift."""
-    frozen = freeze_norm(norm, norm_input)
+def _through_norm(norm, norm_input, direction, terms, rows: slice = slice(None)) -> torch.Tensor:
+    """Carry a direction (of the positions ``rows``) from a norm's output to its input; book the norm's shift."""
+    frozen = freeze_norm(norm, norm_input[:, rows])
     terms["norm_bias"] += _dot(direction, frozen.shift)
     return frozen.transpose(direction)
 
 
-def sweep_logit(trace: ModelTrace, direction: torch.Tensor, per_head: bool = False, parts: bool = True) -> LogitSweep:
+def sweep_logit(
+    trace: ModelTrace, direction: torch.Tensor, per_head: bool = False, parts: bool = True, rows: slice = slice(None)
+) -> LogitSweep:
     """Carry :math:`u` from the logit down the decoder's residual stream, splitting the logit on the way (attention
-    parts per head with ``per_head``: ``(B, H, T, K)`` each; none with ``parts=False``, for the directions only)."""
+    parts per head with ``per_head``: ``(B, H, T, K)`` each; none with ``parts=False``, for the directions only).
+    ``direction`` may hold the logits of some query positions only, ``rows``: every result then holds those rows."""
     spec, stack = trace.spec, trace.decoder
     terms = {name: direction.new_zeros(direction.shape[:-1]) for name in UNATTRIBUTED_TERMS}
     direction = direction * spec.logits_scale
     if spec.decoder.final_norm is not None:
-        direction = _through_norm(spec.decoder.final_norm, stack.final_norm_input, direction, terms)
+        direction = _through_norm(spec.decoder.final_norm, stack.final_norm_input, direction, terms, rows)
     self_parts, cross_parts, branches = [], [], []
     for layer, record in reversed(list(zip(spec.decoder.layers, stack.layers, strict=True))):
         branches.insert(0, {})
         if layer.ffn.post_norm is not None:
-            direction = _through_norm(layer.ffn.post_norm, record.ffn_norm_input, direction, terms)
-        terms["ffn"] += _dot(direction, upcast(ffn_output(layer, record)))
+            direction = _through_norm(layer.ffn.post_norm, record.ffn_norm_input, direction, terms, rows)
+        terms["ffn"] += _dot(direction, upcast(ffn_output(layer, record)[:, rows]))
         for name, attn, attn_record, collected in (
             ("cross", layer.cross_attn, record.cross_attn, cross_parts),
             ("self", layer.self_attn, record.self_attn, self_parts),
@@ -226,21 +232,29 @@ def sweep_logit(trace: ModelTrace, direction: torch.Tensor, per_head: bool = Fal
             if attn is None:
                 continue
             if attn.post_norm is not None:
-                direction = _through_norm(attn.post_norm, attn_record.norm_input, direction, terms)
+                direction = _through_norm(attn.post_norm, attn_record.norm_input, direction, terms, rows)
             branch = direction  # a norm on the attention output sits on the branch only, not on the residual
             if attn.out_norm is not None:
-                branch = _through_norm(attn.out_norm, attn_record.output, direction, terms)
+                branch = _through_norm(attn.out_norm, attn_record.output, direction, terms, rows)
             terms["attention_bias"] += _dot(branch, attn.out_bias)
             if parts:
-                collected.insert(0, attention_logit_parts(attn, attn_record, branch, per_head))
+                collected.insert(0, attention_logit_parts(attn, attn_record, branch, per_head, rows))
             branches[0][name] = branch
-    direct = _dot(direction, upcast(stack.layers[0].input))
+    direct = _dot(direction, upcast(stack.layers[0].input[:, rows]))
     return LogitSweep(self_parts, cross_parts, direct, terms, branches)
 
 
-def _below(rollouts: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-    """Rollouts of the layers below each layer: ``first`` for layer 0, then depths 0 .. L-2."""
-    return torch.cat([first[:, None], rollouts[:, :-1]], dim=1)
+def _from_row(value: torch.Tensor, first_row: int, axis: int) -> torch.Tensor:
+    """Rows ``first_row:`` of a query axis (``-1`` or ``-2``) padded back to every row, the first ones 0."""
+    if not first_row:
+        return value
+    return torch.nn.functional.pad(value, (0, 0) * (-1 - axis) + (first_row, 0))
+
+
+def _below(rollouts: torch.Tensor, first: torch.Tensor, layers: int) -> torch.Tensor:
+    """Rollouts of the layers below each of ``layers`` layers: ``first`` for layer 0, then depths 0 .. L-2 (the
+    last layer's rollout, if given, is read by nothing)."""
+    return torch.cat([first[:, None], rollouts[:, : layers - 1]], dim=1)
 
 
 @torch.no_grad()
@@ -251,8 +265,13 @@ def alti_logit(
     scores: AltiScores | None = None,
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     per_head: bool = False,
+    first_row: int = 0,
 ) -> AltiLogitScores:
     """ALTI-logit scores of the token predicted at every position.
+
+    Only what the scores read is computed: the ALTI maps of the layers below the last (a layer's parts are traced
+    back through the rollout of the layers below it) and, with ``first_row``, the logit directions and parts of the
+    rows from it on.
 
     Args:
         trace: A recorded forward pass.
@@ -261,26 +280,37 @@ def alti_logit(
         scores: Precomputed ALTI maps of ``trace`` (with encoder maps for encoder–decoders).
         max_chunk_elements: Memory bound of one chunk of ALTI parts.
         per_head: Also split the token scores by attention head (``target_heads``, ``source_heads``).
+        first_row: Positions before it (a prompt's, which nothing reads) are not explained: their rows and terms are
+            0 (``logit`` is still every position's).
 
     Returns:
-        :class:`AltiLogitScores`; ``target.sum(-1) + source.sum(-1) + sum(unattributed) == logit``.
+        :class:`AltiLogitScores`; ``target.sum(-1) + source.sum(-1) + sum(unattributed) == logit`` (from
+        ``first_row`` on).
     """
     if not trace.spec.explains_logits:
         raise ValueError(NO_HEAD.format(method="ALTI-logit"))
-    scores = scores or alti(trace, encoder_scores=True, max_chunk_elements=max_chunk_elements)
+    layers = len(trace.spec.decoder.layers)
+    below_last = max(layers - 1, 1)  # (a one-layer model reads no map: the smallest stack is computed)
+    scores = scores or alti(trace, True, max_chunk_elements=max_chunk_elements, decoder_layers=below_last)
     direction, bias = readout(trace, target_ids, foil_ids)
-    sweep = sweep_logit(trace, direction, per_head)
-    sweep.unattributed["logit_bias"] = bias
+    rows = slice(first_row, None)
+    sweep = sweep_logit(trace, direction[:, rows], per_head, rows=rows)
+    sweep.unattributed = {name: _from_row(term, first_row, -1) for name, term in sweep.unattributed.items()}
+    sweep.unattributed["logit_bias"] = _from_row(bias[:, rows], first_row, -1)
+    sweep.direct = _from_row(sweep.direct, first_row, -1)
     rolled = alti_rollouts(scores)
-    self_parts = torch.stack(sweep.self_parts, dim=1)  # (B, L, [H,] T, T)
+    self_parts = _from_row(torch.stack(sweep.self_parts, dim=1), first_row, -2)  # (B, L, [H,] T, T)
     heads = "h" if per_head else ""
     identity = torch.eye(self_parts.shape[-1], device=self_parts.device).expand_as(rolled.target[:, 0])
-    target_terms = torch.einsum(f"bl{heads}tj,bljs->bl{heads}ts", self_parts, _below(rolled.target, identity))
+    below = _below(rolled.target, identity, layers)
+    target_terms = torch.einsum(f"bl{heads}tj,bljs->bl{heads}ts", self_parts, below)
     source_terms = None
     if rolled.source is not None:
         no_source = torch.zeros_like(rolled.source[:, 0])
-        from_self = torch.einsum(f"bl{heads}tj,bljs->bl{heads}ts", self_parts, _below(rolled.source, no_source))
-        from_cross = torch.einsum(f"bl{heads}tj,bjs->bl{heads}ts", torch.stack(sweep.cross_parts, 1), rolled.encoder)
+        below = _below(rolled.source, no_source, layers)
+        from_self = torch.einsum(f"bl{heads}tj,bljs->bl{heads}ts", self_parts, below)
+        cross_parts = _from_row(torch.stack(sweep.cross_parts, 1), first_row, -2)
+        from_cross = torch.einsum(f"bl{heads}tj,bjs->bl{heads}ts", cross_parts, rolled.encoder)
         source_terms = torch.stack([from_self, from_cross], dim=1)  # (B, 2, L, [H,] T, S)
     target = torch.diag_embed(sweep.direct) + target_terms.flatten(1, 1 + per_head).sum(1)
     source = None if source_terms is None else source_terms.flatten(1, 2 + per_head).sum(1)
