@@ -660,7 +660,8 @@ def decompose_ffn_block(
     known: dict | None = None,
 ):
     """The FFN sub-block on decomposed positions: norm (pre-LN), FFN chunked over positions (a causal stream's
-    (position, component) pairs packed, :func:`causal_ffn`), output norm (if any), residual, norm (post-LN).
+    (position, component) pairs packed, :func:`causal_ffn`), output norm (if any), residual, norm (post-LN). The
+    residual sum is taken in place: ``stream``'s parts are updated (callers keep no other reference to them).
     ``norm_input`` is the recorded input of the FFN's norm at these positions, and ``out_norm_input`` that of its
     output norm. ``source``: what a parallel FFN reads (the block input's components), when it is not ``stream``.
     ``known``: where the packing of these positions is kept from one layer to the next (a :class:`RowBlock`'s
