@@ -364,3 +364,22 @@ def test_a_single_sentence_packs_its_causal_ffn_rows_by_default(monkeypatch):
     monkeypatch.setattr(dx, "causal_ffn", lambda *args, **kw: counted.append(1) or causal_ffn(*args, **kw))
     decompx(trace, next_tokens(kwargs))
     assert len(counted) == len(trace.decoder.layers)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox"])
+def test_a_key_norms_shift_shares_are_the_definitions(family):
+    """The shares of a pre-attention norm's shift ("absdot", taken without normalising the components) are
+    |A(x_k) · β| over the normalised components, in a padded batch (completeness cannot see shares: any split adds
+    up)."""
+    from inseq_mixing.methods.decompx import BlockedStream, RowBlock, bias_shares, key_norms
+
+    case = padded_case(get_tiny(family), family)
+    trace, ids = case.batched, case.next_ids()
+    components = decompx(trace, ids, keep_layers=True).layers["decoder"][0]  # the second layer's input
+    width = components.parts.shape[2]
+    stream = BlockedStream([RowBlock(slice(0, components.parts.shape[1]), torch.arange(width), components)], width)
+    attn, record = trace.spec.decoder.layers[1].self_attn, trace.decoder.layers[1].self_attn
+    (norm,) = key_norms(attn, record, stream, "absdot")
+    frozen = freeze_norm(attn.in_norm, record.norm_input)
+    expected = bias_shares(components.like(frozen.linear(components.parts)), frozen.shift, "absdot")
+    torch.testing.assert_close(norm.shares, expected, rtol=1e-4, atol=1e-6)

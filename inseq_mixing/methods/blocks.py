@@ -139,9 +139,9 @@ def fused_gelu(input: torch.Tensor) -> torch.Tensor:
 def fused_activations(spec: ModelSpec) -> Iterator[None]:
     """Run the FFNs' tanh-approximated GELU written in Python (transformers' ``NewGELUActivation``: GPT-2's and T5
     v1.1's ``gelu_new``, five element-wise passes over the FFN's hidden rows) as torch's fused kernel of the same
-    formula, ``gelu(approximate="tanh")`` (equal to float rounding: 5e-7 at most for inputs of size 16), while blocks
-    are re-run on many rows (value zeroing's corrupted rows). Each module's own ``forward`` (and any wrapper on the
-    instance) is put back on exit."""
+    formula, ``gelu(approximate="tanh")`` (equal to float rounding: 5e-7 at most for inputs of size 16), where an
+    activation runs over many rows (value zeroing's corrupted rows, DecompX's slopes). Each module's own ``forward``
+    (and any wrapper on the instance) is put back on exit."""
     stacks = [stack for stack in (spec.decoder, spec.encoder) if stack is not None]
     modules = {id(act): act for stack in stacks for act in (layer.ffn.activation for layer in stack.layers)}
     with contextlib.ExitStack() as replaced:

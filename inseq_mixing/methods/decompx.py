@@ -144,19 +144,22 @@ class PackedComponents(Components):
         return self.positions
 
 
-def bias_shares(components: Components, bias: torch.Tensor, mode: str) -> torch.Tensor:
+def bias_shares(
+    components: Components, bias: torch.Tensor, mode: str, weights: torch.Tensor | None = None
+) -> torch.Tensor:
     """Share of a bias ``(B, P, D)`` (or one ``(D,)`` for every position) that goes to each component ``(B, P, K)``
-    (not for ``"separate"``).
+    (not for ``"separate"``); ``weights`` (``"absdot"``, ``"norm"``): the components' weights, when the caller has
+    them in another way than from ``components.parts``.
 
     A position whose weights are all 0 (e.g. a bias orthogonal to every component) splits equally.
     """
     available = components.available.to(components.parts.dtype)
-    if mode == "absdot":  # one vector for every position: a matrix-vector product
-        weights = (components.parts @ bias if bias.dim() == 1 else components.dot(bias)).abs()
-    elif mode == "norm":
-        weights = torch.linalg.vector_norm(components.parts, dim=-1)
-    else:
+    if mode not in ("absdot", "norm"):
         weights = available
+    elif weights is None and mode == "absdot":  # one vector for every position: a matrix-vector product
+        weights = (components.parts @ bias if bias.dim() == 1 else components.dot(bias)).abs()
+    elif weights is None:
+        weights = torch.linalg.vector_norm(components.parts, dim=-1)
     return normalized_shares(weights * available, available, components.position_sums)
 
 
@@ -388,9 +391,8 @@ def key_norms(attn: AttentionSpec, record: AttentionTrace, stream: BlockedStream
         frozen = freeze_norm(attn.in_norm, record.norm_input[:, block.rows])
         shares = None
         if frozen.shift is not None and mode == "absdot":  # |A(x_k) · β| without forming A(x_k)
-            available = block.stream.available.to(block.stream.parts.dtype)
             weights = frozen.dot_linear(block.stream.parts, frozen.shift).abs()
-            shares = normalized_shares(weights * available, available)
+            shares = bias_shares(block.stream, frozen.shift, mode, weights)
         elif frozen.shift is not None and mode != "separate":
             normed = block.stream.like(frozen.linear(block.stream.parts))
             shares = bias_shares(normed, frozen.shift, mode)
@@ -607,9 +609,7 @@ def add_split_bias(stream: Components, bias: torch.Tensor, weights: torch.Tensor
         return stream
     if bias.dim() == 3:
         bias = bias[:, :, None]
-    available = stream.available.to(stream.parts.dtype)
-    weights = available if mode == "equal" else weights
-    shares = normalized_shares(weights * available, available)
+    shares = bias_shares(stream, bias, mode, weights)
     return stream.like(stream.parts.addcmul_(shares[..., None], bias))  # bias (D,) or (B, P, 1, D); in place
 
 
