@@ -3,6 +3,7 @@ chunking."""
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -308,7 +309,7 @@ def test_causal_attention_products_on_carried_pairs_equal_dense_ones(family, opt
     monkeypatch.setattr(dx, "PACK_WHEN", 0.0)  # packed wherever it can be
     with FlopCounterMode(display=False) as packed_flops:
         packed = decompx(trace, ids, options=options, per_head=True, keep_layers=True)
-    monkeypatch.setattr(dx.RowBlock, "carried_pairs", lambda self, local, key: None)
+    monkeypatch.setattr(dx.RowBlock, "carried_pairs", lambda self, key: None)
     with FlopCounterMode(display=False) as dense_flops:
         dense = decompx(trace, ids, options=options, per_head=True, keep_layers=True)
     assert packed_flops.get_total_flops() < dense_flops.get_total_flops()  # the FFN is packed alike in both
@@ -348,7 +349,7 @@ def test_the_reference_convention_keeps_its_value_bias_on_carried_pairs(monkeypa
     options = DecompXOptions(convention="reference")
     monkeypatch.setattr(dx, "PACK_WHEN", 0.0)
     packed = decompx(trace, ids, options=options)
-    monkeypatch.setattr(dx.RowBlock, "carried_pairs", lambda self, local, key: None)
+    monkeypatch.setattr(dx.RowBlock, "carried_pairs", lambda self, key: None)
     dense = decompx(trace, ids, options=options)
     torch.testing.assert_close(packed.target, dense.target, rtol=1e-5, atol=1e-5)
 
@@ -360,8 +361,8 @@ def test_a_single_sentence_packs_its_causal_ffn_rows_by_default(monkeypatch):
     kwargs = example_kwargs("gpt2")
     trace = trace_of(get_tiny("gpt2"), kwargs)
     counted = []
-    causal_ffn = dx.causal_ffn
-    monkeypatch.setattr(dx, "causal_ffn", lambda *args, **kw: counted.append(1) or causal_ffn(*args, **kw))
+    run = dx.PackedChunk.run
+    monkeypatch.setattr(dx.PackedChunk, "run", lambda *args, **kw: counted.append(1) or run(*args, **kw))
     decompx(trace, next_tokens(kwargs))
     assert len(counted) == len(trace.decoder.layers)
 
@@ -377,9 +378,90 @@ def test_a_key_norms_shift_shares_are_the_definitions(family):
     trace, ids = case.batched, case.next_ids()
     components = decompx(trace, ids, keep_layers=True).layers["decoder"][0]  # the second layer's input
     width = components.parts.shape[2]
-    stream = BlockedStream([RowBlock(slice(0, components.parts.shape[1]), torch.arange(width), components)], width)
+    seen = components.available.any(0).numpy()
+    block = RowBlock(slice(0, components.parts.shape[1]), torch.arange(width), components, np.arange(width), seen)
+    stream = BlockedStream([block], width)
     attn, record = trace.spec.decoder.layers[1].self_attn, trace.decoder.layers[1].self_attn
     (norm,) = key_norms(attn, record, stream, "absdot")
     frozen = freeze_norm(attn.in_norm, record.norm_input)
     expected = bias_shares(components.like(frozen.linear(components.parts)), frozen.shift, "absdot")
     torch.testing.assert_close(norm.shares, expected, rtol=1e-4, atol=1e-6)
+
+
+def naive_gpt2_decompx(model, ids: torch.Tensor, targets: torch.Tensor, options: DecompXOptions) -> torch.Tensor:
+    """DecompX of one GPT-2 sentence written from the definition on the HF modules' weights, dense and per sentence:
+    ``(positions, components)`` scores of each position's target logit. Every bias (value bias through W_O, W_O's
+    bias, both FFN biases, every layer norm's shift, a tangent's intercept) is split over the components of the
+    vector it is added to, by ``|component . bias|``, ``||component||`` or equally over the tokens the position sees
+    (the attention bias: weights from the attention output's components, added to the residual stream's)."""
+    n, d_model = ids.shape[1], model.config.n_embd
+    heads = model.config.n_head
+    out = model(ids, output_attentions=True)
+    seen = torch.ones(n, n, dtype=model.dtype).tril()  # component k may be non-zero at position i iff k <= i
+
+    def split(onto: torch.Tensor, over: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        if options.bias == "absdot":
+            weights = (over * bias.expand_as(over[:, 0])[:, None]).sum(-1).abs()
+        elif options.bias == "norm":
+            weights = over.norm(dim=-1)
+        else:
+            weights = torch.ones(n, n, dtype=over.dtype)
+        weights = weights * seen
+        total = weights.sum(-1, keepdim=True)
+        shares = torch.where(total > 0, weights / total, seen / seen.sum(-1, keepdim=True))
+        return onto + shares[..., None] * bias.expand_as(over[:, 0])[:, None]
+
+    def norm(parts: torch.Tensor, module) -> torch.Tensor:  # at the statistics of the whole vector
+        total = parts.sum(1)
+        deviation = (total.var(-1, unbiased=False) + module.eps).sqrt()
+        normed = (parts - parts.mean(-1, keepdim=True)) / deviation[:, None, None] * module.weight
+        return split(normed, normed, module.bias)
+
+    positions = torch.arange(n)
+    x = torch.zeros(n, n, d_model, dtype=model.dtype)
+    x[positions, positions] = model.transformer.wte(ids[0]) + model.transformer.wpe(positions)
+    for block, probs in zip(model.transformer.h, out.attentions, strict=True):
+        attn = block.attn
+        value_weight, value_bias = attn.c_attn.weight[:, 2 * d_model :], attn.c_attn.bias[2 * d_model :]
+        values = (norm(x, block.ln_1) @ value_weight).unflatten(-1, (heads, -1))  # (j, k, h, e)
+        mixed = torch.einsum("hij,jkhe->ikhe", probs[0], values).flatten(-2) @ attn.c_proj.weight
+        bias = attn.c_proj.bias + value_bias @ attn.c_proj.weight  # the rows of attention sum to 1
+        x = split(x + mixed, mixed, bias)
+        hidden = norm(x, block.ln_2) @ block.mlp.c_fc.weight
+        hidden = split(hidden, hidden, block.mlp.c_fc.bias)
+        pre = hidden.sum(1)
+        if options.ffn_linearization == "zero_origin":
+            slope = torch.where(pre == 0, 0, block.mlp.act(pre) / torch.where(pre == 0, 1, pre))
+            hidden = hidden * slope[:, None]
+        else:
+            point = pre.detach().requires_grad_(True)
+            (slope,) = torch.autograd.grad(block.mlp.act(point).sum(), point)
+            hidden = hidden * slope[:, None]
+            hidden = split(hidden, hidden, (block.mlp.act(pre) - slope * pre).detach())
+        output = hidden @ block.mlp.c_proj.weight
+        x = x + split(output, output, block.mlp.c_proj.bias)
+    final = norm(x, model.transformer.ln_f)
+    return torch.einsum("ikd,id->ik", final, model.lm_head.weight[targets[0]])
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        DecompXOptions(),
+        DecompXOptions(bias="norm"),
+        DecompXOptions(bias="equal"),
+        DecompXOptions(ffn_linearization="tangent"),
+    ],  # fmt: skip
+    ids=lambda o: f"{o.bias}-{o.ffn_linearization}",
+)
+def test_gpt2_scores_equal_a_naive_decompx_from_the_definition(options):
+    """Every bias split inside the layers (attention, FFN, norms) as the definition states it: completeness cannot see
+    how a bias is shared, this can (float64, one sentence, the HF modules' weights)."""
+    model = tiny_model("gpt2").double()
+    kwargs = example_kwargs("gpt2")
+    ids, targets = kwargs["input_ids"], next_tokens(kwargs)
+    with torch.no_grad() if options.ffn_linearization == "zero_origin" else torch.enable_grad():
+        expected = naive_gpt2_decompx(model, ids, targets, options)
+    scores = decompx(trace_of(model, kwargs), targets, options=options)
+    torch.testing.assert_close(expected.sum(-1), scores.logit[0], rtol=1e-9, atol=1e-9)  # the naive one is complete
+    torch.testing.assert_close(scores.target[0], expected.detach(), rtol=1e-9, atol=1e-9)

@@ -1,8 +1,9 @@
 """Host–device synchronisations in the method math, counted on the CPU (where each would stall a GPU): a patched
-``Tensor.item`` / ``__bool__`` / ``__int__`` / ``__float__`` / ``tolist`` / ``nonzero``, boolean-mask indexing and
-``torch.nonzero`` / ``torch.unique``. A declared method's ``compute`` on a traced batch must make a fixed, small
-number of them, whatever the batch size and sequence length: no per-token or per-sentence Python loop that reads a
-tensor's value can creep back in."""
+``Tensor.item`` / ``__bool__`` / ``__int__`` / ``__float__`` / ``tolist`` / ``nonzero``, a copy to the host
+(``Tensor.cpu``, ``Tensor.to("cpu")``), boolean-mask indexing and ``torch.nonzero`` / ``torch.unique``. Work on
+the host copy itself (NumPy) is not counted: a device tensor cannot be read as a NumPy array without one of these. A
+declared method's ``compute`` on a traced batch must make a fixed, small number of them, whatever the batch size and
+sequence length: no per-token or per-sentence Python loop that reads a tensor's value can creep back in."""
 
 import collections
 import contextlib
@@ -19,15 +20,14 @@ from inseq_mixing.specs import get_spec
 from inseq_mixing.testing import tiny_encoder, tiny_model
 from inseq_mixing.trace import trace_model
 
-#: The most synchronisations one ``compute`` may make (today's largest is DecompX's 7 on GPT-2: the layout of its
-#: blocks of positions, found once per call and kept for every layer).
+#: The most synchronisations one ``compute`` may make.
 MOST_SYNCS = 10
-#: The most one ``Declaration.run`` (the traced forward pass included) may make, for every method but DecompX: the
-#: vocabulary check before the forward pass, the left-padding decision, one read of all the deferred checks (finite
-#: scores and forward pass, ALTI's empty rows), and one of the method's own (value zeroing's first explained row,
-#: AttnLRP's relevance seed).
+#: The most one ``Declaration.run`` (the traced forward pass included) may make: the vocabulary check before the
+#: forward pass, the left-padding decision, one read of all the deferred checks (finite scores and forward pass,
+#: ALTI's empty rows), and one of the method's own (value zeroing's first explained row, AttnLRP's relevance seed,
+#: DecompX's copy of the masks its layout is found from).
 MOST_SYNCS_PER_RUN = 4
-TENSOR_METHODS = ("item", "__bool__", "__int__", "__float__", "tolist", "nonzero")
+TENSOR_METHODS = ("item", "__bool__", "__int__", "__float__", "tolist", "nonzero", "cpu")
 TORCH_FUNCTIONS = ("nonzero", "unique")
 OUR_FILES = str(pathlib.Path(deferred.__file__).parent)
 
@@ -43,24 +43,30 @@ def counting_syncs(ours_only: bool = False):
         original = getattr(owner, name)
 
         def wrapper(*args, **kwargs):
-            if counted(args) and (not ours_only or OUR_FILES in sys._getframe(1).f_code.co_filename):
+            if counted(args, kwargs) and (not ours_only or OUR_FILES in sys._getframe(1).f_code.co_filename):
                 counts[name] += 1
             return original(*args, **kwargs)
 
         patched.append((owner, name, original))
         setattr(owner, name, wrapper)
 
-    def boolean_index(args):
+    def boolean_index(args, kwargs):
         index = args[1] if len(args) > 1 else None
         items = index if isinstance(index, tuple) else (index,)
         return any(isinstance(item, torch.Tensor) and item.dtype == torch.bool for item in items)
 
+    def to_host(args, kwargs):  # to("cpu"), to(device="cpu"); not to(x.device): on a GPU, x's own device
+        return any(
+            isinstance(target, str) and target.startswith("cpu") for target in [*args[1:], kwargs.get("device")]
+        )
+
     try:
         for name in TENSOR_METHODS:
-            wrap(torch.Tensor, name, lambda args: True)
+            wrap(torch.Tensor, name, lambda args, kwargs: True)
         for name in TORCH_FUNCTIONS:
-            wrap(torch, name, lambda args: True)
+            wrap(torch, name, lambda args, kwargs: True)
         wrap(torch.Tensor, "__getitem__", boolean_index)
+        wrap(torch.Tensor, "to", to_host)
         yield counts
     finally:
         for owner, name, original in reversed(patched):
@@ -99,7 +105,7 @@ def test_the_math_makes_a_fixed_small_number_of_syncs(models, kind, method):
     assert next(iter(counts.values())) <= MOST_SYNCS, counts
 
 
-@pytest.mark.parametrize("method", [name for name in DECLARATIONS if name != "decompx"])
+@pytest.mark.parametrize("method", list(DECLARATIONS))
 @pytest.mark.parametrize("kind", ["gpt2", "bert"])
 def test_a_whole_run_reads_the_device_a_few_times(models, kind, method):
     """Trace, math and every finite check: the checks are read back together at the end of the run, once."""
@@ -193,7 +199,9 @@ def test_the_counter_sees_what_it_counts():
     with counting_syncs() as counts:
         values = torch.arange(5.0)
         bool(values.sum() > 0), values.tolist(), values[values > 2], torch.nonzero(values)
-    assert counts == {"__bool__": 1, "tolist": 1, "__getitem__": 1, "nonzero": 1}
+        values.cpu(), values.to("cpu"), values.to("cpu", torch.float64), values.to(device="cpu")
+        values.to(torch.float64), values.to(values.device)  # a dtype, or the device the math runs on: no host copy
+    assert counts == {"__bool__": 1, "tolist": 1, "__getitem__": 1, "nonzero": 1, "cpu": 1, "to": 3}
 
 
 @pytest.mark.parametrize("family", ["gpt2", "marian"])

@@ -11,6 +11,7 @@ import contextlib
 import functools
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 from transformers.activations import NewGELUActivation
 
@@ -38,6 +39,20 @@ def _finite_or_raise(method: str, finite: int) -> None:
             f"{method} produced non-finite scores: the model's activations overflow. In float16, run the model in "
             "float32 or bfloat16 (model.float()) and retry; in float32 or float64, check the weights and inputs."
         )
+
+
+def host_copies(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """CPU copies of small integer or boolean device tensors (masks), in one device-to-host copy: one synchronisation
+    for all of them, where a layout found from device values would read the device once per decision."""
+    flat = torch.cat([tensor.reshape(-1).to(torch.long) for tensor in tensors]).cpu()
+    pieces = flat.split([tensor.numel() for tensor in tensors])
+    return [piece.reshape(tensor.shape).to(tensor.dtype) for piece, tensor in zip(pieces, tensors, strict=True)]
+
+
+def on_device(indices: np.ndarray, device: torch.device) -> torch.Tensor:
+    """An index array found on the host, as an int64 tensor on ``device``: a host-to-device copy that does not wait
+    for the device's queue (``non_blocking``), so no synchronisation."""
+    return torch.from_numpy(np.array(indices, dtype=np.int64)).to(device, non_blocking=True)  # a copy: tiny, writable
 
 
 def head_value_outputs(attn: AttentionSpec, record: AttentionTrace) -> torch.Tensor:

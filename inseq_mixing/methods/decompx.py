@@ -34,7 +34,9 @@ linear: the components add up to :math:`z`, the logit before the cap, which is r
 import dataclasses
 import itertools
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from ..specs import AttentionSpec, FFNSpec, LayerSpec, StackSpec
@@ -49,7 +51,7 @@ from .alti_logit import (
     sweep_logit,
     through_readout,
 )
-from .blocks import fused_activations, refuse_non_finite, upcast, valid_cells
+from .blocks import fused_activations, host_copies, on_device, refuse_non_finite, upcast, valid_cells
 from .chunking import causal_chunk_slices, chunk_slices, items_per_chunk
 from .head import FrozenHead
 from .norms import FrozenNorm, freeze_norm
@@ -243,44 +245,66 @@ def attention_bias(attn: AttentionSpec) -> torch.Tensor | None:
     return bias
 
 
+class CarriedPairs(NamedTuple):
+    """The (block row, component) pairs where a block's components of one slab may be non-zero (device tensors, found
+    once): ``rows``, and for each pair the index into the slab's components kept in the block (``column``), into the
+    slab (``kept``) and into the block's components (``local``)."""
+
+    rows: torch.Tensor
+    column: torch.Tensor
+    kept: torch.Tensor
+    local: torch.Tensor
+
+
 @dataclass
 class RowBlock:
     """Positions ``rows`` of a decomposed stream, with only the components they can carry.
 
+    The block's layout (which components it keeps, where a slab of components lies in it, its carried pairs, its FFN
+    packing) is found on the host from ``seen`` and kept for every layer: the method never reads the device to decide
+    what to compute, and the index tensors are copied to the device without waiting for it.
+
     Attributes:
         rows: The positions.
-        cols: ``(K_r,)`` sorted indices (in the stack's component layout) of the components kept; every other
-            component is exactly 0 at these positions (causally unreachable or padding).
+        cols: ``(K_r,)`` sorted indices (in the stack's component layout) of the components kept, on the stream's
+            device; every other component is exactly 0 at these positions (causally unreachable or padding).
         stream: The kept components ``(B, |rows|, K_r, D)``.
+        host_cols: ``cols`` on the host.
+        seen: ``(|rows|, K_r)`` host booleans: the kept components each position may carry (a token some sentence's
+            position sees, and the bias component); the others are exactly 0 there in every sentence.
     """
 
     rows: slice
     cols: torch.Tensor
     stream: Components
-    #: What is found once and read at every layer: packed pairs of attention slabs, the FFN's packing.
+    host_cols: np.ndarray
+    seen: np.ndarray
+    #: What is found once and read at every layer: slab placements, packed pairs of attention slabs, the FFN's packing.
     carried: dict = dataclasses.field(default_factory=dict, repr=False)
 
-    def local(self, indices: torch.Tensor, key: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """For component ``indices`` of the stack layout: where in ``indices`` those kept here are, and their local
-        positions. With ``key`` (naming ``indices``: the same at every layer), found once and kept."""
-        if key is not None and ("local", key) in self.carried:
-            return self.carried[("local", key)]
-        position = torch.searchsorted(self.cols, indices).clamp(max=len(self.cols) - 1)
-        kept = (self.cols[position] == indices).nonzero().squeeze(-1)
-        found = kept, position[kept]
-        if key is not None:
-            self.carried[("local", key)] = found
-        return found
+    def local(self, indices: np.ndarray, key: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        """For component ``indices`` of the stack layout (named ``key``: the same at every layer): where in ``indices``
+        those kept here are, and their local positions (device tensors; found once on the host and kept)."""
+        if ("local", key) not in self.carried:
+            position = np.searchsorted(self.host_cols, indices).clip(max=len(self.host_cols) - 1)
+            kept = np.flatnonzero(self.host_cols[position] == indices)
+            device = self.cols.device
+            self.carried[("local", key)] = (on_device(kept, device), on_device(position[kept], device))
+            self.carried[("host local", key)] = kept, position[kept]
+        return self.carried[("local", key)]
 
-    def carried_pairs(self, local: torch.Tensor, key: tuple) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The (block row, index into ``local``) pairs where the block's ``local`` components may be non-zero at its
-        positions (:func:`carried_components`: the same at every layer, found once per ``key``), or None where they
-        are most of the block (a dense product is then as cheap)."""
-        if key not in self.carried:
-            seen = carried_components(self.stream)[:, local]
-            pairs = seen.nonzero(as_tuple=True)  # one host read; their number is then known
-            self.carried[key] = None if seen.numel() < PACK_WHEN * pairs[0].numel() else pairs
-        return self.carried[key]
+    def carried_pairs(self, key: tuple) -> CarriedPairs | None:
+        """The pairs where the block's components of the slab named ``key`` (placed by :meth:`local` first) may be
+        non-zero at its positions, or None where they are most of the block (a dense product is then as cheap)."""
+        if ("pairs", key) not in self.carried:
+            kept, local = self.carried[("host local", key)]
+            seen = self.seen[:, local]
+            rows, cols = np.nonzero(seen)
+            dense = seen.size < PACK_WHEN * len(rows)
+            device = self.cols.device
+            pairs = CarriedPairs(*(on_device(index, device) for index in (rows, cols, kept[cols], local[cols])))
+            self.carried[("pairs", key)] = None if dense else pairs
+        return self.carried[("pairs", key)]
 
 
 @dataclass
@@ -321,44 +345,36 @@ def position_chunks(num_positions: int, elements_per_position: int, max_chunk_el
     return chunk_slices(num_positions, elements_per_position, max_chunk_elements)
 
 
-def active_components(components: Components, rows: slice) -> torch.Tensor:
-    """Components that may be non-zero at some position of ``rows``: the tokens those positions can see (all others
-    are exactly 0 there), and the bias component."""
-    active = components.available[:, rows].any(0).any(0)
-    if components.bias_index is not None:
-        active[components.bias_index] = True
-    return active.nonzero().squeeze(-1)
-
-
 def initial_stream(
-    hidden: torch.Tensor, offset: int, available: torch.Tensor, bias_index, max_elements: int,
-    owner: torch.Tensor | None = None, causal: bool = False,
+    hidden: torch.Tensor, offset: int, available: torch.Tensor, host_available: torch.Tensor, bias_index,
+    max_elements: int, owner: torch.Tensor | None = None, causal: bool = False,
 ):  # fmt: skip
     """The stack input as a :class:`BlockedStream`: position ``p`` is entirely component ``offset + p``, or with
-    ``owner`` ``(B, positions)`` component ``owner[b, p]`` (audio units: every frame of a unit starts in its unit's
-    component). A ``causal`` stack's blocks of positions are narrowed like any causal chunk
-    (:func:`.chunking.causal_chunk_slices`; GPT-2-sized batch of 16: 2.48–2.76 s -> 2.42–2.50 s, in turn in one
-    process; one sentence and Marian unchanged)."""
+    ``owner`` ``(B, positions)`` (on the host) component ``owner[b, p]`` (audio units: every frame of a unit starts in
+    its unit's component). ``host_available`` is ``available`` on the host: the blocks' layout is found from it. A
+    ``causal`` stack's blocks of positions are narrowed like any causal chunk (:func:`.chunking.causal_chunk_slices`;
+    GPT-2-sized batch of 16: 2.48–2.76 s -> 2.42–2.50 s, in turn in one process; one sentence and Marian unchanged)."""
     batch, positions, d_model = hidden.shape
     num_components = available.shape[-1]
-    full = Components(hidden.new_empty(0), available, bias_index)
+    device = hidden.device
     blocks = []
     per_position = batch * num_components * d_model
     # causal: narrow blocks on the CPU, each carrying fewer components its rows cannot see
-    chunks = causal_chunk_slices(positions, per_position, max_elements, device_type=hidden.device.type, causal=causal)
+    chunks = causal_chunk_slices(positions, per_position, max_elements, device_type=device.type, causal=causal)
     for rows in chunks:
-        if owner is None:
-            own = (torch.arange(rows.start, rows.stop, device=hidden.device) + offset).expand(batch, -1).contiguous()
-        else:
-            own = owner[:, rows].contiguous()
-        cols = torch.unique(torch.cat([active_components(full, rows), own.flatten()]))
-        local_bias = None if bias_index is None else int((cols == bias_index).nonzero())
-        parts = hidden.new_zeros(batch, own.shape[1], len(cols), d_model, dtype=upcast(hidden).dtype)
-        every = torch.arange(batch, device=hidden.device)[:, None]
-        parts[every, torch.arange(own.shape[1], device=hidden.device), torch.searchsorted(cols, own)] = upcast(
-            hidden[:, rows]
-        )
-        blocks.append(RowBlock(rows, cols, Components(parts, available[:, rows][:, :, cols], local_bias)))
+        seen = host_available[:, rows].numpy().any(0)  # (|rows|, K): the tokens some sentence's position sees
+        if bias_index is not None:
+            seen[:, bias_index] = True
+        own = np.arange(rows.start, rows.stop) + offset if owner is None else owner[:, rows].numpy()
+        host_cols = np.union1d(np.flatnonzero(seen.any(0)), own)  # sorted
+        local_bias = None if bias_index is None else int(np.searchsorted(host_cols, bias_index))
+        cols = on_device(host_cols, device)
+        parts = hidden.new_zeros(batch, rows.stop - rows.start, len(host_cols), d_model, dtype=upcast(hidden).dtype)
+        where = on_device(np.broadcast_to(np.searchsorted(host_cols, own), (batch, rows.stop - rows.start)), device)
+        every = torch.arange(batch, device=device)[:, None]
+        parts[every, torch.arange(rows.stop - rows.start, device=device), where] = upcast(hidden[:, rows])
+        stream = Components(parts, available[:, rows][:, :, cols], local_bias)
+        blocks.append(RowBlock(rows, cols, stream, host_cols, seen[:, host_cols]))
     return BlockedStream(blocks, num_components)
 
 
@@ -401,7 +417,7 @@ def key_norms(attn: AttentionSpec, record: AttentionTrace, stream: BlockedStream
 
 
 def slab_values(
-    attn: AttentionSpec, keys: BlockedStream, norms, slab: torch.Tensor, rows: slice, key: tuple, packed: bool = False
+    attn: AttentionSpec, keys: BlockedStream, norms, slab: np.ndarray, rows: slice, key: tuple, packed: bool = False
 ) -> torch.Tensor:
     r"""Value vectors ``(B, key positions in rows, |slab|, heads, head_dim)`` of the key-side components ``slab``
     (named ``key`` in :meth:`RowBlock.local`): :math:`x_{j \Leftarrow k} W^h_V` (normalised first in pre-LN blocks), 0
@@ -423,19 +439,18 @@ def slab_values(
         if norms is not None:
             parts = norms[number].apply(parts, local, block.stream.bias_index)
         target = slice(block.rows.start - rows.start, block.rows.stop - rows.start)
-        pairs = block.carried_pairs(local, key) if packed else None
+        pairs = block.carried_pairs(key) if packed else None
         if pairs is None:
             values[:, target, kept] = (parts @ upcast(value_weight)).unflatten(-1, (attn.num_kv_heads, -1))
         else:  # the products of the carried pairs written where they go (every other value stays 0)
-            pair_rows, pair_cols = pairs
-            product = parts[:, pair_rows, pair_cols] @ upcast(value_weight)
-            values[:, target.start + pair_rows, kept[pair_cols]] = product.unflatten(-1, (attn.num_kv_heads, -1))
+            product = parts[:, pairs.rows, pairs.column] @ upcast(value_weight)
+            values[:, target.start + pairs.rows, pairs.kept] = product.unflatten(-1, (attn.num_kv_heads, -1))
     if attn.num_kv_heads != attn.num_heads:  # each query head reads its group's value head
         stored = stored[:, attn.kv_head_of_query_head().to(stored.device)]
     return stored.permute(0, 2, 3, 1, 4)
 
 
-def first_carrying_row(stream: BlockedStream, slab: torch.Tensor, key: tuple) -> int:
+def first_carrying_row(stream: BlockedStream, slab: np.ndarray, key: tuple) -> int:
     """The first position that carries one of the components ``slab`` (named ``key``; positions before it carry
     none)."""
     for block in stream.blocks:
@@ -496,7 +511,7 @@ def attention_sublayer(
     biases = [branch_bias(bias, out_frozen, block.rows) for block in stream.blocks]
     weighted = mode in ("absdot", "norm")
     for start in range(0, keys.num_components, width):
-        slab = torch.arange(start, min(start + width, keys.num_components), device=probs.device)
+        slab = np.arange(start, min(start + width, keys.num_components))  # on the host: the layout is found there
         # the slab's layout in each block is the same at every layer: found once (keys name it, placed or not)
         key, query_key = ("slab", start, len(slab)), ("slab" if place is None else "placed", start, len(slab))
         key_rows = slice(first_carrying_row(keys, slab, key) if causal else 0, num_keys)
@@ -508,12 +523,12 @@ def attention_sublayer(
         values = slab_values(attn, keys, norms, slab, key_rows, key, packed)
         if value_bias is not None:  # each component's own token keeps the value bias (the first layer, 'reference')
             own = slab - own_offset - key_rows.start
-            mine = (own >= 0) & (own < values.shape[1])
-            values[:, own[mine], mine.nonzero().squeeze(-1)] += value_bias
+            mine = np.flatnonzero((own >= 0) & (own < values.shape[1]))
+            values[:, on_device(own[mine], probs.device), on_device(mine, probs.device)] += value_bias
         part = torch.einsum("bhqj,bjkhe->bqkhe", probs[:, :, query_rows, key_rows], values)
         query_slab = slab if place is None else place(slab)
         if heads is not None:
-            heads.read(part, out_weight, query_rows, query_slab)
+            heads.read(part, out_weight, query_rows, on_device(query_slab, probs.device))
         del values
         out_matrix = out_weight.flatten(0, 1)  # (H · head_dim, D): W_O as one matrix against (heads, head_dim)
         for block, weight, block_bias in zip(stream.blocks, weights, biases, strict=True):
@@ -521,14 +536,13 @@ def attention_sublayer(
                 continue
             kept, local = block.local(query_slab, query_key)
             rows = slice(block.rows.start - query_rows.start, block.rows.stop - query_rows.start)
-            pairs = block.carried_pairs(local, query_key) if packed and out_frozen is None else None
+            pairs = block.carried_pairs(query_key) if packed and out_frozen is None else None
             paper_weights = block_bias is not None and weighted and options.convention == "paper"
             if pairs is not None:  # the carried pairs alone, gathered and added where they go
-                pair_rows, pair_cols = pairs
-                contribution = part[:, rows.start + pair_rows, kept[pair_cols]].flatten(-2) @ out_matrix
-                block.stream.parts[:, pair_rows, local[pair_cols]] += contribution  # distinct pairs
+                contribution = part[:, rows.start + pairs.rows, pairs.kept].flatten(-2) @ out_matrix
+                block.stream.parts[:, pairs.rows, pairs.local] += contribution  # distinct pairs
                 if paper_weights:  # over the attention output (0 where nothing is carried)
-                    weight[:, pair_rows, local[pair_cols]] = bias_weights(contribution, block_bias, mode)
+                    weight[:, pairs.rows, pairs.local] = bias_weights(contribution, block_bias, mode)
                 continue
             contribution = part[:, rows][:, :, kept].flatten(-2) @ out_matrix
             if out_frozen is not None:  # the norm on the attention output, frozen, acts on every component
@@ -652,38 +666,36 @@ def decompose_ffn(ffn: FFNSpec, inputs: Components, options: DecompXOptions) -> 
 def decompose_ffn_block(
     ffn: FFNSpec,
     norm_input: torch.Tensor,
-    stream: Components,
+    block: RowBlock,
     options: DecompXOptions,
     source: Components | None = None,
     out_norm_input: torch.Tensor | None = None,
     causal: bool = False,
-    known: dict | None = None,
-):
-    """The FFN sub-block on decomposed positions: norm (pre-LN), FFN chunked over positions (a causal stream's
-    (position, component) pairs packed, :func:`causal_ffn`), output norm (if any), residual, norm (post-LN). The
-    residual sum is taken in place: ``stream``'s parts are updated (callers keep no other reference to them).
+) -> Components:
+    """The FFN sub-block on a block of positions: norm (pre-LN), FFN chunked over positions (a causal stream's
+    (position, component) pairs packed, :func:`ffn_packing`), output norm (if any), residual, norm (post-LN). The
+    residual sum is taken in place: the block's parts are updated (callers keep no other reference to them).
     ``norm_input`` is the recorded input of the FFN's norm at these positions, and ``out_norm_input`` that of its
-    output norm. ``source``: what a parallel FFN reads (the block input's components), when it is not ``stream``.
-    ``known``: where the packing of these positions is kept from one layer to the next (a :class:`RowBlock`'s
-    ``carried``; the components each position carries are the same at every layer)."""
+    output norm. ``source``: what a parallel FFN reads (the block input's components), when it is not the block's
+    stream. The chunks (and their packing) are found once per block on the host and kept for every layer (the
+    components each position carries are the same at every layer)."""
     mode = options.bias
+    stream = block.stream
     source = stream if source is None else source
     inputs = source if ffn.in_norm is None else decompose_norm(ffn.in_norm, norm_input, source, mode)
     batch, positions, num_components, _ = inputs.parts.shape
     width = ffn.w_out.weight.numel() // inputs.parts.shape[-1]
     per_position = batch * num_components * width
-    packing = None
-    if causal and PACK_CAUSAL_FFN and inputs.bias_index in (None, num_components - 1):
-        known = {} if known is None else known
-        if "ffn" not in known:
-            known["ffn"] = ffn_packing(inputs, per_position, options.max_chunk_elements)
-        packing = known["ffn"]
+    key = ("ffn", per_position, options.max_chunk_elements)
+    if key not in block.carried:
+        packing = None
+        if causal and PACK_CAUSAL_FFN and inputs.bias_index in (None, num_components - 1):
+            packing = ffn_packing(block, per_position, batch * width, options.max_chunk_elements)
+        block.carried[key] = packing or blocked_chunks(block, per_position, options.max_chunk_elements)
     # the FFN's components go straight onto the residual stream's (each chunk of positions reads its inputs first)
     into = stream.parts if ffn.out_norm is None else torch.zeros_like(inputs.parts)
-    if packing is not None:
-        causal_ffn(ffn, inputs, options, batch * width, *packing, into=into)
-    else:
-        blocked_ffn(ffn, inputs, options, per_position, into=into)
+    for chunk in block.carried[key]:
+        chunk.run(ffn, inputs, options, into)
     if ffn.out_norm is not None:
         output = decompose_norm(ffn.out_norm, out_norm_input, inputs.like(into), mode).parts
         stream = stream.like(stream.parts + output)
@@ -691,88 +703,105 @@ def decompose_ffn_block(
     return stream if ffn.post_norm is None else decompose_norm(ffn.post_norm, norm_input, stream, mode)
 
 
-#: Run a causal stack's FFN on its packed (position, component) pairs (:func:`causal_ffn`) where blocks of positions,
-#: each carrying every component its last position sees (:func:`blocked_ffn`), would run at least ``PACK_WHEN`` times
-#: as many rows. Measured on a 2-core CPU (GPT-2-small-sized, 20 tokens, interleaved calls): packed 20% faster at
-#: batch 1 (blocks: one block, the whole square), 0-8% at batch 16 (blocks of 3 positions, 17% more rows); on an
-#: opus-mt-sized Marian at batch 16 (blocks carry the 20 source components anyway: few extra rows) within noise.
+#: Run a causal stack's FFN on its packed (position, component) pairs (:func:`ffn_packing`) where blocks of
+#: positions, each carrying every component its last position sees (:func:`blocked_chunks`), would run at least
+#: ``PACK_WHEN`` times as many rows. Measured on a 2-core CPU (GPT-2-small-sized, 20 tokens, interleaved calls):
+#: packed 20% faster at batch 1 (blocks: one block, the whole square), 0-8% at batch 16 (blocks of 3 positions, 17%
+#: more rows); on an opus-mt-sized Marian at batch 16 (blocks carry the 20 source components anyway: few extra rows)
+#: within noise.
 PACK_CAUSAL_FFN = True
 PACK_WHEN = 1.1
 
 
-def carried_components(inputs: Components) -> torch.Tensor:
-    """``(P, K)``: the components each position may carry (a token some sentence's position sees, and the bias
-    component)."""
-    seen = inputs.available.any(0)
-    if inputs.bias_index is not None:
-        seen[:, inputs.bias_index] = True
-    return seen
+@dataclass
+class PackedChunk:
+    """Whole positions of a causal block whose (position, component) pairs that may be non-zero run through the FFN
+    packed on one axis (device index tensors: ``rows``, ``cols`` of each pair, its chunk-local ``position``, the
+    pairs that hold the bias component)."""
+
+    rows: torch.Tensor
+    cols: torch.Tensor
+    position: torch.Tensor
+    positions: int
+    bias_pairs: torch.Tensor | None
+
+    def run(self, ffn: FFNSpec, inputs: Components, options: DecompXOptions, into: torch.Tensor) -> None:
+        """Add the FFN output components of these pairs to ``into`` ``(B, P, K, D)``."""
+        packed = PackedComponents(
+            inputs.parts[:, self.rows, self.cols],
+            inputs.available[:, self.rows, self.cols],
+            inputs.bias_index,
+            position=self.position,
+            positions=self.positions,
+            bias_pairs=self.bias_pairs,
+        )
+        into[:, self.rows, self.cols] += decompose_ffn(ffn, packed, options)
 
 
-def ffn_packing(inputs: Components, per_position: int, max_chunk_elements: int):
-    """``(pairs, counts)`` for :func:`causal_ffn`: the (position, component) pairs that may be non-zero
-    (:func:`carried_components`, position-major: a position's bias component is its last pair) and their number per
-    position; or None where blocks of positions would run fewer than ``PACK_WHEN`` times the rows."""
-    seen = carried_components(inputs)
-    counts = seen.sum(1).tolist()
-    blocks = position_chunks(inputs.parts.shape[1], per_position, max_chunk_elements)
+@dataclass
+class BlockedChunk:
+    """Positions ``rows`` of a block with the components they can carry (``active``, a device index tensor)."""
+
+    rows: slice
+    active: torch.Tensor
+    bias_index: int | None
+
+    def run(self, ffn: FFNSpec, inputs: Components, options: DecompXOptions, into: torch.Tensor) -> None:
+        """Add the FFN output components of these positions to ``into`` ``(B, P, K, D)``."""
+        rows, active = self.rows, self.active
+        parts, available = inputs.parts[:, rows][:, :, active], inputs.available[:, rows][:, :, active]
+        chunk = Components(parts, available, self.bias_index)
+        into[:, rows, active] += decompose_ffn(ffn, chunk, options)
+
+
+def ffn_packing(
+    block: RowBlock, per_position: int, elements_per_pair: int, max_chunk_elements: int
+) -> list[PackedChunk] | None:
+    """The FFN chunks of a causal block (:class:`PackedChunk`), found on the host from the components its positions
+    may carry (``block.seen``, position-major: a position's bias component is its last pair), whole positions and at
+    most ``max_chunk_elements`` elements (or one position) each; or None where blocks of positions would run fewer
+    than ``PACK_WHEN`` times the rows (:func:`blocked_chunks` then)."""
+    counts = block.seen.sum(1).tolist()
+    blocks = position_chunks(len(counts), per_position, max_chunk_elements)
     blocked_rows = sum((rows.stop - rows.start) * max(counts[rows]) for rows in blocks)
     if blocked_rows < PACK_WHEN * sum(counts):  # blocks of a few positions waste little: their products are faster
         return None
-    return seen.nonzero(), counts
-
-
-def causal_ffn(
-    ffn: FFNSpec,
-    inputs: Components,
-    options: DecompXOptions,
-    elements_per_pair: int,
-    pairs: torch.Tensor,
-    counts: list[int],
-    into: torch.Tensor,
-) -> None:
-    """FFN output components ``(B, P, K, D)`` of a causal stream, added to ``into``, computed on the (position,
-    component) ``pairs`` that may be non-zero (:func:`ffn_packing`; ``counts`` per position), packed on one axis in
-    chunks of whole positions: the causal half of the rows instead of blocks that carry their last position's
-    components."""
-    limit = items_per_chunk(elements_per_pair, options.max_chunk_elements)
-    chunks, first, taken = [], 0, 0  # whole positions, at most `limit` pairs (or one position) each
+    pairs = np.argwhere(block.seen)
+    limit = items_per_chunk(elements_per_pair, max_chunk_elements)
+    spans, first, taken = [], 0, 0  # whole positions, at most `limit` pairs (or one position) each
     for position, count in enumerate(counts):
         if taken and taken + count > limit:
-            chunks.append((first, position))
+            spans.append((first, position))
             first, taken = position, 0
         taken += count
-    chunks.append((first, len(counts)))
+    spans.append((first, len(counts)))
     offsets = [0, *itertools.accumulate(counts)]
-    for first, end in chunks:
-        chunk = pairs[offsets[first] : offsets[end]]
-        rows, cols = chunk[:, 0], chunk[:, 1]
-        last_pairs = torch.tensor(offsets[first + 1 : end + 1], device=rows.device) - offsets[first] - 1
-        packed = PackedComponents(
-            inputs.parts[:, rows, cols],
-            inputs.available[:, rows, cols],
-            inputs.bias_index,
-            position=rows - first,
-            positions=end - first,
-            bias_pairs=None if inputs.bias_index is None else last_pairs,
+    device, has_bias = block.cols.device, block.stream.bias_index is not None
+    chunks = []
+    for first, end in spans:
+        rows, cols = pairs[offsets[first] : offsets[end]].T
+        last_pairs = np.asarray(offsets[first + 1 : end + 1]) - offsets[first] - 1
+        indices = (rows, cols, rows - first)
+        chunks.append(
+            PackedChunk(
+                *(on_device(index, device) for index in indices),
+                positions=end - first,
+                bias_pairs=on_device(last_pairs, device) if has_bias else None,
+            )
         )
-        into[:, rows, cols] += decompose_ffn(ffn, packed, options)
+    return chunks
 
 
-def blocked_ffn(
-    ffn: FFNSpec, inputs: Components, options: DecompXOptions, elements_per_position: int, into: torch.Tensor
-) -> None:
-    """FFN output components ``(B, P, K, D)``, added to ``into``, in blocks of positions, each with the components its
-    positions can see (non-causal streams)."""
-    positions = inputs.parts.shape[1]
-    for rows in position_chunks(positions, elements_per_position, options.max_chunk_elements):
-        active = active_components(inputs, rows)
-        chunk = Components(
-            inputs.parts[:, rows][:, :, active],
-            inputs.available[:, rows][:, :, active],
-            None if inputs.bias_index is None else int((active == inputs.bias_index).nonzero()),
-        )
-        into[:, rows, active] += decompose_ffn(ffn, chunk, options)
+def blocked_chunks(block: RowBlock, per_position: int, max_chunk_elements: int) -> list[BlockedChunk]:
+    """The FFN chunks of a block as blocks of positions, each with the components its positions can see (found on the
+    host from ``block.seen``)."""
+    chunks = []
+    for rows in position_chunks(block.rows.stop - block.rows.start, per_position, max_chunk_elements):
+        active = np.flatnonzero(block.seen[rows].any(0))
+        bias = block.stream.bias_index
+        local_bias = None if bias is None else int(np.searchsorted(active, bias))
+        chunks.append(BlockedChunk(rows, on_device(active, block.cols.device), local_bias))
+    return chunks
 
 
 def decompose_layer(
@@ -814,9 +843,7 @@ def decompose_layer(
     for block, source in zip(stream.blocks, sources, strict=True):
         norm_input = record.ffn_norm_input[:, block.rows]
         out_input = None if out_norm_input is None else out_norm_input[:, block.rows]
-        block.stream = decompose_ffn_block(
-            layer.ffn, norm_input, block.stream, options, source, out_input, causal, block.carried
-        )
+        block.stream = decompose_ffn_block(layer.ffn, norm_input, block, options, source, out_input, causal)
     return stream
 
 
@@ -1005,27 +1032,37 @@ def _decompose(trace, target_ids, foil_ids, options, keep_layers, per_head, unit
             "DecompX's convention='reference' keeps each token's value bias in its own component, which audio units "
             "do not have: use convention='paper' with units_as_components."
         )
-    owners = {} if units is None else {units.stack: units.owner()}
-    key_masks = {"decoder": dec.mask} if units is None or units.stack != "decoder" else {"decoder": units.present}
+    # the masks on the host, in one copy: every layout decision is taken there (no further read of the device)
+    source_mask = None if enc is None else (enc.mask if units is None or units.stack != "encoder" else units.present)
+    key_mask = dec.mask if units is None or units.stack != "decoder" else units.present
+    on_device_now = {"decoder": dec.mask, "keys": key_mask}
+    if enc is not None:
+        on_device_now.update(encoder=enc.mask, source=source_mask)
+    if units is not None:
+        on_device_now["owner"] = units.owner()
+    host = dict(zip(on_device_now, host_copies(*on_device_now.values()), strict=True))
+    owners = {} if units is None else {units.stack: host["owner"]}
+    device = dec.mask.device
     layers, encoder, place = {}, None, None
     offset = 0
     if spec.is_encoder_decoder:
-        source_mask = enc.mask if units is None else units.present
         num_source = source_mask.shape[1]
-        available = available_components(enc.mask, [(source_mask, False)], separate)
+        host_available = available_components(host["encoder"], [(host["source"], False)], separate)
+        available = host_available.to(device, non_blocking=True)
         bias_index = num_source if separate else None
-        start = initial_stream(enc.layers[0].input, 0, available, bias_index, options.max_chunk_elements,
-                               owners.get("encoder"))  # fmt: skip
+        start = initial_stream(enc.layers[0].input, 0, available, host_available, bias_index,
+                               options.max_chunk_elements, owners.get("encoder"))  # fmt: skip
         encoder, layers["encoder"] = decompose_stack(spec.encoder, enc, start, options, keep_layers=keep_layers)
-        offset, blocks = num_source, [(source_mask, False), (dec.mask, dec.causal)]
+        offset, blocks = num_source, [(host["source"], False), (host["decoder"], dec.causal)]
         place = encoder_placement(num_source, dec.mask.shape[1], separate)
     else:
-        blocks = [(key_masks["decoder"], dec.causal)]
+        blocks = [(host["keys"], dec.causal)]
     num_target = blocks[-1][0].shape[1]  # the decoder stack's components: its tokens, or its audio units
-    available = available_components(dec.mask, blocks, separate)
+    host_available = available_components(host["decoder"], blocks, separate)
+    available = host_available.to(device, non_blocking=True)
     bias_index = available.shape[-1] - 1 if separate else None
-    start = initial_stream(dec.layers[0].input, offset, available, bias_index, options.max_chunk_elements,
-                           owners.get("decoder"), dec.causal)  # fmt: skip
+    start = initial_stream(dec.layers[0].input, offset, available, host_available, bias_index,
+                           options.max_chunk_elements, owners.get("decoder"), dec.causal)  # fmt: skip
     unembedded, bias = readout(trace, target_ids, foil_ids)
     heads = head_readouts(trace, unembedded, available.shape[-1]) if per_head else None
     stream, layers["decoder"] = decompose_stack(
@@ -1081,9 +1118,9 @@ def head_readouts(trace: ModelTrace, unembedded: torch.Tensor, num_components: i
 def encoder_placement(num_source: int, num_target: int, separate: bool):
     """Map encoder component indices [source (| bias)] to the decoder layout [source | target (| bias)]."""
 
-    def place(indices: torch.Tensor) -> torch.Tensor:
+    def place(indices: np.ndarray) -> np.ndarray:
         if not separate:
             return indices
-        return torch.where(indices == num_source, num_source + num_target, indices)
+        return np.where(indices == num_source, num_source + num_target, indices)
 
     return place
