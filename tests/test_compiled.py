@@ -12,7 +12,7 @@ from inseq_mixing.testing import is_seq2seq, load_tiny
 from .conftest import example_kwargs, get_tiny, trace_of
 
 #: Which methods offer the option (the others have no step a compiler fuses).
-COMPILED_METHODS = ["alti", "alti_logit", "value_zeroing"]
+COMPILED_METHODS = ["alti", "alti_logit", "decompx", "value_zeroing"]
 
 
 def test_the_option_is_declared_by_the_methods_with_a_hot_step():
@@ -32,7 +32,7 @@ def request_for(family: str) -> Request:
 
 
 @pytest.mark.parametrize(("family", "method"), [("gpt2", "value_zeroing"), ("marian", "value_zeroing"),
-                                                ("gpt2", "alti_logit")])  # fmt: skip
+                                                ("gpt2", "alti_logit"), ("marian", "decompx")])  # fmt: skip
 def test_compiled_steps_run_and_equal_eager(family, method, monkeypatch):
     declaration = DECLARATIONS[method]
     eager = declaration.run(request_for(family), declaration.make_options({}))

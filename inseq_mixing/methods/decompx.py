@@ -53,6 +53,7 @@ from .alti_logit import (
 )
 from .blocks import fused_activations, host_copies, on_device, refuse_non_finite, upcast, valid_cells
 from .chunking import causal_chunk_slices, chunk_slices, items_per_chunk
+from .compiled import kernel
 from .head import FrozenHead
 from .norms import FrozenNorm, freeze_norm
 from .options import (  # the choices are re-exported: the options live in .options so that listing them needs no torch
@@ -94,6 +95,16 @@ class Components:
         """Per-part weights ``(B, P, K)`` summed over each position's components, laid out against the parts."""
         return weights.sum(-1, keepdim=True)
 
+    def position_totals(self, weights: torch.Tensor) -> torch.Tensor:
+        """Per-part weights ``(B, P, K)`` summed over each position's components: ``(B, P)``."""
+        return weights.sum(-1)
+
+    def bias_component(self) -> torch.Tensor:
+        """Per-part weights ``(B, P, K)``: 1 on the bias component, 0 elsewhere (``"separate"`` shares)."""
+        weights = torch.zeros(self.parts.shape[:-1], dtype=self.parts.dtype, device=self.parts.device)
+        weights[..., self.bias_index] = 1
+        return weights
+
     def dot(self, rows: torch.Tensor) -> torch.Tensor:
         """Each part dotted with its position's vector of ``rows`` ``(B, P, D)``: ``(B, P, K)``."""
         return torch.einsum("bpkd,bpd->bpk", self.parts, rows)
@@ -131,8 +142,15 @@ class PackedComponents(Components):
         return rows.index_select(1, self.position)
 
     def position_sums(self, weights: torch.Tensor) -> torch.Tensor:
-        sums = weights.new_zeros(weights.shape[0], self.positions).index_add_(1, self.position, weights)
-        return sums.index_select(1, self.position)
+        return self.position_totals(weights).index_select(1, self.position)
+
+    def position_totals(self, weights: torch.Tensor) -> torch.Tensor:
+        return weights.new_zeros(weights.shape[0], self.positions).index_add_(1, self.position, weights)
+
+    def bias_component(self) -> torch.Tensor:
+        weights = torch.zeros(self.parts.shape[:-1], dtype=self.parts.dtype, device=self.parts.device)
+        weights[:, self.bias_pairs] = 1
+        return weights
 
     def dot(self, rows: torch.Tensor) -> torch.Tensor:
         return (self.parts * self.per_part(rows)).sum(-1)
@@ -174,7 +192,13 @@ def normalized_shares(weights: torch.Tensor, available: torch.Tensor, position_s
     return torch.where(total > 0, weights / torch.where(total > 0, total, 1), equal)
 
 
-def split_bias(components: Components, bias: torch.Tensor, mode: str, onto: torch.Tensor | None = None):
+def split_bias(
+    components: Components,
+    bias: torch.Tensor,
+    mode: str,
+    onto: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
+):
     """Add ``bias`` (``(D,)`` or ``(B, P, D)``) to a decomposed vector, split over its components by ``mode``, in
     place: the parts must be fresh (a product's or a norm's output), read by nothing else.
 
@@ -183,6 +207,7 @@ def split_bias(components: Components, bias: torch.Tensor, mode: str, onto: torc
         bias: The bias.
         mode: One of :data:`BIAS_SPLITS`.
         onto: Parts to add the shares to, if not ``components.parts`` (e.g. zeros, to get the shares alone).
+        weights: The components' weights, where the caller has them another way (see :func:`bias_shares`).
     """
     parts = components.parts if onto is None else onto
     bias = upcast(bias).to(parts.device)
@@ -190,7 +215,7 @@ def split_bias(components: Components, bias: torch.Tensor, mode: str, onto: torc
         rows = bias.expand(parts.shape[0], components.num_positions, -1) if bias.dim() == 1 else bias
         return components.add_to_bias_component(parts, rows)
     laid_out = bias if bias.dim() == 1 else components.per_part(bias)
-    return parts.addcmul_(bias_shares(components, bias, mode)[..., None], laid_out)  # one pass over the parts
+    return parts.addcmul_(bias_shares(components, bias, mode, weights)[..., None], laid_out)  # one pass over the parts
 
 
 def split_scalar_bias(
@@ -213,9 +238,60 @@ def split_scalar_bias(
 def linear_parts(module, components: Components, mode: str) -> Components:
     """A linear module applied to each component, its bias split over the results."""
     weight, bias = linear_in_out(module)
-    parts = components.parts @ upcast(weight)
-    parts = parts if bias is None else split_bias(components.like(parts), bias, mode)
-    return components.like(parts)
+    weight = upcast(weight)
+    parts = components.parts @ weight
+    if bias is None:
+        return components.like(parts)
+    weights = input_side_weights(components, weight, bias, mode)
+    return components.like(split_bias(components.like(parts), bias, mode, weights=weights))
+
+
+def input_side_weights(
+    components: Components, weight: torch.Tensor, bias: torch.Tensor, mode: str
+) -> torch.Tensor | None:
+    r"""The ``"absdot"`` weights of a linear map's bias over its output components :math:`x_k W`, taken on its input
+    where the map widens (an FFN's first linear): :math:`|x_k W \cdot b| = |x_k \cdot W b|`, one pass over the
+    narrower rows instead of the wider ones; None elsewhere (taken on the output)."""
+    if mode != "absdot" or weight.shape[0] >= weight.shape[1]:
+        return None
+    return (components.parts @ (weight @ upcast(bias))).abs()
+
+
+def activated_linear(ffn: FFNSpec, inputs: Components, options: DecompXOptions) -> torch.Tensor:
+    r"""The components of a (non-gated) FFN's activation at its zero-origin slope, from those of its input:
+    :math:`(x_k W + s_k b) \odot f(z) / z` with :math:`b`'s shares :math:`s_k` (``options.bias``) and the true
+    pre-activation :math:`z = \sum_k x_k W + b`; the bias and the slope are applied in one pass (one fused kernel
+    with ``compile``: :func:`biased_slopes`)."""
+    weight, bias = linear_in_out(ffn.w_in)
+    weight = upcast(weight)
+    product = inputs.like(inputs.parts @ weight)
+    pre, shares = product.total(), None
+    if bias is not None:
+        bias = upcast(bias)
+        if options.bias == "separate":
+            shares = product.bias_component()
+        else:
+            weights = input_side_weights(inputs, weight, bias, options.bias)
+            shares = bias_shares(product, bias, options.bias, weights)
+        pre = pre.addcmul_(product.position_totals(shares)[..., None], bias)
+    slope = (ffn.activation(pre) / pre).masked_fill_(pre == 0, 0)  # f(z) / z, 0 at z = 0
+    position = product.position if isinstance(product, PackedComponents) else None
+    return kernel(biased_slopes)(product.parts, shares, bias, slope, position)
+
+
+def biased_slopes(
+    parts: torch.Tensor,
+    shares: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    slope: torch.Tensor,
+    position: torch.Tensor | None,
+) -> torch.Tensor:
+    """``(parts + shares ⊗ bias) ⊙ slope``, in place on ``parts`` (``(B, P, K, F)``, or packed pairs ``(B, N, F)``
+    at chunk positions ``position``), with ``slope`` ``(B, P, F)`` at each part's position. DecompX's hot FFN step:
+    compiled with ``compile=True`` (one pass over the parts instead of three, and no per-pair copy of the slope)."""
+    if shares is not None:
+        parts = parts.addcmul_(shares[..., None], bias)
+    return parts.mul_(slope[:, :, None] if position is None else slope.index_select(1, position))
 
 
 def linear_total(module, hidden: torch.Tensor) -> torch.Tensor:
@@ -627,17 +703,12 @@ def add_split_bias(stream: Components, bias: torch.Tensor, weights: torch.Tensor
     return stream.like(stream.parts.addcmul_(shares[..., None], bias))  # bias (D,) or (B, P, 1, D); in place
 
 
-def linearized_activation(
-    activation, branch: Components, options: DecompXOptions, in_place: bool = False
-) -> torch.Tensor:
-    """Components of ``activation(z)`` from components of ``z``, the activation linearised at the true ``z``
-    (``in_place``: the zero-origin slope multiplies ``branch.parts`` itself, which nothing reads afterwards)."""
+def linearized_activation(activation, branch: Components, options: DecompXOptions) -> torch.Tensor:
+    """Components of ``activation(z)`` from components of ``z``, the activation linearised at the true ``z`` (a gated
+    FFN's gate, or the tangent; a non-gated FFN's zero-origin slope: :func:`activated_linear`)."""
     pre = branch.total()
     if options.ffn_linearization == "zero_origin":
-        value = activation(pre)
-        safe = torch.where(pre == 0, torch.ones_like(pre), pre)
-        slope = branch.per_part(torch.where(pre == 0, torch.zeros_like(pre), value / safe))
-        return branch.parts.mul_(slope) if in_place else branch.parts * slope
+        return branch.parts * branch.per_part((activation(pre) / pre).masked_fill_(pre == 0, 0))  # f(z) / z
     with torch.enable_grad():
         point = pre.detach().requires_grad_(True)
         value = activation(point)
@@ -651,9 +722,11 @@ def decompose_ffn(ffn: FFNSpec, inputs: Components, options: DecompXOptions) -> 
     if not options.include_ffn:  # the FFN's real output, split like a bias over its input's components
         output = upcast(ffn.forward(inputs.total().to(ffn.w_in.weight.dtype)))
         return split_bias(inputs, output, options.bias, onto=torch.zeros_like(inputs.parts))
+    if not ffn.is_gated and options.ffn_linearization == "zero_origin":
+        return linear_parts(ffn.w_out, inputs.like(activated_linear(ffn, inputs, options)), options.bias).parts
     linear = linear_parts(ffn.w_in, inputs, options.bias)
-    if not ffn.is_gated:  # the first product's parts are read by nothing else
-        hidden = linearized_activation(ffn.activation, linear, options, in_place=True)
+    if not ffn.is_gated:
+        hidden = linearized_activation(ffn.activation, linear, options)
     elif options.gated_split == "linear":
         gate = ffn.activation(linear_total(ffn.w_gate, inputs.total()))
         hidden = linear.parts * linear.per_part(gate)

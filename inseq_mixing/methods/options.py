@@ -81,7 +81,7 @@ GATED_SPLITS = ("linear", "gate")
 
 
 @dataclass(frozen=True)
-class DecompXOptions(Chunking):
+class DecompXOptions(Chunking, Compiling):
     """Choices of the decomposition (each field's documentation is in its declaration below; ``max_chunk_elements``
     bounds the largest temporary of a chunk: a block of the stored stream (positions × components × d_model), an
     attention slab (positions × components × d_model) or FFN activations (positions × components × d_ff); the
