@@ -388,60 +388,117 @@ def test_a_key_norms_shift_shares_are_the_definitions(family):
     torch.testing.assert_close(norm.shares, expected, rtol=1e-4, atol=1e-6)
 
 
+def naive_split(onto, over, bias, seen, options: DecompXOptions) -> torch.Tensor:
+    """``onto`` ``(positions, components, D)`` plus ``bias`` (``(D,)`` or one per position) split over the components
+    by the weights of ``over``: ``|component . bias|``, ``||component||`` or equally over the tokens each position sees
+    (``seen``, ``(positions, components)``)."""
+    bias = bias.expand_as(over[:, 0])[:, None]
+    if options.bias == "absdot":
+        weights = (over * bias).sum(-1).abs()
+    elif options.bias == "norm":
+        weights = over.norm(dim=-1)
+    else:
+        weights = torch.ones_like(seen)
+    weights = weights * seen
+    total = weights.sum(-1, keepdim=True)
+    shares = torch.where(total > 0, weights / total, seen / seen.sum(-1, keepdim=True))
+    return onto + shares[..., None] * bias
+
+
+def naive_norm(parts, module, seen, options: DecompXOptions) -> torch.Tensor:
+    """A layer norm on every component at the statistics of their sum, its shift split over the normalised ones."""
+    total = parts.sum(1)
+    deviation = (total.var(-1, unbiased=False) + module.eps).sqrt()
+    normed = (parts - parts.mean(-1, keepdim=True)) / deviation[:, None, None] * module.weight
+    return naive_split(normed, normed, module.bias, seen, options)
+
+
+def naive_ffn(parts, first, activation, second, seen, options: DecompXOptions) -> torch.Tensor:
+    """The FFN on every component: first map (``(D, F)`` weight, bias), the activation at its slope at the true
+    pre-activation (``f(z)/z``, or the tangent with its intercept split like a bias), second map."""
+    (first_weight, first_bias), (second_weight, second_bias) = first, second
+    hidden = parts @ first_weight
+    hidden = naive_split(hidden, hidden, first_bias, seen, options)
+    pre = hidden.sum(1)
+    if options.ffn_linearization == "zero_origin":
+        hidden = hidden * torch.where(pre == 0, 0, activation(pre) / torch.where(pre == 0, 1, pre))[:, None]
+    else:
+        point = pre.detach().requires_grad_(True)
+        (slope,) = torch.autograd.grad(activation(point).sum(), point)
+        hidden = hidden * slope[:, None]
+        hidden = naive_split(hidden, hidden, (activation(pre) - slope * pre).detach(), seen, options)
+    output = hidden @ second_weight
+    return naive_split(output, output, second_bias, seen, options)
+
+
+def naive_attention(parts, probs, value, out, heads: int):
+    """Attention output components ``sum_h sum_j alpha_ij (x_jk W_V^h) W_O^h`` and its bias (``W_O``'s plus the value
+    bias carried through ``W_O``: the rows of attention sum to 1); ``value`` and ``out`` as ``(D, D)`` weight, bias."""
+    (value_weight, value_bias), (out_weight, out_bias) = value, out
+    values = (parts @ value_weight).unflatten(-1, (heads, -1))  # (keys, components, heads, head_dim)
+    mixed = torch.einsum("hij,jkhe->ikhe", probs[0], values).flatten(-2) @ out_weight
+    return mixed, out_bias + value_bias @ out_weight
+
+
 def naive_gpt2_decompx(model, ids: torch.Tensor, targets: torch.Tensor, options: DecompXOptions) -> torch.Tensor:
     """DecompX of one GPT-2 sentence written from the definition on the HF modules' weights, dense and per sentence:
     ``(positions, components)`` scores of each position's target logit. Every bias (value bias through W_O, W_O's
     bias, both FFN biases, every layer norm's shift, a tangent's intercept) is split over the components of the
-    vector it is added to, by ``|component . bias|``, ``||component||`` or equally over the tokens the position sees
-    (the attention bias: weights from the attention output's components, added to the residual stream's)."""
+    vector it is added to (the attention bias: weights from the attention output's components, added to the residual
+    stream's)."""
     n, d_model = ids.shape[1], model.config.n_embd
-    heads = model.config.n_head
-    out = model(ids, output_attentions=True)
+    out = model(ids, output_attentions=True, output_hidden_states=True)
     seen = torch.ones(n, n, dtype=model.dtype).tril()  # component k may be non-zero at position i iff k <= i
-
-    def split(onto: torch.Tensor, over: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        if options.bias == "absdot":
-            weights = (over * bias.expand_as(over[:, 0])[:, None]).sum(-1).abs()
-        elif options.bias == "norm":
-            weights = over.norm(dim=-1)
-        else:
-            weights = torch.ones(n, n, dtype=over.dtype)
-        weights = weights * seen
-        total = weights.sum(-1, keepdim=True)
-        shares = torch.where(total > 0, weights / total, seen / seen.sum(-1, keepdim=True))
-        return onto + shares[..., None] * bias.expand_as(over[:, 0])[:, None]
-
-    def norm(parts: torch.Tensor, module) -> torch.Tensor:  # at the statistics of the whole vector
-        total = parts.sum(1)
-        deviation = (total.var(-1, unbiased=False) + module.eps).sqrt()
-        normed = (parts - parts.mean(-1, keepdim=True)) / deviation[:, None, None] * module.weight
-        return split(normed, normed, module.bias)
-
-    positions = torch.arange(n)
     x = torch.zeros(n, n, d_model, dtype=model.dtype)
-    x[positions, positions] = model.transformer.wte(ids[0]) + model.transformer.wpe(positions)
+    x[torch.arange(n), torch.arange(n)] = out.hidden_states[0][0]
     for block, probs in zip(model.transformer.h, out.attentions, strict=True):
-        attn = block.attn
-        value_weight, value_bias = attn.c_attn.weight[:, 2 * d_model :], attn.c_attn.bias[2 * d_model :]
-        values = (norm(x, block.ln_1) @ value_weight).unflatten(-1, (heads, -1))  # (j, k, h, e)
-        mixed = torch.einsum("hij,jkhe->ikhe", probs[0], values).flatten(-2) @ attn.c_proj.weight
-        bias = attn.c_proj.bias + value_bias @ attn.c_proj.weight  # the rows of attention sum to 1
-        x = split(x + mixed, mixed, bias)
-        hidden = norm(x, block.ln_2) @ block.mlp.c_fc.weight
-        hidden = split(hidden, hidden, block.mlp.c_fc.bias)
-        pre = hidden.sum(1)
-        if options.ffn_linearization == "zero_origin":
-            slope = torch.where(pre == 0, 0, block.mlp.act(pre) / torch.where(pre == 0, 1, pre))
-            hidden = hidden * slope[:, None]
-        else:
-            point = pre.detach().requires_grad_(True)
-            (slope,) = torch.autograd.grad(block.mlp.act(point).sum(), point)
-            hidden = hidden * slope[:, None]
-            hidden = split(hidden, hidden, (block.mlp.act(pre) - slope * pre).detach())
-        output = hidden @ block.mlp.c_proj.weight
-        x = x + split(output, output, block.mlp.c_proj.bias)
-    final = norm(x, model.transformer.ln_f)
+        attn, mlp = block.attn, block.mlp
+        value = attn.c_attn.weight[:, 2 * d_model :], attn.c_attn.bias[2 * d_model :]
+        out_proj = attn.c_proj.weight, attn.c_proj.bias
+        mixed, bias = naive_attention(naive_norm(x, block.ln_1, seen, options), probs, value, out_proj, attn.num_heads)
+        x = naive_split(x + mixed, mixed, bias, seen, options)
+        first, second = (mlp.c_fc.weight, mlp.c_fc.bias), (mlp.c_proj.weight, mlp.c_proj.bias)
+        x = x + naive_ffn(naive_norm(x, block.ln_2, seen, options), first, mlp.act, second, seen, options)
+    final = naive_norm(x, model.transformer.ln_f, seen, options)
     return torch.einsum("ikd,id->ik", final, model.lm_head.weight[targets[0]])
+
+
+def naive_marian_decompx(model, source, target, explained, options: DecompXOptions) -> torch.Tensor:
+    """DecompX of one Marian sentence pair from the definition, as :func:`naive_gpt2_decompx`: post-LN blocks (each
+    norm after its residual sum, its shift split), the encoder over source components, the decoder over [source |
+    target] with cross-attention carrying the encoder output's components, and the logit bias split by ``|score|``
+    (``(target positions, S + T)`` scores)."""
+    out = model(input_ids=source, decoder_input_ids=target, output_attentions=True, output_hidden_states=True)
+    (num_source, num_target), d_model = (source.shape[1], target.shape[1]), model.config.d_model
+
+    def linear(module):
+        return module.weight.T, module.bias
+
+    def block(x, layer, seen, sub_blocks):
+        for attn, norm, probs, keys in sub_blocks:
+            keys = x if keys is None else keys
+            mixed, bias = naive_attention(keys, probs, linear(attn.v_proj), linear(attn.out_proj), attn.num_heads)
+            x = naive_norm(naive_split(x + mixed, mixed, bias, seen, options), norm, seen, options)
+        output = naive_ffn(x, linear(layer.fc1), layer.activation_fn, linear(layer.fc2), seen, options)
+        return naive_norm(x + output, layer.final_layer_norm, seen, options)
+
+    seen = torch.ones(num_source, num_source, dtype=model.dtype)
+    x = torch.zeros(num_source, num_source, d_model, dtype=model.dtype)
+    x[torch.arange(num_source), torch.arange(num_source)] = out.encoder_hidden_states[0][0]
+    for layer, probs in zip(model.model.encoder.layers, out.encoder_attentions, strict=True):
+        x = block(x, layer, seen, [(layer.self_attn, layer.self_attn_layer_norm, probs, None)])
+    seen = torch.cat([torch.ones(num_target, num_source), torch.ones(num_target, num_target).tril()], 1).to(x.dtype)
+    encoder = torch.cat([x, torch.zeros(num_source, num_target, d_model, dtype=x.dtype)], 1)  # the decoder's layout
+    y = torch.zeros(num_target, num_source + num_target, d_model, dtype=model.dtype)
+    y[torch.arange(num_target), num_source + torch.arange(num_target)] = out.decoder_hidden_states[0][0]
+    layers = zip(model.model.decoder.layers, out.decoder_attentions, out.cross_attentions, strict=True)
+    for layer, self_probs, cross_probs in layers:
+        sub_blocks = [(layer.self_attn, layer.self_attn_layer_norm, self_probs, None),
+                      (layer.encoder_attn, layer.encoder_attn_layer_norm, cross_probs, encoder)]  # fmt: skip
+        y = block(y, layer, seen, sub_blocks)
+    scores = torch.einsum("ikd,id->ik", y, model.lm_head.weight[explained[0]])
+    logit_bias = model.final_logits_bias[0, explained[0]]
+    return naive_split(scores[..., None], scores[..., None], logit_bias[:, None], seen, options)[..., 0]
 
 
 @pytest.mark.parametrize(
@@ -465,3 +522,20 @@ def test_gpt2_scores_equal_a_naive_decompx_from_the_definition(options):
     scores = decompx(trace_of(model, kwargs), targets, options=options)
     torch.testing.assert_close(expected.sum(-1), scores.logit[0], rtol=1e-9, atol=1e-9)  # the naive one is complete
     torch.testing.assert_close(scores.target[0], expected.detach(), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("options", [DecompXOptions(), DecompXOptions(bias="norm")], ids=lambda o: o.bias)
+def test_marian_scores_equal_a_naive_decompx_from_the_definition(options):
+    """An encoder-decoder with post-LN blocks: the norms' shifts after each residual sum, the cross-attention's bias
+    and the logit bias (made non-zero here) split as the definition states (float64, one sentence pair)."""
+    model = tiny_model("marian").double()
+    model.final_logits_bias.normal_(generator=torch.Generator().manual_seed(0))
+    kwargs = example_kwargs("marian")
+    explained = next_tokens(kwargs)
+    with torch.no_grad():
+        expected = naive_marian_decompx(model, kwargs["input_ids"], kwargs["decoder_input_ids"], explained, options)
+    scores = decompx(trace_of(model, kwargs), explained, options=options)
+    num_source = kwargs["input_ids"].shape[1]
+    torch.testing.assert_close(expected.sum(-1), scores.logit[0], rtol=1e-9, atol=1e-9)  # the naive one is complete
+    torch.testing.assert_close(scores.source[0], expected[:, :num_source], rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(scores.target[0], expected[:, num_source:], rtol=1e-9, atol=1e-9)
