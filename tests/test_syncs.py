@@ -227,3 +227,15 @@ def test_the_batch_path_syncs_do_not_grow_with_length(family):
 
     batch_syncs(3)  # first-call work
     assert batch_syncs(5) == batch_syncs(10)
+
+
+def test_host_copies_read_several_masks_at_once():
+    """DecompX's masks (boolean, integer) come back to the host in one copy, each with its values, shape and dtype."""
+    from inseq_mixing.methods.blocks import host_copies
+
+    masks = [torch.tensor([[1, 1, 0], [1, 0, 0]]), torch.tensor([[True, False]]), torch.arange(6).reshape(3, 2)]
+    with counting_syncs() as counts:
+        copies = host_copies(*masks)
+    assert counts == {"cpu": 1}
+    for copy, mask in zip(copies, masks, strict=True):
+        assert copy.dtype == mask.dtype and torch.equal(copy, mask)
