@@ -99,12 +99,6 @@ class Components:
         """Per-part weights ``(B, P, K)`` summed over each position's components: ``(B, P)``."""
         return weights.sum(-1)
 
-    def bias_component(self) -> torch.Tensor:
-        """Per-part weights ``(B, P, K)``: 1 on the bias component, 0 elsewhere (``"separate"`` shares)."""
-        weights = torch.zeros(self.parts.shape[:-1], dtype=self.parts.dtype, device=self.parts.device)
-        weights[..., self.bias_index] = 1
-        return weights
-
     def dot(self, rows: torch.Tensor) -> torch.Tensor:
         """Each part dotted with its position's vector of ``rows`` ``(B, P, D)``: ``(B, P, K)``."""
         return torch.einsum("bpkd,bpd->bpk", self.parts, rows)
@@ -146,11 +140,6 @@ class PackedComponents(Components):
 
     def position_totals(self, weights: torch.Tensor) -> torch.Tensor:
         return weights.new_zeros(weights.shape[0], self.positions).index_add_(1, self.position, weights)
-
-    def bias_component(self) -> torch.Tensor:
-        weights = torch.zeros(self.parts.shape[:-1], dtype=self.parts.dtype, device=self.parts.device)
-        weights[:, self.bias_pairs] = 1
-        return weights
 
     def dot(self, rows: torch.Tensor) -> torch.Tensor:
         return (self.parts * self.per_part(rows)).sum(-1)
@@ -265,14 +254,13 @@ def activated_linear(ffn: FFNSpec, inputs: Components, options: DecompXOptions) 
     weight, bias = linear_in_out(ffn.w_in)
     weight = upcast(weight)
     product = inputs.like(inputs.parts @ weight)
+    if bias is not None and options.bias == "separate":  # the whole bias to the bias component, in place
+        split_bias(product, bias, options.bias)
+        bias = None
     pre, shares = product.total(), None
     if bias is not None:
         bias = upcast(bias)
-        if options.bias == "separate":
-            shares = product.bias_component()
-        else:
-            weights = input_side_weights(inputs, weight, bias, options.bias)
-            shares = bias_shares(product, bias, options.bias, weights)
+        shares = bias_shares(product, bias, options.bias, input_side_weights(inputs, weight, bias, options.bias))
         pre = pre.addcmul_(product.position_totals(shares)[..., None], bias)
     slope = (ffn.activation(pre) / pre).masked_fill_(pre == 0, 0)  # f(z) / z, 0 at z = 0
     position = product.position if isinstance(product, PackedComponents) else None
@@ -759,7 +747,7 @@ def decompose_ffn_block(
     batch, positions, num_components, _ = inputs.parts.shape
     width = ffn.w_out.weight.numel() // inputs.parts.shape[-1]
     per_position = batch * num_components * width
-    key = ("ffn", per_position, options.max_chunk_elements)
+    key = ("ffn", width)  # the FFN's width may differ between layers
     if key not in block.carried:
         packing = None
         if causal and PACK_CAUSAL_FFN and inputs.bias_index in (None, num_components - 1):
