@@ -298,14 +298,21 @@ def decompose_norm(norm, norm_input: torch.Tensor, components: Components, mode:
     return components.like(parts)
 
 
-def attention_bias(attn: AttentionSpec) -> torch.Tensor | None:
-    r"""Output bias plus the value bias carried through :math:`W_O` (attention rows sum to 1): ``(D,)`` or None."""
+def attention_bias(attn: AttentionSpec, probs: torch.Tensor) -> torch.Tensor | None:
+    r"""Output bias plus the value bias carried through :math:`W_O`, :math:`b_O + \sum_h (\sum_j \alpha^h_{ij})
+    b^h_V W^h_O` for every query :math:`i`: ``(B, queries, D)``, ``(D,)`` without a value bias, or None.
+
+    The rows of :math:`\alpha` sum to 1 only to the precision of the softmax, which transformers takes in float32 for
+    most families even in a float64 model; weighting the value bias by the recorded row sums keeps the components'
+    sum equal to the model's attention output.
+    """
     _, value_bias = attn.value_weight()
     bias = None if attn.out_bias is None else upcast(attn.out_bias)
     if value_bias is not None:
         per_head = upcast(value_bias).reshape(attn.num_kv_heads, attn.head_dim)[attn.kv_head_of_query_head()]
-        carried = torch.einsum("he,hed->d", per_head, upcast(attn.out_weight_per_head()))
-        bias = carried if bias is None else bias + carried
+        carried = torch.einsum("he,hed->hd", per_head.to(probs.device), upcast(attn.out_weight_per_head()))
+        carried = torch.einsum("bhq,hd->bqd", probs.sum(-1), carried)  # (B, queries, D)
+        bias = carried if bias is None else carried + bias.to(carried.device)
     return bias
 
 
@@ -565,7 +572,7 @@ def attention_sublayer(
     weights = [torch.zeros_like(block.stream.available, dtype=probs.dtype) for block in stream.blocks]
     # one slab's largest tensors are (B, positions, slab width, heads, head_dim): at most max_chunk_elements
     width = items_per_chunk(batch * max(num_queries, num_keys) * out_weight.shape[-1], options.max_chunk_elements)
-    bias = attention_bias(attn)
+    bias = attention_bias(attn, probs)
     value_bias = None
     if own_offset is not None and self_attention and attn.value_weight()[1] is not None:
         bias = None if attn.out_bias is None else upcast(attn.out_bias)
@@ -606,7 +613,8 @@ def attention_sublayer(
                 contribution = part[:, rows.start + pairs.rows, pairs.kept].flatten(-2) @ out_matrix
                 block.stream.parts[:, pairs.rows, pairs.local] += contribution  # distinct pairs
                 if paper_weights:  # over the attention output (0 where nothing is carried)
-                    weight[:, pairs.rows, pairs.local] = bias_weights(contribution, block_bias, mode)
+                    pair_bias = block_bias if block_bias.dim() == 1 else block_bias[:, pairs.rows]
+                    weight[:, pairs.rows, pairs.local] = bias_weights(contribution, pair_bias, mode)
                 continue
             contribution = part[:, rows][:, :, kept].flatten(-2) @ out_matrix
             if out_frozen is not None:  # the norm on the attention output, frozen, acts on every component
@@ -650,8 +658,11 @@ class HeadReadout:
 
 
 def branch_bias(bias: torch.Tensor | None, out_frozen: FrozenNorm | None, rows: slice) -> torch.Tensor | None:
-    """The attention bias ``(D,)`` as it reaches the residual stream: unchanged, or through a frozen norm on the
-    attention output plus that norm's shift, one vector per position ``(B, |rows|, D)``."""
+    """The attention bias (``(D,)`` or one per query ``(B, queries, D)``) of the query positions ``rows`` as it
+    reaches the residual stream: unchanged, or through a frozen norm on the attention output plus that norm's shift,
+    one vector per position ``(B, |rows|, D)``."""
+    if bias is not None and bias.dim() == 3:
+        bias = bias[:, rows]
     if out_frozen is None:
         return bias
     if bias is None and out_frozen.shift is None:
@@ -674,6 +685,8 @@ def dot_with_bias(components: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     bias = bias.to(components.device)
     if bias.dim() == 1:  # components (B, P, K, D) or packed pairs (B, N, D)
         return components @ bias
+    if bias.dim() == components.dim():  # packed pairs (B, N, D), each with its position's bias
+        return torch.linalg.vecdot(components, bias)
     return torch.einsum("bpkd,bpd->bpk", components, bias)
 
 
@@ -1091,7 +1104,7 @@ def _decompose(trace, target_ids, foil_ids, options, keep_layers, per_head, unit
     if units is not None and options.convention == "reference":
         raise ValueError(
             "DecompX's convention='reference' keeps each token's value bias in its own component, which audio units "
-            "do not have: use convention='paper' with units_as_components."
+            "do not have: use convention='paper' with unit_components."
         )
     # the masks on the host, in one copy: every layout decision is taken there (no further read of the device)
     source_mask = None if enc is None else (enc.mask if units is None or units.stack != "encoder" else units.present)
