@@ -37,6 +37,14 @@ Then, from this project's environment:
 Stage 1 (the authors' environment) builds the random BERT with the Value Zeroing authors' model class, saves its
 weights and config, and computes both sets of scores; stage 2 (ours) loads the same weights into transformers 5's BERT
 and compares our per-layer maps and rollouts. Not part of CI.
+
+ALTI is also compared in float64 on a BERT-base-wide model (768 dimensions, 6 layers) with trained-like weights
+(sharper attention, layer-norm gains spread around 1 with outlier dimensions of gain 6 to 10, realistic biases), where
+float32 rounding no longer hides small differences: the authors' code there runs with float64 as torch's default
+dtype, so every tensor it makes is float64 too. It measures distances with ``torch.nn.functional.pairwise_distance``,
+which adds ``eps=1e-6`` to every coordinate of the difference, and scales a post-LN block's parts by ``1/std`` of the
+norm's input without the norm's ``eps``; our ``convention="reference"`` does the same, ``"paper"`` follows the paper's
+formula.
 """
 
 import argparse
@@ -60,6 +68,65 @@ def randomize(model, seed):
                 param.copy_(noise * 1.2 / param.shape[-1] ** 0.5)
             else:
                 param.copy_(1 + 0.1 * noise if "LayerNorm.weight" in name else 0.1 * noise)
+"""
+
+#: Weights with a trained BERT's scales rather than a fresh one's (run in the authors' environment).
+TRAINED_LIKE = r"""
+import torch
+
+
+def trained_like(model, seed):
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator, dtype=param.dtype)
+            if param.dim() >= 2:  # sharper attention than a fresh model's: larger query and key matrices
+                scale = 2.5 if ("query" in name or "key" in name) else 1.0
+                param.copy_(noise * scale / param.shape[-1] ** 0.5)
+            elif "LayerNorm.weight" in name:  # gains spread around 1, a few outlier dimensions of gain 6 to 10
+                gain = 1 + 0.3 * noise.abs()
+                outliers = torch.randperm(len(gain), generator=generator)[: max(1, len(gain) // 50)]
+                gain[outliers] = 6 + 4 * torch.rand(len(outliers), generator=generator, dtype=param.dtype)
+                param.copy_(gain)
+            else:
+                param.copy_(0.2 * noise)
+"""
+
+#: ALTI in float64 on the trained-like BERT-base-wide model, by the authors' code (their environment).
+ALTI_FLOAT64_STAGE = r"""
+import ast, os, sys
+from pathlib import Path
+import numpy as np
+import torch
+
+torch.set_default_dtype(torch.float64)  # every tensor their code makes (torch.eye, torch.zeros) is float64 too
+alti_repo, out = sys.argv[1], Path(sys.argv[2])
+from transformers import BertConfig, BertForMaskedLM
+
+config = BertConfig(vocab_size=64, hidden_size=768, num_hidden_layers=6, num_attention_heads=12,
+                    intermediate_size=3072, max_position_embeddings=64)
+torch.manual_seed(0)
+model = BertForMaskedLM(config).eval().double()
+trained_like(model, 3)
+ids = torch.tensor([[2, 11, 17, 5, 23, 42, 8, 30, 19, 7, 55, 3]])
+mask = torch.ones_like(ids)
+os.chdir(alti_repo)
+sys.path.insert(0, alti_repo)
+from src.contributions import ModelWrapper
+tree = ast.parse(Path("src/utils_contributions.py").read_text())
+wanted = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "normalize_contributions"]
+helpers = {"torch": torch, "np": np}
+exec(compile(ast.Module(body=wanted, type_ignores=[]), "utils_contributions.py", "exec"), helpers)
+contributions = ModelWrapper(model)({"input_ids": ids, "attention_mask": mask})[3]
+resultant_norm = torch.norm(torch.squeeze(contributions["resultants"]), p=1, dim=-1)
+alti = helpers["normalize_contributions"](contributions["contributions"], scaling="min_sum",
+                                          resultant_norm=resultant_norm)
+assert alti.dtype == torch.float64
+out.mkdir(parents=True, exist_ok=True)
+np.save(out / "alti64.npy", alti.numpy())
+np.save(out / "ids64.npy", ids.numpy())
+torch.save(model.state_dict(), out / "weights64.pt")
+(out / "config64.json").write_text(config.to_json_string())
 """
 
 STAGE_ONE = r"""
@@ -258,6 +325,28 @@ def compare_decompx(out: Path, ids) -> None:
                   f"{np.abs(theirs).max():.2e}; logits differ by {gap:.1e})")  # fmt: skip
 
 
+def compare_alti_float64(out: Path) -> None:
+    """Our ALTI, both conventions, in float64 on the trained-like model the authors' code explained."""
+    import numpy as np
+    import torch
+    import transformers
+
+    from inseq_mixing.methods.alti import alti
+    from inseq_mixing.trace import trace_model
+
+    config = transformers.BertConfig(**json.loads((out / "config64.json").read_text()))
+    model = transformers.BertForMaskedLM(config).eval().double()
+    model.load_state_dict(torch.load(out / "weights64.pt"), strict=False)
+    ids = torch.from_numpy(np.load(out / "ids64.npy"))
+    trace = trace_model(model, ids, torch.ones_like(ids))
+    theirs = np.load(out / "alti64.npy")
+    for convention in ("paper", "reference"):
+        ours = alti(trace, convention=convention).decoder[0].numpy()
+        per_layer = np.abs(ours - theirs).max(axis=(1, 2))
+        print(f"alti float64, trained-like BERT-base-wide, convention={convention}: per-layer maps {theirs.shape}: "
+              f"max |ours - theirs| per layer = {', '.join(f'{value:.1e}' for value in per_layer)}")  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--authors-python", required=True, help="python of the environment with transformers 4.15")
@@ -271,6 +360,8 @@ def main() -> int:
     out = Path(args.out).resolve()
     command = [args.authors_python, "-c", RANDOMIZE + STAGE_ONE, args.value_zeroing_repo, args.alti_repo, str(out)]
     subprocess.run(command, check=True)
+    alti_stage = [args.authors_python, "-c", TRAINED_LIKE + ALTI_FLOAT64_STAGE, args.alti_repo, str(out)]
+    subprocess.run(alti_stage, check=True)
     environment = {**os.environ, "PYTHONPATH": args.decompx_transformers or ""}
     for repo, stage in ((args.decompx_repo, DECOMPX_STAGE), (args.globenc_repo, GLOBENC_STAGE)):
         if repo:
@@ -305,6 +396,7 @@ def main() -> int:
         theirs, their_rollout = np.load(out / f"{maps}.npy"), np.load(out / f"{rollouts}.npy")
         print(f"{method}: per-layer maps {theirs.shape}: max |ours - theirs| = {np.abs(ours - theirs).max():.2e}; "
               f"rollout (last layer): {np.abs(rolled - their_rollout[-1]).max():.2e}")  # fmt: skip
+    compare_alti_float64(out)
     if args.globenc_repo:
         compare_globenc(out, ids)
     if args.decompx_repo:

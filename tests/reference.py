@@ -112,7 +112,9 @@ def hf_attention_part(attn, values: torch.Tensor, probs: torch.Tensor, i: int, j
     """``Σ_h α^h_ij v^h_j W^h_O``: the HF output projection module on token j's weighted values, minus its bias."""
     group = attn.num_heads // attn.num_kv_heads
     heads = [probs[h, i, j] * values[j, h // group] for h in range(attn.num_heads)]
-    return attn.out_proj(torch.cat(heads)) - attn.out_proj(torch.zeros(attn.num_heads * attn.head_dim))
+    return attn.out_proj(torch.cat(heads)) - attn.out_proj(
+        torch.zeros(attn.num_heads * attn.head_dim, dtype=values.dtype)
+    )
 
 
 def frozen_layer_norm(norm, real_input: torch.Tensor, part: torch.Tensor) -> torch.Tensor:

@@ -160,6 +160,47 @@ def test_alti_matches_the_definition_pair_by_pair(family):
         torch.testing.assert_close(maps.target[0, idx], naive, atol=1e-5, rtol=1e-4)
 
 
+def released_alti_layer(model, spec, trace, kwargs, idx: int) -> torch.Tensor:
+    """One BERT layer's ALTI map (batch 0) as mt-upc/transformer-contributions computes it, pair by pair on the HF
+    modules: parts through the LayerNorm's gain and centring scaled by 1/σ of its input without eps, the output
+    y_i = L(z_i)/σ + β, importance −pairwise_distance(T_i(x_j), y_i, p=1) (PyTorch's function, with its eps), plus
+    ‖y_i‖₁, clipped at 0, rows normalised."""
+    layer, record = spec.decoder.layers[idx], trace.decoder.layers[idx]
+    attn = layer.self_attn
+    values = hf_value_vectors(attn, capture_value_inputs(model, spec, kwargs)[("decoder", idx, "self")])
+    probs, norm = record.self_attn.probs[0], attn.norm
+    with torch.no_grad():
+        scores = torch.zeros(probs.shape[1:], dtype=torch.float64)
+        for i in range(probs.shape[1]):
+            z = record.self_attn.norm_input[0, i]
+            sigma = z.std(unbiased=False)
+
+            def frozen(vector, sigma=sigma):
+                return norm.weight * (vector - vector.mean()) / sigma
+
+            output = frozen(z) + norm.bias
+            for j in range(probs.shape[2]):
+                part = hf_attention_part(attn, values, probs, i, j) + (record.input[0, i] if i == j else 0)
+                importance = -F.pairwise_distance(frozen(part)[None], output[None], p=1)[0]
+                scores[i, j] = (importance + output.abs().sum()).clamp(min=0)
+        return scores / scores.sum(-1, keepdim=True)
+
+
+def test_alti_reference_convention_is_the_released_codes_formula():
+    """``convention="reference"`` equals the authors' released formula in float64 (where its 1e-6 shows), and differs
+    from the paper's."""
+    model = tiny_encoder("bert", "masked_lm", seed=3).double()
+    kwargs, trace = _trace(model, *PAIR)
+    spec = get_spec(model)
+    compute = inseq_mixing.declarations.DECLARATIONS["alti"].compute
+    reference = compute(_request(model, trace, kwargs), _options("alti", convention="reference")).target
+    paper = compute(_request(model, trace, kwargs), _options("alti")).target
+    for idx in range(len(spec.decoder.layers)):
+        torch.testing.assert_close(reference[0, idx], released_alti_layer(model, spec, trace, kwargs, idx),
+                                   atol=1e-12, rtol=1e-10)  # fmt: skip
+    assert float((reference - paper).abs().max()) > 1e-8
+
+
 def _options(method: str, **values):
     """Per-layer maps: ``rollout=False`` where the method has the option."""
     declaration = inseq_mixing.declarations.DECLARATIONS[method]

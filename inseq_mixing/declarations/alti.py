@@ -3,6 +3,7 @@ layer, or per head (our extension); math in :mod:`inseq_mixing.methods.alti`. A 
 
 from dataclasses import dataclass, replace
 
+from ..methods.options import CONVENTIONS
 from .base import (
     Chunking,
     Compiling,
@@ -24,19 +25,29 @@ class AltiOptions(EncoderMaps, Chunking, Compiling, Heads):
         "Roll the layer maps out through the model (ALTI+'s joint rollout for encoder–decoders); with False, each "
         "layer's map (last dimension: layer). per_head=True implies per-layer maps.",
     )
+    convention: str = option(
+        "paper",
+        "'paper' (the paper's proximity, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁, a post-LN norm frozen with its eps) or "
+        "'reference' (the authors' released code, mt-upc/transformer-contributions: distances from PyTorch's "
+        "pairwise_distance, ‖T_i(x_j) − y_i + 1e-6‖₁, and a post-LN norm scaled by 1/σ without its eps; maps "
+        "differ by up to about 1e-5 on a trained BERT, see scripts/compare_with_authors.py).",
+        CONVENTIONS,
+    )
 
 
 def compute(request: Request, options: AltiOptions):
     from ..methods.alti import alti, alti_maps
 
     trace, encoder = request.trace, options.output_encoder_self_scores
+    convention = options.convention
     if options.per_head:
-        maps = alti_maps(alti(trace, encoder, options.max_chunk_elements, per_head=True), False)
+        maps = alti_maps(alti(trace, encoder, options.max_chunk_elements, per_head=True, convention=convention), False)
         layers, slots = maps.target.shape[1:3]
         maps = replace(maps, **head_axis_maps(maps.target, None, maps.source, encoder=maps.encoder))
         maps.axis = self_and_cross_axis(request.spec, layers, slots - 1, residual=True)
     else:
-        maps = alti_maps(alti(trace, options.rollout or encoder, options.max_chunk_elements), options.rollout)
+        scores = alti(trace, options.rollout or encoder, options.max_chunk_elements, convention=convention)
+        maps = alti_maps(scores, options.rollout)
         maps.axis = None if options.rollout else layer_axis(maps.target.shape[1])
     if not encoder:
         maps.encoder = None

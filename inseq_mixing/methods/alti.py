@@ -60,12 +60,26 @@ class AltiScores:
     encoder: torch.Tensor | None = None
 
 
+#: The ``eps`` of ``torch.nn.functional.pairwise_distance``, which the authors' released code measures distances with:
+#: it adds it to every coordinate of the difference, :math:`\lVert T_j - y + \epsilon \mathbf{1}\rVert_1`.
+REFERENCE_DISTANCE_EPS = 1e-6
+
+
 def proximity(output: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
     r""":math:`\max(0, \lVert y\rVert_1 - \lVert y - T_j\rVert_1)`: outputs ``(B, q, D)``, parts ``(B, q, k, D)``
     (or ``(B, q, H, k, D)``)."""
     output = output.reshape(*output.shape[:2], *[1] * (parts.dim() - 3), output.shape[-1])  # parts may have heads
     whole = output.abs().sum(-1)
     rest = (output - parts).abs().sum(-1)
+    return (whole - rest).clamp(min=0)
+
+
+def reference_proximity(output: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
+    r"""The released code's proximity, :math:`\max(0, \lVert y\rVert_1 - \lVert T_j - y + \epsilon\mathbf{1}
+    \rVert_1)` with :data:`REFERENCE_DISTANCE_EPS` (``convention="reference"``)."""
+    output = output.reshape(*output.shape[:2], *[1] * (parts.dim() - 3), output.shape[-1])
+    whole = output.abs().sum(-1)
+    rest = (parts - output + REFERENCE_DISTANCE_EPS).abs().sum(-1)
     return (whole - rest).clamp(min=0)
 
 
@@ -77,16 +91,30 @@ def contributions(
     causal: bool,
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     per_head: bool = False,
+    convention: str = "paper",
 ) -> torch.Tensor:
-    """Unnormalised ALTI contributions of one attention sub-block (see :func:`.parts.part_scores` for the arguments):
+    r"""Unnormalised ALTI contributions of one attention sub-block (see :func:`.parts.part_scores` for the arguments):
     ``(B, Q, K)`` for self-attention, ``(B, Q, K + 1)`` for cross-attention; with ``per_head``, one part per head and
-    token plus the residual, ``(B, H + 1, Q, K[+1])`` (see :func:`.parts.head_part_scores`)."""
+    token plus the residual, ``(B, H + 1, Q, K[+1])`` (see :func:`.parts.head_part_scores`).
+
+    ``convention="reference"`` follows the authors' released code (mt-upc/transformer-contributions) where it departs
+    from the paper's formula: distances measured with PyTorch's ``pairwise_distance`` (:func:`reference_proximity`),
+    and a post-LN block's norm scaled by :math:`1/\sigma` of its input without the norm's ``eps`` (their code adds
+    ``eps`` to the input itself, where the standard deviation ignores it), the output :math:`y_i` the norm of the
+    parts' sum at that scale."""
     score = head_part_scores if per_head else part_scores
     options = {"max_chunk_elements": max_chunk_elements}
+    reference = convention == "reference"
     if attn.post_norm is not None:
-        options.update(maps=[freeze_norm(attn.post_norm, record.norm_input)])
-        options.update(output=upcast(attn.post_norm(record.norm_input)))
-    return score(attn, record, residual, self_mixing, causal, proximity, **options)
+        frozen = freeze_norm(attn.post_norm, record.norm_input, eps=0.0 if reference else None)
+        options.update(maps=[frozen])
+        if reference:  # y_i at the released code's scale: the frozen map of the norm's input, plus its shift
+            shift = 0 if frozen.shift is None else frozen.shift
+            options.update(output=frozen.linear(upcast(record.norm_input)) + shift)
+        else:
+            options.update(output=upcast(attn.post_norm(record.norm_input)))
+    return score(attn, record, residual, self_mixing, causal, reference_proximity if reference else proximity,
+                 **options)  # fmt: skip
 
 
 def stack_contributions(
@@ -97,13 +125,15 @@ def stack_contributions(
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     per_head: bool = False,
     layers: int | None = None,
+    convention: str = "paper",
 ) -> torch.Tensor:
     """Normalised ALTI maps of every layer (or of the first ``layers``) of a stack for one kind of sub-block:
     ``(B, L, Q, K[+1])``; with ``per_head``, ``(B, L, H + 1, Q, K[+1])``, each row normalised over all heads and
-    tokens and the residual (index ``H``)."""
+    tokens and the residual (index ``H``). ``convention``: see :func:`contributions`."""
 
     def layer_scores(_layer, _record, attn, attn_record, residual, self_mixing, causal):
-        return contributions(attn, attn_record, residual, self_mixing, causal, max_chunk_elements, per_head)
+        return contributions(attn, attn_record, residual, self_mixing, causal, max_chunk_elements, per_head,
+                             convention)  # fmt: skip
 
     self_mixing = sub_block == "self"
     maps = stack_scores(stack_spec, stack, sub_block, key_mask, layer_scores, layers=layers)
@@ -166,6 +196,7 @@ def alti(
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     per_head: bool = False,
     decoder_layers: int | None = None,
+    convention: str = "paper",
 ):
     """ALTI maps of every layer and attention sub-block of a traced model.
 
@@ -177,6 +208,8 @@ def alti(
             :func:`stack_contributions`): maps ``(B, L, H + 1, i, j)``, index ``H`` the residual. These maps do not
             roll out.
         decoder_layers: Only the first layers of the decoder (the encoder's maps are all computed).
+        convention: ``"paper"`` (the formula above) or ``"reference"`` (the authors' released code, see
+            :func:`contributions`).
 
     Returns:
         :class:`AltiScores`.
@@ -184,7 +217,8 @@ def alti(
     spec, dec, enc = trace.spec, trace.decoder, trace.encoder
 
     def maps(stack_spec, stack, sub_block, key_mask, layers=None):
-        return stack_contributions(stack_spec, stack, sub_block, key_mask, max_chunk_elements, per_head, layers)
+        return stack_contributions(stack_spec, stack, sub_block, key_mask, max_chunk_elements, per_head, layers,
+                                   convention)  # fmt: skip
 
     scores = AltiScores(decoder=maps(spec.decoder, dec, "self", dec.mask, decoder_layers))
     if spec.is_encoder_decoder:

@@ -63,12 +63,13 @@ class FrozenNorm:
         return carried
 
 
-def freeze_norm(norm: nn.Module, norm_input: torch.Tensor) -> FrozenNorm:
-    """Freeze ``norm`` at the statistics of its recorded input ``(batch, positions, d_model)``."""
+def freeze_norm(norm: nn.Module, norm_input: torch.Tensor, eps: float | None = None) -> FrozenNorm:
+    """Freeze ``norm`` at the statistics of its recorded input ``(batch, positions, d_model)`` (a LayerNorm's ``eps``
+    may be replaced, e.g. by 0 for a convention that leaves it out)."""
     params = norm_params(norm)
     if params.kind == "layer":
         variance = upcast(norm_input).var(-1, unbiased=False, keepdim=True)
-        return FrozenNorm(params=params, inv_scale=torch.rsqrt(variance + params.eps))
+        return FrozenNorm(params=params, inv_scale=torch.rsqrt(variance + (params.eps if eps is None else eps)))
     # RMSNorms of T5 and Llama-style models take their statistics in float32 whatever the model's precision.
     variance = norm_input.float().pow(2).mean(-1, keepdim=True)
     return FrozenNorm(params=params, inv_scale=upcast(torch.rsqrt(variance + params.eps)).to(upcast(norm_input).dtype))
