@@ -21,14 +21,20 @@ class AudioError(ValueError):
     """An audio input that cannot be read or cut as asked; the message names the item and what to do."""
 
 
-def read_audio(item, sampling_rate: int, index: int = 0) -> np.ndarray:
+def item_name(index: int | str) -> str:
+    """How a message names an utterance: ``"Audio 3"`` for its position in a call, or a label as given (a dataset
+    run's ``"Row 3 (id 'x')"``)."""
+    return index if isinstance(index, str) else f"Audio {index}"
+
+
+def read_audio(item, sampling_rate: int, index: int | str = 0) -> np.ndarray:
     """One utterance as a 1-D float32 array at ``sampling_rate``.
 
     Args:
         item: A path to an audio file (resampled when its rate differs; several channels averaged), or a 1-D array of
             samples already at ``sampling_rate``.
         sampling_rate: The processor's sampling rate.
-        index: The item's position in the call, for error messages.
+        index: The item's position in the call, or its label, for error messages.
 
     Raises:
         AudioError: An unreadable file, an empty signal, a non-1-D array, or non-finite samples.
@@ -39,7 +45,8 @@ def read_audio(item, sampling_rate: int, index: int = 0) -> np.ndarray:
         try:
             signal, rate = soundfile.read(str(item), dtype="float32", always_2d=True)
         except (RuntimeError, OSError, soundfile.LibsndfileError) as error:
-            raise AudioError(f"Audio {index}: cannot read {str(item)!r} ({error}). Give a WAV or FLAC file.") from None
+            name = item_name(index)
+            raise AudioError(f"{name}: cannot read {str(item)!r} ({error}). Give a WAV or FLAC file.") from None
         signal = signal.mean(axis=1)
         if rate != sampling_rate and len(signal):
             import soxr
@@ -51,13 +58,13 @@ def read_audio(item, sampling_rate: int, index: int = 0) -> np.ndarray:
         signal = np.asarray(item, dtype=np.float32)
         if signal.ndim != 1:
             raise AudioError(
-                f"Audio {index} has shape {signal.shape}: give a 1-D (mono) signal at {sampling_rate} Hz, or a file "
-                "path (files are resampled and mixed down for you)."
+                f"{item_name(index)} has shape {signal.shape}: give a 1-D (mono) signal at {sampling_rate} Hz, or a "
+                "file path (files are resampled and mixed down for you)."
             )
     if not len(signal):
-        raise AudioError(f"Audio {index} is empty.")
+        raise AudioError(f"{item_name(index)} is empty.")
     if not np.isfinite(signal).all():
-        raise AudioError(f"Audio {index} contains NaN or infinite samples.")
+        raise AudioError(f"{item_name(index)} contains NaN or infinite samples.")
     return signal
 
 
@@ -89,7 +96,7 @@ def audio_units(
     total_frames: int,
     words: list | None = None,
     window_s: float = 0.5,
-    index: int = 0,
+    index: int | str = 0,
 ) -> list[Unit]:
     """The units of one utterance, in time order, covering frames ``[0, total_frames)``.
 
@@ -101,7 +108,7 @@ def audio_units(
         total_frames: Frames the model's stack has for this utterance.
         words: ``[(word, start_s, end_s), ...]`` from a forced aligner, or None for fixed windows.
         window_s: Window length without ``words``.
-        index: The utterance's position in the call, for error messages.
+        index: The utterance's position in the call, or its label, for error messages.
 
     Raises:
         AudioError: A malformed interval, one outside the audio, overlapping intervals, or two words in one frame.
@@ -128,14 +135,14 @@ def audio_units(
             frame = min(int((start_s + end_s) / 2 / frame_s), real_frames - 1)  # shorter than a frame: its midpoint's
             if owner[frame] >= 0:
                 raise AudioError(
-                    f"Audio {index}: the word {word!r} is shorter than a frame ({frame_s * 1000:.0f} ms) and falls "
-                    f"within a frame of {checked[owner[frame]][0]!r}: merge the two intervals."
+                    f"{item_name(index)}: the word {word!r} is shorter than a frame ({frame_s * 1000:.0f} ms) and "
+                    f"falls within a frame of {checked[owner[frame]][0]!r}: merge the two intervals."
                 )
             owner[frame] = number
     return _spans(owner, units, frame_s, duration_s, real_frames, total_frames)
 
 
-def _checked_words(words, duration_s: float, frame_s: float, index: int) -> list[tuple[str, float, float]]:
+def _checked_words(words, duration_s: float, frame_s: float, index: int | str) -> list[tuple[str, float, float]]:
     checked = []
     for entry in words:
         try:
@@ -143,15 +150,15 @@ def _checked_words(words, duration_s: float, frame_s: float, index: int) -> list
             start_s, end_s = float(start_s), float(end_s)
         except (TypeError, ValueError):
             raise AudioError(
-                f"Audio {index}: word interval {entry!r} is not (word, start_s, end_s) with times in seconds."
+                f"{item_name(index)}: word interval {entry!r} is not (word, start_s, end_s) with times in seconds."
             ) from None
         if not 0 <= start_s < end_s:
             raise AudioError(
-                f"Audio {index}: word {word!r} has the interval {start_s}-{end_s}s: need 0 <= start < end."
+                f"{item_name(index)}: word {word!r} has the interval {start_s}-{end_s}s: need 0 <= start < end."
             )
         if end_s > duration_s + frame_s:
             raise AudioError(
-                f"Audio {index}: word {word!r} ends at {end_s}s, after the audio's end ({duration_s:.3f}s): the "
+                f"{item_name(index)}: word {word!r} ends at {end_s}s, after the audio's end ({duration_s:.3f}s): the "
                 "intervals belong to another file, or to a different sampling rate."
             )
         checked.append((word, start_s, end_s))
@@ -159,11 +166,11 @@ def _checked_words(words, duration_s: float, frame_s: float, index: int) -> list
     for (first, _, first_end), (second, second_start, _) in zip(checked, checked[1:], strict=False):
         if second_start < first_end - 1e-9:
             raise AudioError(
-                f"Audio {index}: the intervals of {first!r} (ends {first_end}s) and {second!r} (starts "
+                f"{item_name(index)}: the intervals of {first!r} (ends {first_end}s) and {second!r} (starts "
                 f"{second_start}s) overlap: give non-overlapping word intervals."
             )
     if not checked:
-        raise AudioError(f"Audio {index}: words is empty: give at least one word, or words=None for windows.")
+        raise AudioError(f"{item_name(index)}: words is empty: give at least one word, or words=None for windows.")
     return checked
 
 

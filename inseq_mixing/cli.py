@@ -114,8 +114,31 @@ def run_inseq_attribute(argv: list[str]) -> int:
     (args,) = parser.parse_args_into_dataclasses(argv)
     if args.model_name_or_path == "demo":
         args.model_name_or_path = str(MODEL_DIR)
+    refusal = non_generation_refusal(args.model_name_or_path)
+    if refusal is not None:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
     AttributeCommand.run(args)
     return 0
+
+
+def non_generation_refusal(name: str) -> str | None:
+    """Why ``inseq-mixing attribute`` (Inseq's command, for generation models) cannot take ``name``, an encoder-only
+    or speech model, and what takes it; None for any other model."""
+    from inseq_mixing.encoders import is_encoder_only_model
+    from inseq_mixing.speech import is_speech_name
+
+    if is_encoder_only_model(name):
+        kind, commands = "an encoder-only", "`inseq-mixing compare`, `attribute-dataset` or `evaluate`"
+    elif is_speech_name(name):
+        kind, commands = "a speech", "`inseq-mixing attribute-dataset` (rows of audio files) or `evaluate`"
+    else:
+        return None
+    return (
+        f"{name} is {kind} model, and `inseq-mixing attribute` is Inseq's command for generation models "
+        f"(encoder–decoders and decoder-only). Use {commands} with --model, or in Python "
+        "inseq_mixing.load_model(model, method).attribute(...)."
+    )
 
 
 def _flag_value(argv: list[str], flags: tuple[str, ...]) -> str | None:
@@ -195,7 +218,13 @@ def run_compare(args: argparse.Namespace) -> int:
         check_writable(args.json)
         model = load_for_compare(args)
         result = inseq_mixing.compare(
-            model, args.methods, args.text, args.target, show_progress=True, random_draws=args.random_draws
+            model,
+            args.methods,
+            args.text,
+            args.target,
+            show_progress=True,
+            random_draws=args.random_draws,
+            max_new_tokens=args.max_new_tokens,
         )
     except (UserError, RuntimeError) as error:  # RuntimeError: every method failed
         print(f"error: {error}", file=sys.stderr)
@@ -244,6 +273,8 @@ def run_attribute_dataset(args: argparse.Namespace) -> int:
             source_column=args.source_column,
             target_column=args.target_column,
             id_column=args.id_column,
+            words_column=args.words_column,
+            max_new_tokens=args.max_new_tokens,
             **options,
         )
     except (DatasetInputError, RunStoreError, ValueError, OSError, UserError) as error:
@@ -359,6 +390,12 @@ def run_demo_data(args: argparse.Namespace) -> int:
 
 
 MODEL_HELP = "a Hugging Face model name or local folder, or demo (the embedded demo model, offline)"
+MAX_NEW_TOKENS_HELP = (
+    "longest generated target where none is given (default: the model's generation config; without one, "
+    "transformers' 20 new tokens, said once)"
+)
+#: Warnings of this package that the commands show (in one line) although they silence the libraries' warnings.
+SHOWN_WARNINGS = (r"The model's generation config sets no length",)
 
 
 def available_path(path: str | None, overwrite: bool) -> str | None:
@@ -395,20 +432,37 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--json", default=None, help="also write the metrics as JSON here")
     compare.add_argument("--device", default=None, help="e.g. cpu or cuda (default: Inseq's choice)")
     compare.add_argument("--random-draws", type=int, default=3)
+    compare.add_argument("--max-new-tokens", type=int, default=None, help=MAX_NEW_TOKENS_HELP)
     compare.add_argument("--overwrite", action="store_true", help="replace --out / --json if they exist")
     dataset = commands.add_parser(
         "attribute-dataset", help="attribute every example of a JSONL/CSV/Parquet file into a resumable run store"
     )
-    dataset.add_argument("data", help="a .jsonl, .csv or .parquet file of examples")
+    dataset.add_argument(
+        "data", help="a .jsonl, .csv or .parquet file of examples (speech models: rows of audio file paths)"
+    )
     dataset.add_argument("--model", required=True, help=MODEL_HELP)
     dataset.add_argument(
         "--method", required=True, help="a method (see `inseq-mixing methods`): the plugin's, or Inseq's own"
     )
     dataset.add_argument("--out", required=True, help="folder of the run store (created, or resumed)")
-    dataset.add_argument("--source-column", default="source")
-    dataset.add_argument("--target-column", default="target", help="missing column or value: the model generates")
+    dataset.add_argument(
+        "--source-column", default=None, help="the text or prompt (default: source; speech models: audio, a path)"
+    )
+    dataset.add_argument(
+        "--target-column",
+        default=None,
+        help="default: target (Whisper: transcript; CTC models: frames, their indices); a missing column or value: "
+        "the model generates",
+    )
+    dataset.add_argument(
+        "--words-column",
+        default="words",
+        help="speech models: each utterance's word intervals, a JSON list of [word, start_s, end_s] (default: "
+        "words; without it, windows of window_s seconds: --option window_s=0.5)",
+    )
     dataset.add_argument("--id-column", default=None, help="column of unique ids (default: the row number)")
     dataset.add_argument("--batch-size", type=int, default=16)
+    dataset.add_argument("--max-new-tokens", type=int, default=None, help=MAX_NEW_TOKENS_HELP)
     dataset.add_argument("--device", default=None, help="e.g. cpu or cuda (default: Inseq's, or each process's)")
     dataset.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     dataset.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="a method option")
@@ -473,6 +527,9 @@ def run_command(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     warnings.filterwarnings("ignore")
+    for message in SHOWN_WARNINGS:
+        warnings.filterwarnings("once", message=message)
+    warnings.showwarning = lambda message, *args, **kwargs: print(f"note: {message}", file=sys.stderr)
     logging.disable(logging.WARNING)
     hf_logging.disable_progress_bar()  # loading bars would bury one-line errors; the commands show their own
     if args.command == "demo":

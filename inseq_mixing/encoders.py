@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from .declarations import DECLARATIONS, Request
+from .methods.blocks import upcast
 from .methods.results import LogitScores
 from .specs import get_spec
 from .specs.encoder_heads import TASK_SUFFIXES, model_task
@@ -42,13 +43,22 @@ from .trace import eval_mode, trace_model
 #: Inseq's gradient baselines, by name, as Captum classes on the input embeddings.
 GRADIENT_METHODS = ("integrated_gradients", "deeplift", "saliency", "input_x_gradient")
 
-#: What ``info["explained"]`` says per task.
+#: What ``info["explained"]`` says per task, for logit methods (and the gradient baselines).
 EXPLAINED = {
     "masked_lm": "each mask token's logit for its target word (a word of several subwords: its first subword, the "
     "ALTI-logit paper's convention)",
     "sequence_classification": "the classifier's logit for the label, read at the first token",
     "token_classification": "each explained token's logit for its label",
     None: "the rows of the explained positions in the token-to-token maps (bare encoder: no logit)",
+}
+#: What ``info["explained"]`` says per task, for map methods (which explain no logit).
+EXPLAINED_BY_MAPS = {
+    "masked_lm": "the row of each mask token in the token-to-token maps (a text without a mask: the rows of "
+    "positions=, default the first token; nothing is predicted there); no logit",
+    "sequence_classification": "the row of the first token (which the classifier reads) in the token-to-token maps; "
+    "no logit",
+    "token_classification": "the rows of the explained tokens in the token-to-token maps; no logit",
+    None: EXPLAINED[None],
 }
 
 
@@ -239,7 +249,8 @@ class EncoderAttributionModel(FrontEndModel):
                 name (token classification: one per explained position); default: the model's predictions.
             foils: Like ``targets``: the contrast of logit methods (``logit(target) − logit(foil)``).
             positions: Token indices to explain (token classification, bare encoders), per text or one list for all.
-            batch_size: Texts per forward pass.
+            batch_size: Texts per forward pass (ModernBERT in float64: one text at a time, since transformers'
+                float64 masking of a padded batch gives NaN that reaches the real tokens).
             show_progress: Show a progress bar over batches.
             method_options: The method's options (``inseq-mixing methods --options``; gradient methods: Captum's
                 ``n_steps`` for integrated gradients).
@@ -253,17 +264,22 @@ class EncoderAttributionModel(FrontEndModel):
         texts = [texts] if isinstance(texts, str) else list(texts)
         if not texts:
             raise ValueError("Give at least one text.")
-        targets, foils = _per_text(targets, len(texts), "targets"), _per_text(foils, len(texts), "foils")
-        positions = _per_text_positions(positions, len(texts))
+        check_batch_size(batch_size)
+        if self.spec.float64_padding_nan and next(self.model.parameters()).dtype == torch.float64:
+            batch_size = 1  # transformers' float64 masking of padded rows would put NaN into real tokens
+        foils = self._foils(plain(foils), method_options)
+        targets, foils = _per_text(plain(targets), len(texts), "targets"), _per_text(foils, len(texts), "foils")
+        positions = _per_text_positions(plain(positions), len(texts))
         self.check_options(method_options)
         options = self.declaration.make_options(method_options) if self.declaration is not None else {}
+        names = [f"Text {index}" for index in range(len(texts))]
         sequences, axis = [], None
         starts = range(0, len(texts), batch_size)
         with eval_mode(self.model):
             for start in tqdm(starts, disable=not show_progress, desc=f"Attributing with {self.method}"):
                 stop = start + batch_size
                 batch, trace = self._batch(texts[start:stop], targets[start:stop], foils[start:stop],
-                                           positions[start:stop])  # fmt: skip
+                                           positions[start:stop], names[start:stop])  # fmt: skip
                 if self.declaration is None:
                     sequences += self._gradient_sequences(batch, **method_options)
                 else:
@@ -277,7 +293,9 @@ class EncoderAttributionModel(FrontEndModel):
             "tokenizer_class": type(self.tokenizer).__name__,
             "input_texts": texts,
             "task": self.task or "encoder",
-            "explained": EXPLAINED[self.task],
+            "explained": (
+                EXPLAINED if self.declaration is None or self.declaration.explains_logit else EXPLAINED_BY_MAPS
+            )[self.task],  # fmt: skip
             "attributed_fn": self._explained_quantity(foils),
             "step_scores": [],
             "attribution_args": dict(method_options),
@@ -286,6 +304,27 @@ class EncoderAttributionModel(FrontEndModel):
             info["score_axis"] = list(axis)
         return inseq.FeatureAttributionOutput(sequence_attributions=sequences, step_attributions=None, info=info)
 
+    def _foils(self, foils, options: dict):
+        """The foils, from ``foils=`` or Inseq's name for them, ``contrast_targets=`` (taken out of ``options``);
+        refused for map methods, which have no contrastive form."""
+        contrast = options.pop("contrast_targets", None)
+        if options.pop("contrast_targets_alignments", None) is not None:
+            raise ValueError(
+                "contrast_targets_alignments aligns a generated text with its foil text; an encoder explains its mask "
+                "tokens or labels: give one foil per explained entry with foils= (or contrast_targets=)."
+            )
+        if contrast is not None:
+            if foils is not None:
+                raise ValueError("Give the foils once: foils= or contrast_targets= (Inseq's name for them), not both.")
+            foils = contrast
+        explains_logit = self.declaration is None or self.declaration.explains_logit
+        if foils is not None and not explains_logit:
+            raise ValueError(
+                f"{self.method} gives context-mixing maps, which have no contrastive form: foils= (contrast_targets=) "
+                "applies to the logit methods (alti_logit, decompx, attn_lrp) and the gradient baselines."
+            )
+        return foils
+
     def _explained_quantity(self, foils) -> str:
         if self.declaration is not None and not self.declaration.explains_logit:
             return f"{self.method} map: context mixing into each explained position"
@@ -293,14 +332,22 @@ class EncoderAttributionModel(FrontEndModel):
 
     # ----- inputs -----
 
-    def validate(self, texts: str | list[str], targets=None, foils=None, positions=None) -> None:
+    def validate(self, texts: str | list[str], targets=None, foils=None, positions=None, names=None) -> None:
         """Raise the error :meth:`attribute` would raise for these inputs (no mask token, a word mapped to the
-        unknown token, an unknown label, a count that does not match), without running the model."""
+        unknown token, an unknown label, a count that does not match), without running the model.
+
+        Args:
+            texts, targets, foils, positions: As for :meth:`attribute`.
+            names: How the errors name each text (default ``"Text 0"``, ``"Text 1"``, ...; a dataset run names its
+                rows and ids).
+        """
         texts = [texts] if isinstance(texts, str) else list(texts)
-        targets, foils = _per_text(targets, len(texts), "targets"), _per_text(foils, len(texts), "foils")
+        targets = _per_text(plain(targets), len(texts), "targets")
+        foils = _per_text(plain(foils), len(texts), "foils")
+        names = names or [f"Text {index}" for index in range(len(texts))]
         inputs = self._encode(texts)
-        explained = self._explained(inputs, _per_text_positions(positions, len(texts)))
-        self._output_ids(inputs["input_ids"], explained, targets, foils, torch.zeros_like(inputs["input_ids"]))
+        explained = self._explained(inputs, _per_text_positions(plain(positions), len(texts)), names)
+        self._output_ids(inputs["input_ids"], explained, targets, foils, torch.zeros_like(inputs["input_ids"]), names)
 
     def _encode(self, texts: list[str]) -> dict:
         """The tokenized texts (right padding), with the inputs the model's forward takes."""
@@ -308,46 +355,61 @@ class EncoderAttributionModel(FrontEndModel):
         accepted = inspect.signature(self.model.forward).parameters
         return {name: value.to(self.device) for name, value in encoded.items() if name in accepted}
 
-    def _explained(self, inputs: dict, positions: list) -> list[list[int]]:
+    def _explained(self, inputs: dict, positions: list, names: list[str]) -> list[list[int]]:
         ids, mask = inputs["input_ids"], inputs["attention_mask"]
-        return [self._explained_positions(ids[row], mask[row], positions[row], row) for row in range(len(ids))]
+        return [self._explained_positions(ids[row], mask[row], positions[row], names[row]) for row in range(len(ids))]
 
-    def _output_ids(self, ids, explained, targets, foils, predictions):
+    def _output_ids(self, ids, explained, targets, foils, predictions, names: list[str]):
         """The explained output at every position ``(B, T)`` (``predictions`` where no target is given) and the
         foils', or None without foils."""
         target_ids = predictions.clone()
         foil_ids = None if all(foil is None for foil in foils) else torch.zeros_like(ids)
         for row, cells in enumerate(explained):
-            self._fill(target_ids, row, cells, targets[row], "targets")
+            unmasked = self.task == "masked_lm" and not bool((ids[row, cells] == self.tokenizer.mask_token_id).all())
+            if unmasked and (targets[row] is not None or foils[row] is not None):
+                raise ValueError(
+                    f"{names[row]} has no mask token, so there is no word to give a target or foil for: put "
+                    f"{self.tokenizer.mask_token} where the word is, or give no target."
+                )
+            self._fill(target_ids, row, cells, targets[row], "targets", names[row])
             if foil_ids is not None:
                 if foils[row] is None:
-                    raise ValueError(f"Text {row} has no foil: give one foil per text, or none at all.")
-                self._fill(foil_ids, row, cells, foils[row], "foils")
+                    raise ValueError(f"{names[row]} has no foil: give one foil per text, or none at all.")
+                self._fill(foil_ids, row, cells, foils[row], "foils", names[row])
         return target_ids, foil_ids
 
-    def _batch(self, texts, targets, foils, positions) -> tuple[_Batch, object]:
+    def _batch(self, texts, targets, foils, positions, names) -> tuple[_Batch, object]:
         inputs = self._encode(texts)
         ids, mask = inputs["input_ids"], inputs["attention_mask"]
-        explained = self._explained(inputs, positions)  # a text without a mask fails before the model runs
-        self._output_ids(ids, explained, targets, foils, torch.zeros_like(ids))  # and so does a bad target
+        explained = self._explained(inputs, positions, names)  # a text without a mask fails before the model runs
+        self._output_ids(ids, explained, targets, foils, torch.zeros_like(ids), names)  # and so does a bad target
         extra = {name: value for name, value in inputs.items() if name not in ("input_ids", "attention_mask")}
         trace = trace_model(self.model, ids, mask, spec=self.spec, extra=extra)
         where = torch.zeros_like(mask, dtype=torch.bool)
         for row, cells in enumerate(explained):
             where[row, cells] = True
         predictions = torch.zeros_like(ids) if trace.logits is None else trace.logits.argmax(-1)
-        target_ids, foil_ids = self._output_ids(ids, explained, targets, foils, predictions)
+        target_ids, foil_ids = self._output_ids(ids, explained, targets, foils, predictions, names)
         return _Batch(texts, inputs, where, explained, target_ids, foil_ids), trace
 
-    def _explained_positions(self, ids, mask, chosen, row: int) -> list[int]:
+    def _explained_positions(self, ids, mask, chosen, name: str) -> list[int]:
         length = int(mask.sum())
+        limit = self.spec.max_positions
+        if limit is not None and length > limit:
+            raise ValueError(
+                f"{name} has {length} tokens, but this {self.spec.family} model reads {limit} at most (its table of "
+                "position embeddings): shorten or split the text."
+            )
         if self.task == "masked_lm":
             cells = (ids[:length] == self.tokenizer.mask_token_id).nonzero().flatten().tolist()
-            if not cells:
+            if cells:
+                return cells
+            if self.declaration is None or self.declaration.explains_logit:
                 raise ValueError(
-                    f"Text {row} has no mask token: put {self.tokenizer.mask_token} where the word to explain is."
+                    f"{name} has no mask token: put {self.tokenizer.mask_token} where the word to explain is ("
+                    f"{self.method} explains a mask's logit; the map methods also take a text without a mask)."
                 )
-            return cells
+            # a map method on a text without a mask: its maps, rows of positions= as for a bare encoder
         if self.task == "sequence_classification":
             return [0]
         if chosen is None:
@@ -355,20 +417,23 @@ class EncoderAttributionModel(FrontEndModel):
         cells = [int(cell) for cell in chosen]
         bad = [cell for cell in cells if not 0 <= cell < length]
         if bad:
-            raise ValueError(f"Text {row} has {length} tokens: positions {bad} are outside it.")
+            raise ValueError(f"{name} has {length} tokens: positions {bad} are outside it.")
         return cells
 
-    def _fill(self, ids: torch.Tensor, row: int, cells: list[int], given, what: str) -> None:
+    def _fill(self, ids: torch.Tensor, row: int, cells: list[int], given, what: str, name: str) -> None:
         """Write the given targets (or foils) of one text into ``ids`` at its explained cells."""
         if given is None:
             return
         given = [given] if isinstance(given, str | int) else list(given)
         if self.task == "sequence_classification" and len(given) != 1:
-            raise ValueError(f"Text {row}: a classifier explains one label, but {what} gives {len(given)}.")
+            raise ValueError(f"{name}: a classifier explains one label, but {what} gives {len(given)}.")
         if len(given) != len(cells):
-            raise ValueError(f"Text {row} explains {len(cells)} position(s), but {what} gives {len(given)} value(s).")
+            raise ValueError(f"{name} explains {len(cells)} position(s), but {what} gives {len(given)} value(s).")
         for cell, value in zip(cells, given, strict=True):
-            ids[row, cell] = self.output_index(value)
+            try:
+                ids[row, cell] = self.output_index(value)
+            except ValueError as error:
+                raise ValueError(f"{name}: {error}") from None
 
     def output_index(self, value) -> int:
         """The output row of a target or foil: a word's first subword (masked LM), or a label's index."""
@@ -433,7 +498,7 @@ class EncoderAttributionModel(FrontEndModel):
         sequence_scores = {}
         if maps is not None:
             sequence_scores["encoder_self_scores"] = tokens_first(maps[row][..., :length, :length])
-        step_scores = {name: value[row, cells].detach().float().cpu() for name, value in steps.items()}
+        step_scores = {name: upcast(value[row, cells].detach()).cpu() for name, value in steps.items()}
         cls = SignedMixingSequenceOutput if signed else MixingSequenceOutput
         return cls(
             source=self._tokens(batch.inputs["input_ids"][row, :length]),
@@ -459,8 +524,9 @@ class EncoderAttributionModel(FrontEndModel):
         position's own token (bare encoders)."""
         from inseq.utils.typing import TokenWithId
 
-        if self.task is None:
-            return self._tokens(batch.inputs["input_ids"][row, cells])
+        own = batch.inputs["input_ids"][row, cells]
+        if self.task is None or (self.task == "masked_lm" and bool((own != self.tokenizer.mask_token_id).any())):
+            return self._tokens(own)  # a bare encoder's rows, or a map method's rows of a text without a mask
         ids = batch.target_ids[row, cells].tolist()
         if self.task == "masked_lm":
             names = self.tokenizer.convert_ids_to_tokens(ids)
@@ -500,7 +566,7 @@ class EncoderAttributionModel(FrontEndModel):
                     scores = method.attribute(embeds[row : row + 1].requires_grad_(True), **kwargs)
                 if self.method == "saliency":
                     scores = scores.abs()
-                columns.append(scores[0, :length].sum(-1).detach().float().cpu())
+                columns.append(upcast(scores[0, :length].sum(-1).detach()).cpu())
                 with torch.no_grad():
                     logits.append(float(model.forward(embeds[row : row + 1])))
             name = "contrast_logits_diff" if batch.foil_ids is not None else "logit"
@@ -536,8 +602,26 @@ class _ExplainedLogit(nn.Module):
 
 def tokens_first(rows: torch.Tensor) -> torch.Tensor:
     """``([slots,] explained, tokens)`` → Inseq's ``(tokens, explained[, slots])``."""
-    rows = rows.detach().float().cpu()
+    rows = upcast(rows.detach()).cpu()
     return rows.permute(2, 1, 0).contiguous() if rows.ndim == 3 else rows.T.contiguous()
+
+
+def plain(values):
+    """NumPy and torch values as Python ones, so that every check reads them alike: arrays and tensors as (nested)
+    lists, their scalars (``np.int64(2)``, ``torch.tensor(2)``) as ``int`` / ``float`` / ``str``."""
+    if isinstance(values, str) or values is None:
+        return values
+    if hasattr(values, "tolist"):  # numpy arrays and scalars, torch tensors, pandas series
+        return values.tolist()
+    if isinstance(values, list | tuple):
+        return [plain(value) for value in values]
+    return values
+
+
+def check_batch_size(batch_size) -> None:
+    """Refuse a batch size that is not a positive integer, naming it."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}.")
 
 
 def _per_text(values, count: int, what: str) -> list:
@@ -546,7 +630,7 @@ def _per_text(values, count: int, what: str) -> list:
     if values is None:
         return [None] * count
     if count == 1:
-        wrapped = isinstance(values, list | tuple) and len(values) == 1 and isinstance(values[0], list | tuple)
+        wrapped = isinstance(values, list | tuple) and len(values) == 1 and isinstance(values[0], list | tuple | None)
         return [values[0]] if wrapped else [values]
     if isinstance(values, str | int) or len(values) != count:
         raise ValueError(f"{what} must have one entry per text ({count}), not {values!r}.")

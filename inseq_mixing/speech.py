@@ -23,6 +23,7 @@ neighbouring frames outside attention. No math here.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +31,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .audio import AudioError, Unit, audio_units, read_audio
+from .audio import AudioError, Unit, audio_units, item_name, read_audio
 from .declarations import DECLARATIONS, Request
-from .encoders import FrontEndModel, tokens_first
+from .encoders import FrontEndModel, check_batch_size, plain, tokens_first
+from .methods.blocks import upcast
 from .methods.results import LogitScores
 from .methods.units import FrameUnits
 from .specs import get_spec
@@ -179,8 +181,18 @@ class SpeechAttributionModel(FrontEndModel):
         items = [audio] if single else list(audio)
         if not items:
             raise ValueError("Give at least one utterance.")
-        signals = [read_audio(item, self.sampling_rate, index) for index, item in enumerate(items)]
-        targets = _per_item(targets, len(items), "targets", single)
+        contrast = [name for name in ("contrast_targets", "contrast_targets_alignments")
+                    if method_options.pop(name, None) is not None]  # fmt: skip
+        if contrast:
+            raise ValueError(
+                f"{contrast[0]}: speech models explain the logits of their own transcript or frames, without a foil "
+                "(contrastive explanations are offered on text models)."
+            )
+        check_batch_size(batch_size)
+        names = [f"Audio {index}" for index in range(len(items))]
+        signals = [self.check_length(read_audio(item, self.sampling_rate, name), name)
+                   for name, item in zip(names, items, strict=True)]  # fmt: skip
+        targets = _per_item(plain(targets), len(items), "targets", single)
         words = _per_item(words, len(items), "words", single)
         options = self.declaration.make_options(method_options)
         if getattr(self.model.config, "feat_extract_norm", None) == "group":
@@ -191,7 +203,7 @@ class SpeechAttributionModel(FrontEndModel):
             for start in tqdm(starts, disable=not show_progress, desc=f"Attributing with {self.method}"):
                 stop = start + batch_size
                 batch, trace = self._batch(signals[start:stop], targets[start:stop], words[start:stop], window_s,
-                                           prompt_ids, max_new_tokens, first=start)  # fmt: skip
+                                           prompt_ids, max_new_tokens, names[start:stop])  # fmt: skip
                 request = self._request(batch, trace)
                 result = self.declaration.run(request, options)
                 axis = result.axis
@@ -214,71 +226,145 @@ class SpeechAttributionModel(FrontEndModel):
 
     # ----- inputs -----
 
+    @property
+    def shortest_samples(self) -> int:
+        """The fewest samples that make one frame: Whisper pads every utterance to its window (1), a wav2vec 2.0 /
+        HuBERT feature encoder needs its convolutions' receptive field (400 samples, 25 ms at 16 kHz, in the base
+        and large models)."""
+        if self.mel:
+            return 1
+        receptive = 1
+        for kernel, stride in reversed(list(zip(self.model.config.conv_kernel, self.model.config.conv_stride,
+                                                 strict=True))):  # fmt: skip
+            receptive = (receptive - 1) * stride + kernel
+        return receptive
+
+    def check_length(self, signal, index: int | str):
+        """``signal``, or an :class:`~inseq_mixing.audio.AudioError` naming it (``index``: its position or label) when
+        it is too short to make a frame, or longer than Whisper's window."""
+        name = item_name(index)
+        if len(signal) < self.shortest_samples:
+            raise AudioError(
+                f"{name} has {len(signal)} samples ({len(signal) / self.sampling_rate * 1000:.1f} ms), but "
+                f"this model's convolutional front end needs at least {self.shortest_samples} "
+                f"({self.shortest_samples / self.sampling_rate * 1000:.1f} ms) to make one frame: give a longer "
+                "utterance."
+            )
+        if self.mel and len(signal) > self.feature_extractor.n_samples:
+            raise AudioError(
+                f"{name} lasts {len(signal) / self.sampling_rate:.2f}s; Whisper reads "
+                f"{self.feature_extractor.n_samples / self.sampling_rate:.0f}s at a time: cut it into shorter "
+                "utterances."
+            )
+        return signal
+
+    def frames(self, signal) -> tuple[int, int]:
+        """The frames of the audio stack that hold ``signal``, and the stack's frames for it (Whisper pads every
+        utterance to its fixed window; a CTC encoder has as many as hold the signal)."""
+        if self.mel:
+            encoder = self.model.get_encoder() if self.whisper else self.model
+            total = encoder.config.max_source_positions
+            return min(total, math.ceil(len(signal) / self.sampling_rate / self.frame_seconds - 1e-9)), total
+        real = int(self.model._get_feat_extract_output_lengths(torch.tensor(len(signal))))
+        return real, real
+
+    def units(self, signal, words, window_s: float, index: int | str) -> list[Unit]:
+        """The units of one utterance (:func:`~inseq_mixing.audio.audio_units`)."""
+        real, total = self.frames(signal)
+        return audio_units(len(signal) / self.sampling_rate, self.frame_seconds, real, total, words, window_s, index)
+
+    def split_target(self, text: str):
+        """A dataset's target text as :meth:`attribute`'s target: Whisper's transcript as it is, a CTC or bare
+        encoder's frame indices from a JSON list or whitespace-separated integers."""
+        if self.whisper:
+            return text
+        try:
+            values = json.loads(text) if text.strip().startswith("[") else text.split()
+            return [int(value) for value in values]
+        except (TypeError, ValueError):
+            raise ValueError(f"A CTC or bare speech encoder's target is frame indices, not {text!r}.") from None
+
+    def validate(self, audio: list, targets=None, words=None, window_s: float = 0.5, names=None) -> None:
+        """Raise the error :meth:`attribute` would raise for these utterances (an unreadable, empty, too short or too
+        long audio, bad word intervals, frames outside the audio, a transcript too long for Whisper's decoder),
+        without running the model; the audio is read.
+
+        Args:
+            audio, targets, words, window_s: As for :meth:`attribute`, one entry per utterance.
+            names: How the errors name each utterance (default ``"Audio 0"``, ...; a dataset run names its rows).
+        """
+        names = names or [f"Audio {index}" for index in range(len(audio))]
+        targets = _per_item(plain(targets), len(audio), "targets", False)
+        words = _per_item(words, len(audio), "words", False)
+        prompt = self._default_prompt() if self.whisper else []
+        for name, item, target, entry in zip(names, audio, targets, words, strict=True):
+            signal = self.check_length(read_audio(item, self.sampling_rate, name), name)
+            self.units(signal, entry, window_s, name)
+            if self.whisper and target is not None:
+                transcript = self.tokenizer(target, add_special_tokens=False).input_ids
+                self.check_decoder_length(len(prompt) + len(transcript), name)
+            elif target is not None:
+                self._chosen_frames(target, self.frames(signal)[0], name)
+
+    def check_decoder_length(self, tokens: int, index: int | str) -> None:
+        """Refuse a Whisper decoder text (prompt and transcript) longer than the decoder's position table."""
+        limit = self.spec.max_positions
+        if limit is not None and tokens > limit:
+            raise ValueError(
+                f"{item_name(index)}: the decoder text (prompt and transcript) has {tokens} tokens; this Whisper "
+                f"model reads {limit} at most: give a shorter transcript."
+            )
+
     def _features(self, signals: list) -> tuple[dict, torch.Tensor, list[int]]:
         """Model inputs, the ``(B, frames)`` mask of the audio stack, and each utterance's real frames."""
         extractor = self.feature_extractor
+        real = [self.frames(signal)[0] for signal in signals]
         if self.mel:
-            limit = extractor.n_samples
-            for index, signal in enumerate(signals):
-                if len(signal) > limit:
-                    raise AudioError(
-                        f"Audio {index} lasts {len(signal) / self.sampling_rate:.2f}s; Whisper reads "
-                        f"{limit / self.sampling_rate:.0f}s at a time: cut it into shorter utterances."
-                    )
             features = extractor(signals, sampling_rate=self.sampling_rate, return_tensors="pt")
             inputs = {"input_features": features["input_features"].to(self.device, self.model.dtype)}
-            encoder = self.model.get_encoder() if self.whisper else self.model
-            total = encoder.config.max_source_positions
-            frame_s = self.frame_seconds
-            real = [min(total, math.ceil(len(signal) / self.sampling_rate / frame_s - 1e-9)) for signal in signals]
+            total = self.frames(signals[0])[1]
             return inputs, torch.ones(len(signals), total, dtype=torch.long, device=self.device), real
         asks_mask = bool(getattr(extractor, "return_attention_mask", False))
         features = extractor(signals, sampling_rate=self.sampling_rate, padding=True, return_tensors="pt",
                              return_attention_mask=True)  # fmt: skip
         inputs = {"input_values": features["input_values"].to(self.device, self.model.dtype)}
-        lengths = self.model._get_feat_extract_output_lengths(torch.tensor([len(signal) for signal in signals]))
-        real = [int(length) for length in lengths]
         if asks_mask:
             inputs["attention_mask"] = features["attention_mask"].to(self.device)
         total = max(real)
         mask = (torch.arange(total)[None, :] < torch.tensor(real)[:, None]).long().to(self.device)
         return inputs, mask, real
 
-    def _batch(self, signals, targets, words, window_s, prompt_ids, max_new_tokens, first: int):
+    def _batch(self, signals, targets, words, window_s, prompt_ids, max_new_tokens, names: list[str]):
         inputs, frame_mask, real = self._features(signals)
         total = frame_mask.shape[1]
-        units = [
-            audio_units(
-                len(signal) / self.sampling_rate,
-                self.frame_seconds,
-                frames,
-                total if self.whisper else frames,
-                entry,
-                window_s,
-                first + row,
-            )  # fmt: skip
-            for row, (signal, frames, entry) in enumerate(zip(signals, real, words, strict=True))
-        ]
+        units = [self.units(signal, entry, window_s, name) for signal, entry, name in zip(signals, words, names,
+                                                                                            strict=True)]  # fmt: skip
         members = torch.zeros(len(signals), max(len(item) for item in units), total, device=self.device)
         for row, item in enumerate(units):
             for number, unit in enumerate(item):
                 members[row, number, unit.start : unit.stop] = 1
         if self.whisper:
-            return self._whisper_batch(inputs, frame_mask, units, members, targets, prompt_ids, max_new_tokens, first)
+            return self._whisper_batch(inputs, frame_mask, units, members, targets, prompt_ids, max_new_tokens, names)
+        explained = [None if targets[row] is None else self._chosen_frames(targets[row], real[row], names[row])
+                     for row in range(len(signals))]  # fmt: skip
         call = ModelCall(self.model, inputs, frame_masks={"decoder": frame_mask})
         trace = trace_call(self.spec, call)
         predicted = torch.zeros_like(frame_mask) if trace.logits is None else trace.logits.argmax(-1)
-        explained = [self._explained_frames(predicted[row], real[row], targets[row], first + row)
-                     for row in range(len(signals))]  # fmt: skip
+        explained = [cells if cells is not None else self._default_frames(predicted[row], real[row], names[row])
+                     for row, cells in enumerate(explained)]  # fmt: skip
         return _Batch(call, units, members, explained, predicted, [], []), trace
 
-    def _explained_frames(self, predicted: torch.Tensor, frames: int, chosen, index: int) -> list[int]:
-        if chosen is not None:
-            chosen = [int(frame) for frame in ([chosen] if isinstance(chosen, int) else chosen)]
-            bad = [frame for frame in chosen if not 0 <= frame < frames]
-            if bad:
-                raise ValueError(f"Audio {index} has {frames} frames: frames {bad} are outside it.")
-            return chosen
+    @staticmethod
+    def _chosen_frames(chosen, frames: int, name: str) -> list[int]:
+        """The frame indices given by ``targets=`` (one, or a list), checked against the utterance's frames."""
+        chosen = [int(frame) for frame in ([chosen] if isinstance(chosen, int) else chosen)]
+        bad = [frame for frame in chosen if not 0 <= frame < frames]
+        if bad:
+            raise ValueError(f"{name} has {frames} frames: frames {bad} are outside it.")
+        return chosen
+
+    def _default_frames(self, predicted: torch.Tensor, frames: int, name: str) -> list[int]:
+        """Every frame (a bare encoder), or the frames where greedy CTC decoding emits a character."""
         if self.task is None:
             return list(range(frames))
         ids = predicted[:frames].tolist()
@@ -286,12 +372,12 @@ class SpeechAttributionModel(FrontEndModel):
         emitted = [frame for frame, idx in enumerate(ids) if idx != blank and (frame == 0 or ids[frame - 1] != idx)]
         if not emitted:
             raise ValueError(
-                f"Audio {index}: greedy CTC decoding emits nothing (every frame is blank): pass targets= with the "
-                "frame indices to explain."
+                f"{name}: greedy CTC decoding emits nothing (every frame is blank): pass targets= with the frame "
+                "indices to explain."
             )
         return emitted
 
-    def _whisper_batch(self, inputs, frame_mask, units, members, targets, prompt_ids, max_new_tokens, first):
+    def _whisper_batch(self, inputs, frame_mask, units, members, targets, prompt_ids, max_new_tokens, names):
         prompt = list(prompt_ids) if prompt_ids is not None else self._default_prompt()
         transcripts = []
         missing = [row for row, target in enumerate(targets) if target is None]
@@ -300,14 +386,13 @@ class SpeechAttributionModel(FrontEndModel):
             ids = greedy[row] if target is None else self.tokenizer(target, add_special_tokens=False).input_ids
             if not ids:
                 raise ValueError(
-                    f"Audio {first + row}: the transcript to explain is empty (Whisper's greedy transcript ended at "
-                    "once): pass targets= with the text to explain."
+                    f"{names[row]}: the transcript to explain is empty (Whisper's greedy transcript ended at once): "
+                    "pass targets= with the text to explain."
                 )
             transcripts.append(prompt + list(ids))
+        for tokens, name in zip(transcripts, names, strict=True):
+            self.check_decoder_length(len(tokens), name)
         longest = max(len(tokens) for tokens in transcripts)
-        limit = self.spec.max_positions
-        if limit is not None and longest > limit:
-            raise ValueError(f"The decoder text has {longest} tokens; this Whisper model reads {limit} at most.")
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         full = torch.full((len(transcripts), longest), pad, dtype=torch.long, device=self.device)
         for row, tokens in enumerate(transcripts):
@@ -389,7 +474,7 @@ class SpeechAttributionModel(FrontEndModel):
         signed = isinstance(result, LogitScores)
         if signed:
             steps = {**result.terms, "logit": result.logit}
-            step_scores = {name: value[row, cells].detach().float().cpu() for name, value in steps.items()}
+            step_scores = {name: upcast(value[row, cells].detach()).cpu() for name, value in steps.items()}
         source = [TokenWithId(unit.label, number) for number, unit in enumerate(units)]
         target_attributions = None
         if self.whisper:

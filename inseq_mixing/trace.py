@@ -466,6 +466,13 @@ def _explain_non_finite_forward(model: nn.Module, mask: torch.Tensor, finite: in
             "transformers' attention returns NaN for fully padded rows (most decoder-only models in float64 do), "
             "and it reaches the real tokens. Attribute the sentences one at a time, or run the model in float32."
         )
+    if dtype == torch.float64 and not bool(mask.bool().all()):
+        raise FloatingPointError(
+            f"The model's forward pass gives non-finite logits at real tokens of this padded batch in {dtype}: "
+            "transformers' float64 attention masking gives NaN for padded rows (ModernBERT does), and it reaches the "
+            "real tokens. Attribute the texts one at a time (the encoder front end does so for ModernBERT in "
+            "float64), or run the model in float32."
+        )
     if dtype in (torch.float16, torch.bfloat16):
         raise FloatingPointError(
             f"The model's forward pass overflows in {dtype} (non-finite logits): run it in float32 (model.float())."
@@ -493,8 +500,9 @@ def check_lengths(spec: ModelSpec, *sequences: torch.Tensor | None) -> None:
     longest = max(ids.shape[-1] for ids in sequences if ids is not None)
     if spec.max_positions is not None and longest > spec.max_positions:
         raise ValueError(
-            f"The input has {longest} tokens, but this {spec.family} model has position embeddings for "
-            f"{spec.max_positions} (config.max_position_embeddings / n_positions). Shorten or truncate the input."
+            f"The input has {longest} tokens, but this {spec.family} model reads {spec.max_positions} at most (its "
+            "table of position embeddings, config.max_position_embeddings / n_positions). Shorten or truncate the "
+            "input."
         )
 
 

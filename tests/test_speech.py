@@ -5,7 +5,12 @@ module, batches of different lengths against each utterance alone, audio files, 
 
 import dataclasses
 import functools
+import json
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -111,7 +116,7 @@ def frame_and_unit_results(family: str, method: str, **options):
     model = attribution_model(family, method)
     signals = list(AUDIO)
     batch, trace = model._batch(signals, [None, None] if family != "whisper" else list(TEXTS), list(WORDS), 0.5,
-                                None, 8, first=0)  # fmt: skip
+                                None, 8, names=["Audio 0", "Audio 1"])  # fmt: skip
     request = model._request(batch, trace)
     parsed = model.declaration.make_options(options)
     pooled = model.declaration.run(request, parsed)
@@ -337,14 +342,175 @@ def test_refusals_name_what_to_do():
         inseq_mixing.load_model(speech("whisper")[0], "alti")
 
 
-def test_dataset_runs_refuse_speech_models(tmp_path):
-    from inseq_mixing.runs.runner import load_attribution_model
+def saved_speech(family: str, folder) -> str:
+    """A tiny speech model saved with its feature extractor and tokenizer, as a user's checkpoint folder."""
+    model, processor = speech(family)
+    model.save_pretrained(folder)
+    processor.feature_extractor.save_pretrained(folder)
+    processor.tokenizer.save_pretrained(folder)
+    return str(folder)
 
-    whisper, processor = speech("whisper")
-    whisper.save_pretrained(tmp_path / "whisper")
-    for model in (whisper, tmp_path / "whisper", attribution_model("whisper", "alti")):
-        with pytest.raises(ValueError, match="Dataset runs take text models"):
-            load_attribution_model(model, "alti", None, None, None)
+
+def corpus(tmp_path, count: int) -> list[dict]:
+    """Utterances of different lengths as WAV files: some with a forced alignment, some with a transcript."""
+    import soundfile
+
+    rows = []
+    for index in range(count):
+        seconds = 0.45 + 0.05 * (index % 5)
+        path = tmp_path / f"u{index}.wav"
+        soundfile.write(path, synthetic_audio(seconds, seed=index, tone_hz=180.0 + 20 * index), SAMPLING_RATE)
+        row = {"id": f"u{index}", "audio": str(path)}
+        if index % 3 != 2:
+            row["words"] = json.dumps([["the", 0.05, 0.2], ["cat", 0.22, 0.4]])
+        if index % 2 == 0:
+            row["transcript"] = "the cat"
+        rows.append(row)
+    return rows
+
+
+def alone(model, row, **kwargs):
+    """What ``.attribute`` gives one stored row's utterance alone."""
+    words = json.loads(row["words"]) if "words" in row else None
+    transcript = row.get("transcript") if model.whisper else None
+    output = model.attribute(row["audio"], transcript, words=words, show_progress=False, **kwargs)
+    return output.sequence_attributions[0]
+
+
+def assert_same_sequence(stored, own):
+    assert [token.token for token in stored.source] == [token.token for token in own.source]
+    assert [token.id for token in stored.target] == [token.id for token in own.target]
+    torch.testing.assert_close(stored.source_attributions, own.source_attributions, atol=2e-5, rtol=1e-4)
+    for name, scores in own.sequence_scores.items():
+        torch.testing.assert_close(stored.sequence_scores[name], scores, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("family", "method"), [("whisper", "alti_logit"), ("hubert", "value_zeroing")])
+def test_a_dataset_run_of_a_speech_corpus_stores_what_attribute_gives_each_utterance_alone(family, method, tmp_path):
+    """Rows of audio files (with and without a forced alignment, with and without a transcript) in padded batches:
+    each stored example, per unit, is ``.attribute`` on that utterance alone; the manifest names the front end's
+    arguments."""
+    rows = corpus(tmp_path, 5)
+    model, processor = speech(family)
+    summary = inseq_mixing.attribute_dataset(model, method, rows, tmp_path / "run", processor=processor,
+                                             batch_size=2, id_column="id", window_s=0.2, max_new_tokens=4,
+                                             show_progress=False)  # fmt: skip
+    assert summary.attributed == 5
+    run = inseq_mixing.load_run(tmp_path / "run")
+    assert run.manifest["options"]["window_s"] == 0.2
+    front = attribution_model(family, method)
+    for row in rows:
+        assert_same_sequence(run[row["id"]], alone(front, row, window_s=0.2, max_new_tokens=4))
+    units = [token.token for token in run["u2"].source]  # no alignment: windows of 0.2 s
+    assert units[0] == "0.00-0.20s" and "the" in [token.token for token in run["u0"].source]
+
+
+def test_a_killed_speech_run_resumes_with_nothing_lost(tmp_path):
+    """The command line on a saved speech model: killed (SIGKILL) after some shards, resumed with the same command,
+    every example stored once and equal to ``.attribute`` alone."""
+    folder = saved_speech("wav2vec2", tmp_path / "w2v")
+    rows = corpus(tmp_path, 30)
+    data = tmp_path / "corpus.jsonl"
+    data.write_text("\n".join(json.dumps(row) for row in rows))
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "inseq_mixing.cli", "attribute-dataset", str(data), "--model", folder,
+               "--method", "alti", "--id-column", "id", "--batch-size", "1", "--out", str(out)]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(list((out / "shards").glob("batch-*.json"))) < 2:
+        time.sleep(0.01)
+    process.kill()
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGKILL, err[-2000:]
+    stored = len(inseq_mixing.load_run(out))
+    assert 2 <= stored < len(rows), "the kill must land mid-run"
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"{stored} already stored" in resumed.stdout
+    run = inseq_mixing.load_run(out)
+    assert run.complete and sorted(run.ids()) == sorted(row["id"] for row in rows)
+    front = attribution_model("wav2vec2", "alti")
+    for row in rows:
+        assert_same_sequence(run[row["id"]], alone(front, row))
+
+
+def test_bad_speech_rows_are_named_before_any_work(tmp_path):
+    rows = corpus(tmp_path, 3)
+    rows[2]["words"] = json.dumps([["cat", 0.3, 0.2]])
+    model, processor = speech("hubert")
+    with pytest.raises(ValueError, match=r"Row 2 \(id 'u2'\): word 'cat' has the interval 0.3-0.2s"):
+        inseq_mixing.attribute_dataset(model, "alti", rows, tmp_path / "run", processor=processor, id_column="id",
+                                       show_progress=False)  # fmt: skip
+    rows[2].update(words=None, frames="7 999")
+    with pytest.raises(ValueError, match=r"Row 2 \(id 'u2'\) has \d+ frames: frames \[999\] are outside it"):
+        inseq_mixing.attribute_dataset(model, "alti", rows, tmp_path / "run", processor=processor, id_column="id",
+                                       show_progress=False)  # fmt: skip
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="processor"):
+        inseq_mixing.attribute_dataset(model, "alti", rows, tmp_path / "run", show_progress=False)
+
+
+@pytest.mark.parametrize("head", [True, False])
+def test_value_zeroing_rolls_out_ctc_and_bare_encoders_over_units(head):
+    """With ``rollout=True`` the unit map is rolled out through the layers below the last, and the explained frames'
+    rows of the last layer (over units) enter it: rows sum to 1 and equal that product of the per-layer output."""
+    model, processor = speech("wav2vec2", head)
+    front = inseq_mixing.load_model(model, "value_zeroing", processor=processor)
+    kwargs = {"words": [WORDS[0]], "show_progress": False}
+    layers = front.attribute([AUDIO[0]], **kwargs).sequence_attributions[0]
+    rolled = front.attribute([AUDIO[0]], rollout=True, **kwargs).sequence_attributions[0]
+    units = layers.sequence_scores["encoder_self_scores"].permute(2, 1, 0)  # (layers, query units, key units)
+    below = units[0]
+    for layer in range(1, units.shape[0] - 1):
+        below = units[layer] @ below
+    frames = layers.source_attributions[..., -1].T  # the last layer's explained frames over units
+    torch.testing.assert_close(rolled.source_attributions.T, frames @ below, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(rolled.sequence_scores["encoder_self_scores"].T, units[-1] @ below)
+    sums = rolled.source_attributions.sum(0)
+    torch.testing.assert_close(sums, torch.ones_like(sums), atol=1e-5, rtol=0)
+
+
+def test_audio_shorter_than_one_frame_is_refused_alone_and_in_a_batch():
+    """The fewest samples are the feature encoder's receptive field: one fewer makes no frame in transformers."""
+    model, processor = speech("wav2vec2")
+    front = attribution_model("wav2vec2", "alti")
+    shortest = front.shortest_samples
+    lengths = model._get_feat_extract_output_lengths(torch.tensor([shortest - 1, shortest]))
+    assert lengths.tolist() == [0, 1]
+    short = synthetic_audio(1.0)[: shortest - 1]
+    for audio in ([short], [AUDIO[0], short]):
+        message = rf"Audio {len(audio) - 1} has {shortest - 1} samples.*at least {shortest}"
+        with pytest.raises(AudioError, match=message):
+            front.attribute(audio, show_progress=False)
+    front.attribute([synthetic_audio(1.0)[:shortest]], targets=[[0]], show_progress=False)  # one frame: works
+
+
+def test_speech_inputs_refused_before_any_work():
+    front = attribution_model("wav2vec2", "alti_logit")
+    with pytest.raises(ValueError, match="batch_size must be a positive integer, not 0"):
+        front.attribute([AUDIO[0]], batch_size=0, show_progress=False)
+    with pytest.raises(ValueError, match="contrast_targets: speech models explain"):
+        front.attribute([AUDIO[0]], contrast_targets="a", show_progress=False)
+    frames = front.attribute(AUDIO[0], targets=np.array([1, 3]), show_progress=False).sequence_attributions[0]
+    assert frames.source_attributions.shape[1] == 2
+    with pytest.raises(ValueError, match="unit_components") as refused:
+        attribution_model("wav2vec2", "decompx").attribute(
+            AUDIO[0], convention="reference", unit_components=True, show_progress=False
+        )
+    assert "units_as_components" not in str(refused.value)
+
+
+def test_speech_evaluation_keeps_going_past_a_row_it_cannot_use(tmp_path):
+    """A target followed by punctuation in the transcript is the same word, as in the text protocols; a row whose
+    target is not in its transcript is skipped with the reason, before any work, and the other rows are scored."""
+    rows = speech_rows(tmp_path, 3)
+    rows[0]["transcript"] = "The cat sat, on"
+    rows[1]["transcript"] = "the cat on"
+    result = inseq_mixing.evaluate(attribution_model("whisper", "alti"), ["alti"], rows, "cue", draws=10)
+    assert [skip.row for skip in result.skipped] == [1] and "'sat' is not a word of the transcript" in (
+        result.skipped[0].reason
+    )
+    assert result.method_summary("alti")["n"] == 2
 
 
 def test_whisper_explains_its_greedy_transcript_by_default():

@@ -19,6 +19,7 @@ from inseq.utils import Registry
 from inseq.utils.alignment_utils import get_aligned_idx
 from transformers.utils import ModelOutput
 
+from ..methods.blocks import upcast
 from ..specs import get_spec
 from ..trace import ModelTrace, eval_mode, trace_model
 
@@ -71,6 +72,18 @@ class MixingStepOutput(MultiDimensionalFeatureAttributionStepOutput):
     """Step output producing :class:`MixingSequenceOutput` (or, for signed scores, the signed variant) sequences."""
 
     _sequence_cls: type = MixingSequenceOutput
+
+    def __post_init__(self):
+        """Inseq 0.7's, without its cast of every score to float32 when the scores are float64 (a float64 model's:
+        the precision its user asked for); other scores are cast as Inseq casts them."""
+        tensors = [self.source_attributions, self.target_attributions, *(self.step_scores or {}).values(),
+                   *(self.sequence_scores or {}).values()]  # fmt: skip
+        if not any(isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float64 for tensor in tensors):
+            super().__post_init__()
+            return
+        self._num_dimensions = self._num_dimensions or 0
+        self.step_scores = self.step_scores or {}
+        self.sequence_scores = self.sequence_scores or {}
 
     def get_sequence_cls(self, **kwargs):
         return self._sequence_cls(_num_dimensions=self._num_dimensions, **kwargs)
@@ -261,7 +274,7 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
     def keep_sequence_scores(self, scores: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
         """Keep ``(B, T, ...)`` scores of every traced decoder position for :meth:`attribute`, which puts each
         sequence's real positions into its ``sequence_scores`` (Inseq would slice them as attributions)."""
-        self._pending_sequence_scores = ({name: score.detach().float().cpu() for name, score in scores.items()}, mask)
+        self._pending_sequence_scores = ({name: upcast(score.detach()).cpu() for name, score in scores.items()}, mask)
 
     def explained_quantity(self) -> str:
         """What the scores explain, for the output's ``info["attributed_fn"]`` (Inseq would name its default
@@ -279,7 +292,7 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
 
     def keep_step_scores(self, scores: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
         """Keep ``(B, T)`` scores over the traced decoder positions (with their mask) for :meth:`attribute`."""
-        self._pending_step_scores = ({name: score.detach().float().cpu() for name, score in scores.items()}, mask)
+        self._pending_step_scores = ({name: upcast(score.detach()).cpu() for name, score in scores.items()}, mask)
 
     def trace(self, steps: StepInputs) -> ModelTrace:
         """One forward pass of the wrapped model on the step's ids; the LM head's full-vocabulary logits only where
@@ -404,7 +417,7 @@ def inseq_layout(scores: torch.Tensor, causal: bool) -> torch.Tensor:
         scores = scores.permute(0, 3, 2, 1)
     else:
         scores = scores.transpose(1, 2)
-    scores = scores.detach().float().cpu().clone()
+    scores = upcast(scores.detach()).cpu().clone()
     if causal:
         future = torch.ones(scores.shape[1:3], dtype=torch.bool).tril(-1)  # rows j > columns i
         scores[:, future] = float("nan")

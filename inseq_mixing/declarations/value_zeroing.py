@@ -33,6 +33,7 @@ class ValueZeroingOptions(EncoderMaps, Chunking, Compiling):
 
 
 def compute(request: Request, options: ValueZeroingOptions):
+    from ..methods.results import LayerMaps
     from ..methods.rollout import normalize_rows
     from ..methods.rollout import rollout as rollout_stack
     from ..methods.value_zeroing import value_zeroing, value_zeroing_maps
@@ -49,9 +50,14 @@ def compute(request: Request, options: ValueZeroingOptions):
             scores.encoder = units.queries(scores.encoder, options.unit_rows)
         elif units.stack == "decoder":
             unit_map = normalize_rows(units.queries(scores.decoder, options.unit_rows))
+    if unit_map is not None and options.rollout:  # a CTC or bare speech encoder: frame rows over unit columns
+        frame_rows = value_zeroing_maps(scores, options.normalization).target  # (B, L, frames, units)
+        below = rollout_stack(unit_map)  # (B, L, units, units): the unit map rolled out, at every depth
+        target = frame_rows[:, -1] if frame_rows.shape[1] == 1 else frame_rows[:, -1] @ below[:, -2]
+        return LayerMaps(target=target, encoder=below[:, -1])
     maps = value_zeroing_maps(scores, options.normalization, options.rollout)
     if unit_map is not None:
-        maps.encoder = rollout_stack(unit_map)[:, -1] if options.rollout else unit_map
+        maps.encoder = unit_map
     if not options.rollout:
         maps.axis = layer_axis(maps.target.shape[1])
     return maps
@@ -72,7 +78,10 @@ DECLARATION = Declaration(
         "instead of per-layer scores.\n\n"
         "Speech models (inseq_mixing.load_model): the frames of an audio unit (a word, a window, a silence) are "
         "zeroed at once, -Σ_h Σ_(j in unit) α^h_ij v^h_j W^h_O, and a unit's row is the mean (unit_rows='max': the "
-        "max) of its frames' rows before normalising.\n\n"
+        "max) of its frames' rows before normalising. With rollout=True on a CTC or bare speech encoder, the unit "
+        "map is rolled out through the layers below the last, and the explained frames' rows of the last layer "
+        "(over units) are multiplied by it (our extension; Whisper rolls out its encoder's unit map and enters it "
+        "through cross-attention).\n\n"
         "This method replaces Inseq's built-in value_zeroing, which import inseq_mixing renames to "
         "inseq_value_zeroing."
     ),

@@ -146,6 +146,7 @@ def compare(
     random_draws: int = 3,
     method_kwargs: dict[str, dict] | None = None,
     show_progress: bool = False,
+    max_new_tokens: int | None = None,
 ) -> Comparison:
     """Run ``methods`` on the same inputs and forced targets and score them.
 
@@ -154,9 +155,10 @@ def compare(
         methods: Registered attribution method names (e.g. ``["alti_logit", "decompx", "integrated_gradients"]``).
         inputs: Source texts (encoder–decoders) or prompts (decoder-only models); encoder-only models: the texts
             (a masked LM's with its mask token).
-        targets: Target texts (decoder-only: the whole sequence). If None, the first method's generation is used
-            for all methods. Encoder-only models: the masked word or the label, default the prediction; the first
-            explained entry of each text is scored, by deleting tokens (:mod:`.encoders`).
+        targets: Target texts (decoder-only: the whole sequence). If None, the model's greedy generation (as
+            ``model.generate`` gives it, capped by ``max_new_tokens``) is forced for every method. Encoder-only models:
+            the masked word or the label, default the prediction; the first explained entry of each text is scored,
+            by deleting tokens (:mod:`.encoders`).
         tokenizer: The tokenizer, when ``model`` is a model object.
         replacement_token: The token that replaces perturbed context tokens (default: the unknown token, else pad).
         fractions: Shares of the candidate tokens removed (or kept) at each point of the perturbation curve.
@@ -164,6 +166,8 @@ def compare(
         method_kwargs: Per method, keyword arguments for ``model.attribute`` (e.g. ``{"integrated_gradients":
             {"n_steps": 50}}``).
         show_progress: Show progress bars over the methods and over the generated tokens scored.
+        max_new_tokens: The longest generated target when ``targets`` is None (default: the model's generation
+            config; if it sets no length, transformers' default of 20 new tokens, with a warning saying so).
 
     Returns:
         A :class:`Comparison`. A method that raises is recorded in ``failed`` (with a warning) and the others are
@@ -189,6 +193,10 @@ def compare(
     if base is None:
         base = inseq.load_model(model, methods[0], tokenizer=tokenizer)
     hf_model, tokenizer = base.model, base.tokenizer
+    if targets is None:  # one generation, forced for every method
+        from ..runs.runner import generate_targets, generation_length
+
+        targets = generate_targets(base, inputs, generation_length(base, max_new_tokens))
     special_ids = set(tokenizer.all_special_ids)
     replacement_id = tokenizer.convert_tokens_to_ids(replacement_token) if replacement_token else None
     if replacement_id is None:
@@ -205,8 +213,6 @@ def compare(
             comparison.failed[method] = f"{type(error).__name__}: {error}"
             warnings.warn(f"compare: {method} failed and is left out ({comparison.failed[method]})", stacklevel=2)
             continue
-        if targets is None:
-            targets = out.info["generated_texts"]
         comparison.outputs[method] = out
         scores[method] = [token_level_scores(seq) for seq in out.sequence_attributions]
     if not comparison.outputs:

@@ -64,19 +64,35 @@ def explain_encoder_items(attribution, items: list[Item], batch_size: int, optio
 
 def explainable(attribution, item: Item) -> Skipped | None:
     """Why ``item`` cannot be explained by ``attribution``'s model (checked without running it), or None."""
+    tokenizer = attribution.tokenizer
+    if attribution.task == "masked_lm" and tokenizer.mask_token_id not in tokenizer(item.source).input_ids:
+        reason = f"Row {item.row} has no mask token: the protocols explain the masked word ({tokenizer.mask_token})"
+        return Skipped(item.row, reason, "not explainable")
     try:
-        if item.foil is not None and attribution.task == "masked_lm" and _same_token(attribution, item):
-            raise ValueError(f"target {item.target!r} and foil {item.foil!r} share their explained token")
         target = attribution.split_target(item.target) if item.target else None
         foil = None if item.foil is None else attribution.split_target(item.foil)
-        attribution.validate(item.source, target, foil)
+        attribution.validate(item.source, target, foil, names=[f"Row {item.row}"])
+        if target is not None and foil is not None and _same_output(attribution, target, foil):
+            what = "explained token" if attribution.task == "masked_lm" else "label"
+            return Skipped(
+                item.row,
+                f"Row {item.row}: target {item.target!r} and foil {item.foil!r} share their {what}, so "
+                "logit(target) − logit(foil) is 0 for every token",
+                "target equals foil",
+            )
     except ValueError as error:
-        return Skipped(item.row, f"Row {item.row}: {error}", "not explainable")
+        return Skipped(item.row, str(error), "not explainable")
     return None
 
 
-def _same_token(attribution, item: Item) -> bool:
-    return attribution.output_index(item.target) == attribution.output_index(item.foil)
+def _same_output(attribution, target, foil) -> bool:
+    """Whether a target and its foil (one value, or one per explained entry) name the same output row anywhere: a
+    word's first subword, or a label by name or index."""
+    targets = [target] if isinstance(target, str | int) else list(target)
+    foils = [foil] if isinstance(foil, str | int) else list(foil)
+    return any(
+        attribution.output_index(a) == attribution.output_index(b) for a, b in zip(targets, foils, strict=False)
+    )
 
 
 def encoder_faithfulness(attribution, explanations, fractions=DEFAULT_FRACTIONS, random_draws: int = 3, seed=0):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import random
+import string
 from dataclasses import dataclass
 
 import numpy as np
@@ -130,13 +131,16 @@ def evaluate_speech(
         model = load_model(model, methods[0], processor=processor)
     rows, skipped = read_speech_rows(data, {role.removesuffix("_column"): name for role, name in columns.items()})
     kept = []
-    for row in rows:
+    for row in rows:  # every row checked before any method runs: a bad one is skipped with its reason
         try:
-            signal = read_audio(row.audio, model.sampling_rate, row.row)
-        except AudioError as error:
+            row.signal = model.check_length(read_audio(row.audio, model.sampling_rate, row.row), row.row)
+            if model.whisper:
+                _transcript_words(model.tokenizer, row)
+                transcript = model.tokenizer(row.transcript, add_special_tokens=False).input_ids
+                model.check_decoder_length(len(model._default_prompt()) + len(transcript), row.row)
+        except (AudioError, ValueError) as error:  # EvaluationInputError is a ValueError
             skipped.append(Skipped(row.row, str(error)))
             continue
-        row.signal = signal
         kept.append(row)
     evaluation = Evaluation(protocol, draws=draws, seed=seed, skipped=sorted(skipped, key=lambda skip: skip.row))
     if not kept:
@@ -228,7 +232,8 @@ def _word_tokens(tokenizer, transcript: str) -> list[list[int]]:
 
 @dataclass
 class _Transcript:
-    """A row's transcript as words, the indices of each word's tokens, and the target's word index."""
+    """A row's transcript as words (stripped of surrounding punctuation, as the text protocols match words: ``weight.``
+    is ``weight``), the indices of each word's tokens, and the target's word index."""
 
     words: list[str]
     tokens: list[list[int]]
@@ -240,14 +245,27 @@ class _Transcript:
         return self.tokens[self.target][0]
 
     def cue_words_before_target(self, cues: list[str]) -> list[int]:
-        return [number for number in range(self.target) if self.words[number] in cues]
+        bare = {cue.strip(string.punctuation) for cue in cues}
+        return [number for number in range(self.target) if self.words[number] in bare]
 
 
 def _transcript_words(tokenizer, row) -> _Transcript:
-    words = row.transcript.split()
-    if row.target not in words:
-        raise EvaluationInputError(f"Row {row.row}: the target {row.target!r} is not a word of the transcript.")
-    return _Transcript(words, _word_tokens(tokenizer, row.transcript), words.index(row.target))
+    """The row's transcript words; the target is its first word equal to the target, punctuation around either
+    stripped.
+
+    Raises:
+        EvaluationInputError: The target is not a word of the transcript, or the tokenizer gives it no token.
+    """
+    words = [word.strip(string.punctuation) or word for word in row.transcript.split()]
+    target = row.target.strip(string.punctuation) or row.target
+    if target not in words:
+        raise EvaluationInputError(
+            f"Row {row.row}: the target {row.target!r} is not a word of the transcript {row.transcript!r}."
+        )
+    transcript = _Transcript(words, _word_tokens(tokenizer, row.transcript), words.index(target))
+    if not transcript.tokens[transcript.target]:
+        raise EvaluationInputError(f"Row {row.row}: the tokenizer gives the target {row.target!r} no token.")
+    return transcript
 
 
 def _text_share(transcript: _Transcript, row, seq, column: int) -> torch.Tensor:

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -80,12 +81,15 @@ def attribute_dataset(
     out: str | Path,
     *,
     tokenizer=None,
+    processor=None,
     batch_size: int = 16,
     device: str | None = None,
     dtype: str | torch.dtype | None = None,
-    source_column: str = "source",
-    target_column: str | None = "target",
+    source_column: str | None = None,
+    target_column: str | None = None,
     id_column: str | None = None,
+    words_column: str | None = "words",
+    max_new_tokens: int | None = None,
     show_progress: bool = True,
     **method_kwargs,
 ) -> RunSummary:
@@ -98,25 +102,40 @@ def attribute_dataset(
     processes (gloo on CPU, one GPU per process otherwise), which write into the same store; each shard's index names
     the rank that wrote it and the manifest the number of processes of every session.
 
+    Speech models (Whisper, wav2vec 2.0 / HuBERT CTC and bare encoders) take rows of audio files: the source column
+    (default ``audio``) holds each file's path, ``words`` its forced alignment (a JSON list of ``[word, start_s,
+    end_s]``; without one, windows of ``window_s`` seconds), and the target column Whisper's transcript (default
+    ``transcript``; missing: the greedy one) or a CTC or bare encoder's frame indices (default ``frames``; missing: the
+    frames greedy decoding emits, or every frame).
+    Scores are stored per audio unit, each example as ``.attribute`` gives it alone.
+
     Args:
-        model: A model name or local path, a Hugging Face model (with ``tokenizer``), or an Inseq
-            ``AttributionModel``.
+        model: A model name or local path, a Hugging Face model (with ``tokenizer``, or a speech model's
+            ``processor``), an Inseq ``AttributionModel``, or this package's encoder or speech attribution model.
         method: One of the plugin's methods (``inseq_mixing.METHODS``, batched through one trace per batch), or any
             of Inseq's (e.g. ``integrated_gradients``, through Inseq's own loop, one example at a time).
         data: A ``.jsonl``/``.csv``/``.parquet`` path, a ``datasets.Dataset``, a DataFrame or a list of dicts.
         out: Folder of the run store (created if missing).
         tokenizer: Tokenizer of a Hugging Face model object.
+        processor: Processor of a speech model object (its feature extractor and tokenizer).
         batch_size: Examples per batch (and per shard). Part of the run's identity: resume with the same value.
         device: Device to run on (default: the model's, or each Accelerate process's own).
         dtype: Run the model in this dtype (``"float32"``, ``"bfloat16"``, ``"float16"``); for a model given as an
             object, convert it yourself.
-        source_column: Column of the source text (decoder-only models: the prompt).
+        source_column: Column of the source text (decoder-only models: the prompt; speech models: the audio path).
+            Default ``source`` (speech models: ``audio``).
         target_column: Column of the target (decoder-only: the full text, prompt included). Rows without one, or
-            data without the column, get the model's greedy generation, as in Inseq.
+            data without the column, get the model's greedy generation, as in Inseq. Default ``target`` (Whisper:
+            ``transcript``; CTC and bare speech encoders: ``frames``).
         id_column: Column of unique ids (default: the row number).
+        words_column: Speech models: the column of word intervals.
+        max_new_tokens: Generation models: the longest generated target of a row without one (default: the model's
+            generation config; if it sets no length, transformers' default of 20 new tokens, said once per run).
+            Part of the run's identity when given.
         show_progress: Show a progress bar (main process only).
         **method_kwargs: The method's options (as for ``model.attribute``) and ``attribute_target`` (default True
-            for encoder–decoders), ``attributed_fn``, ``attr_pos_start``, ``attr_pos_end``, ``skip_special_tokens``.
+            for encoder–decoders), ``attributed_fn``, ``attr_pos_start``, ``attr_pos_end``, ``skip_special_tokens``;
+            speech models: ``window_s`` and ``prompt_ids`` (as for their ``.attribute``).
 
     Missing targets are generated in batches that give each example exactly what ``model.generate`` gives it alone
     (attention mask on padded encoder inputs; decoder-only prompts grouped by length, so none is padded). A
@@ -134,14 +153,21 @@ def attribute_dataset(
     check_method(method)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}.")
-    examples = read_examples(data, source_column, target_column, id_column)
+    speech = speech_model_type(model)
+    source_column = source_column or ("audio" if speech else "source")
+    target_column = target_column or {None: "target", "whisper": "transcript"}.get(speech, "frames")
+    examples = read_examples(data, source_column, target_column, id_column, words_column if speech else None)
     state, device = distributed_state(device)
     writer = Writer(rank=state.process_index, processes=state.num_processes)
-    attribution_model = load_attribution_model(model, method, tokenizer, device, dtype)
+    attribution_model = load_attribution_model(model, method, tokenizer, device, dtype, processor)
     inseq_args, options = split_arguments(attribution_model, method_kwargs)
-    check_targets(attribution_model, examples)
+    length = generation_length(attribution_model, max_new_tokens, any(example.target is None for example in examples))
+    if is_speech(attribution_model) and max_new_tokens is not None:  # Whisper's greedy transcripts
+        inseq_args["max_new_tokens"] = length["max_new_tokens"]
+    check_targets(attribution_model, examples, length, inseq_args)
     batches = length_sorted_batches(examples, batch_size)
-    manifest = build_manifest(attribution_model, method, options, inseq_args, examples, batch_size, model)
+    identity = {**options, **({"max_new_tokens": max_new_tokens} if max_new_tokens is not None else {})}
+    manifest = build_manifest(attribution_model, method, identity, inseq_args, examples, batch_size, model)
     store = RunStore(out)
     store.check(manifest, IDENTITY_KEYS)  # every process refuses another run's store before anyone waits
     if state.is_main_process:
@@ -158,7 +184,7 @@ def attribute_dataset(
     start = time.perf_counter()
     with _progress(sum(len(batches[n]) for n in todo), show_progress and state.is_main_process) as bar:
         for number in todo:
-            rows = attribute_batch(attribution_model, batches[number], inseq_args, options)
+            rows = attribute_batch(attribution_model, batches[number], inseq_args, options, length)
             store.write_shard(number, rows, writer)
             summary.attributed += len(rows)
             bar.update(len(rows))
@@ -185,24 +211,55 @@ def distributed_state(device: str | None):
     return state, device
 
 
-def load_attribution_model(model, method: str, tokenizer, device: str | None, dtype):
+def is_speech_input(model) -> bool:
+    """Whether ``model`` (a name or folder, a HF model, or a front end) is a speech model (read from its config)."""
+    return speech_model_type(model) is not None
+
+
+def speech_model_type(model) -> str | None:
+    """The model type of a speech model (``"whisper"``, ``"wav2vec2"``, ``"hubert"``: a name or folder, a HF model,
+    or a front end, read from its config), or None for any other model."""
+    from ..speech import SpeechAttributionModel, is_speech_model, is_speech_name
+
+    if isinstance(model, SpeechAttributionModel):
+        return model.model.config.model_type
+    if is_speech_model(model):
+        return model.config.model_type
+    if is_speech_name(model):
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(str(model)).model_type
+    return None
+
+
+def load_attribution_model(model, method: str, tokenizer, device: str | None, dtype, processor=None):
     """An Inseq ``AttributionModel`` with ``method`` as its method, from a name, a HF model or an Inseq model; an
     encoder-only model (name, HF model or :class:`~inseq_mixing.encoders.EncoderAttributionModel`) gets the encoder
-    front end."""
+    front end, a speech model (name, HF model with its ``processor``, or
+    :class:`~inseq_mixing.speech.SpeechAttributionModel`) the speech front end."""
     import inseq
     from inseq.models import AttributionModel
 
     from ..encoders import EncoderAttributionModel, is_encoder_only_model
     from ..encoders import load_model as load_any_model
-    from ..speech import SpeechAttributionModel, is_speech_model, is_speech_name
+    from ..speech import SpeechAttributionModel
 
-    if isinstance(model, SpeechAttributionModel) or is_speech_model(model) or is_speech_name(model):
-        raise ValueError(
-            "Dataset runs take text models; a speech model is explained with inseq_mixing.load_model(...).attribute("
-            "audio, words=...) and evaluated with evaluate(..., protocol='cue' | 'blankout')."
-        )
     torch_dtype = _torch_dtype(dtype)
+    if isinstance(model, SpeechAttributionModel):  # another method on the same model keeps its processor
+        _refuse_other_dtype(model.model, torch_dtype)
+        return model if model.method == method else model.for_method(method)
+    if is_speech_input(model):
+        if isinstance(model, torch.nn.Module):
+            if processor is None:
+                raise ValueError("A speech model object needs its processor: pass processor=...")
+            _refuse_other_dtype(model, torch_dtype)
+            return load_any_model(model, method, processor=processor, device=device)
+        try:
+            return load_any_model(str(model), method, processor=processor, device=device, dtype=torch_dtype)
+        except Exception as error:
+            raise ValueError(f"Could not load model {str(model)!r}: {type(error).__name__}: {error}") from error
     if isinstance(model, EncoderAttributionModel):  # another method on the same model keeps its tokenizer
+        _refuse_other_dtype(model.model, torch_dtype)
         return model if model.method == method else EncoderAttributionModel(model.model, model.tokenizer, method)
     if isinstance(model, str | Path) and is_encoder_only_model(str(model)):
         try:
@@ -212,10 +269,10 @@ def load_attribution_model(model, method: str, tokenizer, device: str | None, dt
     if isinstance(model, torch.nn.Module) and is_encoder_only_model(model):
         if tokenizer is None:
             raise ValueError("A Hugging Face model object needs its tokenizer: pass tokenizer=...")
-        return load_any_model(model, method, tokenizer=tokenizer, device=device, dtype=torch_dtype)
+        _refuse_other_dtype(model, torch_dtype)
+        return load_any_model(model, method, tokenizer=tokenizer, device=device)
     if isinstance(model, AttributionModel):
-        if torch_dtype is not None and model.model.dtype != torch_dtype:
-            raise ValueError(f"The model runs in {model.model.dtype}; convert it to {torch_dtype} before the run.")
+        _refuse_other_dtype(model.model, torch_dtype)
         attribution_model = model
         if device is not None:
             attribution_model.device = device
@@ -231,9 +288,18 @@ def load_attribution_model(model, method: str, tokenizer, device: str | None, dt
         return attribution_model
     if tokenizer is None:
         raise ValueError("A Hugging Face model object needs its tokenizer: pass tokenizer=...")
-    if torch_dtype is not None and model.dtype != torch_dtype:
-        raise ValueError(f"The model runs in {model.dtype}; convert it to {torch_dtype} before the run.")
+    _refuse_other_dtype(model, torch_dtype)
     return inseq.load_model(model, method, tokenizer=tokenizer, device=device)
+
+
+def _refuse_other_dtype(model: torch.nn.Module, dtype: torch.dtype | None) -> None:
+    """A model object belongs to the caller: a run never converts it, and refuses a ``dtype`` it does not run in."""
+    current = next(model.parameters()).dtype
+    if dtype is not None and current != dtype:
+        raise ValueError(
+            f"The model runs in {current}; convert it to {dtype} before the run (a dataset run converts only the "
+            "models it loads from a name or folder, never the model object it is given)."
+        )
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -272,11 +338,30 @@ def is_encoder(attribution_model) -> bool:
     return isinstance(attribution_model, EncoderAttributionModel)
 
 
+def is_speech(attribution_model) -> bool:
+    """Whether the model is a speech one (the speech front end)."""
+    from ..speech import SpeechAttributionModel
+
+    return isinstance(attribution_model, SpeechAttributionModel)
+
+
+#: Arguments of the speech front end's ``attribute`` that a dataset run accepts besides the method's options.
+SPEECH_ARGUMENTS = ("window_s", "prompt_ids")
+
+
 def split_arguments(attribution_model, kwargs: dict) -> tuple[dict, dict]:
     """Split ``kwargs`` into Inseq's attribute arguments and the method's options, rejecting unknown names."""
     if is_encoder(attribution_model):  # no Inseq arguments: every name is an option, checked by the front end
         attribution_model.check_options(kwargs)
         return {}, dict(kwargs)
+    if is_speech(attribution_model):  # the front end's own arguments, and the method's options
+        front = {name: kwargs[name] for name in SPEECH_ARGUMENTS if name in kwargs}
+        options = {name: value for name, value in kwargs.items() if name not in SPEECH_ARGUMENTS}
+        try:
+            attribution_model.declaration.check_options(options)
+        except ValueError as error:
+            raise ValueError(f"{error} A dataset run of a speech model also takes {list(SPEECH_ARGUMENTS)}.") from None
+        return front, options
     method = attribution_model.attribution_method
     if not is_declared(attribution_model):
         return _split_inseq_arguments(attribution_model, kwargs)
@@ -315,10 +400,65 @@ def _split_inseq_arguments(attribution_model, kwargs: dict) -> tuple[dict, dict]
     return inseq_args, options
 
 
-def check_targets(attribution_model, examples: list[Example]) -> None:
-    """Decoder-only targets are the full text: each must start with its prompt (Inseq's convention); a prompt whose
-    generation would run past a table of absolute positions (GPT-2's ``n_positions``) is refused before any work."""
-    if is_encoder(attribution_model) or attribution_model.is_encoder_decoder:
+#: The new tokens transformers generates when neither the call nor the model's generation config sets a length.
+TRANSFORMERS_DEFAULT_NEW_TOKENS = 20
+
+
+def generation_length(attribution_model, max_new_tokens: int | None = None, generates: bool = True) -> dict:
+    """The keyword arguments that cap each generated target: ``max_new_tokens`` when given, the model's own
+    generation config when it sets a length (``{}``), else transformers' default made explicit, with a warning (once,
+    when ``generates``: some row has no target) that says which length is used and how to set it.
+
+    Raises:
+        ValueError: ``max_new_tokens`` is not a positive integer.
+    """
+    if max_new_tokens is not None:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, not {max_new_tokens!r}.")
+        return {"max_new_tokens": max_new_tokens}
+    if is_encoder(attribution_model) or is_speech(attribution_model):  # Whisper's greedy cap: its front end's own
+        return {}
+    config = attribution_model.model.generation_config
+    if config.max_new_tokens is not None or config.max_length is not None:
+        return {}
+    if generates:
+        warnings.warn(
+            f"The model's generation config sets no length: each generated target has at most "
+            f"{TRANSFORMERS_DEFAULT_NEW_TOKENS} new tokens (transformers' default). Set max_new_tokens= "
+            "(--max-new-tokens) to change it.",
+            GenerationLengthWarning,
+            stacklevel=3,
+        )
+    return {"max_new_tokens": TRANSFORMERS_DEFAULT_NEW_TOKENS}
+
+
+class GenerationLengthWarning(UserWarning):
+    """Targets are generated at a length the user did not choose (the model's config sets none)."""
+
+
+def check_targets(
+    attribution_model, examples: list[Example], length: dict | None = None, front: dict | None = None
+) -> None:
+    """Every row checked before any work, each error naming the row and its id: decoder-only targets are the full
+    text, each must start with its prompt (Inseq's convention), and a prompt whose generation (capped by ``length``,
+    :func:`generation_length`) would run past a table of absolute positions (GPT-2's ``n_positions``) is refused;
+    encoder rows are validated by their front end, speech rows too (their audio read, their word intervals cut into
+    units, with the front end's arguments ``front``)."""
+    if is_encoder(attribution_model) or is_speech(attribution_model):  # every row checked before any work
+        names = [f"Row {example.index} (id {example.id!r})" for example in examples]
+        try:
+            targets = [None if ex.target is None else _split_target(attribution_model, ex.target, name)
+                       for ex, name in zip(examples, names, strict=True)]  # fmt: skip
+            sources = [example.source for example in examples]
+            if is_speech(attribution_model):  # reads every audio file once
+                words = [None if example.words is None else list(example.words) for example in examples]
+                attribution_model.validate(sources, targets, words, (front or {}).get("window_s", 0.5), names)
+            else:
+                attribution_model.validate(sources, targets, names=names)
+        except ValueError as error:
+            raise DatasetInputError(str(error)) from error
+        return
+    if attribution_model.is_encoder_decoder:
         return
     for example in examples:
         if example.target is not None and not example.target.startswith(example.source):
@@ -326,19 +466,33 @@ def check_targets(attribution_model, examples: list[Example]) -> None:
                 f"Row {example.index} (id {example.id!r}): the target of a decoder-only model is the full text and "
                 f"must start with the prompt {example.source!r}; it is {example.target!r}."
             )
+        if example.source and not attribution_model.encode(example.source).input_ids.shape[1]:
+            raise DatasetInputError(
+                f"Row {example.index} (id {example.id!r}): the prompt {example.source!r} gives no token with this "
+                "tokenizer: give it text, or leave it empty (an empty prompt starts from the BOS token)."
+            )
     prompts = [
         (example.source, f"Row {example.index} (id {example.id!r})") for example in examples if not example.target
     ]
-    check_prompts_fit(attribution_model, prompts)
+    check_prompts_fit(attribution_model, prompts, length)
 
 
-def check_prompts_fit(attribution_model, prompts: list[tuple[str, str]]) -> None:
+def _split_target(attribution_model, text: str, name: str):
+    """A row's target text as its front end's target, an error naming the row."""
+    try:
+        return attribution_model.split_target(text)
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from None
+
+
+def check_prompts_fit(attribution_model, prompts: list[tuple[str, str]], length: dict | None = None) -> None:
     """Refuse a decoder-only prompt to generate from whose generation could run past the model's table of absolute
     positions (the model would fail inside ``generate`` with an ``IndexError``).
 
     Args:
         attribution_model: The Inseq model.
         prompts: ``(prompt, where)`` pairs; ``where`` names the prompt in the error (e.g. its row).
+        length: The generation's cap (:func:`generation_length`; default: the model's generation config).
 
     Raises:
         DatasetInputError: Naming the first prompt that does not fit, the lengths, and what to do.
@@ -351,12 +505,13 @@ def check_prompts_fit(attribution_model, prompts: list[tuple[str, str]]) -> None
     if limit is None:
         return
     config = attribution_model.model.generation_config
+    new_tokens = (length or {}).get("max_new_tokens") or config.max_new_tokens
     for prompt, where in prompts:
-        length = attribution_model.encode(decoder_only_prompt(attribution_model, prompt)[0]).input_ids.shape[1]
-        longest = length + config.max_new_tokens if config.max_new_tokens else max(config.max_length or 0, length + 20)
+        tokens = attribution_model.encode(decoder_only_prompt(attribution_model, prompt)[0]).input_ids.shape[1]
+        longest = tokens + new_tokens if new_tokens else max(config.max_length or 0, tokens + 20)
         if longest > limit:
             raise DatasetInputError(
-                f"{where}: the prompt has {length} tokens, and its generation may reach {longest} positions, but this "
+                f"{where}: the prompt has {tokens} tokens, and its generation may reach {longest} positions, but this "
                 f"model has position embeddings for {limit}. Give its target (the full text), or shorten the prompt."
             )
 
@@ -367,11 +522,16 @@ def length_sorted_batches(examples: list[Example], batch_size: int) -> list[list
     return [ordered[start : start + batch_size] for start in range(0, len(ordered), batch_size)]
 
 
-def attribute_batch(attribution_model, batch: list[Example], inseq_args: dict, options: dict) -> list[dict]:
-    """Attribute one batch (generating missing targets first) and return its store rows, in batch order."""
+def attribute_batch(
+    attribution_model, batch: list[Example], inseq_args: dict, options: dict, length: dict | None = None
+) -> list[dict]:
+    """Attribute one batch (generating missing targets first, capped by ``length``) and return its store rows, in
+    batch order."""
     sources = [example.source for example in batch]
     missing = [idx for idx, example in enumerate(batch) if example.target is None]
     targets = [example.target for example in batch]
+    if is_speech(attribution_model):  # inseq_args: the front end's own arguments (window_s, prompt_ids)
+        return attribute_speech_batch(attribution_model, batch, inseq_args, options)
     if is_encoder(attribution_model):  # the target column: a mask's word (one per mask), or a label (per token)
         given = [None if target is None else attribution_model.split_target(target) for target in targets]
         sequences = attribution_model.attribute(
@@ -384,7 +544,7 @@ def attribute_batch(attribution_model, batch: list[Example], inseq_args: dict, o
             for sequence, example, source, text in zip(sequences, batch, sources, texts, strict=True)
         ]
     if missing:
-        generated = generate_targets(attribution_model, [sources[idx] for idx in missing])
+        generated = generate_targets(attribution_model, [sources[idx] for idx in missing], length)
         for idx, text in zip(missing, generated, strict=True):
             targets[idx] = text
     if is_declared(attribution_model):
@@ -402,9 +562,30 @@ def attribute_batch(attribution_model, batch: list[Example], inseq_args: dict, o
     ]
 
 
-def generate_targets(attribution_model, sources: list[str]) -> list[str]:
+def attribute_speech_batch(attribution_model, batch: list[Example], front: dict, options: dict) -> list[dict]:
+    """One batch of utterances through the speech front end (padded, each equal to the utterance alone), as store
+    rows: the source text is the audio path, the target text the explained transcript (Whisper) or the explained
+    frames' labels (CTC)."""
+    given = [None if example.target is None else attribution_model.split_target(example.target) for example in batch]
+    words = [None if example.words is None else list(example.words) for example in batch]
+    sequences = attribution_model.attribute(
+        [example.source for example in batch], given, words=words, batch_size=len(batch), show_progress=False,
+        **front, **options,
+    ).sequence_attributions  # fmt: skip
+    rows = []
+    for example, sequence in zip(batch, sequences, strict=True):
+        if attribution_model.whisper:
+            transcript = [token.id for token in sequence.target[sequence.attr_pos_start : sequence.attr_pos_end]]
+            text = example.target or attribution_model.tokenizer.decode(transcript)
+        else:
+            text = example.target or " ".join(token.token for token in sequence.target)
+        rows.append(sequence_to_row(sequence, example, example.source, text))
+    return rows
+
+
+def generate_targets(attribution_model, sources: list[str], cap: dict | None = None) -> list[str]:
     """What ``attribution_model.generate(source)`` gives each source alone (the target ``model.attribute(source)``
-    attributes), computed in batches.
+    attributes), computed in batches, each generation capped by ``cap`` (:func:`generation_length`).
 
     Encoder–decoders: one ``generate`` call on the right-padded sources with their attention mask (the decoder starts
     alike for all). Decoder-only models: one call per prompt length, so no prompt is padded and every ``max_length``
@@ -431,7 +612,10 @@ def generate_targets(attribution_model, sources: list[str]) -> list[str]:
             tokenizer.padding_side = padding_side
         with torch.no_grad():
             sequences = attribution_model.model.generate(
-                input_ids=inputs.input_ids, attention_mask=inputs.attention_mask, return_dict_in_generate=True
+                input_ids=inputs.input_ids,
+                attention_mask=inputs.attention_mask,
+                return_dict_in_generate=True,
+                **(cap or {}),
             ).sequences
         for row, idx in enumerate(group):
             ids = sequences[row]

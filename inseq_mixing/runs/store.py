@@ -64,7 +64,16 @@ MULTIDIMENSIONAL = (MixingSequenceOutput, SignedMixingSequenceOutput)
 SHARD_NAME = re.compile(r"^batch-(\d{6,})\.(parquet|json)$")
 TEMPORARY_NAME = re.compile(r"^\.batch-(\d{6,})\.(parquet|json)\.[0-9a-f]{32}\.tmp$")
 
-_TENSOR = pa.struct([("name", pa.string()), ("shape", pa.list_(pa.int64())), ("values", pa.list_(pa.float32()))])
+#: A tensor: its values in float32, or, for a float64 tensor (a float64 model's scores), in ``values64`` (null
+#: otherwise; shards written before it have no such field and read as float32).
+_TENSOR = pa.struct(
+    [
+        ("name", pa.string()),
+        ("shape", pa.list_(pa.int64())),
+        ("values", pa.list_(pa.float32())),
+        ("values64", pa.list_(pa.float64())),
+    ]
+)
 SCHEMA = pa.schema(
     [
         ("index", pa.int64()),
@@ -91,17 +100,25 @@ class RunStoreError(ValueError):
 
 
 def _tensor_entries(tensors: dict) -> list[dict]:
-    return [
-        {"name": name, "shape": list(value.shape), "values": value.detach().float().cpu().reshape(-1).tolist()}
-        for name, value in (tensors or {}).items()
-        if value is not None
-    ]
+    entries = []
+    for name, value in (tensors or {}).items():
+        if value is None:
+            continue
+        values = value.detach().cpu().reshape(-1)
+        wide = values.dtype == torch.float64
+        entries.append({"name": name, "shape": list(value.shape), "values": None if wide else values.float().tolist(),
+                        "values64": values.tolist() if wide else None})  # fmt: skip
+    return entries
 
 
 def _tensors(entries: list[dict]) -> dict[str, torch.Tensor]:
-    return {
-        entry["name"]: torch.tensor(entry["values"], dtype=torch.float32).reshape(entry["shape"]) for entry in entries
-    }
+    tensors = {}
+    for entry in entries:
+        wide = entry.get("values64") is not None
+        values = entry["values64"] if wide else entry["values"]
+        dtype = torch.float64 if wide else torch.float32
+        tensors[entry["name"]] = torch.tensor(values, dtype=dtype).reshape(entry["shape"])
+    return tensors
 
 
 def sequence_to_row(sequence, example, source_text: str, target_text: str) -> dict:

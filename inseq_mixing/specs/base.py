@@ -189,8 +189,9 @@ class ModelSpec:
         lm_head: The unembedding module.
         logits_scale: Factor applied to the final hidden state before the LM head (T5 with tied embeddings).
         logits_bias: Bias added to the logits outside the LM head module (BART's ``final_logits_bias``), or None.
-        max_positions: Longest sequence a fixed-size table of absolute position embeddings covers, or None where
-            positions are relative, rotary or computed on the fly.
+        max_positions: Longest sequence a fixed-size table of absolute position embeddings covers (less than its
+            size where position ids start after an offset, as in RoBERTa's family), or None where positions are
+            relative, rotary or computed on the fly.
         readout_proj: A bias-free linear map between the decoder's final norm and the LM head (OPT's
             ``project_out``), or None.
         logit_softcap: The cap ``c`` of a final logit soft-cap ``c·tanh(z/c)`` applied after the LM head (Gemma 2),
@@ -201,6 +202,8 @@ class ModelSpec:
             read-out, or the model is a bare encoder that explains no logit).
         output_attentions: The model's attention returns its probabilities only when the forward pass is called
             with ``output_attentions=True`` (DeBERTa-v2's own argument).
+        float64_padding_nan: In float64, transformers' masking of a padded batch gives NaN that reaches the real
+            tokens (ModernBERT): the front ends then run texts one at a time in float64.
     """
 
     family: str
@@ -215,6 +218,7 @@ class ModelSpec:
     causal: bool = True
     head: HeadSpec | None = None
     output_attentions: bool = False
+    float64_padding_nan: bool = False
 
     @property
     def is_encoder_only(self) -> bool:

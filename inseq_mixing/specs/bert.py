@@ -60,13 +60,21 @@ def layer_spec(layer: nn.Module) -> LayerSpec:
     return LayerSpec(module=layer, self_attn=self_attn, ffn=ffn_spec)
 
 
+def longest_input(model: nn.Module) -> int:
+    """The most tokens the position table covers: RoBERTa's family counts positions from ``padding_idx + 1`` (so
+    roberta-base, XLM-R and CamemBERT, with 514 entries, read 512 tokens); BERT and ELECTRA from 0."""
+    embeddings = model.base_model.embeddings
+    offset = embeddings.padding_idx + 1 if hasattr(embeddings, "create_position_ids_from_input_ids") else 0
+    return model.config.max_position_embeddings - offset
+
+
 def build(model: nn.Module) -> ModelSpec:
     base = model.base_model
     family = {"xlm-roberta": "roberta", "camembert": "roberta"}.get(model.config.model_type, model.config.model_type)
     return ModelSpec(
         family=model.config.model_type,
         decoder=StackSpec(layers=[layer_spec(layer) for layer in base.encoder.layer]),
-        max_positions=model.config.max_position_embeddings,
+        max_positions=longest_input(model),
         causal=False,
         head=head_spec(model, HEADS[family]),
     )

@@ -55,4 +55,5 @@ def build(model: nn.Module) -> ModelSpec:
         decoder=StackSpec(layers=[layer_spec(layer) for layer in base.layers], final_norm=base.final_norm),
         causal=False,
         head=head_spec(model, HEADS),
+        float64_padding_nan=True,  # transformers' float64 masking of padded rows: NaN reaching the real tokens
     )
