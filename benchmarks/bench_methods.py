@@ -10,16 +10,22 @@ Usage:
     python benchmarks/bench_methods.py [--lengths 20 40 80] [--models marian t5 gpt2] [--methods ...]
         [--ig-max-length 40] [--device cuda] [--dtype bfloat16]
     python benchmarks/bench_methods.py --memory-tokens 1000 [--methods alti alti_logit value_zeroing] [--device cuda]
+        [--memory-path attribute dataset] [--live]
 
-The second form runs each method through Inseq on a GPT-2-small-sized model with a prompt of that many tokens, each
-in a fresh process, and prints its time and peak memory above the loaded model: resident memory on the CPU, memory
-allocated by PyTorch on a CUDA device.
+The second form measures what a user meets, each method in a fresh process on a GPT-2-small-sized model: a prompt of
+that many tokens (the words "the cat sat on the mat" repeated) explained at one token after it, through
+``model.attribute`` (Inseq's path) or through ``attribute_dataset`` (two such rows, one per batch, into a store). On
+the CPU it reports the process's resident memory just before the call (``VmRSS``, the loaded model) and its high-water
+mark after it (``VmHWM``): the peak above the loaded model is what can get the process killed. With ``--live`` it
+also reports the peak of the memory PyTorch's allocations keep alive (torch.profiler's CPU memory events, on the
+same, first call: its time is then the profiled one), so that what the allocator holds on top of it shows. On a
+CUDA device it reports PyTorch's peak allocation. The high-water mark is reset just before the call (Linux), so the
+model loading's own transient is not counted.
 """
 
 import argparse
 import logging
 import random
-import resource
 import subprocess
 import sys
 import time
@@ -145,41 +151,100 @@ def print_ratios(results: dict) -> None:
             print(f"          {ours}: " + ", ".join(ratios))
 
 
-def peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+def process_status_gb(key: str) -> float:
+    """A ``/proc/self/status`` entry (``VmRSS:``, ``VmHWM:``) in GB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(key):
+                return int(line.split()[1]) / 2**20
+    raise KeyError(key)
 
 
-def peak_gb(device: str) -> float:
-    """Peak resident memory of this process (CPU), or peak memory PyTorch allocated on the CUDA device."""
-    if device.startswith("cuda"):
-        return torch.cuda.max_memory_allocated() / 2**30
-    return peak_rss_gb()
+def reset_high_water_mark() -> None:
+    """Set ``VmHWM`` to the current ``VmRSS`` (Linux 4.0+: ``5`` written to ``/proc/self/clear_refs``), so that the
+    high-water mark after a call is the call's own peak, not the model loading's transient; without it, ``VmHWM``
+    keeps that transient (the measurement is then an upper bound)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+    except OSError:
+        pass
 
 
-def memory_child(method: str, num_tokens: int, device: str, dtype: torch.dtype) -> None:
+def long_prompt(num_tokens: int) -> str:
+    """About ``num_tokens`` tokens of the word tokenizer: the issue's prompt ("the cat sat on the mat", repeated)."""
+    return " ".join(["the", "cat", "sat", "on", "the", "mat"] * (num_tokens // 6))
+
+
+def live_peak_gb(run) -> tuple[float, float]:
+    """``run()`` under torch.profiler's CPU memory events: the peak of the bytes its allocations keep alive, and the
+    time (profiled)."""
+    activity = torch.profiler.ProfilerActivity.CPU
+    start = time.perf_counter()
+    with torch.profiler.profile(activities=[activity], profile_memory=True) as profile:
+        run()
+    elapsed = time.perf_counter() - start
+    running = peak = 0
+    events = sorted((event.start_ns(), event.nbytes()) for event in profile.profiler.kineto_results.events()
+                    if event.name() == "[memory]")  # fmt: skip
+    for _, nbytes in events:
+        running += nbytes
+        peak = max(peak, running)
+    return peak / 2**30, elapsed
+
+
+def memory_child(method: str, num_tokens: int, device: str, dtype: torch.dtype, path: str, live: bool) -> None:
     """Run one method on a long prompt in this (fresh) process and print time and peak memory."""
+    import tempfile
+
     model = tiny_model("gpt2", **FULL_SIZE["gpt2"]).to(device=device, dtype=dtype)
     attribution_model = inseq.load_model(model, method, tokenizer=word_tokenizer(seq2seq=False), device=device)
-    prompt = sentence(num_tokens - 2, 5)
-    loaded = peak_gb(device)
+    prompt = long_prompt(num_tokens)
+    target = prompt + " mat"
+    folder = tempfile.mkdtemp()
+
+    def run():
+        if path == "attribute":
+            attribution_model.attribute(prompt, target, show_progress=False)
+        else:
+            rows = [{"id": str(row), "source": prompt, "target": target} for row in range(2)]
+            inseq_mixing.attribute_dataset(attribution_model, method, rows, f"{folder}/run{time.time_ns()}",
+                                           batch_size=1, show_progress=False)  # fmt: skip
+
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+        loaded = torch.cuda.memory_allocated() / 2**30
+    else:
+        reset_high_water_mark()
+        loaded = process_status_gb("VmRSS:")
     synchronize(device)
     start = time.perf_counter()
-    attribution_model.attribute(prompt, prompt + " the end", show_progress=False)
+    profiled = live and not device.startswith("cuda")
+    alive = live_peak_gb(run)[0] if profiled else None  # the first call, as a user's is: nothing warmed up
     synchronize(device)
     elapsed = time.perf_counter() - start
-    peak = peak_gb(device)
-    print(f"{method:14} {num_tokens:>6} {elapsed:>8.1f}s {peak:>8.2f} GB {peak - loaded:>8.2f} GB")
+    if not profiled:
+        run()
+        synchronize(device)
+        elapsed = time.perf_counter() - start
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else process_status_gb("VmHWM:")
+    line = f"{method:14} {path:9} {num_tokens:>6} {elapsed:>8.1f}s {loaded:>8.2f} GB {peak:>8.2f} GB"
+    line += f" {peak - loaded:>8.2f} GB" + (f" {alive:>8.2f} GB (time profiled)" if profiled else "")
+    print(line)
 
 
-def memory_report(methods: list[str], num_tokens: int, device: str, dtype: str) -> None:
-    where = "peak RSS" if device == "cpu" else "peak alloc"
-    print(f"GPT-2-small-sized model, {num_tokens}-token prompt, {device}, {dtype}, one fresh process per method")
-    print(f"{'method':14} {'tokens':>6} {'time':>9} {where:>11} {'above model':>11}")
-    for method in methods:
-        command = [sys.executable, __file__, "--memory-child", method, str(num_tokens), "--device", device]
-        command += ["--dtype", dtype]
-        result = subprocess.run(command, capture_output=True, text=True)
-        print(result.stdout.strip() or f"{method:14} fails: {result.stderr.strip().splitlines()[-1][:100]}")
+def memory_report(methods: list[str], num_tokens: int, device: str, dtype: str, paths: list[str], live: bool) -> None:
+    before, after = ("VmRSS", "VmHWM") if device == "cpu" else ("alloc", "peak alloc")
+    print(f"GPT-2-small-sized model, {num_tokens}-token prompt, one token explained, {device}, {dtype}, "
+          f"{torch.get_num_threads()} threads, one fresh process per method and path")  # fmt: skip
+    header = f"{'method':14} {'path':9} {'tokens':>6} {'time':>9} {before:>11} {after:>11} {'above model':>11}"
+    print(header + (f" {'live peak':>11}" if live else ""))
+    for path in paths:
+        for method in methods:
+            command = [sys.executable, __file__, "--memory-child", method, str(num_tokens), "--device", device,
+                       "--dtype", dtype, "--memory-path", path] + (["--live"] if live else [])  # fmt: skip
+            result = subprocess.run(command, capture_output=True, text=True)
+            print(result.stdout.strip() or f"{method:14} fails: {result.stderr.strip().splitlines()[-1][:100]}")
 
 
 def main() -> None:
@@ -190,7 +255,11 @@ def main() -> None:
     parser.add_argument(
         "--ig-max-length", type=int, default=None, help="skip integrated_gradients above this length (it is slow)"
     )
-    parser.add_argument("--memory-tokens", type=int, default=None, help="measure peak memory at this prompt length")
+    parser.add_argument("--memory-tokens", type=int, nargs="+", default=None,
+                        help="measure peak memory at these prompt lengths")  # fmt: skip
+    parser.add_argument("--memory-path", nargs="+", default=["attribute"], choices=["attribute", "dataset"],
+                        help="model.attribute on one long input, or a dataset run of two")  # fmt: skip
+    parser.add_argument("--live", action="store_true", help="also profile the peak of live allocations (CPU)")
     parser.add_argument("--memory-child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -199,11 +268,14 @@ def main() -> None:
     logging.disable(logging.WARNING)
     dtype = getattr(torch, args.dtype)
     if args.memory_child:
-        memory_child(args.memory_child[0], int(args.memory_child[1]), args.device, dtype)
+        memory_child(args.memory_child[0], int(args.memory_child[1]), args.device, dtype, args.memory_path[0],
+                     args.live)  # fmt: skip
         return
     if args.memory_tokens:
         methods = [m for m in args.methods if m in inseq_mixing.METHODS] if args.methods != DEFAULT_METHODS else None
-        memory_report(methods or list(inseq_mixing.METHODS), args.memory_tokens, args.device, args.dtype)
+        for tokens in args.memory_tokens:
+            memory_report(methods or list(inseq_mixing.METHODS), tokens, args.device, args.dtype, args.memory_path,
+                          args.live)  # fmt: skip
         return
     versions = f"inseq {version('inseq')}, transformers {version('transformers')}"
     where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{torch.get_num_threads()} threads"

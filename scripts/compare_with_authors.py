@@ -70,6 +70,33 @@ def randomize(model, seed):
                 param.copy_(1 + 0.1 * noise if "LayerNorm.weight" in name else 0.1 * noise)
 """
 
+#: The ALTI authors' maps of a model (run in the authors' environment): their ``ModelWrapper`` and, read from their
+#: ``utils_contributions`` module (which imports notebook and dataset packages at the top), ``normalize_contributions``
+#: (min_sum, with the resultants' L1 norms) and ``compute_joint_attention``.
+AUTHORS_ALTI = r"""
+import ast, os, sys
+from pathlib import Path
+import numpy as np
+import torch
+
+
+def authors_alti(model, ids, mask, alti_repo):
+    os.chdir(alti_repo)  # their module reads ./src/config.yaml
+    sys.path.insert(0, alti_repo)
+    from src.contributions import ModelWrapper
+
+    tree = ast.parse(Path("src/utils_contributions.py").read_text())
+    wanted = [node for node in tree.body if isinstance(node, ast.FunctionDef)
+              and node.name in ("normalize_contributions", "compute_joint_attention")]
+    helpers = {"torch": torch, "np": np}
+    exec(compile(ast.Module(body=wanted, type_ignores=[]), "utils_contributions.py", "exec"), helpers)
+    contributions = ModelWrapper(model)({"input_ids": ids, "attention_mask": mask})[3]
+    resultant_norm = torch.norm(torch.squeeze(contributions["resultants"]), p=1, dim=-1)
+    alti = helpers["normalize_contributions"](contributions["contributions"], scaling="min_sum",
+                                              resultant_norm=resultant_norm)
+    return alti, helpers["compute_joint_attention"]
+"""
+
 #: Weights with a trained BERT's scales rather than a fresh one's (run in the authors' environment).
 TRAINED_LIKE = r"""
 import torch
@@ -94,7 +121,7 @@ def trained_like(model, seed):
 
 #: ALTI in float64 on the trained-like BERT-base-wide model, by the authors' code (their environment).
 ALTI_FLOAT64_STAGE = r"""
-import ast, os, sys
+import sys
 from pathlib import Path
 import numpy as np
 import torch
@@ -110,17 +137,7 @@ model = BertForMaskedLM(config).eval().double()
 trained_like(model, 3)
 ids = torch.tensor([[2, 11, 17, 5, 23, 42, 8, 30, 19, 7, 55, 3]])
 mask = torch.ones_like(ids)
-os.chdir(alti_repo)
-sys.path.insert(0, alti_repo)
-from src.contributions import ModelWrapper
-tree = ast.parse(Path("src/utils_contributions.py").read_text())
-wanted = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "normalize_contributions"]
-helpers = {"torch": torch, "np": np}
-exec(compile(ast.Module(body=wanted, type_ignores=[]), "utils_contributions.py", "exec"), helpers)
-contributions = ModelWrapper(model)({"input_ids": ids, "attention_mask": mask})[3]
-resultant_norm = torch.norm(torch.squeeze(contributions["resultants"]), p=1, dim=-1)
-alti = helpers["normalize_contributions"](contributions["contributions"], scaling="min_sum",
-                                          resultant_norm=resultant_norm)
+alti, _ = authors_alti(model, ids, mask, alti_repo)
 assert alti.dtype == torch.float64
 out.mkdir(parents=True, exist_ok=True)
 np.save(out / "alti64.npy", alti.numpy())
@@ -169,21 +186,9 @@ np.save(out / "scores.npy", scores)
 np.save(out / "rollout.npy", rollout)
 np.save(out / "ids.npy", ids.numpy())
 
-import ast, os
-os.chdir(alti_repo)  # their module reads ./src/config.yaml
-sys.path.insert(0, alti_repo)
-from src.contributions import ModelWrapper
-tree = ast.parse(Path("src/utils_contributions.py").read_text())
-wanted = [node for node in tree.body if isinstance(node, ast.FunctionDef)
-          and node.name in ("normalize_contributions", "compute_joint_attention")]
-helpers = {"torch": torch, "np": np}
-exec(compile(ast.Module(body=wanted, type_ignores=[]), "utils_contributions.py", "exec"), helpers)
-contributions = ModelWrapper(model)({"input_ids": ids, "attention_mask": mask})[3]
-resultant_norm = torch.norm(torch.squeeze(contributions["resultants"]), p=1, dim=-1)
-alti = helpers["normalize_contributions"](contributions["contributions"], scaling="min_sum",
-                                          resultant_norm=resultant_norm)
+alti, compute_joint_attention = authors_alti(model, ids, mask, alti_repo)
 np.save(out / "alti.npy", alti.double().numpy())
-np.save(out / "alti_rollout.npy", helpers["compute_joint_attention"](alti).double().numpy())
+np.save(out / "alti_rollout.npy", compute_joint_attention(alti).double().numpy())
 import transformers
 print("authors' code: transformers", transformers.__version__, "torch", torch.__version__)
 """
@@ -358,9 +363,16 @@ def main() -> int:
     parser.add_argument("--out", default="out/authors")
     args = parser.parse_args()
     out = Path(args.out).resolve()
-    command = [args.authors_python, "-c", RANDOMIZE + STAGE_ONE, args.value_zeroing_repo, args.alti_repo, str(out)]
+    command = [args.authors_python, "-c", RANDOMIZE + AUTHORS_ALTI + STAGE_ONE, args.value_zeroing_repo,
+               args.alti_repo, str(out)]  # fmt: skip
     subprocess.run(command, check=True)
-    alti_stage = [args.authors_python, "-c", TRAINED_LIKE + ALTI_FLOAT64_STAGE, args.alti_repo, str(out)]
+    alti_stage = [
+        args.authors_python,
+        "-c",
+        TRAINED_LIKE + AUTHORS_ALTI + ALTI_FLOAT64_STAGE,
+        args.alti_repo,
+        str(out),
+    ]
     subprocess.run(alti_stage, check=True)
     environment = {**os.environ, "PYTHONPATH": args.decompx_transformers or ""}
     for repo, stage in ((args.decompx_repo, DECOMPX_STAGE), (args.globenc_repo, GLOBENC_STAGE)):

@@ -145,3 +145,28 @@ def test_the_model_is_left_as_it_was():
     assert all(param.grad is None for param in model.parameters())
     with torch.no_grad():
         torch.testing.assert_close(model(**kwargs).logits, before, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "marian"])
+def test_inseqs_path_runs_attn_lrp_without_a_trace(family, monkeypatch):
+    """AttnLRP runs passes of its own: through Inseq, no trace is recorded beside them (at 1,000 tokens its attention
+    probabilities alone are 0.6 GB on a GPT-2-small-sized model), and the scores are those the traced call gives."""
+    from inseq_mixing.attr.base import ContextMixingAttribution
+    from inseq_mixing.declarations import Request
+    from inseq_mixing.testing import load_tiny
+
+    model = load_tiny(family, "attn_lrp")
+    source = "the cat sat on the mat"
+    target = "le chat assis sur le tapis" if family == "marian" else f"{source} and the dog"
+    with monkeypatch.context() as patched:  # the traced call, as before
+        patched.setattr(Request, "model_call", lambda self: self.trace.call)
+        traced = model.attribute(source, target, show_progress=False).sequence_attributions[0]
+
+    def refuse(self, steps):
+        raise AssertionError("AttnLRP traced a forward pass it does not read")
+
+    monkeypatch.setattr(ContextMixingAttribution, "trace", refuse)
+    untraced = model.attribute(source, target, show_progress=False).sequence_attributions[0]
+    torch.testing.assert_close(untraced.target_attributions, traced.target_attributions, equal_nan=True)
+    if traced.source_attributions is not None:
+        torch.testing.assert_close(untraced.source_attributions, traced.source_attributions)

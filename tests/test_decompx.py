@@ -539,3 +539,33 @@ def test_marian_scores_equal_a_naive_decompx_from_the_definition(options):
     torch.testing.assert_close(expected.sum(-1), scores.logit[0], rtol=1e-9, atol=1e-9)  # the naive one is complete
     torch.testing.assert_close(scores.source[0], expected[:, :num_source], rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(scores.target[0], expected[:, num_source:], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2", "gpt_neox", "opt_post_ln", "marian"])
+@pytest.mark.parametrize("bias", ["absdot", "separate"])
+def test_rows_before_the_first_explained_one_are_skipped_and_the_others_unchanged(family, bias):
+    """With the explained positions given, a decoder-only model's rows before the first of them (a prompt's) are not
+    read out, and the last layer's queries, FFN and final norm skip them: those rows are 0, every later one is what
+    the whole computation gives, in a padded batch (parallel FFN, post-LN and sandwich layouts included), with fewer
+    FLOPs. Encoder–decoders show every row: unchanged."""
+    case = padded_case(get_tiny(family), family)
+    trace, ids = case.batched, case.next_ids()
+    mask = trace.decoder.mask.bool()
+    options = DecompXOptions(bias=bias, max_chunk_elements=600)  # blocks of a few positions
+    with FlopCounterMode(display=False) as every_row:
+        whole = decompx(trace, ids, options=options)
+    for first in (2, 3, 4):  # at a block's start and inside a block
+        positions = mask & (torch.arange(mask.shape[1]) >= first)
+        with FlopCounterMode(display=False) as later_rows:
+            later = decompx(trace, ids, options=options, positions=positions)
+        skipped = 0 if family == "marian" else first
+        assert later_rows.get_total_flops() <= every_row.get_total_flops()
+        if skipped and first == 4:  # a whole block of positions lies before it
+            assert later_rows.get_total_flops() < every_row.get_total_flops()
+        pairs = [(later.target, whole.target), (later.source, whole.source), (later.bias, whole.bias)]
+        for mine, theirs in pairs:
+            if theirs is None:
+                continue
+            torch.testing.assert_close(mine[:, skipped:], theirs[:, skipped:], rtol=1e-5, atol=1e-6)
+            assert (mine[:, :skipped] == 0).all()
+        torch.testing.assert_close(later.logit, whole.logit)

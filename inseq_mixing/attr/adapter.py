@@ -36,6 +36,7 @@ def run_declared(owner: ContextMixingAttribution, inputs, additional_forward_arg
         foil_ids=foils,
         positions=owner.explained_positions(steps),
         tracer=lambda: owner.trace(steps),
+        caller=lambda: owner.model_call(steps),
     )
     result = declaration.run(request, options)
     owner.keep_axis(result.axis)

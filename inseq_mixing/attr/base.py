@@ -21,7 +21,7 @@ from transformers.utils import ModelOutput
 
 from ..methods.blocks import upcast
 from ..specs import get_spec
-from ..trace import ModelTrace, eval_mode, trace_model
+from ..trace import ModelCall, ModelTrace, eval_mode, forward_arguments, trace_model
 
 #: The ``attributed_fn`` values a logit-explaining method accepts.
 LOGIT_TARGETS = ("logit", "contrast_logits_diff")
@@ -306,6 +306,13 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
             spec=self.spec,
             full_logits=bool(self.own_pass_step_scores),
         )
+
+    def model_call(self, steps: StepInputs) -> ModelCall:
+        """The call :meth:`trace` would run, checked (lengths, vocabulary) but not run."""
+        model = self.attribution_model.model
+        arguments = forward_arguments(model, self.spec, steps.input_ids, steps.attention_mask, steps.target_ids,
+                                      steps.target_mask)  # fmt: skip
+        return ModelCall(model, arguments)
 
     def attribute_step(
         self, attribute_fn_main_args: dict[str, Any], attribution_args: dict[str, Any] | None = None

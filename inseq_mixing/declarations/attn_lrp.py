@@ -14,11 +14,13 @@ class AttnLrpOptions(Contrast, Chunking):
 
 
 def compute(request: Request, options: AttnLrpOptions) -> LogitScores:
-    from ..methods.attn_lrp import attn_lrp_of_trace
+    from ..methods.attn_lrp import attn_lrp_of_trace, lrp_of_call
 
-    scores = attn_lrp_of_trace(
-        request.trace, request.predicted_ids, request.foil_ids, request.positions, options.max_chunk_elements
-    )
+    explained = (request.predicted_ids, request.foil_ids, request.positions, options.max_chunk_elements)
+    if request.spec.head is None:  # its own passes are all it runs: no trace recorded beside them
+        scores = lrp_of_call(request.spec, request.model_call(), *explained)
+    else:  # an encoder's head is frozen at the traced forward pass
+        scores = attn_lrp_of_trace(request.trace, *explained)
     return LogitScores(scores.target, scores.source, scores.logit, {"unattributed_absorbed": scores.absorbed},
                        scores.logit_after_softcap)  # fmt: skip
 

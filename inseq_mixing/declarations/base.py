@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # reading declarations (the CLI's listing) needs no torch; co
 
     from ..methods.units import FrameUnits
     from ..specs import ModelSpec
-    from ..trace import ModelTrace
+    from ..trace import ModelCall, ModelTrace
 
 
 @dataclass
@@ -53,6 +53,8 @@ class Request:
             method first reads :attr:`trace`.
         units: Speech models: the audio units over the frames of the audio stack
             (:class:`~inseq_mixing.methods.units.FrameUnits`); :meth:`Declaration.run` pools the result onto them.
+        caller: Returns the model call the trace would run, without running it (a front end whose trace is not
+            taken yet gives it): see :meth:`model_call`.
     """
 
     spec: ModelSpec
@@ -66,10 +68,20 @@ class Request:
     positions: torch.Tensor
     tracer: Callable[[], ModelTrace]
     units: FrameUnits | None = None
+    caller: Callable[[], ModelCall] | None = None
 
     @cached_property
     def trace(self) -> ModelTrace:
         return self.tracer()
+
+    def model_call(self) -> ModelCall:
+        """The model and arguments of the one forward pass, for a method that runs passes of its own (AttnLRP):
+        built without running the model where the front end can (``caller``) and nothing has traced yet, so no
+        recorded tensors (at 1,000 tokens, 0.6 GB of attention probabilities on a GPT-2-small-sized model) stay
+        alive beside the method's passes; else the trace's."""
+        if self.caller is not None and "trace" not in self.__dict__:
+            return self.caller()
+        return self.trace.call
 
     @property
     def decoder_mask(self) -> torch.Tensor:

@@ -24,7 +24,7 @@ def compute(request: Request, options: DecompXMethodOptions) -> LogitScores:
 
     units = request.units if options.unit_components else None
     scores = decompx(request.trace, request.predicted_ids, request.foil_ids, options, per_head=options.per_head,
-                     units=units)  # fmt: skip
+                     units=units, positions=request.positions)  # fmt: skip
     terms = {} if scores.bias is None else {"unattributed_bias": scores.bias}
     result = logit_scores(scores, terms, request.spec, options.per_head)
     result.complete = not options.per_head  # heads' direct contributions only: no FFN, residual or bias paths

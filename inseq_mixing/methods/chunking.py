@@ -5,6 +5,9 @@ copies of a sentence: each method's docstring says which). ``max_chunk_elements`
 the largest temporary tensor one chunk creates; a chunk holds at least one item, so a bound smaller than one item's
 tensor still runs, one item at a time. Peak memory above the model is then about ``max_chunk_elements`` times the
 element size (4 bytes in float32) times a small constant for the few temporaries alive at once.
+
+What the C library keeps of freed memory on top is bounded at chunk boundaries by
+:func:`inseq_mixing.memory.release_freed_memory`.
 """
 
 #: The default bound: 2**22 elements (16 MiB in float32) for the largest temporary tensor of one chunk. Measured on a

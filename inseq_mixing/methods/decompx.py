@@ -39,6 +39,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from ..memory import release_freed_memory
 from ..specs import AttentionSpec, FFNSpec, LayerSpec, StackSpec
 from ..specs.base import linear_in_out
 from ..trace import AttentionTrace, LayerTrace, ModelTrace, StackTrace
@@ -289,10 +290,13 @@ def linear_total(module, hidden: torch.Tensor) -> torch.Tensor:
     return out if bias is None else out + upcast(bias)
 
 
-def decompose_norm(norm, norm_input: torch.Tensor, components: Components, mode: str) -> Components:
-    """A norm at its recorded statistics applied to each component, its shift split over them."""
+def decompose_norm(
+    norm, norm_input: torch.Tensor, components: Components, mode: str, in_place: bool = False
+) -> Components:
+    """A norm at its recorded statistics applied to each component, its shift split over them; ``in_place``: over
+    the components' parts (which nothing else reads), without a new tensor."""
     frozen = freeze_norm(norm, norm_input)
-    parts = frozen.linear(components.parts)
+    parts = frozen.linear(components.parts, in_place=in_place)
     if frozen.shift is not None:
         parts = split_bias(components.like(parts), frozen.shift, mode)
     return components.like(parts)
@@ -541,6 +545,7 @@ def attention_sublayer(
     place=None,
     heads: "HeadReadout | None" = None,
     own_offset: int | None = None,
+    first_row: int = 0,
 ) -> BlockedStream:
     r"""Residual plus attention output on a blocked stream, then the norm in post-LN blocks.
 
@@ -561,6 +566,8 @@ def attention_sublayer(
         own_offset: The authors' released code in a stack's first layer (``convention="reference"``): the value
             bias stays in each key token's own value, :math:`\alpha^h_{ij} (x_j W^h_V + b^h_V) W^h_O` going to token
             :math:`j` (component ``own_offset + j``), instead of being a bias; None otherwise.
+        first_row: Only the blocks of positions from this one on get their output (a stack's last layer, whose
+            earlier rows nothing reads): the earlier blocks serve as keys, then leave the stream.
     """
     mode = options.bias
     self_attention = keys is None
@@ -581,6 +588,7 @@ def attention_sublayer(
     out_frozen = None if attn.out_norm is None else freeze_norm(attn.out_norm, record.output)
     biases = [branch_bias(bias, out_frozen, block.rows) for block in stream.blocks]
     weighted = mode in ("absdot", "norm")
+    floor = next((block.rows.start for block in stream.blocks if block.rows.stop > first_row), num_queries)
     for start in range(0, keys.num_components, width):
         slab = np.arange(start, min(start + width, keys.num_components))  # on the host: the layout is found there
         # the slab's layout in each block is the same at every layer: found once (keys name it, placed or not)
@@ -596,6 +604,7 @@ def attention_sublayer(
             own = slab - own_offset - key_rows.start
             mine = np.flatnonzero((own >= 0) & (own < values.shape[1]))
             values[:, on_device(own[mine], probs.device), on_device(mine, probs.device)] += value_bias
+        query_rows = slice(max(query_rows.start, floor), num_queries)  # the rows that get an output
         part = torch.einsum("bhqj,bjkhe->bqkhe", probs[:, :, query_rows, key_rows], values)
         query_slab = slab if place is None else place(slab)
         if heads is not None:
@@ -623,6 +632,11 @@ def attention_sublayer(
             if paper_weights:  # over the attention output
                 weight[:, :, local] = bias_weights(contribution, block_bias, mode)
         del part
+        release_freed_memory()  # the heap's holes from this slab (see ..memory)
+    if first_row:  # every key is read: the blocks before the first kept row leave the stream
+        kept = [index for index, block in enumerate(stream.blocks) if block.rows.stop > first_row]
+        stream.blocks = [stream.blocks[index] for index in kept]
+        weights, biases = [weights[index] for index in kept], [biases[index] for index in kept]
     for block, weight, block_bias in zip(stream.blocks, weights, biases, strict=True):
         if block_bias is None:
             continue
@@ -632,7 +646,7 @@ def attention_sublayer(
     if attn.post_norm is None:
         return stream
     return stream.map(
-        lambda block: decompose_norm(attn.post_norm, record.norm_input[:, block.rows], block.stream, mode)
+        lambda block: decompose_norm(attn.post_norm, record.norm_input[:, block.rows], block.stream, mode, True)
     )
 
 
@@ -770,11 +784,12 @@ def decompose_ffn_block(
     into = stream.parts if ffn.out_norm is None else torch.zeros_like(inputs.parts)
     for chunk in block.carried[key]:
         chunk.run(ffn, inputs, options, into)
+        release_freed_memory()  # the heap's holes from this chunk (see ..memory)
     if ffn.out_norm is not None:
-        output = decompose_norm(ffn.out_norm, out_norm_input, inputs.like(into), mode).parts
+        output = decompose_norm(ffn.out_norm, out_norm_input, inputs.like(into), mode, in_place=True).parts
         stream = stream.like(stream.parts + output)
     del inputs
-    return stream if ffn.post_norm is None else decompose_norm(ffn.post_norm, norm_input, stream, mode)
+    return stream if ffn.post_norm is None else decompose_norm(ffn.post_norm, norm_input, stream, mode, True)
 
 
 #: Run a causal stack's FFN on its packed (position, component) pairs (:func:`ffn_packing`) where blocks of
@@ -888,6 +903,7 @@ def decompose_layer(
     place=None,
     heads: dict[str, HeadReadout] | None = None,
     own_offset: int | None = None,
+    first_row: int = 0,
 ) -> BlockedStream:
     """One block on a decomposed stream (updated in place).
 
@@ -901,22 +917,24 @@ def decompose_layer(
         place: Maps encoder component indices to the decoder layout.
         heads: Per-head read-outs of the ``"self"`` and ``"cross"`` attention (``per_head``), or None.
         own_offset: See :func:`attention_sublayer` (a stack's first layer, ``convention="reference"``).
+        first_row: Rows before it are read by nothing after this layer (a stack's last layer): they leave the stream
+            once they have served as keys (see :func:`attention_sublayer`).
     """
     heads = heads or {}
-    block_input = (
-        [block.stream.like(block.stream.parts.clone()) for block in stream.blocks] if layer.ffn.parallel else None
-    )
+    parallel = layer.ffn.parallel  # a parallel FFN reads the block input
+    block_input = {block.rows.start: block.stream.like(block.stream.parts.clone()) for block in stream.blocks
+                   if parallel and block.rows.stop > first_row}  # fmt: skip
     self_heads = heads.get("self")
     stream = attention_sublayer(layer.self_attn, record.self_attn, stream, options, causal, None, None, self_heads,
-                                own_offset)  # fmt: skip
+                                own_offset, first_row)  # fmt: skip
     if layer.cross_attn is not None:
         cross = heads.get("cross")
         stream = attention_sublayer(layer.cross_attn, record.cross_attn, stream, options, False, encoder, place, cross)
-    sources = block_input or [None] * len(stream.blocks)  # a parallel FFN reads the block input
     out_norm_input = record.ffn_out_norm_input
-    for block, source in zip(stream.blocks, sources, strict=True):
+    for block in stream.blocks:
         norm_input = record.ffn_norm_input[:, block.rows]
         out_input = None if out_norm_input is None else out_norm_input[:, block.rows]
+        source = block_input.pop(block.rows.start, None)
         block.stream = decompose_ffn_block(layer.ffn, norm_input, block, options, source, out_input, causal)
     return stream
 
@@ -940,22 +958,26 @@ def decompose_stack(
     keep_layers: bool = False,
     heads: list[dict[str, HeadReadout]] | None = None,
     offset: int = 0,
+    first_row: int = 0,
 ) -> tuple[BlockedStream, list[Components]]:
     """Every block of a stack, then its final norm; returns the output and (if asked) each block's output, dense.
     ``heads``: per layer, the per-head read-outs of its attention sub-blocks (``per_head``); ``offset``: the
-    component of the stack's first token (see :func:`initial_stream`)."""
+    component of the stack's first token (see :func:`initial_stream`); ``first_row``: the output is read from this
+    position on only, so the last layer's queries, FFN and the final norm skip the blocks before it (which leave the
+    stream)."""
     layers = []
     heads = heads or [None] * len(stack_spec.layers)
+    last = len(stack_spec.layers) - 1
     for index, (layer, record, layer_heads) in enumerate(zip(stack_spec.layers, stack.layers, heads, strict=True)):
         own = offset if index == 0 and options.convention == "reference" else None
-        stream = decompose_layer(
-            layer, record, stream, options, stack.causal, encoder, place_encoder, layer_heads, own
-        )
+        stream = decompose_layer(layer, record, stream, options, stack.causal, encoder, place_encoder, layer_heads,
+                                 own, first_row if index == last and not keep_layers else 0)  # fmt: skip
         if keep_layers:
             layers.append(stream.to_dense())
-    if stack_spec.final_norm is not None:
+    if stack_spec.final_norm is not None:  # on the stream's own parts (read by nothing else from here)
         norm, norm_input = stack_spec.final_norm, stack.final_norm_input
-        stream = stream.map(lambda block: decompose_norm(norm, norm_input[:, block.rows], block.stream, options.bias))
+        for block in stream.blocks:
+            block.stream = decompose_norm(norm, norm_input[:, block.rows], block.stream, options.bias, in_place=True)
     return stream, layers
 
 
@@ -1073,6 +1095,7 @@ def decompx(
     keep_layers: bool = False,
     per_head: bool = False,
     units: FrameUnits | None = None,
+    positions: torch.Tensor | None = None,
 ) -> DecompXScores:
     """DecompX scores of the token predicted at every decoder position.
 
@@ -1088,17 +1111,32 @@ def decompx(
             of a unit starts in the unit's component (one component per unit instead of per frame; the scores over
             that stack are then per unit). With ``bias="separate"`` this equals the frame decomposition summed over
             each unit's frames; the other bias splits weigh a unit's component as a whole.
+        positions: ``(B, T)``: the explained decoder positions. A decoder-only model's positions before the first
+            of them (a prompt's, which nothing reads) are not explained: their scores are 0 (``logit`` is still every
+            position's), and the last layer's queries, FFN, the final norm and the read-out run from the first
+            explained position on (a long prompt explained at its end: less memory and time). Default: every
+            position.
 
     Returns:
-        :class:`DecompXScores`; ``target.sum(-1) + source.sum(-1) (+ bias) == logit``.
+        :class:`DecompXScores`; ``target.sum(-1) + source.sum(-1) (+ bias) == logit`` (from the first explained
+        position on).
     """
     if not trace.spec.explains_logits:
         raise ValueError(NO_HEAD.format(method="DecompX"))
+    options = options or DecompXOptions()
     with fused_activations(trace.spec):  # the activation slopes: GPT-2's Python GELU as one fused kernel
-        return _decompose(trace, target_ids, foil_ids, options or DecompXOptions(), keep_layers, per_head, units)
+        return _decompose(trace, target_ids, foil_ids, options, keep_layers, per_head, units, positions)
 
 
-def _decompose(trace, target_ids, foil_ids, options, keep_layers, per_head, units) -> DecompXScores:
+def first_explained_row(spec, positions: np.ndarray | None) -> int:
+    """A decoder-only model's first explained position (host copy of ``(B, T)`` positions); 0 for the others (every
+    row of an encoder's or an encoder–decoder's output is shown) or without positions."""
+    if positions is None or spec.is_encoder_only or spec.is_encoder_decoder or not positions.any():
+        return 0
+    return int(np.argmax(positions.any(0)))
+
+
+def _decompose(trace, target_ids, foil_ids, options, keep_layers, per_head, units, positions) -> DecompXScores:
     spec, dec, enc = trace.spec, trace.decoder, trace.encoder
     separate = options.bias == "separate"
     if units is not None and options.convention == "reference":
@@ -1114,7 +1152,10 @@ def _decompose(trace, target_ids, foil_ids, options, keep_layers, per_head, unit
         on_device_now.update(encoder=enc.mask, source=source_mask)
     if units is not None:
         on_device_now["owner"] = units.owner()
+    if positions is not None:
+        on_device_now["positions"] = positions
     host = dict(zip(on_device_now, host_copies(*on_device_now.values()), strict=True))
+    first_row = first_explained_row(spec, None if positions is None else host["positions"].numpy())
     owners = {} if units is None else {units.stack: host["owner"]}
     device = dec.mask.device
     layers, encoder, place = {}, None, None
@@ -1139,9 +1180,9 @@ def _decompose(trace, target_ids, foil_ids, options, keep_layers, per_head, unit
                            options.max_chunk_elements, owners.get("decoder"), dec.causal)  # fmt: skip
     unembedded, bias = readout(trace, target_ids, foil_ids)
     heads = head_readouts(trace, unembedded, available.shape[-1]) if per_head else None
-    stream, layers["decoder"] = decompose_stack(
-        spec.decoder, dec, start, options, encoder, place, keep_layers=keep_layers, heads=heads, offset=offset
-    )
+    stream, layers["decoder"] = decompose_stack(spec.decoder, dec, start, options, encoder, place,
+                                                keep_layers=keep_layers, heads=heads, offset=offset,
+                                                first_row=first_row)  # fmt: skip
     weights = None
     if spec.head is not None:  # encoder heads: the components go through the head's steps, biases split on the way
         scores, bias, weights = through_head(stream, trace, target_ids, foil_ids, options)
@@ -1155,6 +1196,7 @@ def _decompose(trace, target_ids, foil_ids, options, keep_layers, per_head, unit
     refuse_non_finite("DecompX", scores)
     real = dec.mask[..., None].to(scores.dtype)
     scores = scores * real
+    scores[:, :first_row] = 0  # rows nothing explains (their read-out was skipped)
     target_heads = source_heads = None
     if heads is not None:
         real_rows = dec.mask[:, None, None, :, None]

@@ -36,14 +36,16 @@ class FrozenNorm:
     def _gain(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor if self.params.weight is None else tensor * upcast(self.params.weight)
 
-    def linear(self, parts: torch.Tensor, positions: slice = slice(None)) -> torch.Tensor:
+    def linear(self, parts: torch.Tensor, positions: slice = slice(None), in_place: bool = False) -> torch.Tensor:
         """:math:`A(x)` for parts ``(batch, positions, *, d_model)`` of the inputs at ``positions`` (the gain and the
-        scale applied as one per-position factor: two passes over the parts)."""
+        scale applied as one per-position factor: two passes over the parts); ``in_place``: written over ``parts``
+        (which nothing else may read), the same values without a new tensor."""
         scale = self.inv_scale[:, positions]
         factor = self._gain(scale.reshape(*scale.shape[:2], *[1] * (parts.dim() - 2)))
         if self.params.kind == "layer":
-            return (parts - parts.mean(-1, keepdim=True)).mul_(factor)
-        return parts * factor
+            mean = parts.mean(-1, keepdim=True)
+            return (parts.sub_(mean) if in_place else parts - mean).mul_(factor)
+        return parts.mul_(factor) if in_place else parts * factor
 
     def dot_linear(self, parts: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
         r""":math:`A(x) \cdot v` for parts ``(batch, positions, *, d_model)`` of the inputs at every position, without
