@@ -197,7 +197,13 @@ def memory_child(method: str, num_tokens: int, device: str, dtype: torch.dtype, 
     """Run one method on a long prompt in this (fresh) process and print time and peak memory."""
     import tempfile
 
-    model = tiny_model("gpt2", **FULL_SIZE["gpt2"]).to(device=device, dtype=dtype)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    size = FULL_SIZE["gpt2"]  # the issue's model: GPT-2 small's shapes, transformers' own initialisation
+    config = GPT2Config(n_embd=size["d_model"], n_layer=size["layers"], n_head=size["heads"], n_inner=size["ffn"],
+                        vocab_size=size["vocab"], n_positions=max(1024, num_tokens + 8))  # fmt: skip
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config).eval().to(device=device, dtype=dtype)
     attribution_model = inseq.load_model(model, method, tokenizer=word_tokenizer(seq2seq=False), device=device)
     prompt = long_prompt(num_tokens)
     target = prompt + " mat"
