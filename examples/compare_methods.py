@@ -7,7 +7,8 @@ import argparse
 from pathlib import Path
 
 import inseq_mixing
-from inseq_mixing.demo import alignment_accuracy, demo_examples, load_demo_model
+from inseq_mixing.demo import demo_examples, load_demo_model
+from inseq_mixing.views.demo import alignment_accuracy
 from inseq_mixing.views.report import write_report
 
 

@@ -21,8 +21,6 @@ try:
 except PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0+local"
 
-BUILTIN_VALUE_ZEROING_NAME = "inseq_value_zeroing"
-
 #: Public name → the submodule that defines it (imported on first use).
 _LAZY = {
     "SUPPORTED_FAMILIES": "specs",
@@ -36,45 +34,25 @@ _LAZY = {
     "evaluate": "evaluation",
     "attribute_dataset": "runs",
     "load_run": "runs",
-    "load_model": "encoders",
-    "EncoderAttributionModel": "encoders",
+    "load_model": "frontends",
+    "EncoderAttributionModel": "frontends",
+    "SpeechAttributionModel": "frontends",
+    "BUILTIN_VALUE_ZEROING_NAME": "frontends.patches",
 }
-
-_registered: list[bool] = []  # non-empty once register() has run
-
-
-def _rename_builtin_value_zeroing() -> None:
-    """Inseq picks among same-named methods at random, so its ``value_zeroing`` must give up the name. Under its new
-    name a failure restores the model (see :mod:`inseq_mixing.attr.builtin`)."""
-    from inseq.attr.feat.perturbation_attribution import ValueZeroingAttribution as BuiltinValueZeroing
-
-    from .attr.builtin import guard_builtin_value_zeroing
-
-    BuiltinValueZeroing.method_name = BUILTIN_VALUE_ZEROING_NAME
-    guard_builtin_value_zeroing(BuiltinValueZeroing)
 
 
 def register() -> list[str]:
     """Register the plugin's methods inside Inseq (idempotent): Inseq's built-in value zeroing is renamed, Inseq's
-    heatmap colours are repaired, and :mod:`inseq_mixing.attr` is imported, which generates one Inseq method class per
-    declaration (:mod:`inseq_mixing.declarations`); Inseq registers a method when its class is created. Called by
+    heatmap colours are repaired, and one Inseq method class per declaration is generated
+    (:mod:`inseq_mixing.frontends.patches`, where every change to Inseq's behaviour is kept). Called by
     ``import inseq_mixing`` (at once, or when Inseq is imported); imports Inseq.
 
     Returns:
         The names of the plugin's methods.
     """
-    if not _registered:
-        _registered.append(True)
-        _rename_builtin_value_zeroing()
-        from .views.colors import repair_inseq_colours
+    from .frontends.patches import register as apply_patches
 
-        repair_inseq_colours()
-        # When Inseq's import was started by inseq_mixing.attr itself, attr is half-imported here and creates the
-        # classes once it resumes; otherwise this import creates them.
-        importlib.import_module(f"{__name__}.attr")
-    from .declarations import DECLARATIONS
-
-    return list(DECLARATIONS)
+    return apply_patches()
 
 
 class _RegisterAfterInseq(importlib.abc.MetaPathFinder):
@@ -105,20 +83,9 @@ def load_demo_model(method: str = "alti_logit", **kwargs):
     Example:
         ``inseq_mixing.load_demo_model("decompx").attribute("the red cats sleep", attribute_target=True).show()``
     """
-    import inseq
+    from .frontends import load_model
 
-    from .demo import load_demo_model as demo_model_and_tokenizer
-
-    model, tokenizer = demo_model_and_tokenizer()
-    return inseq.load_model(model, method, tokenizer=tokenizer, **kwargs)
-
-
-def _subclasses(cls: type) -> list[type]:
-    """Every subclass of ``cls``, depth first, in definition order (registration happens at class creation)."""
-    found = []
-    for subclass in cls.__subclasses__():
-        found += [subclass, *_subclasses(subclass)]
-    return found
+    return load_model("demo", method, **kwargs)
 
 
 def __getattr__(name: str):
@@ -157,6 +124,7 @@ __all__ = [
     "load_run",
     "load_model",
     "EncoderAttributionModel",
+    "SpeechAttributionModel",
     "compare",
     "evaluate",
     "SUPPORTED_FAMILIES",

@@ -72,9 +72,9 @@ def check_methods_known(methods: list[str]) -> None:
     """Refuse method names Inseq does not know, in one line."""
     import inseq
 
-    import inseq_mixing
+    from inseq_mixing.frontends.patches import register
 
-    inseq_mixing.register()
+    register()
     unknown = [name for name in methods if name not in inseq.list_feature_attribution_methods()]
     if unknown:
         raise UserError(f"unknown method(s) {unknown}; run `inseq-mixing methods` to list them")
@@ -91,9 +91,9 @@ def run_inseq_attribute(argv: list[str]) -> int:
     """``inseq-mixing attribute``: Inseq's own ``inseq attribute`` (the same flags, the same heatmap, ``--save_path``
     and ``--viz_path`` outputs: Inseq's code runs it) with the plugin's methods registered; ``-m demo`` is the
     embedded demo model (offline)."""
-    import inseq_mixing
+    from inseq_mixing.frontends.patches import register
 
-    inseq_mixing.register()  # before Inseq's command module reads its registry into the flag's choices
+    register()  # before Inseq's command module reads its registry into the flag's choices
     import inseq
     from inseq.commands.attribute import AttributeCommand
     from inseq.utils import InseqArgumentParser
@@ -125,12 +125,12 @@ def run_inseq_attribute(argv: list[str]) -> int:
 def non_generation_refusal(name: str) -> str | None:
     """Why ``inseq-mixing attribute`` (Inseq's command, for generation models) cannot take ``name``, an encoder-only
     or speech model, and what takes it; None for any other model."""
-    from inseq_mixing.encoders import is_encoder_only_model
-    from inseq_mixing.speech import is_speech_name
+    from inseq_mixing.frontends import identify
 
-    if is_encoder_only_model(name):
+    found = identify(name)
+    if found.is_encoder:
         kind, commands = "an encoder-only", "`inseq-mixing compare`, `attribute-dataset` or `evaluate`"
-    elif is_speech_name(name):
+    elif found.is_speech:
         kind, commands = "a speech", "`inseq-mixing attribute-dataset` (rows of audio files) or `evaluate`"
     else:
         return None
@@ -155,38 +155,26 @@ def _flag_value(argv: list[str], flags: tuple[str, ...]) -> str | None:
 def load_model(name: str, method: str, device: str | None):
     """The Inseq model of a hub name or local folder (``demo``: the embedded demo model, offline), with a one-line
     error for what a user can fix: a model that cannot be loaded, a tokenizer that does not match it."""
-    import inseq
+    from inseq_mixing.frontends import identify
+    from inseq_mixing.frontends import load_model as load_any_model
+    from inseq_mixing.frontends.inseq_adapter.base import refuse_mismatched_tokenizer
 
-    from inseq_mixing.attr.base import refuse_mismatched_tokenizer
-    from inseq_mixing.encoders import is_encoder_only_model
-    from inseq_mixing.speech import is_speech_name
-
-    if name != "demo" and (is_encoder_only_model(name) or is_speech_name(name)):  # the encoder and speech front ends
-        from inseq_mixing.encoders import load_model as load_encoder
-
-        try:
-            return load_encoder(name, method, device=device)
-        except Exception as error:  # report what went wrong in one line, not a traceback
-            raise UserError(f"could not load model {name!r}: {type(error).__name__}: {error}") from error
-    if name == "demo":
-        from inseq_mixing.demo import load_demo_model
-
-        model, tokenizer = load_demo_model()
-        try:
-            return inseq.load_model(model, method, tokenizer=tokenizer, device=device)
-        except Exception as error:  # an unknown method name, a device that does not exist
+    found = identify(name)
+    try:
+        model = load_any_model(name, method, device=device, found=found)
+    except Exception as error:  # report what went wrong in one line, not a traceback
+        if name == "demo":
             raise UserError(
                 f"could not load the demo model with {method!r}: {type(error).__name__}: {error}"
             ) from error
-    try:
-        model = inseq.load_model(name, method, device=device)
-    except Exception as error:  # report what went wrong in one line, not a traceback
-        hint = " (a local folder needs the tokenizer files next to the weights)" if Path(name).is_dir() else ""
+        generation_folder = found.is_generation and Path(name).is_dir()
+        hint = " (a local folder needs the tokenizer files next to the weights)" if generation_folder else ""
         raise UserError(f"could not load model {name!r}{hint}: {type(error).__name__}: {error}") from error
-    try:
-        refuse_mismatched_tokenizer(model.tokenizer, model.model)
-    except ValueError as error:
-        raise UserError(str(error)) from error
+    if found.is_generation and name != "demo":
+        try:
+            refuse_mismatched_tokenizer(model.tokenizer, model.model)
+        except ValueError as error:
+            raise UserError(str(error)) from error
     return model
 
 
@@ -209,7 +197,7 @@ def load_for_compare(args: argparse.Namespace):
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    import inseq_mixing
+    from inseq_mixing.evaluation import compare
     from inseq_mixing.views.report import write_report
 
     try:
@@ -217,7 +205,7 @@ def run_compare(args: argparse.Namespace) -> int:
         check_writable(args.out)
         check_writable(args.json)
         model = load_for_compare(args)
-        result = inseq_mixing.compare(
+        result = compare(
             model,
             args.methods,
             args.text,
@@ -256,13 +244,12 @@ def parse_options(pairs: list[str]) -> dict:
 
 
 def run_attribute_dataset(args: argparse.Namespace) -> int:
-    import inseq_mixing
-    from inseq_mixing.runs import DatasetInputError, RunStoreError
+    from inseq_mixing.runs import DatasetInputError, RunStoreError, attribute_dataset
 
     try:
         options = parse_options(args.option)
         model = load_model("demo", args.method, args.device) if args.model == "demo" else args.model
-        summary = inseq_mixing.attribute_dataset(
+        summary = attribute_dataset(
             model,
             args.method,
             args.data,
@@ -304,7 +291,7 @@ def interrupted_message(out: str) -> str:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from inseq_mixing.demo import run_demo as demo
+    from inseq_mixing.views.demo import run_demo as demo
 
     try:
         check_writable(args.out)
@@ -327,8 +314,7 @@ def method_options(pairs: list[str]) -> dict[str, dict]:
 
 def run_evaluate(args: argparse.Namespace) -> int:
 
-    import inseq_mixing
-    from inseq_mixing.evaluation import DEFAULT_COLUMNS, EvaluationInputError
+    from inseq_mixing.evaluation import DEFAULT_COLUMNS, EvaluationInputError, evaluate
     from inseq_mixing.views.eval_report import write_evaluation_report
 
     try:
@@ -339,13 +325,13 @@ def run_evaluate(args: argparse.Namespace) -> int:
         options = method_options(args.option)
         model = load_model(args.model, args.methods[0], args.device)
         columns = {role: getattr(args, f"{role}_column") for role in DEFAULT_COLUMNS}
-        from inseq_mixing.speech import SpeechAttributionModel
+        from inseq_mixing.frontends.speech import SpeechAttributionModel
 
         if isinstance(model, SpeechAttributionModel):
             columns.update({role: getattr(args, f"{role}_column") for role in ("audio", "words", "transcript")})
         elif args.protocol == "blankout" or args.random_baseline:
             raise UserError("--protocol blankout and --random-baseline are for speech models.")
-        result = inseq_mixing.evaluate(
+        result = evaluate(
             model,
             args.methods,
             args.data,

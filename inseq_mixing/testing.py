@@ -241,7 +241,9 @@ def load_tiny(family: str, method: str, **method_kwargs):
     """An Inseq ``AttributionModel`` around a tiny random model of ``family``, with the word tokenizer."""
     import inseq
 
-    import inseq_mixing  # noqa: F401  (registers the methods)
+    from inseq_mixing.frontends.patches import register
+
+    register()  # the plugin's methods in Inseq's registry
 
     model = tiny_model(family)
     tokenizer = word_tokenizer(seq2seq=is_seq2seq(family))

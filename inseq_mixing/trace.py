@@ -216,7 +216,7 @@ class ModelTrace:
     (Gemma 2) the LM head's output before the cap, the call that was traced, and ``final_hidden``, what the head reads
     (the decoder's output, through its final norm). A trace taken with ``full_logits=False`` skipped the LM head's
     full-vocabulary product: ``logits`` is None and the logits a method explains are read from ``final_hidden``
-    (:func:`~inseq_mixing.methods.alti_logit.recorded_logit`). Encoder-only models: their one stack is ``decoder``
+    (:func:`~inseq_mixing.methods.readout.recorded_logit`). Encoder-only models: their one stack is ``decoder``
     (non-causal), ``logits`` the head's at every position ``(batch, positions, outputs)`` (None for a bare
     encoder)."""
 

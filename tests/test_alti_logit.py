@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from inseq_mixing.methods.alti import alti, alti_rollouts
-from inseq_mixing.methods.alti_logit import UNATTRIBUTED_TERMS, alti_logit, sweep_logit, unembedding_direction
+from inseq_mixing.methods.alti_logit import alti_logit
+from inseq_mixing.methods.readout import UNATTRIBUTED_TERMS, sweep_logit, unembedding_direction
 from inseq_mixing.specs import get_spec
 from inseq_mixing.testing import tiny_model
 

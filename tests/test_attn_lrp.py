@@ -151,8 +151,8 @@ def test_the_model_is_left_as_it_was():
 def test_inseqs_path_runs_attn_lrp_without_a_trace(family, monkeypatch):
     """AttnLRP runs passes of its own: through Inseq, no trace is recorded beside them (at 1,000 tokens its attention
     probabilities alone are 0.6 GB on a GPT-2-small-sized model), and the scores are those the traced call gives."""
-    from inseq_mixing.attr.base import ContextMixingAttribution
     from inseq_mixing.declarations import Request
+    from inseq_mixing.frontends.inseq_adapter.base import ContextMixingAttribution
     from inseq_mixing.testing import load_tiny
 
     model = load_tiny(family, "attn_lrp")

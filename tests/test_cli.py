@@ -170,8 +170,8 @@ def test_the_package_and_the_listing_commands_import_no_torch(code):
     [
         "import inseq_mixing; import inseq",
         "import inseq; import inseq_mixing",
-        "import inseq_mixing.attr; import inseq",
-        "import inseq_mixing.attr.builtin; import inseq",
+        "import inseq_mixing.frontends.inseq_adapter; import inseq",
+        "import inseq_mixing.frontends.inseq_adapter.builtin; import inseq",
         "import inseq_mixing; from inseq.attr import FeatureAttribution",
     ],
 )

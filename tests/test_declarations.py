@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import inseq_mixing
-from inseq_mixing.attr.adapter import attribution_class
 from inseq_mixing.declarations import DECLARATIONS, Declaration, Request, get_declaration
+from inseq_mixing.frontends.inseq_adapter.adapter import attribution_class
 from inseq_mixing.methods.chunking import DEFAULT_CHUNK_ELEMENTS
 from inseq_mixing.methods.options import Chunking, EncoderMaps
 from inseq_mixing.methods.results import LayerMaps

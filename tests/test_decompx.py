@@ -8,9 +8,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from inseq_mixing.methods.alti_logit import alti_logit, sweep_logit, unembedding_direction
+from inseq_mixing.methods.alti_logit import alti_logit
 from inseq_mixing.methods.decompx import DecompXOptions, decompx
 from inseq_mixing.methods.norms import freeze_norm
+from inseq_mixing.methods.readout import sweep_logit, unembedding_direction
 from inseq_mixing.testing import tiny_model
 
 from .conftest import example_kwargs, get_tiny, next_tokens, padded_case, trace_of

@@ -4,8 +4,9 @@ import random
 
 import torch
 
-from inseq_mixing.demo import alignment_accuracy, demo_examples, load_demo_model, run_demo
+from inseq_mixing.demo import demo_examples, load_demo_model
 from inseq_mixing.demo.grammar import NOUNS, sample, vocabulary
+from inseq_mixing.views.demo import alignment_accuracy, run_demo
 
 
 def test_grammar_alignments_and_agreement_are_consistent():

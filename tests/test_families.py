@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from inseq_mixing.methods.alti import alti
-from inseq_mixing.methods.alti_logit import sweep_logit, unembedding_direction
 from inseq_mixing.methods.decompx import DecompXOptions, decompx
+from inseq_mixing.methods.readout import sweep_logit, unembedding_direction
 from inseq_mixing.methods.value_zeroing import value_zeroing
 from inseq_mixing.specs import SPEC_MODULES, SUPPORTED_FAMILIES, get_spec, supported_model_types
 from inseq_mixing.testing import ALL_FAMILIES, TINY_SLIDING_WINDOW

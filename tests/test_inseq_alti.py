@@ -8,7 +8,7 @@ from inseq.data.viz import get_attribution_colors
 from inseq.utils.viz_utils import red_transparent_blue_colormap
 
 import inseq_mixing
-from inseq_mixing.attr import SignedMixingSequenceOutput
+from inseq_mixing.frontends.inseq_adapter import SignedMixingSequenceOutput
 from inseq_mixing.testing import is_seq2seq, load_tiny
 
 from .test_inseq_glue import CONTINUATION, PROMPT, SOURCE, TARGET, attribute

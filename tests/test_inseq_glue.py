@@ -9,7 +9,7 @@ import torch
 from inseq.attr.feat.feature_attribution import FeatureAttribution
 
 import inseq_mixing
-from inseq_mixing.attr import ValueZeroingAttribution
+from inseq_mixing.frontends.inseq_adapter import ValueZeroingAttribution
 from inseq_mixing.testing import is_seq2seq, load_tiny, tiny_model, word_tokenizer
 
 SOURCE = "the books in the library were read by many people"

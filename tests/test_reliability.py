@@ -10,8 +10,8 @@ import torch
 import transformers
 
 import inseq_mixing
-from inseq_mixing.attr.builtin import BuiltinValueZeroingError
 from inseq_mixing.cli import main
+from inseq_mixing.frontends.inseq_adapter.builtin import BuiltinValueZeroingError
 from inseq_mixing.specs import UnsupportedModelError
 from inseq_mixing.testing import WORDS, is_seq2seq, load_tiny, tiny_model, word_tokenizer
 
@@ -56,7 +56,7 @@ def no_trace(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was traced before the bad input was refused")
 
-    monkeypatch.setattr("inseq_mixing.attr.base.trace_model", refuse)
+    monkeypatch.setattr("inseq_mixing.frontends.inseq_adapter.base.trace_model", refuse)
 
 
 # --- silent wrong answers ---------------------------------------------------------------------------------------

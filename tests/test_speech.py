@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 import inseq_mixing
-from inseq_mixing.audio import AudioError, audio_units
 from inseq_mixing.declarations import DECLARATIONS
+from inseq_mixing.frontends.audio import AudioError, audio_units
 from inseq_mixing.testing import (
     SAMPLING_RATE,
     SPEECH_FAMILIES,
@@ -313,7 +313,7 @@ def test_files_are_read_resampled_and_mixed_down(tmp_path):
     torch.testing.assert_close(from_file.sequence_attributions[0].source_attributions, from_array.source_attributions)
     flac = model.attribute(str(tmp_path / "stereo.flac"), words=WORDS[0], show_progress=False).sequence_attributions[0]
     torch.testing.assert_close(flac.source_attributions, from_array.source_attributions, rtol=1e-3, atol=1e-3)
-    from inseq_mixing.audio import read_audio
+    from inseq_mixing.frontends.audio import read_audio
 
     assert len(read_audio(str(tmp_path / "half.wav"), SAMPLING_RATE)) == 2 * len(half)
 
@@ -605,7 +605,7 @@ def test_blankout_measures_the_probability_drops(tmp_path):
     result = inseq_mixing.evaluate(model, ["alti"], rows, "blankout", draws=10)
     drops = result.results["model"].statistics
     # recomputed: the probability of "sat" after "the cat" with and without the cue's audio
-    from inseq_mixing.audio import read_audio
+    from inseq_mixing.frontends.audio import read_audio
 
     whisper, processor = speech("whisper")
     signal = read_audio(rows[0]["audio"], SAMPLING_RATE)

@@ -206,7 +206,7 @@ def test_cross_attention_reruns_read_the_encoders_keys_once(seq2seq_family):
 def test_skipped_head_gives_the_models_own_explained_logits(family):
     """A trace without the LM head's full-vocabulary product gathers the model's own logits (and soft-capped logits)
     of any token from the final hidden state, never runs the head's product, and leaves the head as it was."""
-    from inseq_mixing.methods.alti_logit import recorded_logit, softcapped_logit
+    from inseq_mixing.methods.readout import recorded_logit, softcapped_logit
 
     model = get_tiny(family)
     kwargs = example_kwargs(family)

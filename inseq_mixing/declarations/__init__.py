@@ -11,18 +11,6 @@ import pkgutil
 
 from .base import Declaration, Request
 
-#: The order methods are listed in (the ones not named here follow, by module name).
-ORDER = (
-    "alti",
-    "alti_logit",
-    "attn_lrp",
-    "decompx",
-    "attention_rollout",
-    "attention_norm",
-    "globenc",
-    "value_zeroing",
-)
-
 
 def _discover() -> dict[str, Declaration]:
     names = [info.name for info in pkgutil.iter_modules(__path__) if info.name != "base"]
@@ -32,7 +20,7 @@ def _discover() -> dict[str, Declaration]:
         declaration = getattr(module, "DECLARATION", None)
         if isinstance(declaration, Declaration):
             found[declaration.name] = declaration
-    ranked = sorted(found, key=lambda name: (ORDER.index(name) if name in ORDER else len(ORDER), name))
+    ranked = sorted(found, key=lambda name: (found[name].rank, name))  # each declaration says where it is listed
     return {name: found[name] for name in ranked}
 
 

@@ -56,6 +56,7 @@ def compute(request: Request, options: AltiOptions):
 
 DECLARATION = Declaration(
     name="alti",
+    rank=1,
     summary="ALTI (Ferrando et al., EMNLP 2022) and, for encoder–decoders, ALTI+ (Ferrando et al., EMNLP 2022, NMT).",
     description=(
         "Each attention sub-block's output is split into one vector per context token (the residual counted as the "

@@ -27,6 +27,7 @@ def compute(request: Request, options: AltiLogitOptions) -> LogitScores:
 
 DECLARATION = Declaration(
     name="alti_logit",
+    rank=2,
     summary="ALTI-logit (Ferrando et al., ACL 2023): signed contributions of input tokens to each generated token's "
     "logit.",
     description=(

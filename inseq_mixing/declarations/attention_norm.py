@@ -28,6 +28,7 @@ def compute(request: Request, options: AttentionNormOptions):
 
 DECLARATION = Declaration(
     name="attention_norm",
+    rank=6,
     summary="Attention norm (Kobayashi et al., EMNLP 2020): ‖Σ_h α^h_ij f^h(x_j)‖ per layer, with the residual "
     "('N-Res') and layer-norm ('N-ResLN') extensions of Kobayashi et al. (EMNLP 2021) as options.",
     description=(

@@ -22,6 +22,7 @@ def compute(request: Request, options: AttentionRolloutOptions):
 
 DECLARATION = Declaration(
     name="attention_rollout",
+    rank=5,
     summary="Attention rollout (Abnar & Zuidema, ACL 2020): head-averaged attention plus the identity, rolled out.",
     description=(
         "Each layer's map is 0.5 · mean_h(A) + 0.5 · I, rows renormalised; the maps are multiplied through the "

@@ -27,6 +27,7 @@ def compute(request: Request, options: AttnLrpOptions) -> LogitScores:
 
 DECLARATION = Declaration(
     name="attn_lrp",
+    rank=3,
     summary="AttnLRP (Achtibat et al., ICML 2024): relevance propagation with attention-aware rules, one backward "
     "pass.",
     description=(

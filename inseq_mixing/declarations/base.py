@@ -1,9 +1,9 @@
 """What a method declaration is: a name, a frozen options dataclass, and a pure ``compute(request, options)``.
 
-A declaration is everything a front end needs to offer a method: the Inseq adapter (:mod:`inseq_mixing.attr`)
-generates an Inseq method class from it (the option signature Inseq routes keyword arguments by, the docstring, the
-checks), the CLI lists it, the dataset runner validates options with it, and the encoder-only and speech front ends
-call the same ``compute``. Nothing here imports Inseq.
+A declaration is everything a front end needs to offer a method: the Inseq adapter
+(:mod:`inseq_mixing.frontends.inseq_adapter`) generates an Inseq method class from it (the option signature Inseq
+routes keyword arguments by, the docstring, the checks), the CLI lists it, the dataset runner validates options with
+it, and the encoder-only and speech front ends call the same ``compute``. Nothing here imports Inseq.
 
 Options are fields of a frozen dataclass, each made with :func:`~inseq_mixing.methods.options.option` (default, one
 line of documentation, and the accepted strings where there are a few), composed from the shared pieces of
@@ -111,6 +111,11 @@ class Declaration:
         explains_logit: Whether it explains a logit (returns :class:`LogitScores`; contrast applies).
         pools_units: ``compute`` handles a request's audio units itself (value zeroing zeroes whole units); others
             return frame-level results that :meth:`run` pools.
+        rank: Where it is listed (``inseq-mixing methods``, ``inseq_mixing.METHODS``, the demo, reports): lower
+            first, ties by name.
+        class_stem: Its Inseq class's name before ``Attribution`` (default: the name in capitalised words,
+            ``value_zeroing`` → ``ValueZeroing``).
+        in_demo: Whether the demo report compares it.
     """
 
     name: str
@@ -120,6 +125,15 @@ class Declaration:
     compute: Callable[[Request, Any], LayerMaps | LogitScores]
     explains_logit: bool = False
     pools_units: bool = False
+    rank: int = 100
+    class_stem: str | None = None
+    in_demo: bool = True
+
+    @property
+    def class_name(self) -> str:
+        """The name of its Inseq method class: ``value_zeroing`` → ``ValueZeroingAttribution``."""
+        stem = self.class_stem or "".join(word.capitalize() for word in self.name.split("_"))
+        return f"{stem}Attribution"
 
     def run(self, request: Request, options) -> LayerMaps | LogitScores:
         """``compute`` (its hot steps compiled when the options say ``compile=True``, :mod:`.methods.compiled`; its

@@ -35,6 +35,8 @@ def compute(request: Request, options: DecompXMethodOptions) -> LogitScores:
 
 DECLARATION = Declaration(
     name="decompx",
+    rank=4,
+    class_stem="DecompX",
     summary="DecompX (Modarressi et al., ACL 2023): signed, exact contributions of each input token to a generated "
     "token's logit, propagating a per-token decomposition of the hidden states through every layer, FFNs included.",
     description=(

@@ -25,6 +25,8 @@ def compute(request: Request, options: GlobEncOptions):
 
 DECLARATION = Declaration(
     name="globenc",
+    rank=7,
+    class_stem="GlobEnc",
     summary="GlobEnc (Modarressi et al., NAACL 2022): norms of each token's vector through the attention, both "
     "residuals and both layer norms of a layer (FFN excluded), rows normalised, rolled out.",
     description=(

@@ -65,6 +65,7 @@ def compute(request: Request, options: ValueZeroingOptions):
 
 DECLARATION = Declaration(
     name="value_zeroing",
+    rank=8,
     summary="Value Zeroing (Mohebbi et al., EACL 2023), computed in closed form from one forward pass.",
     description=(
         "Zeroing the value vectors of token j in a layer changes each query's attention output by exactly "

@@ -3,10 +3,12 @@ methods), and the papers' protocols on annotated data: evidence MRR (ALTI-logit)
 Zeroing), alignment error rate (ALTI+), and AOPC faithfulness, over whole datasets, with bootstrap intervals and paired
 tests. The reports that show them are in :mod:`inseq_mixing.views`."""
 
-from .compare import Comparison, compare
-from .evaluate import METRICS, Evaluation, MethodResult, evaluate
+from .compare import compare
+from .comparison import Comparison
+from .evaluate import evaluate
 from .faithfulness import faithfulness, rank_correlation
 from .items import DEFAULT_COLUMNS, PROTOCOLS, EvaluationInputError, Item, read_items
+from .scores import METRICS, Evaluation, MethodResult
 
 __all__ = [
     "DEFAULT_COLUMNS",

@@ -1,4 +1,4 @@
-"""The papers' protocols on encoder-only models (through :mod:`inseq_mixing.encoders`).
+"""The papers' protocols on encoder-only models (through :mod:`inseq_mixing.frontends.encoders`).
 
 Rows have a ``source`` column: the text, with the model's mask token where the target word is (masked LMs), or the
 text to classify. Context words are the source's whitespace-separated words (the mask token is one of them); evidence
@@ -44,8 +44,8 @@ class EncoderExplanation(Explanation):
 
 def explain_encoder_items(attribution, items: list[Item], batch_size: int, options: dict) -> list[EncoderExplanation]:
     """Explanations of ``items`` (checked first with :func:`explainable`) by an
-    :class:`~inseq_mixing.encoders.EncoderAttributionModel`, in batches of rows alike in having a foil (a padded
-    batch gives each text what it gets alone)."""
+    :class:`~inseq_mixing.frontends.encoders.EncoderAttributionModel`, in batches of rows alike in having a foil (a
+    padded batch gives each text what it gets alone)."""
     contrast = attribution.declaration is None or attribution.declaration.explains_logit
     explained = {}
     for with_foil in (False, True):
@@ -180,8 +180,9 @@ def compare_encoder(attribution, methods, texts, targets, fractions, random_draw
 
     from tqdm.auto import tqdm
 
-    from ..encoders import EncoderAttributionModel
-    from .compare import Comparison, rank_correlation
+    from ..frontends.encoders import EncoderAttributionModel
+    from .comparison import Comparison
+    from .faithfulness import rank_correlation
 
     comparison = Comparison()
     candidates_scores = {}

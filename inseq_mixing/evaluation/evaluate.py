@@ -1,184 +1,23 @@
 """``evaluate``: score attribution methods over an annotated dataset with the papers' protocols, with bootstrap
 intervals and paired tests between methods."""
 
-import json
 import math
-import warnings
-from dataclasses import dataclass, field
-from functools import cached_property
-from itertools import combinations
-from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
+from ..frontends import as_front_end, identify, load_model
 from .explain import Explanation, explain_items, is_per_layer
-from .items import EvaluationInputError, Item, Skipped, read_items_skipping
+from .items import EvaluationInputError, Item, read_items_skipping
 from .metrics import (
     Statistic,
     alignment_counts,
-    bootstrap_interval,
     cue_share,
-    is_degenerate,
     mean_statistic,
-    paired_permutation_test,
     random_reciprocal_rank,
     reciprocal_rank,
 )
+from .scores import METRICS, Evaluation, MethodResult, score_methods
 from .targets import TARGET_TOKENS, prepare_targets
-
-#: The headline metric of each protocol (the first of its metrics).
-METRICS = {
-    "evidence": ("mrr",),
-    "cue": ("cue_contribution",),
-    "alignment": ("aer", "accuracy"),
-    "faithfulness": ("comprehensiveness_prob", "sufficiency_prob", "comprehensiveness_logit", "sufficiency_logit"),
-}
-#: Metrics where lower is better.
-LOWER_IS_BETTER = {"aer", "sufficiency_prob", "sufficiency_logit"}
-
-
-@dataclass
-class MethodResult:
-    """One method's scores: per metric a :class:`~.metrics.Statistic` over the items, and for per-layer methods
-    under the ``cue`` protocol the per-layer cue contributions."""
-
-    statistics: dict[str, Statistic]
-    per_layer: Statistic | None = None
-    layer_statistics: list[Statistic] = field(default_factory=list)
-
-
-@dataclass
-class Evaluation:
-    """The result of :func:`evaluate`.
-
-    Attributes:
-        protocol: The protocol.
-        results: Method → :class:`MethodResult`.
-        baseline: What a uniform random ranking scores on the same items (per metric), where it has a closed form or
-            was measured.
-        failed: Method → the error that stopped it.
-        examples: Method → a few :class:`~.explain.Explanation` for the report's heatmaps.
-        draws: Bootstrap and permutation draws.
-        seed: Seed of the resampling.
-        skipped: Rows left out of every method's scores, each with its reason (kinds: ``bad row``, ``unknown``,
-            ``target equals foil``, ``not explainable``).
-        unknown_words: Row → context words the tokenizer maps (in part) to its unknown token; they keep their
-            scores.
-        metric_names: The metrics when they are not the protocol's (speech evaluations, :mod:`.speech`).
-        target_tokens: Which tokens of a target word were explained (``first`` or ``whole``, see
-            :mod:`.targets`), for ``evidence`` and ``cue``.
-    """
-
-    protocol: str
-    results: dict[str, MethodResult] = field(default_factory=dict)
-    baseline: dict[str, float] = field(default_factory=dict)
-    failed: dict[str, str] = field(default_factory=dict)
-    examples: dict[str, list[Explanation]] = field(default_factory=dict)
-    draws: int = 1000
-    seed: int = 0
-    skipped: list[Skipped] = field(default_factory=list)
-    unknown_words: dict[int, list[str]] = field(default_factory=dict)
-    metric_names: tuple[str, ...] | None = None
-    target_tokens: str | None = None
-
-    def skipped_counts(self) -> dict[str, int]:
-        """How many rows were skipped, by kind."""
-        counts: dict[str, int] = {}
-        for skip in self.skipped:
-            counts[skip.kind] = counts.get(skip.kind, 0) + 1
-        return counts
-
-    @property
-    def metrics(self) -> tuple[str, ...]:
-        """The metrics, headline first: the protocol's, or those a speech evaluation sets (``metric_names``)."""
-        return self.metric_names or METRICS[self.protocol]
-
-    def method_summary(self, method: str) -> dict:
-        """``{METRIC: value, "ci": [low, high], "n": items, OTHER: value, "OTHER_ci": [...], ...}``."""
-        return self.summaries[method]
-
-    @cached_property
-    def summaries(self) -> dict[str, dict]:
-        """:meth:`method_summary` of every method, resampled once (the table, the figure and the JSON share it)."""
-        return {method: self._summarise(method) for method in self.results}
-
-    def _summarise(self, method: str) -> dict:
-        result = self.results[method]
-        summary = {}
-        for index, metric in enumerate(self.metrics):
-            statistic = result.statistics[metric]
-            interval = list(bootstrap_interval(statistic, self.draws, seed=self.seed))
-            summary[metric] = float(statistic.value())
-            summary["ci" if index == 0 else f"{metric}_ci"] = interval
-            if is_degenerate(statistic, interval):
-                summary.setdefault("degenerate", []).append(metric)
-        summary["n"] = len(result.statistics[self.metrics[0]])
-        if result.per_layer is not None:
-            summary["per_layer"] = [float(value) for value in result.per_layer.value()]
-            summary["per_layer_ci"] = [
-                list(bootstrap_interval(layer, self.draws, seed=self.seed)) for layer in result.layer_statistics
-            ]
-        return summary
-
-    def pairs(self) -> list[dict]:
-        """Paired permutation tests of the headline metric between every two methods."""
-        return self.pair_tests
-
-    @cached_property
-    def pair_tests(self) -> list[dict]:
-        """:meth:`pairs`, computed once."""
-        metric = self.metrics[0]
-        rows = []
-        for first, second in combinations(self.results, 2):
-            a, b = self.results[first].statistics[metric], self.results[second].statistics[metric]
-            rows.append(
-                {
-                    "method_a": first,
-                    "method_b": second,
-                    "metric": metric,
-                    "difference": float(a.value() - b.value()),
-                    "p_value": paired_permutation_test(a, b, self.draws, self.seed),
-                    "test": "paired permutation (items swapped between the two methods)",
-                }
-            )
-        return rows
-
-    def to_dict(self) -> dict:
-        return {
-            "protocol": self.protocol,
-            "methods": {method: self.method_summary(method) for method in self.results},
-            "baseline": self.baseline,
-            "pairs": self.pairs(),
-            "failed": self.failed,
-            "lower_is_better": [metric for metric in self.metrics if metric in LOWER_IS_BETTER],
-            "target_tokens": self.target_tokens,
-            "skipped": [skip.to_dict() for skip in self.skipped],
-            "skipped_counts": self.skipped_counts(),
-            "unknown_words": {str(row): words for row, words in self.unknown_words.items()},
-        }
-
-    def to_json(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1, ensure_ascii=False), encoding="utf-8")
-        return path
-
-    def summary_rows(self) -> list[dict]:
-        """One row per method (and the random baseline) for a terminal table."""
-        rows = []
-        for method in self.results:
-            summary = self.method_summary(method)
-            row = {"method": method, "n": summary["n"]}
-            for index, metric in enumerate(self.metrics[:2]):
-                low, high = summary["ci" if index == 0 else f"{metric}_ci"]
-                row[metric] = summary[metric]
-                row[f"{metric} 95% CI"] = f"[{low:.3f}, {high:.3f}]"
-            rows.append(row)
-        if self.baseline:
-            shown = {key: value for key, value in self.baseline.items() if key in self.metrics[:2]}
-            rows.append({"method": "random", **shown})
-        return rows
 
 
 def evaluate(
@@ -262,7 +101,7 @@ def evaluate(
     """
     import inseq
 
-    from .compare import check_methods
+    from .comparison import check_methods
 
     check_methods(methods)
     for name, value in (("batch_size", batch_size), ("draws", draws)):
@@ -271,25 +110,23 @@ def evaluate(
     if target_tokens not in TARGET_TOKENS:
         raise ValueError(f"target_tokens must be one of {TARGET_TOKENS}, not {target_tokens!r}.")
     columns = {role.removesuffix("_column"): name for role, name in columns.items()}
-    from ..encoders import EncoderAttributionModel, is_encoder_only_model
-    from ..speech import SpeechAttributionModel, is_speech_model, is_speech_name
-
-    if isinstance(model, SpeechAttributionModel) or is_speech_model(model) or is_speech_name(model):
+    found = identify(model)
+    if found.is_speech:
         from .speech import evaluate_speech
 
+        model = as_front_end(model, methods[0], found, processor=processor)
         return evaluate_speech(model, methods, data, protocol, processor=processor, method_kwargs=method_kwargs,
                                random_baseline=random_baseline, draws=draws, seed=seed, show_progress=show_progress,
                                **columns)  # fmt: skip
     if protocol == "blankout" or random_baseline:
         raise ValueError("The blankout protocol and random_baseline are for speech models.")
 
-    if isinstance(model, EncoderAttributionModel) or is_encoder_only_model(model):
-        settings = {"tokenizer": tokenizer, "device": device, "batch_size": batch_size, "draws": draws, "seed": seed,
+    if found.is_encoder:
+        model = as_front_end(model, methods[0], found, tokenizer=tokenizer, device=device)
+        settings = {"device": device, "batch_size": batch_size, "draws": draws, "seed": seed,
                     "examples": examples, "random_draws": random_draws, "show_progress": show_progress}  # fmt: skip
         return _evaluate_encoder(model, methods, data, protocol, method_kwargs or {}, columns, **settings)
-    base = model if isinstance(model, inseq.models.AttributionModel) else None
-    if base is None:
-        base = inseq.load_model(model, methods[0], tokenizer=tokenizer, device=device)
+    base = as_front_end(model, methods[0], found, tokenizer=tokenizer, device=device)
     items, skipped = read_items_skipping(data, protocol, base.is_encoder_decoder, columns)
     evaluation = Evaluation(protocol, draws=draws, seed=seed, skipped=skipped)
     if protocol in ("evidence", "cue"):
@@ -312,29 +149,9 @@ def evaluate(
         explained = explain_items(attribution_model, items, batch_size, method_kwargs.get(method, {}))
         return SCORERS[protocol](explained), explained
 
-    _score_methods(evaluation, methods, score, examples, show_progress)
+    score_methods(evaluation, methods, score, examples, show_progress)
     evaluation.baseline = BASELINES[protocol](items)
     return evaluation
-
-
-def _score_methods(evaluation: Evaluation, methods: list[str], score, examples: int, show_progress: bool) -> None:
-    """Each method's result and first explanations from ``score(method) -> (MethodResult, explanations)``; a method
-    that fails is reported in ``evaluation.failed`` and left out, the others kept.
-
-    Raises:
-        RuntimeError: Every method failed.
-    """
-    for method in tqdm(methods, desc="evaluating", disable=not show_progress):
-        try:
-            result, explained = score(method)
-        except Exception as error:  # keep the other methods; report this one
-            evaluation.failed[method] = f"{type(error).__name__}: {error}"
-            warnings.warn(f"evaluate: {method} failed and is left out ({evaluation.failed[method]})", stacklevel=3)
-            continue
-        evaluation.results[method] = result
-        evaluation.examples[method] = explained[:examples]
-    if not evaluation.results:
-        raise RuntimeError(f"Every method failed: {evaluation.failed}")
 
 
 def score_evidence(explained: list[Explanation]) -> MethodResult:
@@ -450,18 +267,14 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def _evaluate_encoder(model, methods, data, protocol, method_kwargs, columns, *, tokenizer, device, batch_size, draws,
-                      seed, examples, random_draws, show_progress) -> Evaluation:  # fmt: skip
+def _evaluate_encoder(model, methods, data, protocol, method_kwargs, columns, *, device, batch_size, draws, seed,
+                      examples, random_draws, show_progress) -> Evaluation:  # fmt: skip
     """:func:`evaluate` on an encoder-only model (:mod:`.encoders`): the rows every method can explain, then each
     method on them."""
-    from ..encoders import EncoderAttributionModel
-    from ..encoders import load_model as load_any_model
     from .encoders import encoder_faithfulness, explain_encoder_items, explainable
 
     if protocol == "alignment":
         raise EvaluationInputError("The alignment protocol needs an encoder–decoder model (source and target words).")
-    if not isinstance(model, EncoderAttributionModel):
-        model = load_any_model(model, methods[0], tokenizer=tokenizer, device=device)
     items, skipped = read_items_skipping(data, protocol, True, columns)
     evaluation = Evaluation(protocol, draws=draws, seed=seed, skipped=skipped)
     kept = []
@@ -478,7 +291,7 @@ def _evaluate_encoder(model, methods, data, protocol, method_kwargs, columns, *,
     faithfulness_rows = {}
 
     def score(method: str):
-        attribution = EncoderAttributionModel(model.model, model.tokenizer, method)
+        attribution = load_model(model, method)  # the same model and tokenizer, with this method
         explained = explain_encoder_items(attribution, kept, batch_size, method_kwargs.get(method, {}))
         if protocol != "faithfulness":
             return SCORERS[protocol](explained), explained
@@ -487,7 +300,7 @@ def _evaluate_encoder(model, methods, data, protocol, method_kwargs, columns, *,
         statistics = {name: mean_statistic([row[name] for row in rows]) for name in METRICS["faithfulness"]}
         return MethodResult(statistics), explained
 
-    _score_methods(evaluation, methods, score, examples, show_progress)
+    score_methods(evaluation, methods, score, examples, show_progress)
     if protocol == "faithfulness":
         rows = next(iter(faithfulness_rows.values()))
         evaluation.baseline = {

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..runs.runner import attribute_texts, split_arguments
-from .compare import token_level_scores
+from .comparison import token_level_scores
 from .items import Item
 from .words import token_words, word_scores
 
@@ -83,7 +83,7 @@ def is_per_layer(seq) -> bool:
 
 def contrast_function(attribution_model) -> str | None:
     """The attributed function that explains a target against a foil, or None for methods without one."""
-    from ..attr.base import ContextMixingAttribution
+    from ..frontends.inseq_adapter.base import ContextMixingAttribution
 
     method = attribution_model.attribution_method
     if isinstance(method, ContextMixingAttribution):
@@ -93,7 +93,7 @@ def contrast_function(attribution_model) -> str | None:
 
 def explain_items(attribution_model, items: list[Item], batch_size: int, options: dict) -> list[Explanation]:
     """Attribute every item with the model's current method (batched where no foil is given)."""
-    from ..attr.base import ContextMixingAttribution
+    from ..frontends.inseq_adapter.base import ContextMixingAttribution
 
     encoder_decoder = attribution_model.is_encoder_decoder
     if isinstance(attribution_model.attribution_method, ContextMixingAttribution):

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..audio import AudioError, read_audio
+from ..frontends.audio import AudioError, read_audio
 from ..runs.data import read_rows
-from .evaluate import Evaluation, MethodResult, _score_methods
 from .items import EvaluationInputError, Skipped
 from .metrics import Statistic, cue_share, mean_statistic
+from .scores import Evaluation, MethodResult, score_methods
 
 SPEECH_PROTOCOLS = ("cue", "blankout")
 CUE_METRICS = ("cue_contribution", "text_cue_contribution")
@@ -109,8 +109,8 @@ def evaluate_speech(
     """Evaluate ``methods`` on a speech model (see the module docstring).
 
     Args:
-        model: A :class:`~inseq_mixing.speech.SpeechAttributionModel`, a speech HF model (with ``processor``), or a
-            name or folder.
+        model: A :class:`~inseq_mixing.frontends.speech.SpeechAttributionModel`, a speech HF model (with
+            ``processor``), or a name or folder.
         methods: This package's method names (``blankout`` ignores them: it measures the model).
         data: The rows.
         protocol: ``"cue"`` or ``"blankout"``.
@@ -122,13 +122,11 @@ def evaluate_speech(
         show_progress: Show a progress bar over the methods.
         columns: Column names by role (``audio``, ``words``, ``target``, ``cues``, ``transcript``).
     """
-    from ..encoders import load_model
-    from ..speech import SpeechAttributionModel
+    from ..frontends import as_front_end
 
     if protocol not in SPEECH_PROTOCOLS:
         raise EvaluationInputError(f"Speech models are evaluated with {SPEECH_PROTOCOLS}, not {protocol!r}.")
-    if not isinstance(model, SpeechAttributionModel):
-        model = load_model(model, methods[0], processor=processor)
+    model = as_front_end(model, methods[0], processor=processor)
     rows, skipped = read_speech_rows(data, {role.removesuffix("_column"): name for role, name in columns.items()})
     kept = []
     for row in rows:  # every row checked before any method runs: a bad one is skipped with its reason
@@ -165,7 +163,7 @@ def evaluate_speech(
         return _score_cue(attribution, kept, method_kwargs.get(method, {})), []
 
     names = [f"{method}{suffix}" for suffix in copies for method in methods]
-    _score_methods(evaluation, names, score, 0, show_progress)
+    score_methods(evaluation, names, score, 0, show_progress)
     shares = [len(row.cues) / len(row.words) for row in kept]
     evaluation.baseline = {"cue_contribution": sum(shares) / len(shares)}
     return evaluation

@@ -1,7 +1,8 @@
 """The encoder-only front end: masked LMs, classifiers and bare encoders, with Inseq's output.
 
-Inseq loads generation models only. :func:`load_model` sends encoder–decoders and decoder-only models to
-``inseq.load_model`` and gives encoder-only models an :class:`EncoderAttributionModel` with the same surface:
+Inseq loads generation models only. :func:`inseq_mixing.load_model` (:mod:`.router`) sends encoder–decoders and
+decoder-only models to ``inseq.load_model`` and gives encoder-only models an :class:`EncoderAttributionModel` with the
+same surface:
 ``.attribute(...)`` returns ``inseq.FeatureAttributionOutput``, so ``show()``, ``aggregate()``, ``save()`` /
 ``FeatureAttributionOutput.load()`` and ``weight_attributions()`` work as for generation models.
 
@@ -33,12 +34,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .declarations import DECLARATIONS, Request
-from .methods.blocks import upcast
-from .methods.results import LogitScores
-from .specs import get_spec
-from .specs.encoder_heads import TASK_SUFFIXES, model_task
-from .trace import eval_mode, trace_model
+from ..declarations import DECLARATIONS, Request
+from ..methods.blocks import upcast
+from ..methods.results import LogitScores
+from ..specs import get_spec
+from ..specs.encoder_heads import model_task
+from ..trace import eval_mode, trace_model
+from .common import FrontEndModel, check_batch_size, plain, tokens_first
 
 #: Inseq's gradient baselines, by name, as Captum classes on the input embeddings.
 GRADIENT_METHODS = ("integrated_gradients", "deeplift", "saliency", "input_x_gradient")
@@ -62,107 +64,6 @@ EXPLAINED_BY_MAPS = {
 }
 
 
-def load_model(model, method: str, *, tokenizer=None, processor=None, device: str | None = None, dtype=None, **kwargs):
-    """One entry point for every kind of model.
-
-    Encoder–decoders and decoder-only models go to ``inseq.load_model`` unchanged (``"demo"`` is the embedded demo
-    model); encoder-only models (``...ForMaskedLM``, ``...ForSequenceClassification``, ``...ForTokenClassification``,
-    or a bare encoder such as ``BertModel``) get an :class:`EncoderAttributionModel`; speech models (Whisper,
-    ``Wav2Vec2ForCTC``, ``HubertForCTC`` and their bare encoders) a
-    :class:`~inseq_mixing.speech.SpeechAttributionModel`.
-
-    Args:
-        model: A hub name or local folder, ``"demo"``, or a loaded Hugging Face model.
-        method: One of this package's methods, or ``integrated_gradients``, ``deeplift``, ``saliency``,
-            ``input_x_gradient`` (Captum's, on encoder-only models too).
-        tokenizer: The tokenizer (default: loaded from the model's name or folder).
-        processor: Speech models: the processor (feature extractor and tokenizer; default: loaded from the model's
-            name or folder).
-        device: e.g. ``"cpu"`` or ``"cuda"``.
-        dtype: e.g. ``torch.bfloat16``.
-        kwargs: Passed to ``inseq.load_model`` for generation models.
-    """
-    import inseq
-
-    from . import load_demo_model, register
-    from .speech import SPEECH_MODEL_TYPES, SpeechAttributionModel, is_speech_model, load_processor
-
-    register()
-
-    def generation_model(attribution_model):
-        if dtype is not None:
-            attribution_model.model.to(dtype)
-        return attribution_model
-
-    if isinstance(model, str) and model == "demo":
-        return generation_model(load_demo_model(method, device=device, **kwargs))
-    if isinstance(model, str):
-        import transformers
-
-        config = transformers.AutoConfig.from_pretrained(model)
-        if config.model_type in SPEECH_MODEL_TYPES:
-            processor = processor or load_processor(model)
-            architecture = (config.architectures or [""])[0]
-            model = (getattr(transformers, architecture, None) or transformers.AutoModel).from_pretrained(model)
-        elif config.is_encoder_decoder or _is_generation_config(config):
-            return generation_model(inseq.load_model(model, method, tokenizer=tokenizer, device=device, **kwargs))
-        else:
-            tokenizer = tokenizer or transformers.AutoTokenizer.from_pretrained(model)
-            architecture = (config.architectures or [""])[0]  # the class it was saved as: its head
-            suffixes = tuple(TASK_SUFFIXES.values())
-            loader = getattr(transformers, architecture, None) if architecture.endswith(suffixes) else None
-            model = (loader or transformers.AutoModel).from_pretrained(model)
-    if is_speech_model(model):
-        if processor is None:
-            raise ValueError("Pass the processor of this speech model: load_model(model, method, processor=...).")
-        model = model.to(dtype) if dtype is not None else model
-        return SpeechAttributionModel(model.to(device) if device is not None else model, processor, method)
-    if _is_generation_model(model):
-        return generation_model(inseq.load_model(model, method, tokenizer=tokenizer, device=device, **kwargs))
-    if tokenizer is None:
-        raise ValueError("Pass the tokenizer of this encoder model: load_model(model, method, tokenizer=...).")
-    if dtype is not None:
-        model = model.to(dtype)
-    if device is not None:
-        model = model.to(device)
-    return EncoderAttributionModel(model, tokenizer, method)
-
-
-def is_encoder_only_model(model) -> bool:
-    """Whether ``model`` (a HF model, or a name or folder, read from its config) is an encoder-only model of a
-    supported family, for the encoder front end."""
-    from .specs import supported_model_types
-    from .speech import SPEECH_MODEL_TYPES, is_speech_model
-
-    if isinstance(model, str):
-        from transformers import AutoConfig
-
-        try:
-            config = AutoConfig.from_pretrained(model)
-        except (OSError, ValueError):
-            return False
-        generation = config.is_encoder_decoder or _is_generation_config(config)
-        if config.model_type in SPEECH_MODEL_TYPES:
-            return False
-    else:
-        if is_speech_model(model):
-            return False
-        config = getattr(model, "config", None)
-        generation = config is None or _is_generation_model(model)
-    return not generation and getattr(config, "model_type", None) in supported_model_types()
-
-
-def _is_generation_config(config) -> bool:
-    architectures = config.architectures or []
-    return any(name.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")) for name in architectures)
-
-
-def _is_generation_model(model: nn.Module) -> bool:
-    return bool(getattr(model.config, "is_encoder_decoder", False)) or type(model).__name__.endswith(
-        ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
-    )
-
-
 @dataclass
 class _Batch:
     """One batch of texts, tokenized, with what is explained in each."""
@@ -173,20 +74,6 @@ class _Batch:
     explained: list[list[int]]  # per text, the explained positions in order
     target_ids: torch.Tensor  # (B, T) output index explained at each position
     foil_ids: torch.Tensor | None
-
-
-class FrontEndModel:
-    """What the encoder and speech front ends share: a Hugging Face ``model``, its device and name."""
-
-    model: nn.Module
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
-    def model_name(self) -> str:
-        return getattr(self.model.config, "name_or_path", "") or type(self.model).__name__
 
 
 class EncoderAttributionModel(FrontEndModel):
@@ -489,7 +376,7 @@ class EncoderAttributionModel(FrontEndModel):
 
     def _sequence(self, batch: _Batch, row: int, scores, steps: dict, signed: bool, maps=None):
         """One text's Inseq sequence from ``(B, [slots,] T, T)`` scores whose rows are positions."""
-        from .attr.base import MixingSequenceOutput, SignedMixingSequenceOutput
+        from .inseq_adapter.base import MixingSequenceOutput, SignedMixingSequenceOutput
 
         cells = batch.explained[row]
         length = int(batch.inputs["attention_mask"][row].sum())
@@ -544,7 +431,7 @@ class EncoderAttributionModel(FrontEndModel):
         """Captum's method on the input embeddings, per explained position (summed over the embedding)."""
         import captum.attr
 
-        from .attr.base import SignedMixingSequenceOutput
+        from .inseq_adapter.base import SignedMixingSequenceOutput
 
         classes = {"integrated_gradients": captum.attr.IntegratedGradients, "deeplift": captum.attr.DeepLift,
                    "saliency": captum.attr.Saliency, "input_x_gradient": captum.attr.InputXGradient}  # fmt: skip
@@ -598,30 +485,6 @@ class _ExplainedLogit(nn.Module):
         if logits.dim() == 3:
             logits = logits[:, self.cell]
         return logits[:, self.target] - (0 if self.foil is None else logits[:, self.foil])
-
-
-def tokens_first(rows: torch.Tensor) -> torch.Tensor:
-    """``([slots,] explained, tokens)`` → Inseq's ``(tokens, explained[, slots])``."""
-    rows = upcast(rows.detach()).cpu()
-    return rows.permute(2, 1, 0).contiguous() if rows.ndim == 3 else rows.T.contiguous()
-
-
-def plain(values):
-    """NumPy and torch values as Python ones, so that every check reads them alike: arrays and tensors as (nested)
-    lists, their scalars (``np.int64(2)``, ``torch.tensor(2)``) as ``int`` / ``float`` / ``str``."""
-    if isinstance(values, str) or values is None:
-        return values
-    if hasattr(values, "tolist"):  # numpy arrays and scalars, torch tensors, pandas series
-        return values.tolist()
-    if isinstance(values, list | tuple):
-        return [plain(value) for value in values]
-    return values
-
-
-def check_batch_size(batch_size) -> None:
-    """Refuse a batch size that is not a positive integer, naming it."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}.")
 
 
 def _per_text(values, count: int, what: str) -> list:

@@ -3,8 +3,8 @@
 Inseq takes no audio. :func:`inseq_mixing.load_model` gives speech models a :class:`SpeechAttributionModel` whose
 ``.attribute(audio, targets, words=...)`` returns ``inseq.FeatureAttributionOutput``:
 
-- ``source``: the audio units of each utterance (:mod:`inseq_mixing.audio`): the words of ``words=`` (a forced
-  alignment), or fixed windows of ``window_s`` seconds, plus silences and Whisper's padding, each labelled;
+- ``source``: the audio units of each utterance (:mod:`inseq_mixing.frontends.audio`): the words of ``words=`` (a
+  forced alignment), or fixed windows of ``window_s`` seconds, plus silences and Whisper's padding, each labelled;
 - Whisper (``WhisperForConditionalGeneration``): ``target`` = the decoder's prompt and transcript tokens,
   teacher-forced (``targets=`` a text per utterance; default: the model's greedy transcript);
   ``source_attributions`` ``(units, transcript tokens[, layers])``, ``target_attributions`` over the decoder's own
@@ -26,39 +26,18 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
 
+from ..declarations import DECLARATIONS, Request
+from ..methods.blocks import upcast
+from ..methods.results import LogitScores
+from ..methods.units import FrameUnits
+from ..specs import get_spec
+from ..trace import ModelCall, eval_mode, trace_call
 from .audio import AudioError, Unit, audio_units, item_name, read_audio
-from .declarations import DECLARATIONS, Request
-from .encoders import FrontEndModel, check_batch_size, plain, tokens_first
-from .methods.blocks import upcast
-from .methods.results import LogitScores
-from .methods.units import FrameUnits
-from .specs import get_spec
-from .trace import ModelCall, eval_mode, trace_call
-
-#: The model types of the speech families.
-SPEECH_MODEL_TYPES = ("whisper", "wav2vec2", "hubert")
-
-
-def is_speech_model(model) -> bool:
-    """Whether ``model`` (a loaded HF model) is of a speech family this front end handles."""
-    return getattr(getattr(model, "config", None), "model_type", None) in SPEECH_MODEL_TYPES
-
-
-def is_speech_name(name) -> bool:
-    """Whether a hub name or local folder holds a speech model of a supported family (read from its config)."""
-    if not isinstance(name, str | Path) or str(name) == "demo":
-        return False
-    from transformers import AutoConfig
-
-    try:
-        return AutoConfig.from_pretrained(str(name)).model_type in SPEECH_MODEL_TYPES
-    except (OSError, ValueError):
-        return False
+from .common import FrontEndModel, check_batch_size, plain, tokens_first
 
 
 def load_processor(name: str):
@@ -240,8 +219,8 @@ class SpeechAttributionModel(FrontEndModel):
         return receptive
 
     def check_length(self, signal, index: int | str):
-        """``signal``, or an :class:`~inseq_mixing.audio.AudioError` naming it (``index``: its position or label) when
-        it is too short to make a frame, or longer than Whisper's window."""
+        """``signal``, or an :class:`~inseq_mixing.frontends.audio.AudioError` naming it (``index``: its position or
+        label) when it is too short to make a frame, or longer than Whisper's window."""
         name = item_name(index)
         if len(signal) < self.shortest_samples:
             raise AudioError(
@@ -269,7 +248,7 @@ class SpeechAttributionModel(FrontEndModel):
         return real, real
 
     def units(self, signal, words, window_s: float, index: int | str) -> list[Unit]:
-        """The units of one utterance (:func:`~inseq_mixing.audio.audio_units`)."""
+        """The units of one utterance (:func:`~inseq_mixing.frontends.audio.audio_units`)."""
         real, total = self.frames(signal)
         return audio_units(len(signal) / self.sampling_rate, self.frame_seconds, real, total, words, window_s, index)
 
@@ -460,7 +439,7 @@ class SpeechAttributionModel(FrontEndModel):
     def _sequence(self, batch: _Batch, result, row: int):
         from inseq.utils.typing import TokenWithId
 
-        from .attr.base import MixingSequenceOutput, SignedMixingSequenceOutput
+        from .inseq_adapter.base import MixingSequenceOutput, SignedMixingSequenceOutput
 
         units = batch.units[row]
         count = len(units)

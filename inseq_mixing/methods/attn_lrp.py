@@ -60,10 +60,10 @@ from ..trace import (
     replaced_forward,
     trace_model,
 )
-from .alti_logit import NO_HEAD, readout
 from .blocks import refuse_non_finite
 from .chunking import DEFAULT_CHUNK_ELEMENTS, items_per_chunk
 from .norms import freeze_norm
+from .readout import NO_HEAD, readout
 
 #: Bound on the activations of one chunk of explained positions (copies × layers × tokens × (tokens · heads + 8 ·
 #: d_model) elements).

@@ -43,15 +43,6 @@ from ..memory import release_freed_memory
 from ..specs import AttentionSpec, FFNSpec, LayerSpec, StackSpec
 from ..specs.base import linear_in_out
 from ..trace import AttentionTrace, LayerTrace, ModelTrace, StackTrace
-from .alti_logit import (
-    NO_HEAD,
-    masked,
-    readout,
-    recorded_logit,
-    softcapped_logit,
-    sweep_logit,
-    through_readout,
-)
 from .blocks import fused_activations, host_copies, on_device, refuse_non_finite, upcast, valid_cells
 from .chunking import causal_chunk_slices, chunk_slices, items_per_chunk
 from .compiled import kernel
@@ -63,6 +54,15 @@ from .options import (  # the choices are re-exported: the options live in .opti
     FFN_LINEARIZATIONS,  # noqa: F401
     GATED_SPLITS,  # noqa: F401
     DecompXOptions,
+)
+from .readout import (
+    NO_HEAD,
+    masked,
+    readout,
+    recorded_logit,
+    softcapped_logit,
+    sweep_logit,
+    through_readout,
 )
 from .units import FrameUnits
 
@@ -657,7 +657,7 @@ class HeadReadout:
 
     Attributes:
         direction: ``(B, Q, D)``: the direction :math:`g` on the branch output (through a frozen norm on the
-            attention output, if any), from :func:`.alti_logit.sweep_logit`.
+            attention output, if any), from :func:`.readout.sweep_logit`.
         scores: ``(B, H, Q, K)``, filled in: head ``h``'s components of query ``q`` for component ``k`` (query layout)
             dotted with ``direction``.
     """
@@ -1219,7 +1219,7 @@ def _decompose(trace, target_ids, foil_ids, options, keep_layers, per_head, unit
 
 def head_readouts(trace: ModelTrace, unembedded: torch.Tensor, num_components: int) -> list[dict[str, HeadReadout]]:
     """Empty per-head read-outs of every decoder attention sub-block, along the logit directions that ALTI-logit
-    carries down the residual stream from the unembedding direction ``(B, T, D)`` (:func:`.alti_logit.sweep_logit`)."""
+    carries down the residual stream from the unembedding direction ``(B, T, D)`` (:func:`.readout.sweep_logit`)."""
     sweep = sweep_logit(trace, unembedded, parts=False)
     readouts = []
     for layer, branches in zip(trace.spec.decoder.layers, sweep.branches, strict=True):

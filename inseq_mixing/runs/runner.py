@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ..declarations import DECLARATIONS
+from ..frontends import identify, is_front_end
 from .data import DatasetInputError, Example, fingerprint_examples, read_examples
 from .store import FORMAT, RunStore, RunStoreError, ShardScan, Writer, sequence_to_row
 
@@ -153,13 +154,14 @@ def attribute_dataset(
     check_method(method)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}.")
-    speech = speech_model_type(model)
+    found = identify(model)  # the one config read of a name or folder
+    speech = found.model_type if found.is_speech else None
     source_column = source_column or ("audio" if speech else "source")
     target_column = target_column or {None: "target", "whisper": "transcript"}.get(speech, "frames")
     examples = read_examples(data, source_column, target_column, id_column, words_column if speech else None)
     state, device = distributed_state(device)
     writer = Writer(rank=state.process_index, processes=state.num_processes)
-    attribution_model = load_attribution_model(model, method, tokenizer, device, dtype, processor)
+    attribution_model = load_attribution_model(model, method, tokenizer, device, dtype, processor, found)
     inseq_args, options = split_arguments(attribution_model, method_kwargs)
     length = generation_length(attribution_model, max_new_tokens, any(example.target is None for example in examples))
     if is_speech(attribution_model) and max_new_tokens is not None:  # Whisper's greedy transcripts
@@ -211,85 +213,30 @@ def distributed_state(device: str | None):
     return state, device
 
 
-def is_speech_input(model) -> bool:
-    """Whether ``model`` (a name or folder, a HF model, or a front end) is a speech model (read from its config)."""
-    return speech_model_type(model) is not None
-
-
-def speech_model_type(model) -> str | None:
-    """The model type of a speech model (``"whisper"``, ``"wav2vec2"``, ``"hubert"``: a name or folder, a HF model,
-    or a front end, read from its config), or None for any other model."""
-    from ..speech import SpeechAttributionModel, is_speech_model, is_speech_name
-
-    if isinstance(model, SpeechAttributionModel):
-        return model.model.config.model_type
-    if is_speech_model(model):
-        return model.config.model_type
-    if is_speech_name(model):
-        from transformers import AutoConfig
-
-        return AutoConfig.from_pretrained(str(model)).model_type
-    return None
-
-
-def load_attribution_model(model, method: str, tokenizer, device: str | None, dtype, processor=None):
-    """An Inseq ``AttributionModel`` with ``method`` as its method, from a name, a HF model or an Inseq model; an
-    encoder-only model (name, HF model or :class:`~inseq_mixing.encoders.EncoderAttributionModel`) gets the encoder
-    front end, a speech model (name, HF model with its ``processor``, or
-    :class:`~inseq_mixing.speech.SpeechAttributionModel`) the speech front end."""
-    import inseq
-    from inseq.models import AttributionModel
-
-    from ..encoders import EncoderAttributionModel, is_encoder_only_model
-    from ..encoders import load_model as load_any_model
-    from ..speech import SpeechAttributionModel
+def load_attribution_model(model, method: str, tokenizer, device: str | None, dtype, processor=None, found=None):
+    """The front end of ``model`` with ``method`` (:func:`inseq_mixing.frontends.load_model`: Inseq's model for
+    generation models, the encoder or speech front end for the others; ``found``: what
+    :func:`~inseq_mixing.frontends.identify` found for it). A model object belongs to the caller: it is never
+    converted, and a ``dtype`` it does not run in is refused. A name that cannot be loaded raises ``ValueError``
+    naming it."""
+    from ..frontends import load_model
 
     torch_dtype = _torch_dtype(dtype)
-    if isinstance(model, SpeechAttributionModel):  # another method on the same model keeps its processor
-        _refuse_other_dtype(model.model, torch_dtype)
-        return model if model.method == method else model.for_method(method)
-    if is_speech_input(model):
-        if isinstance(model, torch.nn.Module):
-            if processor is None:
-                raise ValueError("A speech model object needs its processor: pass processor=...")
-            _refuse_other_dtype(model, torch_dtype)
-            return load_any_model(model, method, processor=processor, device=device)
-        try:
-            return load_any_model(str(model), method, processor=processor, device=device, dtype=torch_dtype)
-        except Exception as error:
-            raise ValueError(f"Could not load model {str(model)!r}: {type(error).__name__}: {error}") from error
-    if isinstance(model, EncoderAttributionModel):  # another method on the same model keeps its tokenizer
-        _refuse_other_dtype(model.model, torch_dtype)
-        return model if model.method == method else EncoderAttributionModel(model.model, model.tokenizer, method)
-    if isinstance(model, str | Path) and is_encoder_only_model(str(model)):
-        try:
-            return load_any_model(str(model), method, tokenizer=tokenizer, device=device, dtype=torch_dtype)
-        except Exception as error:
-            raise ValueError(f"Could not load model {str(model)!r}: {type(error).__name__}: {error}") from error
-    if isinstance(model, torch.nn.Module) and is_encoder_only_model(model):
-        if tokenizer is None:
-            raise ValueError("A Hugging Face model object needs its tokenizer: pass tokenizer=...")
-        _refuse_other_dtype(model, torch_dtype)
-        return load_any_model(model, method, tokenizer=tokenizer, device=device)
-    if isinstance(model, AttributionModel):
-        _refuse_other_dtype(model.model, torch_dtype)
-        attribution_model = model
-        if device is not None:
-            attribution_model.device = device
-        attribution_model.attribution_method = attribution_model.get_attribution_method(method)
-        return attribution_model
+    found = found or identify(model)
     if isinstance(model, str | Path):
         try:
-            attribution_model = inseq.load_model(str(model), method, device=device, tokenizer=tokenizer)
+            return load_model(str(model), method, tokenizer=tokenizer, processor=processor, device=device,
+                              dtype=torch_dtype, found=found)  # fmt: skip
         except Exception as error:  # a missing folder, no tokenizer files, an unsupported architecture...
             raise ValueError(f"Could not load model {str(model)!r}: {type(error).__name__}: {error}") from error
-        if torch_dtype is not None:
-            attribution_model.model.to(torch_dtype)
-        return attribution_model
-    if tokenizer is None:
-        raise ValueError("A Hugging Face model object needs its tokenizer: pass tokenizer=...")
-    _refuse_other_dtype(model, torch_dtype)
-    return inseq.load_model(model, method, tokenizer=tokenizer, device=device)
+    front_end = is_front_end(model)
+    _refuse_other_dtype(model.model if front_end else model, torch_dtype)
+    if not front_end:
+        if found.is_speech and processor is None:
+            raise ValueError("A speech model object needs its processor: pass processor=...")
+        if not found.is_speech and tokenizer is None:
+            raise ValueError("A Hugging Face model object needs its tokenizer: pass tokenizer=...")
+    return load_model(model, method, tokenizer=tokenizer, processor=processor, device=device, found=found)
 
 
 def _refuse_other_dtype(model: torch.nn.Module, dtype: torch.dtype | None) -> None:
@@ -333,14 +280,14 @@ def is_declared(attribution_model) -> bool:
 
 def is_encoder(attribution_model) -> bool:
     """Whether the model is an encoder-only one (the encoder front end, not Inseq)."""
-    from ..encoders import EncoderAttributionModel
+    from ..frontends.encoders import EncoderAttributionModel
 
     return isinstance(attribution_model, EncoderAttributionModel)
 
 
 def is_speech(attribution_model) -> bool:
     """Whether the model is a speech one (the speech front end)."""
-    from ..speech import SpeechAttributionModel
+    from ..frontends.speech import SpeechAttributionModel
 
     return isinstance(attribution_model, SpeechAttributionModel)
 

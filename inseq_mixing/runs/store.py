@@ -46,7 +46,7 @@ from inseq.data.attribution import (
 )
 from inseq.utils.typing import TokenWithId
 
-from ..attr.base import MixingSequenceOutput, SignedMixingSequenceOutput
+from ..frontends.inseq_adapter.base import MixingSequenceOutput, SignedMixingSequenceOutput
 
 MANIFEST = "manifest.json"
 SHARDS = "shards"

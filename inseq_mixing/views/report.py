@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ..evaluation.compare import METRICS, Comparison, token_level_scores
+from ..evaluation.comparison import METRICS, Comparison, token_level_scores
 from .figures import figure_png_base64, layer_figure
 
 STYLE = """

@@ -1,30 +1,17 @@
 """Thin Inseq glue: one ``FeatureAttribution`` subclass per method, generated from its declaration by
-:mod:`.adapter`, turning the declared method's results into Inseq outputs."""
+:mod:`.adapter`, turning the declared method's results into Inseq outputs. Each class is also a name of this module,
+the declaration's :attr:`~inseq_mixing.declarations.Declaration.class_name` (``ValueZeroingAttribution``...)."""
 
 from .adapter import ATTRIBUTION_CLASSES
 from .base import ContextMixingAttribution, MixingSequenceOutput, MixingStepOutput, SignedMixingSequenceOutput
 
-AltiAttribution = ATTRIBUTION_CLASSES["alti"]
-AltiLogitAttribution = ATTRIBUTION_CLASSES["alti_logit"]
-AttnLrpAttribution = ATTRIBUTION_CLASSES["attn_lrp"]
-AttentionNormAttribution = ATTRIBUTION_CLASSES["attention_norm"]
-AttentionRolloutAttribution = ATTRIBUTION_CLASSES["attention_rollout"]
-DecompXAttribution = ATTRIBUTION_CLASSES["decompx"]
-GlobEncAttribution = ATTRIBUTION_CLASSES["globenc"]
-ValueZeroingAttribution = ATTRIBUTION_CLASSES["value_zeroing"]
+globals().update({cls.__name__: cls for cls in ATTRIBUTION_CLASSES.values()})
 
-__all__ = [
+__all__ = [  # noqa: PLE0604  (the generated class names come from the declarations)
     "ATTRIBUTION_CLASSES",
-    "AltiAttribution",
-    "AltiLogitAttribution",
-    "AttnLrpAttribution",
-    "AttentionNormAttribution",
-    "AttentionRolloutAttribution",
-    "GlobEncAttribution",
     "ContextMixingAttribution",
-    "DecompXAttribution",
     "MixingSequenceOutput",
     "MixingStepOutput",
     "SignedMixingSequenceOutput",
-    "ValueZeroingAttribution",
+    *(cls.__name__ for cls in ATTRIBUTION_CLASSES.values()),
 ]

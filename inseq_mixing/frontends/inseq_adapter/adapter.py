@@ -10,8 +10,8 @@ trace is the one forward pass, and lays the result out as Inseq's source, target
 
 import inspect
 
-from ..declarations import DECLARATIONS, Declaration, Request
-from ..methods.results import LogitScores
+from ...declarations import DECLARATIONS, Declaration, Request
+from ...methods.results import LogitScores
 from .base import ContextMixingAttribution, MethodCall, MixingStepOutput, own_pass_step_scores, read_step_inputs
 
 _FIXED = ("self", "inputs", "additional_forward_args")
@@ -72,14 +72,7 @@ def method_call_class(declaration: Declaration) -> type[MethodCall]:
     attribute.__signature__ = inspect.Signature(parameters, return_annotation=MixingStepOutput)
     attribute.__doc__ = f"{declaration.summary}\n\nArgs:\n{declaration.options_doc()}\n"
     attribute.__name__ = attribute.__qualname__ = "attribute"
-    return type(f"_{class_name(declaration)}Call", (MethodCall,), {"attribute": attribute})
-
-
-def class_name(declaration: Declaration) -> str:
-    """``value_zeroing`` → ``ValueZeroingAttribution`` (with the papers' capitals for DecompX and GlobEnc)."""
-    special = {"decompx": "DecompX", "globenc": "GlobEnc"}
-    words = [special.get(word, word.capitalize()) for word in declaration.name.split("_")]
-    return "".join(words) + "Attribution"
+    return type(f"_{declaration.class_name}Call", (MethodCall,), {"attribute": attribute})
 
 
 def attribution_class(declaration: Declaration) -> type[ContextMixingAttribution]:
@@ -92,7 +85,7 @@ def attribution_class(declaration: Declaration) -> type[ContextMixingAttribution
         "method_call": method_call_class(declaration),
         "explains_logit": declaration.explains_logit,
     }
-    return type(class_name(declaration), (ContextMixingAttribution,), namespace)
+    return type(declaration.class_name, (ContextMixingAttribution,), namespace)
 
 
 #: Method name → its generated Inseq class, in the registry's order.

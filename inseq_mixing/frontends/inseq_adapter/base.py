@@ -19,9 +19,9 @@ from inseq.utils import Registry
 from inseq.utils.alignment_utils import get_aligned_idx
 from transformers.utils import ModelOutput
 
-from ..methods.blocks import upcast
-from ..specs import get_spec
-from ..trace import ModelCall, ModelTrace, eval_mode, forward_arguments, trace_model
+from ...methods.blocks import upcast
+from ...specs import get_spec
+from ...trace import ModelCall, ModelTrace, eval_mode, forward_arguments, trace_model
 
 #: The ``attributed_fn`` values a logit-explaining method accepts.
 LOGIT_TARGETS = ("logit", "contrast_logits_diff")

@@ -1,0 +1,126 @@
+"""What :func:`~.compare.compare` returns and the readings it shares with the other protocols: each method's
+token-level scores of an Inseq output, its candidate context tokens, and the method-name check. Below
+:mod:`.compare`, :mod:`.encoders` and :mod:`.explain`, which all read it."""
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import inseq
+import torch
+
+from .faithfulness import TokenExample
+
+METRICS = ("comprehensiveness_prob", "sufficiency_prob", "comprehensiveness_logit", "sufficiency_logit")
+
+
+@dataclass
+class Comparison:
+    """Each method's Inseq output and the per-token metrics.
+
+    Attributes:
+        outputs: Method name → Inseq ``FeatureAttributionOutput``.
+        tokens: One row per (sentence, method, generated token): the metrics of :mod:`.faithfulness`, with random
+            baselines under ``random_*``.
+        agreement: One row per (sentence, generated token, pair of methods): Spearman rank correlation of their scores
+            over the candidate context tokens.
+        failed: Method name → the error it raised; the other methods are compared without it.
+    """
+
+    outputs: dict = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    tokens: list[dict] = field(default_factory=list)
+    agreement: list[dict] = field(default_factory=list)
+
+    def summary(self) -> list[dict]:
+        """Per method, the mean of every metric over all generated tokens, and the mean agreement with each other
+        method."""
+        rows = []
+        for method in self.outputs:
+            mine = [row for row in self.tokens if row["method"] == method]
+            summary = {"method": method, "tokens": len(mine)}
+            for key in [*METRICS, *(f"random_{name}" for name in METRICS)]:
+                summary[key] = _mean(row[key] for row in mine)
+            for other in self.outputs:
+                if other != method:
+                    pairs = [
+                        row["spearman"]
+                        for row in self.agreement
+                        if {row["method_a"], row["method_b"]} == {method, other}
+                    ]
+                    summary[f"spearman_{other}"] = _mean(pairs)
+            rows.append(summary)
+        return rows
+
+    def to_csv(self, path: str | Path) -> Path:
+        """Write the per-token rows as CSV."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="", encoding="utf-8") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(self.tokens[0]) if self.tokens else ["method"])
+            writer.writeheader()
+            writer.writerows(self.tokens)
+        return path
+
+    def to_json(self, path: str | Path) -> Path:
+        """Write per-token rows, agreement rows and the summary as JSON."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        content = {
+            "summary": self.summary(),
+            "tokens": self.tokens,
+            "agreement": self.agreement,
+            "failed": self.failed,
+        }
+        path.write_text(json.dumps(content, indent=1, ensure_ascii=False), encoding="utf-8")
+        return path
+
+
+def _mean(values) -> float:
+    values = [value for value in values if not math.isnan(value)]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def token_level_scores(seq) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Source ``(S, generated)`` and target ``(T, generated)`` scores of one sequence output: gradient methods'
+    per-dimension scores are reduced by their L2 norm (Inseq's default), per-layer scores by their mean."""
+    granular = type(seq).__name__.startswith("Granular")
+
+    def collapse(scores):
+        if scores is None or scores.ndim == 2:
+            return scores
+        scores = scores.float()
+        if granular:
+            return torch.linalg.vector_norm(scores, dim=-1)
+        return scores.flatten(2).mean(-1)
+
+    return collapse(seq.source_attributions), collapse(seq.target_attributions)
+
+
+def token_examples(seq, special_ids: set[int]):
+    """For each generated token of a sequence output: its :class:`TokenExample` and its column index."""
+    source_ids = None if seq.source_attributions is None else torch.tensor([token.id for token in seq.source])
+    target_ids = torch.tensor([token.id for token in seq.target])
+    for column, position in enumerate(range(seq.attr_pos_start, len(seq.target))):
+        example = TokenExample(source_ids, target_ids, position, torch.zeros(0, dtype=torch.bool))
+        context = example.context_ids
+        example.candidates = torch.tensor([int(i) not in special_ids for i in context], dtype=torch.bool)
+        yield example, column
+
+
+def candidate_scores(seq_scores, example: TokenExample, column: int) -> torch.Tensor:
+    source, target = seq_scores
+    parts = [] if source is None else [source[:, column]]
+    parts.append(target[: example.position, column])
+    return torch.cat(parts).nan_to_num()[example.candidates]
+
+
+def check_methods(methods: list[str]) -> None:
+    """Refuse an empty method list or names Inseq does not know."""
+    if not methods:
+        raise ValueError("Give at least one attribution method.")
+    unknown = [name for name in methods if name not in inseq.list_feature_attribution_methods()]
+    if unknown:
+        raise ValueError(f"Unknown attribution method(s) {unknown}: see inseq.list_feature_attribution_methods().")

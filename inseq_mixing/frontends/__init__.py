@@ -1,0 +1,39 @@
+"""Front ends: what turns a user's model and inputs into the declarations' requests, and their results into Inseq's
+outputs. No math here.
+
+- :mod:`.router`: the one place that decides what kind a model is (:func:`identify`) and builds its front end
+  (:func:`load_model`);
+- :mod:`.inseq_adapter`: generation models, through Inseq's own ``AttributionModel`` (one method class per
+  declaration);
+- :mod:`.encoders`: encoder-only models (masked LMs, classifiers, token classifiers, bare encoders);
+- :mod:`.speech` (with :mod:`.audio`): Whisper, wav2vec 2.0 and HuBERT over audio words;
+- :mod:`.common`: what the front ends share;
+- :mod:`.patches`: every change this package makes to Inseq's own behaviour.
+"""
+
+from .router import ENCODER, GENERATION, SPEECH, ModelKind, as_front_end, identify, is_front_end, load_model
+
+
+def __getattr__(name: str):
+    if name in ("EncoderAttributionModel", "SpeechAttributionModel"):  # imported on first use (they import torch)
+        from .encoders import EncoderAttributionModel
+        from .speech import SpeechAttributionModel
+
+        return {"EncoderAttributionModel": EncoderAttributionModel, "SpeechAttributionModel": SpeechAttributionModel}[
+            name
+        ]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "ENCODER",
+    "GENERATION",
+    "SPEECH",
+    "EncoderAttributionModel",
+    "ModelKind",
+    "SpeechAttributionModel",
+    "as_front_end",
+    "identify",
+    "is_front_end",
+    "load_model",
+]

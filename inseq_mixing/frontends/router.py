@@ -1,0 +1,245 @@
+"""The one place that decides what kind a model is, and the one ``load_model`` every entry point calls.
+
+Three kinds, each with its front end:
+
+- ``"generation"``: encoder–decoders and decoder-only models (``...ForConditionalGeneration``, ``...ForCausalLM``,
+  ``...LMHeadModel``, and ``"demo"``, the embedded demo model): Inseq's own ``AttributionModel`` with this package's
+  method classes (:mod:`.inseq_adapter`);
+- ``"encoder"``: encoder-only models of a supported family (masked LMs, classifiers, token classifiers, bare encoders):
+  :class:`~.encoders.EncoderAttributionModel`;
+- ``"speech"``: Whisper, wav2vec 2.0 and HuBERT (with CTC heads or bare): :class:`~.speech.SpeechAttributionModel`.
+
+:func:`identify` reads a name's or folder's config once and says its kind; :func:`load_model` takes what
+:func:`identify` found (or finds it) and builds the front end. The dataset runner, ``evaluate``, ``compare`` and the
+CLI call these two and never test a model's kind themselves. A new front end adds its kind here: one line in
+:func:`kind_of_config` and one in :func:`load_model`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GENERATION, ENCODER, SPEECH = "generation", "encoder", "speech"
+
+#: The model types of the speech families.
+SPEECH_MODEL_TYPES = ("whisper", "wav2vec2", "hubert")
+
+#: Class-name endings of generation models (the head a config was saved with, or a model object's class).
+GENERATION_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """What :func:`identify` found: the kind, the config's ``model_type``, and the config it read (None for the
+    demo model, or for a name whose config could not be read: its loader then says why)."""
+
+    kind: str
+    model_type: str | None = None
+    config: Any = None
+
+    @property
+    def is_speech(self) -> bool:
+        return self.kind == SPEECH
+
+    @property
+    def is_encoder(self) -> bool:
+        return self.kind == ENCODER
+
+    @property
+    def is_generation(self) -> bool:
+        return self.kind == GENERATION
+
+
+def kind_of_config(config, class_name: str | None = None) -> str:
+    """The kind of a model from its config (and, for a model object, its class name). A model that is neither speech
+    nor generation goes to the encoder front end, which names what it does not support."""
+    model_type = getattr(config, "model_type", None)
+    if model_type in SPEECH_MODEL_TYPES:
+        return SPEECH
+    names = [class_name] if class_name is not None else list(getattr(config, "architectures", None) or [])
+    if getattr(config, "is_encoder_decoder", False) or any(name.endswith(GENERATION_SUFFIXES) for name in names):
+        return GENERATION
+    return ENCODER
+
+
+def identify(model) -> ModelKind:
+    """The kind of ``model``: a front-end object, an Inseq model, a Hugging Face model, ``"demo"``, or a hub name or
+    local folder (whose config is read once here)."""
+    from torch import nn
+
+    from .common import FrontEndModel
+
+    if isinstance(model, FrontEndModel):
+        config = model.model.config
+        return ModelKind(SPEECH if _is_speech_front_end(model) else ENCODER, config.model_type, config)
+    inner = getattr(model, "model", None)  # an Inseq AttributionModel holds its HF model here
+    if _is_inseq_model(model) and isinstance(inner, nn.Module):
+        return ModelKind(GENERATION, getattr(inner.config, "model_type", None), inner.config)
+    if isinstance(model, nn.Module):
+        config = getattr(model, "config", None)
+        if config is None:
+            return ModelKind(GENERATION)
+        return ModelKind(kind_of_config(config, type(model).__name__), getattr(config, "model_type", None), config)
+    if isinstance(model, str | Path) and str(model) != "demo":
+        config = read_config(str(model))
+        if config is not None:
+            return ModelKind(kind_of_config(config), getattr(config, "model_type", None), config)
+    return ModelKind(GENERATION)
+
+
+def read_config(name: str):
+    """The config of a hub name or local folder, or None when it cannot be read (a missing folder, no network)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(name)
+    except (OSError, ValueError):
+        return None
+
+
+def load_model(
+    model,
+    method: str,
+    *,
+    tokenizer=None,
+    processor=None,
+    device: str | None = None,
+    dtype=None,
+    found: ModelKind | None = None,
+    **kwargs,
+):
+    """One entry point for every kind of model.
+
+    Encoder–decoders and decoder-only models go to ``inseq.load_model`` unchanged (``"demo"`` is the embedded demo
+    model); encoder-only models (``...ForMaskedLM``, ``...ForSequenceClassification``, ``...ForTokenClassification``,
+    or a bare encoder such as ``BertModel``) get an :class:`~inseq_mixing.frontends.encoders.EncoderAttributionModel`;
+    speech models (Whisper, ``Wav2Vec2ForCTC``, ``HubertForCTC`` and their bare encoders) a
+    :class:`~inseq_mixing.frontends.speech.SpeechAttributionModel`. A front-end object or an Inseq model is given the
+    method (another method on the same model keeps its tokenizer or processor).
+
+    Args:
+        model: A hub name or local folder, ``"demo"``, a loaded Hugging Face model, an Inseq model or a front end of
+            this package.
+        method: One of this package's methods, or ``integrated_gradients``, ``deeplift``, ``saliency``,
+            ``input_x_gradient`` (Captum's, on encoder-only models too).
+        tokenizer: The tokenizer (default: loaded from the model's name or folder).
+        processor: Speech models: the processor (feature extractor and tokenizer; default: loaded from the model's
+            name or folder).
+        device: e.g. ``"cpu"`` or ``"cuda"``.
+        dtype: e.g. ``torch.bfloat16``.
+        found: What :func:`identify` found for ``model``, when the caller asked already (its config is not read
+            again).
+        kwargs: Passed to ``inseq.load_model`` for generation models.
+    """
+    from .encoders import EncoderAttributionModel
+    from .speech import SpeechAttributionModel
+
+    found = found or identify(model)
+    if isinstance(model, SpeechAttributionModel):
+        return model if model.method == method else model.for_method(method)
+    if isinstance(model, EncoderAttributionModel):
+        return model if model.method == method else EncoderAttributionModel(model.model, model.tokenizer, method)
+    if _is_inseq_model(model):
+        if device is not None:
+            model.device = device
+        model.attribution_method = model.get_attribution_method(method)
+        return model
+    if found.is_generation:
+        return _generation_model(model, method, tokenizer, device, dtype, **kwargs)
+    if isinstance(model, str | Path):
+        model, tokenizer, processor = _load_front_end_model(str(model), found, tokenizer, processor)
+    if found.is_speech and processor is None:
+        raise ValueError("Pass the processor of this speech model: load_model(model, method, processor=...).")
+    if found.is_encoder and tokenizer is None:
+        raise ValueError("Pass the tokenizer of this encoder model: load_model(model, method, tokenizer=...).")
+    if dtype is not None:
+        model = model.to(dtype)
+    if device is not None:
+        model = model.to(device)
+    if found.is_speech:
+        return SpeechAttributionModel(model, processor, method)
+    return EncoderAttributionModel(model, tokenizer, method)
+
+
+def is_front_end(model) -> bool:
+    """Whether ``model`` is a front end already: an Inseq model, or one of this package's front ends (not a Hugging
+    Face model, nor a name)."""
+    from .common import FrontEndModel
+
+    return isinstance(model, FrontEndModel) or _is_inseq_model(model)
+
+
+def as_front_end(model, method: str, found: ModelKind | None = None, **kwargs):
+    """``model`` itself when it is a front end already (:func:`is_front_end`: its method left as it is), otherwise
+    :func:`load_model` of it with ``method`` and ``kwargs``."""
+    if is_front_end(model):
+        return model
+    return load_model(model, method, found=found, **kwargs)
+
+
+def _generation_model(model, method: str, tokenizer, device, dtype, **kwargs):
+    """Inseq's model with ``method`` (``"demo"``: the embedded demo model), converted to ``dtype``."""
+    import inseq
+
+    from .patches import register
+
+    register()
+    if isinstance(model, str) and model == "demo":
+        from ..demo import load_demo_model
+
+        model, tokenizer = load_demo_model()
+    elif isinstance(model, Path):
+        model = str(model)
+    attribution_model = inseq.load_model(model, method, tokenizer=tokenizer, device=device, **kwargs)
+    if dtype is not None:
+        attribution_model.model.to(dtype)
+    return attribution_model
+
+
+def _load_front_end_model(name: str, found: ModelKind, tokenizer, processor):
+    """An encoder-only or speech model saved under ``name``, as the class it was saved as (its head), with its
+    tokenizer or processor when not given."""
+    import transformers
+
+    from ..specs.encoder_heads import TASK_SUFFIXES
+    from .speech import load_processor
+
+    architecture = ((found.config.architectures if found.config is not None else None) or [""])[0]
+    if found.is_speech:
+        processor = processor or load_processor(name)
+        loader = getattr(transformers, architecture, None)
+    else:
+        tokenizer = tokenizer or transformers.AutoTokenizer.from_pretrained(name)
+        suffixes = tuple(TASK_SUFFIXES.values())
+        loader = getattr(transformers, architecture, None) if architecture.endswith(suffixes) else None
+    return (loader or transformers.AutoModel).from_pretrained(name), tokenizer, processor
+
+
+def _is_inseq_model(model) -> bool:
+    import sys
+
+    inseq_models = sys.modules.get("inseq.models")  # an Inseq model exists only once Inseq is imported
+    return inseq_models is not None and isinstance(model, inseq_models.AttributionModel)
+
+
+def _is_speech_front_end(model) -> bool:
+    from .speech import SpeechAttributionModel
+
+    return isinstance(model, SpeechAttributionModel)
+
+
+__all__ = [
+    "ENCODER",
+    "GENERATION",
+    "SPEECH",
+    "SPEECH_MODEL_TYPES",
+    "ModelKind",
+    "as_front_end",
+    "identify",
+    "is_front_end",
+    "kind_of_config",
+    "load_model",
+    "read_config",
+]

@@ -1,0 +1,77 @@
+"""The one router (`inseq_mixing.frontends`): every input a user has is given its kind in one place, from one config
+read, and every entry point builds its front end there."""
+
+import json
+
+import pytest
+
+import inseq_mixing
+from inseq_mixing import frontends
+from inseq_mixing.frontends import ENCODER, GENERATION, SPEECH, identify
+from inseq_mixing.testing import encoder_tokenizer, tiny_encoder, tiny_model, tiny_speech, word_tokenizer
+
+
+@pytest.mark.parametrize(
+    "build, kind",
+    [
+        (lambda: tiny_model("gpt2"), GENERATION),
+        (lambda: tiny_model("marian"), GENERATION),
+        (lambda: tiny_encoder("bert", "masked_lm"), ENCODER),
+        (lambda: tiny_encoder("roberta", "sequence_classification"), ENCODER),
+        (lambda: tiny_encoder("bert", "bare"), ENCODER),  # a bare encoder (BertModel)
+        (lambda: tiny_speech("whisper"), SPEECH),
+        (lambda: tiny_speech("whisper", head=False), SPEECH),  # WhisperEncoder
+        (lambda: tiny_speech("wav2vec2"), SPEECH),
+    ],
+    ids=["gpt2", "marian", "bert-mlm", "roberta-classifier", "bare-bert", "whisper", "whisper-encoder", "wav2vec2"],
+)
+def test_every_model_object_and_its_saved_folder_have_one_kind(build, kind, tmp_path):
+    model = build()
+    assert identify(model).kind == kind
+    model.save_pretrained(tmp_path)
+    found = identify(str(tmp_path))
+    assert found.kind == kind and found.model_type == model.config.model_type
+
+
+def test_front_ends_and_inseq_models_keep_their_kind():
+    import inseq
+
+    encoder = inseq_mixing.load_model(tiny_encoder("bert"), "alti", tokenizer=encoder_tokenizer())
+    assert identify(encoder).kind == ENCODER
+    generation = inseq.load_model(tiny_model("gpt2"), "alti", tokenizer=word_tokenizer(False))
+    assert identify(generation).kind == GENERATION
+    assert identify("demo").kind == GENERATION
+    assert identify("/no/such/folder").kind == GENERATION  # Inseq's loader says what is wrong with it
+
+
+def test_another_method_on_a_front_end_keeps_its_model_and_tokenizer():
+    encoder = inseq_mixing.load_model(tiny_encoder("bert"), "alti", tokenizer=encoder_tokenizer())
+    other = inseq_mixing.load_model(encoder, "value_zeroing")
+    assert other.method == "value_zeroing" and other.model is encoder.model and other.tokenizer is encoder.tokenizer
+    assert inseq_mixing.load_model(encoder, "alti") is encoder
+
+
+def test_a_refused_object_is_left_as_it_was():
+    """A missing tokenizer is refused before the model is converted (dtype) or moved."""
+    import torch
+
+    model = tiny_encoder("bert")
+    with pytest.raises(ValueError, match="tokenizer"):
+        inseq_mixing.load_model(model, "alti", dtype=torch.float64)
+    assert next(model.parameters()).dtype == torch.float32
+
+
+def test_a_dataset_run_reads_a_names_config_once(tmp_path, monkeypatch):
+    """The runner asks the router once: the encoder front end's folder has its config read a single time by the
+    package (Hugging Face's own loaders read it again for the weights and tokenizer, as they must)."""
+    folder = tmp_path / "mlm"
+    tiny_encoder("bert").save_pretrained(folder)
+    encoder_tokenizer().save_pretrained(folder)
+    reads = []
+    original = frontends.router.read_config
+    monkeypatch.setattr(frontends.router, "read_config", lambda name: reads.append(name) or original(name))
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"id": "a", "source": "the cat [MASK] on the mat", "target": "sat"}))
+    inseq_mixing.attribute_dataset(str(folder), "alti", str(data), tmp_path / "run", id_column="id", show_progress=False)
+    assert reads == [str(folder)]
+    assert inseq_mixing.load_run(tmp_path / "run").ids() == ["a"]
