@@ -72,6 +72,8 @@ def test_a_dataset_run_reads_a_names_config_once(tmp_path, monkeypatch):
     monkeypatch.setattr(frontends.router, "read_config", lambda name: reads.append(name) or original(name))
     data = tmp_path / "rows.jsonl"
     data.write_text(json.dumps({"id": "a", "source": "the cat [MASK] on the mat", "target": "sat"}))
-    inseq_mixing.attribute_dataset(str(folder), "alti", str(data), tmp_path / "run", id_column="id", show_progress=False)
+    inseq_mixing.attribute_dataset(
+        str(folder), "alti", str(data), tmp_path / "run", id_column="id", show_progress=False
+    )
     assert reads == [str(folder)]
     assert inseq_mixing.load_run(tmp_path / "run").ids() == ["a"]
