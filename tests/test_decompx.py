@@ -266,6 +266,7 @@ def test_packed_causal_ffn_equals_the_blocked_one(family, options, monkeypatch):
     """A causal stream's FFN on its packed (position, component) pairs gives what the blocks of positions give, with
     fewer rows through the FFN's products, in a padded batch."""
     import inseq_mixing.methods.decompx as dx
+    import inseq_mixing.methods.decompx_plan as plan
 
     case = padded_case(get_tiny(family), family)
     trace, ids = case.batched, case.next_ids()
@@ -277,11 +278,11 @@ def test_packed_causal_ffn_equals_the_blocked_one(family, options, monkeypatch):
         return linear(module, components, mode)
 
     monkeypatch.setattr(dx, "linear_parts", counting)
-    monkeypatch.setattr(dx, "PACK_WHEN", 0.0)  # packed wherever it can be
+    monkeypatch.setattr(plan, "PACK_WHEN", 0.0)  # packed wherever it can be
     packed = decompx(trace, ids, options=options, keep_layers=True)
     packed_rows = sum(rows)
     rows.clear()
-    monkeypatch.setattr(dx, "PACK_CAUSAL_FFN", False)
+    monkeypatch.setattr(plan, "PACK_CAUSAL_FFN", False)
     blocked = decompx(trace, ids, options=options, keep_layers=True)
     assert packed_rows <= sum(rows)
     if options.include_ffn and options.max_chunk_elements > 1:  # one block of positions: the whole square
@@ -303,14 +304,14 @@ def test_packed_causal_ffn_equals_the_blocked_one(family, options, monkeypatch):
 def test_causal_attention_products_on_carried_pairs_equal_dense_ones(family, options, monkeypatch):
     """A causal self-attention's value and output projections taken only on the (position, component) pairs that may
     be non-zero give what the products on every pair of each block give, with fewer rows, in a padded batch."""
-    import inseq_mixing.methods.decompx as dx
+    import inseq_mixing.methods.decompx_plan as plan
 
     case = padded_case(get_tiny(family), family)
     trace, ids = case.batched, case.next_ids()
-    monkeypatch.setattr(dx, "PACK_WHEN", 0.0)  # packed wherever it can be
+    monkeypatch.setattr(plan, "PACK_WHEN", 0.0)  # packed wherever it can be
     with FlopCounterMode(display=False) as packed_flops:
         packed = decompx(trace, ids, options=options, per_head=True, keep_layers=True)
-    monkeypatch.setattr(dx.RowBlock, "carried_pairs", lambda self, key: None)
+    monkeypatch.setattr(plan.RowBlock, "carried_pairs", lambda self, key: None)
     with FlopCounterMode(display=False) as dense_flops:
         dense = decompx(trace, ids, options=options, per_head=True, keep_layers=True)
     assert packed_flops.get_total_flops() < dense_flops.get_total_flops()  # the FFN is packed alike in both
@@ -343,27 +344,27 @@ def test_narrow_blocks_of_a_causal_stream_do_not_change_the_scores(monkeypatch):
 
 def test_the_reference_convention_keeps_its_value_bias_on_carried_pairs(monkeypatch):
     """``convention="reference"`` adds each token's value bias to its own value (the first layer): packed or not."""
-    import inseq_mixing.methods.decompx as dx
+    import inseq_mixing.methods.decompx_plan as plan
 
     case = padded_case(get_tiny("gpt2"), "gpt2")
     trace, ids = case.batched, case.next_ids()
     options = DecompXOptions(convention="reference")
-    monkeypatch.setattr(dx, "PACK_WHEN", 0.0)
+    monkeypatch.setattr(plan, "PACK_WHEN", 0.0)
     packed = decompx(trace, ids, options=options)
-    monkeypatch.setattr(dx.RowBlock, "carried_pairs", lambda self, key: None)
+    monkeypatch.setattr(plan.RowBlock, "carried_pairs", lambda self, key: None)
     dense = decompx(trace, ids, options=options)
     torch.testing.assert_close(packed.target, dense.target, rtol=1e-5, atol=1e-5)
 
 
 def test_a_single_sentence_packs_its_causal_ffn_rows_by_default(monkeypatch):
     """One block of positions would carry the whole square of (position, component) rows: the default packs them."""
-    import inseq_mixing.methods.decompx as dx
+    import inseq_mixing.methods.decompx_plan as plan
 
     kwargs = example_kwargs("gpt2")
     trace = trace_of(get_tiny("gpt2"), kwargs)
     counted = []
-    run = dx.PackedChunk.run
-    monkeypatch.setattr(dx.PackedChunk, "run", lambda *args, **kw: counted.append(1) or run(*args, **kw))
+    run = plan.PackedChunk.run
+    monkeypatch.setattr(plan.PackedChunk, "run", lambda *args, **kw: counted.append(1) or run(*args, **kw))
     decompx(trace, next_tokens(kwargs))
     assert len(counted) == len(trace.decoder.layers)
 
@@ -373,7 +374,8 @@ def test_a_key_norms_shift_shares_are_the_definitions(family):
     """The shares of a pre-attention norm's shift ("absdot", taken without normalising the components) are
     |A(x_k) · β| over the normalised components, in a padded batch (completeness cannot see shares: any split adds
     up)."""
-    from inseq_mixing.methods.decompx import BlockedStream, RowBlock, bias_shares, key_norms
+    from inseq_mixing.methods.decompx import bias_shares, key_norms
+    from inseq_mixing.methods.decompx_plan import BlockedStream, RowBlock
 
     case = padded_case(get_tiny(family), family)
     trace, ids = case.batched, case.next_ids()
