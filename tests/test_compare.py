@@ -56,6 +56,32 @@ def test_faithful_ranking_beats_random_and_unfaithful_one_loses():
         faithfulness(CountingLM(), example, key_first[:3])
 
 
+def test_aopc_is_the_mean_drop_of_probability_and_logit_over_each_perturbation():
+    """One AOPC for every front end: comprehensiveness reads the inputs with the top removed, sufficiency those with
+    only the top kept, each the mean drop below the unperturbed reading (encoder-only models: deletion, below)."""
+    from inseq_mixing.evaluation.encoders import _aopc
+    from inseq_mixing.evaluation.faithfulness import aopc_scores
+
+    readings = {"removed": (torch.tensor([0.4, 0.2]), torch.tensor([4.0, 1.0])),
+                "kept": (torch.tensor([0.5, 0.6]), torch.tensor([3.0, 2.0]))}  # fmt: skip
+    scores = aopc_scores(lambda name: readings[name], "removed", "kept", (torch.tensor([0.7]), torch.tensor([5.0])))
+    assert scores == pytest.approx({"comprehensiveness_prob": 0.4, "comprehensiveness_logit": 2.5,
+                                    "sufficiency_prob": 0.15, "sufficiency_logit": 2.5})  # fmt: skip
+    seen = []
+
+    def read(masks):  # the number of tokens left, as a logit; a tenth of it as a probability
+        seen.append(masks.tolist())
+        left = masks.sum(1).float()
+        return left / 10, left
+
+    # 5 tokens, 0 and 4 special; the ranking puts token 3 first, then 1, then 2
+    scores = _aopc(read, torch.tensor([3, 1, 2]), torch.tensor([1, 2, 3]), 5, (1 / 3, 2 / 3), (0.5, 5.0))
+    assert seen[0] == [[True, True, True, False, True], [True, False, True, False, True]]  # the top deleted
+    assert seen[1] == [[True, False, False, True, True], [True, True, False, True, True]]  # only the top kept
+    assert scores == pytest.approx({"comprehensiveness_prob": 0.15, "comprehensiveness_logit": 1.5,
+                                    "sufficiency_prob": 0.15, "sufficiency_logit": 1.5})  # fmt: skip
+
+
 def test_rank_correlation():
     values = torch.tensor([0.3, 0.1, 0.9, 0.5])
     assert rank_correlation(values, values * 2 + 1) == pytest.approx(1.0)

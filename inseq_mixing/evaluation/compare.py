@@ -1,7 +1,6 @@
 """Run several attribution methods (the plugin's and Inseq's Captum-based ones) on the same inputs and forced targets,
 and score each generated token's attributions for faithfulness and agreement between methods."""
 
-import warnings
 from itertools import combinations
 
 import inseq
@@ -12,6 +11,7 @@ from .comparison import (
     Comparison,
     candidate_scores,
     check_methods,
+    each_method,
     token_examples,
     token_level_scores,
 )
@@ -80,21 +80,15 @@ def compare(
     if replacement_id is None:
         replacement_id = tokenizer.unk_token_id if tokenizer.unk_token_id is not None else tokenizer.pad_token_id
     comparison = Comparison()
-    scores = {}
-    for method in tqdm(methods, desc="attributing", disable=not show_progress):
-        try:
-            attribution_model = inseq.load_model(hf_model, method, tokenizer=tokenizer)
-            out = attribution_model.attribute(
-                inputs, targets, attribute_target=True, show_progress=False, **method_kwargs.get(method, {})
-            )
-        except Exception as error:  # keep what the other methods computed; report this one
-            comparison.failed[method] = f"{type(error).__name__}: {error}"
-            warnings.warn(f"compare: {method} failed and is left out ({comparison.failed[method]})", stacklevel=2)
-            continue
-        comparison.outputs[method] = out
-        scores[method] = [token_level_scores(seq) for seq in out.sequence_attributions]
-    if not comparison.outputs:
-        raise RuntimeError(f"Every method failed: {comparison.failed}")
+
+    def attribute(method: str):
+        attribution_model = inseq.load_model(hf_model, method, tokenizer=tokenizer)
+        options = method_kwargs.get(method, {})
+        return attribution_model.attribute(inputs, targets, attribute_target=True, show_progress=False, **options)
+
+    comparison.outputs = each_method(methods, attribute, comparison.failed, "compare", show_progress, "attributing")
+    scores = {method: [token_level_scores(seq) for seq in out.sequence_attributions]
+              for method, out in comparison.outputs.items()}  # fmt: skip
     methods = list(comparison.outputs)
     reference = comparison.outputs[methods[0]].sequence_attributions
     total = sum(len(seq.target) - seq.attr_pos_start for seq in reference)

@@ -5,11 +5,13 @@ token-level scores of an Inseq output, its candidate context tokens, and the met
 import csv
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import inseq
 import torch
+from tqdm.auto import tqdm
 
 from .faithfulness import TokenExample
 
@@ -115,6 +117,26 @@ def candidate_scores(seq_scores, example: TokenExample, column: int) -> torch.Te
     parts = [] if source is None else [source[:, column]]
     parts.append(target[: example.position, column])
     return torch.cat(parts).nan_to_num()[example.candidates]
+
+
+def each_method(methods: list[str], run, failed: dict[str, str], caller: str, show_progress: bool, desc: str,
+                stacklevel: int = 3) -> dict:  # fmt: skip
+    """``run(method)`` for every method, in order: what each returns, by method; a method that raises is recorded in
+    ``failed`` (its error in one line), reported with a warning naming ``caller``, and left out, the others kept.
+
+    Raises:
+        RuntimeError: Every method failed.
+    """
+    results = {}
+    for method in tqdm(methods, desc=desc, disable=not show_progress):
+        try:
+            results[method] = run(method)
+        except Exception as error:  # keep what the other methods computed; report this one
+            failed[method] = f"{type(error).__name__}: {error}"
+            warnings.warn(f"{caller}: {method} failed and is left out ({failed[method]})", stacklevel=stacklevel)
+    if not results:
+        raise RuntimeError(f"Every method failed: {failed}")
+    return results
 
 
 def check_methods(methods: list[str]) -> None:

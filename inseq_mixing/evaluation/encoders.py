@@ -23,7 +23,7 @@ import math
 import torch
 
 from .explain import Explanation
-from .faithfulness import AOPC_KEYS, DEFAULT_FRACTIONS
+from .faithfulness import AOPC_KEYS, DEFAULT_FRACTIONS, aopc_scores
 from .items import Item, Skipped
 from .words import token_words, word_scores
 
@@ -162,46 +162,35 @@ def _aopc(read, ranked: torch.Tensor, candidates: torch.Tensor, length: int, fra
         only = torch.ones(length, dtype=torch.bool)
         only[candidates[~torch.isin(candidates, top)]] = False
         kept.append(only)
-    scores = {}
-    for name, masks in (("comprehensiveness", removed), ("sufficiency", kept)):
-        prob, logit = read(torch.stack(masks))
-        scores[f"{name}_prob"] = float((original[0] - prob).mean())
-        scores[f"{name}_logit"] = float((original[1] - logit).mean())
-    return scores
+    return aopc_scores(read, torch.stack(removed), torch.stack(kept), original)
 
 
 def compare_encoder(attribution, methods, texts, targets, fractions, random_draws, method_kwargs, show_progress):
     """:func:`~inseq_mixing.compare` on an encoder model: each method on the same texts, the first explained entry of
     each text (a mask, or the label) scored by AOPC with deletion (see the module docstring), and the Spearman
     agreement of every two methods over the candidate tokens."""
-    import warnings
     from itertools import combinations
     from types import SimpleNamespace
 
-    from tqdm.auto import tqdm
-
-    from ..frontends.encoders import EncoderAttributionModel
-    from .comparison import Comparison
+    from ..frontends import load_model
+    from .comparison import Comparison, each_method
     from .faithfulness import rank_correlation
 
     comparison = Comparison()
+
+    def attribute(method: str):
+        front = load_model(attribution, method)  # the same model and tokenizer, with this method
+        out = front.attribute(texts, targets, show_progress=False, **method_kwargs.get(method, {}))
+        explained = [SimpleNamespace(seq=seq) for seq in out.sequence_attributions]
+        return out, encoder_faithfulness(front, explained, fractions, random_draws)
+
+    done = each_method(methods, attribute, comparison.failed, "compare", show_progress, "attributing", stacklevel=4)
     candidates_scores = {}
-    for method in tqdm(methods, desc="attributing", disable=not show_progress):
-        try:
-            front = EncoderAttributionModel(attribution.model, attribution.tokenizer, method)
-            out = front.attribute(texts, targets, show_progress=False, **method_kwargs.get(method, {}))
-            rows = encoder_faithfulness(front, [SimpleNamespace(seq=seq) for seq in out.sequence_attributions],
-                                        fractions, random_draws)  # fmt: skip
-        except Exception as error:  # keep what the other methods computed; report this one
-            comparison.failed[method] = f"{type(error).__name__}: {error}"
-            warnings.warn(f"compare: {method} failed and is left out ({comparison.failed[method]})", stacklevel=2)
-            continue
+    for method, (out, rows) in done.items():
         comparison.outputs[method] = out
         for sentence, row in enumerate(rows):
             comparison.tokens.append({"method": method, "sentence": sentence, "position": 0, **row})
         candidates_scores[method] = [_candidate_scores(attribution, seq) for seq in out.sequence_attributions]
-    if not comparison.outputs:
-        raise RuntimeError(f"Every method failed: {comparison.failed}")
     for first, second in combinations(candidates_scores, 2):
         for sentence, (a, b) in enumerate(zip(candidates_scores[first], candidates_scores[second], strict=True)):
             comparison.agreement.append({"sentence": sentence, "position": 0, "method_a": first, "method_b": second,

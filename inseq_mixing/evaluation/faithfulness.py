@@ -85,10 +85,21 @@ def aopc(
     ``original`` is the unperturbed ``(probability, logit)`` from :func:`target_scores`, if already computed.
     """
     removed, kept = perturbed_contexts(example, ranking, fractions, replacement_id)
-    original_prob, original_logit = original or target_scores(model, example, example.context_ids[None])
+    original = original or target_scores(model, example, example.context_ids[None])
+    return aopc_scores(lambda contexts: target_scores(model, example, contexts), removed, kept, original)
+
+
+def aopc_scores(read, removed, kept, original: tuple[torch.Tensor, torch.Tensor]) -> dict[str, float]:
+    """The AOPC of one ranking, whatever the perturbation: comprehensiveness, the mean drop of the explained
+    probability and logit over the inputs ``removed`` (the top of the ranking taken out, one per fraction), and
+    sufficiency, the mean drop over the inputs ``kept`` (only the top kept). ``read(inputs) -> (probability, logit)``
+    reads the model on a batch of perturbed inputs; ``original`` is its reading of the unperturbed input. Generation
+    models replace tokens (:func:`aopc`); encoder-only models delete them
+    (:func:`~.encoders.encoder_faithfulness`)."""
+    original_prob, original_logit = original
     scores = {}
-    for name, contexts in (("comprehensiveness", removed), ("sufficiency", kept)):
-        prob, logit = target_scores(model, example, contexts)
+    for name, inputs in (("comprehensiveness", removed), ("sufficiency", kept)):
+        prob, logit = read(inputs)
         scores[f"{name}_prob"] = float((original_prob - prob).mean())
         scores[f"{name}_logit"] = float((original_logit - logit).mean())
     return scores

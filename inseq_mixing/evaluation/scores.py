@@ -3,14 +3,12 @@ between methods, and the one loop that scores each method and keeps the ones tha
 and :mod:`.speech`, which both fill it."""
 
 import json
-import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import combinations
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
+from .comparison import each_method
 from .explain import Explanation
 from .items import Skipped
 from .metrics import Statistic, bootstrap_interval, is_degenerate, paired_permutation_test
@@ -176,14 +174,7 @@ def score_methods(evaluation: Evaluation, methods: list[str], score, examples: i
     Raises:
         RuntimeError: Every method failed.
     """
-    for method in tqdm(methods, desc="evaluating", disable=not show_progress):
-        try:
-            result, explained = score(method)
-        except Exception as error:  # keep the other methods; report this one
-            evaluation.failed[method] = f"{type(error).__name__}: {error}"
-            warnings.warn(f"evaluate: {method} failed and is left out ({evaluation.failed[method]})", stacklevel=3)
-            continue
+    done = each_method(methods, score, evaluation.failed, "evaluate", show_progress, "evaluating", stacklevel=4)
+    for method, (result, explained) in done.items():
         evaluation.results[method] = result
         evaluation.examples[method] = explained[:examples]
-    if not evaluation.results:
-        raise RuntimeError(f"Every method failed: {evaluation.failed}")
