@@ -112,6 +112,21 @@ class EncoderAttributionModel(FrontEndModel):
         elif set(options) - {"n_steps"}:
             raise ValueError(f"Unknown option(s) {sorted(set(options) - {'n_steps'})} for {self.method}.")
 
+    def check_rows(self, sources: list, targets: list, words: list, own: dict, names: list[str]) -> None:
+        """A dataset run's rows checked before any work (:meth:`validate`), errors naming the row."""
+        self.validate(sources, self.row_targets(targets, names), names=names)
+
+    def attribute_rows(self, sources: list, targets: list, words: list, own: dict, options: dict) -> list:
+        """One batch of a dataset run (the target column: a mask's word, one per mask, or a label, per token), with
+        each row's target text: the given one, or the predicted entries' tokens."""
+        sequences = self.attribute(
+            sources, self.row_targets(targets), show_progress=False, batch_size=len(sources), **options
+        ).sequence_attributions
+        return [
+            (sequence, target or " ".join(token.token for token in sequence.target))
+            for sequence, target in zip(sequences, targets, strict=True)
+        ]
+
     def split_target(self, text: str):
         """A dataset's target text as ``attribute``'s target: a masked LM's words (one per mask) and a token
         classifier's labels (one per explained token) are separated by spaces; a sequence classifier's is one label."""

@@ -51,6 +51,19 @@ class ModelKind:
     def is_generation(self) -> bool:
         return self.kind == GENERATION
 
+    @property
+    def run_columns(self) -> tuple[str, str]:
+        """A dataset run's default source and target columns: ``source`` / ``target``; speech models ``audio`` and
+        ``transcript`` (Whisper) or ``frames`` (CTC and bare encoders)."""
+        if self.is_speech:
+            return "audio", "transcript" if self.model_type == "whisper" else "frames"
+        return "source", "target"
+
+    @property
+    def reads_words(self) -> bool:
+        """Whether a dataset run's rows may give word intervals (speech models' audio words)."""
+        return self.is_speech
+
 
 def kind_of_config(config, class_name: str | None = None) -> str:
     """The kind of a model from its config (and, for a model object, its class name). A model that is neither speech
@@ -186,6 +199,8 @@ def _generation_model(model, method: str, tokenizer, device, dtype, **kwargs):
     from .patches import register
 
     register()
+    if tokenizer is None and not isinstance(model, str | Path):
+        raise ValueError("Pass the tokenizer of this model object: load_model(model, method, tokenizer=...).")
     if isinstance(model, str) and model == "demo":
         from ..demo import load_demo_model
 

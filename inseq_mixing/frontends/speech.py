@@ -252,6 +252,40 @@ class SpeechAttributionModel(FrontEndModel):
         real, total = self.frames(signal)
         return audio_units(len(signal) / self.sampling_rate, self.frame_seconds, real, total, words, window_s, index)
 
+    #: Arguments of :meth:`attribute` a dataset run passes on besides the method's options.
+    RUN_ARGUMENTS = ("window_s", "prompt_ids")
+
+    def check_options(self, options: dict) -> None:
+        """Refuse options the method does not take (``ValueError`` naming them)."""
+        self.declaration.check_options(options)
+
+    def run_arguments(self, kwargs: dict, max_new_tokens: int | None = None) -> tuple[dict, dict]:
+        """As :meth:`FrontEndModel.run_arguments`; ``max_new_tokens`` caps Whisper's greedy transcripts."""
+        own, options = super().run_arguments(kwargs)
+        if max_new_tokens is not None:
+            own["max_new_tokens"] = max_new_tokens
+        return own, options
+
+    def check_rows(self, sources: list, targets: list, words: list, own: dict, names: list[str]) -> None:
+        """A dataset run's rows checked before any work (every audio file read once, its word intervals cut into
+        units: :meth:`validate`), errors naming the row."""
+        self.validate(sources, self.row_targets(targets, names), words, own.get("window_s", 0.5), names)
+
+    def attribute_rows(self, sources: list, targets: list, words: list, own: dict, options: dict) -> list:
+        """One batch of utterances of a dataset run (padded, each equal to the utterance alone), with each row's
+        target text: the given one, or the explained transcript (Whisper) or the explained frames' labels (CTC)."""
+        sequences = self.attribute(sources, self.row_targets(targets), words=words, batch_size=len(sources),
+                                   show_progress=False, **own, **options).sequence_attributions  # fmt: skip
+        rows = []
+        for sequence, target in zip(sequences, targets, strict=True):
+            if self.whisper:
+                transcript = [token.id for token in sequence.target[sequence.attr_pos_start : sequence.attr_pos_end]]
+                text = target or self.tokenizer.decode(transcript)
+            else:
+                text = target or " ".join(token.token for token in sequence.target)
+            rows.append((sequence, text))
+        return rows
+
     def split_target(self, text: str):
         """A dataset's target text as :meth:`attribute`'s target: Whisper's transcript as it is, a CTC or bare
         encoder's frame indices from a JSON list or whitespace-separated integers."""

@@ -155,17 +155,16 @@ def attribute_dataset(
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}.")
     found = identify(model)  # the one config read of a name or folder
-    speech = found.model_type if found.is_speech else None
-    source_column = source_column or ("audio" if speech else "source")
-    target_column = target_column or {None: "target", "whisper": "transcript"}.get(speech, "frames")
-    examples = read_examples(data, source_column, target_column, id_column, words_column if speech else None)
+    source_column = source_column or found.run_columns[0]
+    target_column = target_column or found.run_columns[1]
+    examples = read_examples(
+        data, source_column, target_column, id_column, words_column if found.reads_words else None
+    )
     state, device = distributed_state(device)
     writer = Writer(rank=state.process_index, processes=state.num_processes)
     attribution_model = load_attribution_model(model, method, tokenizer, device, dtype, processor, found)
-    inseq_args, options = split_arguments(attribution_model, method_kwargs)
+    inseq_args, options = split_arguments(attribution_model, method_kwargs, max_new_tokens)
     length = generation_length(attribution_model, max_new_tokens, any(example.target is None for example in examples))
-    if is_speech(attribution_model) and max_new_tokens is not None:  # Whisper's greedy transcripts
-        inseq_args["max_new_tokens"] = length["max_new_tokens"]
     check_targets(attribution_model, examples, length, inseq_args)
     batches = length_sorted_batches(examples, batch_size)
     identity = {**options, **({"max_new_tokens": max_new_tokens} if max_new_tokens is not None else {})}
@@ -229,13 +228,7 @@ def load_attribution_model(model, method: str, tokenizer, device: str | None, dt
                               dtype=torch_dtype, found=found)  # fmt: skip
         except Exception as error:  # a missing folder, no tokenizer files, an unsupported architecture...
             raise ValueError(f"Could not load model {str(model)!r}: {type(error).__name__}: {error}") from error
-    front_end = is_front_end(model)
-    _refuse_other_dtype(model.model if front_end else model, torch_dtype)
-    if not front_end:
-        if found.is_speech and processor is None:
-            raise ValueError("A speech model object needs its processor: pass processor=...")
-        if not found.is_speech and tokenizer is None:
-            raise ValueError("A Hugging Face model object needs its tokenizer: pass tokenizer=...")
+    _refuse_other_dtype(model.model if is_front_end(model) else model, torch_dtype)
     return load_model(model, method, tokenizer=tokenizer, processor=processor, device=device, found=found)
 
 
@@ -273,42 +266,24 @@ def check_method(method: str) -> None:
         )
 
 
+def is_own_front_end(attribution_model) -> bool:
+    """Whether the model is one of this package's front ends (encoder-only, speech...), which a run drives through
+    its hooks (:class:`~inseq_mixing.frontends.common.FrontEndModel`), rather than Inseq's own model."""
+    from ..frontends.common import FrontEndModel
+
+    return isinstance(attribution_model, FrontEndModel)
+
+
 def is_declared(attribution_model) -> bool:
     """Whether the model's method is one of the plugin's (batched through one trace) rather than Inseq's own."""
     return getattr(attribution_model.attribution_method, "declaration", None) is not None
 
 
-def is_encoder(attribution_model) -> bool:
-    """Whether the model is an encoder-only one (the encoder front end, not Inseq)."""
-    from ..frontends.encoders import EncoderAttributionModel
-
-    return isinstance(attribution_model, EncoderAttributionModel)
-
-
-def is_speech(attribution_model) -> bool:
-    """Whether the model is a speech one (the speech front end)."""
-    from ..frontends.speech import SpeechAttributionModel
-
-    return isinstance(attribution_model, SpeechAttributionModel)
-
-
-#: Arguments of the speech front end's ``attribute`` that a dataset run accepts besides the method's options.
-SPEECH_ARGUMENTS = ("window_s", "prompt_ids")
-
-
-def split_arguments(attribution_model, kwargs: dict) -> tuple[dict, dict]:
-    """Split ``kwargs`` into Inseq's attribute arguments and the method's options, rejecting unknown names."""
-    if is_encoder(attribution_model):  # no Inseq arguments: every name is an option, checked by the front end
-        attribution_model.check_options(kwargs)
-        return {}, dict(kwargs)
-    if is_speech(attribution_model):  # the front end's own arguments, and the method's options
-        front = {name: kwargs[name] for name in SPEECH_ARGUMENTS if name in kwargs}
-        options = {name: value for name, value in kwargs.items() if name not in SPEECH_ARGUMENTS}
-        try:
-            attribution_model.declaration.check_options(options)
-        except ValueError as error:
-            raise ValueError(f"{error} A dataset run of a speech model also takes {list(SPEECH_ARGUMENTS)}.") from None
-        return front, options
+def split_arguments(attribution_model, kwargs: dict, max_new_tokens: int | None = None) -> tuple[dict, dict]:
+    """Split ``kwargs`` into Inseq's attribute arguments (or a front end's own) and the method's options, rejecting
+    unknown names."""
+    if is_own_front_end(attribution_model):  # its own arguments and the method's options, checked by it
+        return attribution_model.run_arguments(dict(kwargs), max_new_tokens)
     method = attribution_model.attribution_method
     if not is_declared(attribution_model):
         return _split_inseq_arguments(attribution_model, kwargs)
@@ -363,7 +338,7 @@ def generation_length(attribution_model, max_new_tokens: int | None = None, gene
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, not {max_new_tokens!r}.")
         return {"max_new_tokens": max_new_tokens}
-    if is_encoder(attribution_model) or is_speech(attribution_model):  # Whisper's greedy cap: its front end's own
+    if is_own_front_end(attribution_model):  # what it generates (Whisper's greedy transcripts) it caps itself
         return {}
     config = attribution_model.model.generation_config
     if config.max_new_tokens is not None or config.max_length is not None:
@@ -391,17 +366,11 @@ def check_targets(
     :func:`generation_length`) would run past a table of absolute positions (GPT-2's ``n_positions``) is refused;
     encoder rows are validated by their front end, speech rows too (their audio read, their word intervals cut into
     units, with the front end's arguments ``front``)."""
-    if is_encoder(attribution_model) or is_speech(attribution_model):  # every row checked before any work
+    if is_own_front_end(attribution_model):  # every row checked by the front end before any work
         names = [f"Row {example.index} (id {example.id!r})" for example in examples]
+        sources, targets, words = row_fields(examples)
         try:
-            targets = [None if ex.target is None else _split_target(attribution_model, ex.target, name)
-                       for ex, name in zip(examples, names, strict=True)]  # fmt: skip
-            sources = [example.source for example in examples]
-            if is_speech(attribution_model):  # reads every audio file once
-                words = [None if example.words is None else list(example.words) for example in examples]
-                attribution_model.validate(sources, targets, words, (front or {}).get("window_s", 0.5), names)
-            else:
-                attribution_model.validate(sources, targets, names=names)
+            attribution_model.check_rows(sources, targets, words, front or {}, names)
         except ValueError as error:
             raise DatasetInputError(str(error)) from error
         return
@@ -424,12 +393,11 @@ def check_targets(
     check_prompts_fit(attribution_model, prompts, length)
 
 
-def _split_target(attribution_model, text: str, name: str):
-    """A row's target text as its front end's target, an error naming the row."""
-    try:
-        return attribution_model.split_target(text)
-    except ValueError as error:
-        raise ValueError(f"{name}: {error}") from None
+def row_fields(examples: list[Example]) -> tuple[list, list, list]:
+    """The sources, target texts (None: the model's own) and word intervals (None where not given) of ``examples``,
+    as a front end's :meth:`~inseq_mixing.frontends.common.FrontEndModel.check_rows` takes them."""
+    words = [None if example.words is None else list(example.words) for example in examples]
+    return [example.source for example in examples], [example.target for example in examples], words
 
 
 def check_prompts_fit(attribution_model, prompts: list[tuple[str, str]], length: dict | None = None) -> None:
@@ -477,18 +445,11 @@ def attribute_batch(
     sources = [example.source for example in batch]
     missing = [idx for idx, example in enumerate(batch) if example.target is None]
     targets = [example.target for example in batch]
-    if is_speech(attribution_model):  # inseq_args: the front end's own arguments (window_s, prompt_ids)
-        return attribute_speech_batch(attribution_model, batch, inseq_args, options)
-    if is_encoder(attribution_model):  # the target column: a mask's word (one per mask), or a label (per token)
-        given = [None if target is None else attribution_model.split_target(target) for target in targets]
-        sequences = attribution_model.attribute(
-            sources, given, show_progress=False, batch_size=len(sources), **options
-        ).sequence_attributions
-        pairs = zip(targets, sequences, strict=True)
-        texts = [target or " ".join(token.token for token in seq.target) for target, seq in pairs]
+    if is_own_front_end(attribution_model):  # inseq_args: the front end's own arguments (speech: window_s...)
+        attributed = attribution_model.attribute_rows(*row_fields(batch), inseq_args, options)
         return [
-            sequence_to_row(sequence, example, source, text)
-            for sequence, example, source, text in zip(sequences, batch, sources, texts, strict=True)
+            sequence_to_row(sequence, example, example.source, text)
+            for (sequence, text), example in zip(attributed, batch, strict=True)
         ]
     if missing:
         generated = generate_targets(attribution_model, [sources[idx] for idx in missing], length)
@@ -507,27 +468,6 @@ def attribute_batch(
         sequence_to_row(sequence, example, source, target)
         for sequence, example, source, target in zip(sequences, batch, sources, targets, strict=True)
     ]
-
-
-def attribute_speech_batch(attribution_model, batch: list[Example], front: dict, options: dict) -> list[dict]:
-    """One batch of utterances through the speech front end (padded, each equal to the utterance alone), as store
-    rows: the source text is the audio path, the target text the explained transcript (Whisper) or the explained
-    frames' labels (CTC)."""
-    given = [None if example.target is None else attribution_model.split_target(example.target) for example in batch]
-    words = [None if example.words is None else list(example.words) for example in batch]
-    sequences = attribution_model.attribute(
-        [example.source for example in batch], given, words=words, batch_size=len(batch), show_progress=False,
-        **front, **options,
-    ).sequence_attributions  # fmt: skip
-    rows = []
-    for example, sequence in zip(batch, sequences, strict=True):
-        if attribution_model.whisper:
-            transcript = [token.id for token in sequence.target[sequence.attr_pos_start : sequence.attr_pos_end]]
-            text = example.target or attribution_model.tokenizer.decode(transcript)
-        else:
-            text = example.target or " ".join(token.token for token in sequence.target)
-        rows.append(sequence_to_row(sequence, example, example.source, text))
-    return rows
 
 
 def generate_targets(attribution_model, sources: list[str], cap: dict | None = None) -> list[str]:
