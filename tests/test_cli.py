@@ -172,6 +172,7 @@ def test_the_package_and_the_listing_commands_import_no_torch(code):
         "import inseq; import inseq_mixing",
         "import inseq_mixing.frontends.inseq_adapter; import inseq",
         "import inseq_mixing.frontends.inseq_adapter.builtin; import inseq",
+        "import inseq_mixing.frontends.patches; import inseq",  # the patches module starts no Inseq import itself
         "import inseq_mixing; from inseq.attr import FeatureAttribution",
     ],
 )

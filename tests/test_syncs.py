@@ -15,7 +15,7 @@ import torch
 
 from inseq_mixing import deferred
 from inseq_mixing.declarations import DECLARATIONS, Request
-from inseq_mixing.frontends.inseq_adapter.base import HostCopies
+from inseq_mixing.frontends.patches import HostCopies
 from inseq_mixing.specs import get_spec
 from inseq_mixing.testing import tiny_encoder, tiny_model
 from inseq_mixing.trace import trace_model

@@ -14,14 +14,26 @@ imported, otherwise right after Inseq's import):
 - **This package's methods join Inseq's registry**: importing :mod:`.inseq_adapter` creates one Inseq method class
   per declaration (Inseq registers a method when its class is created).
 
-A new Inseq release is checked here: each patch names the behaviour it changes and the version it targets.
+And on each Inseq model one of this package's methods is loaded on (installed once per model by the method's
+constructor, :class:`~.inseq_adapter.base.ContextMixingAttribution`):
+
+- **The ``attributed_fn`` its user named is recorded** (:func:`record_requested_fn`): Inseq 0.7 resolves a missing
+  one to the probability before a method sees it, so a logit method could not tell "not given" from "probability".
+- **``step_scores`` are answered** (:func:`answer_step_scores`): Inseq 0.7 refuses them for every final-step method.
+- **Token strings are made from one host copy per batch tensor** (:func:`tokens_from_host_ids`, :class:`HostCopies`):
+  Inseq 0.7 converts ids one row or token at a time, each a host–device synchronisation on a GPU.
+
+This module imports Inseq only inside its functions, so that importing it never starts Inseq's import (whose end
+calls :func:`register`). A new Inseq release is checked here: each patch names the behaviour it changes and the
+version it targets.
 """
 
 import importlib
+import weakref
 from importlib.metadata import version
 
 import numpy as np
-from inseq.utils import viz_utils
+import torch
 
 
 def needs_colour_repair(inseq_version: str) -> bool:
@@ -36,6 +48,8 @@ def rgba_string(color: tuple) -> str:
 
 def repair_inseq_colours() -> bool:
     """Make Inseq's ``get_color`` write plain numbers (idempotent). Returns whether the repair is in place."""
+    from inseq.utils import viz_utils
+
     if not needs_colour_repair(version("inseq")):
         return False
     if getattr(viz_utils.get_color, "writes_plain_numbers", False):
@@ -85,3 +99,130 @@ def register() -> list[str]:
     from ..declarations import DECLARATIONS
 
     return list(DECLARATIONS)
+
+
+def record_requested_fn(attribution_model) -> None:
+    """Make an Inseq model remember the ``attributed_fn`` its user named (None when left to the default).
+
+    Inseq resolves a missing ``attributed_fn`` to its default (the probability) before a method sees it, so a method
+    that explains logits could not otherwise tell "not given" from "probability asked for". Later calls that pass the
+    function resolved from the recorded name keep the record.
+    """
+    if getattr(attribution_model, "requested_attributed_fn_recorded", False):
+        return
+    resolve = attribution_model.get_attributed_fn
+
+    def get_attributed_fn(attributed_fn=None):
+        previous = getattr(attribution_model, "requested_attributed_fn", None)
+        if not callable(attributed_fn) or attributed_fn is not resolve(previous):
+            attribution_model.requested_attributed_fn = attributed_fn
+        return resolve(attributed_fn)
+
+    attribution_model.get_attributed_fn = get_attributed_fn
+    attribution_model.requested_attributed_fn_recorded = True
+
+
+#: Inseq's step functions that read only the model's output distribution at the explained position: computed from
+#: the method's own forward pass (the model's exact logits), for every explained token at once.
+OWN_PASS_STEP_SCORES = ("logit", "probability", "entropy", "crossentropy", "perplexity")
+
+#: ``model.attribute`` arguments the step scores' own pass shares with the attribution (the rest are the method's).
+STEP_SCORES_SHARED_ARGS = ("attr_pos_start", "attr_pos_end", "batch_size", "device", "attributed_fn")
+
+
+def answer_step_scores(attribution_model) -> None:
+    """Let this package's methods take ``step_scores`` (Inseq refuses them for every final-step method).
+
+    The scores are Inseq's own step functions. Those of :data:`OWN_PASS_STEP_SCORES` (probability, entropy...) are
+    computed from the method's one forward pass, at every explained token at once. The others (the contrastive scores,
+    whose arguments such as ``contrast_targets`` are passed on, and any registered step function) come from Inseq's
+    ``dummy`` method on the same inputs and generated texts (the output's ``info``): one forward pass per generated
+    token, as any Inseq method pays for them. Each sequence's requested scores are added to the method's own
+    (``logit``, the ``unattributed_*`` terms), which keep their values where a name is both. Other methods' calls go
+    to Inseq unchanged. Installed once per Inseq model.
+    """
+    from inseq.attr.step_functions import check_is_step_function, get_step_scores_args
+
+    if getattr(attribution_model, "step_scores_answered", False):
+        return
+    attribute = attribution_model.attribute
+
+    def attribute_with_step_scores(input_texts, generated_texts=None, method=None, *args, **kwargs):
+        requested = list(kwargs.pop("step_scores", None) or [])
+        method_object = attribution_model.get_attribution_method(method, kwargs.get("override_default_attribution"))
+        if not requested or args or not getattr(method_object, "mixes_context", False):
+            return attribute(input_texts, generated_texts, method, *args, step_scores=requested, **kwargs)
+        for name in requested:
+            check_is_step_function(name)
+        others = [name for name in requested if name not in OWN_PASS_STEP_SCORES]
+        step_args = get_step_scores_args(others, kwargs)
+        options = method_object.method.option_names()  # e.g. contrast_targets: a logit method's contrast too
+        method_kwargs = {name: value for name, value in kwargs.items() if name not in step_args or name in options}
+        method_object.own_pass_step_scores = [name for name in requested if name in OWN_PASS_STEP_SCORES]
+        try:
+            out = attribute(input_texts, generated_texts, method, **method_kwargs)
+        finally:
+            method_object.own_pass_step_scores = []
+        if others:
+            shared = {name: kwargs[name] for name in STEP_SCORES_SHARED_ARGS if name in kwargs}
+            scores = attribute(
+                out.info["input_texts"],
+                out.info["generated_texts"],
+                "dummy",
+                step_scores=others,
+                show_progress=False,
+                **shared,
+                **step_args,
+            )
+            for sequence, scored in zip(out.sequence_attributions, scores.sequence_attributions, strict=True):
+                sequence.step_scores = {**scored.step_scores, **(sequence.step_scores or {})}
+        out.info["step_scores"] = requested
+        return out
+
+    attribution_model.attribute = attribute_with_step_scores
+    attribution_model.step_scores_answered = True
+
+
+def tokens_from_host_ids(attribution_model) -> None:
+    """Make an Inseq model turn token ids into strings from one host copy per batch tensor: its tokenizer would
+    otherwise read a device tensor one element at a time (a host–device synchronisation per token), and Inseq converts
+    a batch one row (or one token) at a time. Installed once per model."""
+    if getattr(attribution_model, "tokens_from_host_ids", False):
+        return
+    convert = attribution_model._convert_ids_to_tokens
+    copies = HostCopies()
+
+    def convert_on_host(ids, *args, **kwargs):
+        return convert(copies.values(ids) if isinstance(ids, torch.Tensor) else ids, *args, **kwargs)
+
+    attribution_model._convert_ids_to_tokens = convert_on_host
+    attribution_model.tokens_from_host_ids = True
+
+
+class HostCopies:
+    """The values of 1-D views of a 2-D integer tensor (its rows, or runs within a row), read from one host copy of the
+    whole tensor (``tolist``), kept while that tensor lives unchanged. Other tensors are read whole."""
+
+    #: How many base tensors' copies are kept (Inseq converts the source and the target ids of a batch in turn).
+    KEPT = 4
+
+    def __init__(self):
+        self.kept: list[tuple[weakref.ref, int, list[list[int]]]] = []
+
+    def values(self, ids: torch.Tensor) -> list[int]:
+        base = ids._base
+        if base is None or base.dim() != 2 or ids.dim() != 1 or not base.is_contiguous() or ids.stride(0) != 1:
+            return ids.tolist()
+        offset = ids.storage_offset() - base.storage_offset()
+        row, col = divmod(offset, base.shape[1])
+        if col + ids.shape[0] > base.shape[1]:
+            return ids.tolist()
+        return self.rows_of(base)[row][col : col + ids.shape[0]]
+
+    def rows_of(self, base: torch.Tensor) -> list[list[int]]:
+        for ref, kept_version, rows in self.kept:
+            if ref() is base and kept_version == base._version:
+                return rows
+        rows = base.tolist()
+        self.kept = [(weakref.ref(base), base._version, rows), *self.kept[: self.KEPT - 1]]
+        return rows

@@ -592,11 +592,8 @@ def attribute_texts(attribution_model, sources: list[str], targets: list[str], i
             args.get("attr_pos_start") or 0)
         for source in sources
     ]  # fmt: skip
-    method.kept_from = starts  # the methods skip the prompt rows that keep_generated drops
-    try:
+    with method.explaining_from(starts):  # the methods skip the prompt rows that keep_generated drops
         output = method.attribute(batch, attr_pos_start=1, attr_pos_end=None, **common)
-    finally:
-        method.kept_from = None
     for sequence, start in zip(output.sequence_attributions, starts, strict=True):
         end = min(len(sequence.target), args.get("attr_pos_end") or len(sequence.target))
         keep_generated(sequence, start, end)

@@ -1,6 +1,6 @@
 """Shared Inseq glue for the plugin's final-step methods: read Inseq's step arguments, trace, wrap outputs."""
 
-import weakref
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,8 +10,6 @@ from inseq.attr.feat.feature_attribution import FeatureAttribution
 from inseq.attr.step_functions import (
     STEP_SCORES_MAP,
     StepFunctionDecoderOnlyArgs,
-    check_is_step_function,
-    get_step_scores_args,
 )
 from inseq.data import DecoderOnlyBatch, MultiDimensionalFeatureAttributionStepOutput, get_batch_from_inputs
 from inseq.data.attribution import MultiDimensionalFeatureAttributionSequenceOutput
@@ -22,6 +20,7 @@ from transformers.utils import ModelOutput
 from ...methods.blocks import upcast
 from ...specs import get_spec
 from ...trace import ModelCall, ModelTrace, eval_mode, forward_arguments, trace_model
+from ..patches import answer_step_scores, record_requested_fn, tokens_from_host_ids
 
 #: The ``attributed_fn`` values a logit-explaining method accepts.
 LOGIT_TARGETS = ("logit", "contrast_logits_diff")
@@ -176,6 +175,9 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
     then apply). The first line of a subclass's docstring is its one-line summary (``inseq-mixing methods``).
     """
 
+    #: What :mod:`..patches` recognises this package's method objects by (it does not import them).
+    mixes_context = True
+
     method_call: type[MethodCall]
     declaration = None
     explains_logit: bool = False
@@ -192,10 +194,8 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         self._pending_axis: list[str] | None = None
         self.own_pass_step_scores: list[str] = []  # set by answer_step_scores for one call
         self.first_attributed_position = 1  # index of the first generated token Inseq attributes (unpadded)
-        #: Per sentence, the first token whose attribution is kept (unpadded index): set by the dataset runner for one
-        #: call (prompts of different lengths in one batch, attributed from position 1), so that the methods skip the
-        #: prompt rows nobody keeps.
-        self.kept_from: list[int] | None = None
+        #: Per sentence, the first token whose attribution is kept (unpadded index), within :meth:`explaining_from`.
+        self._kept_from: list[int] | None = None
         record_requested_fn(attribution_model)
         answer_step_scores(attribution_model)
         tokens_from_host_ids(attribution_model)
@@ -364,9 +364,20 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         padding = (~mask).long().cumprod(-1).sum(-1, keepdim=True)
         index = torch.arange(mask.shape[1], device=mask.device)
         explained = mask & (index >= padding + self.first_attributed_position - 1)
-        if self.kept_from is not None and len(self.kept_from) == mask.shape[0]:
-            explained &= index >= padding + torch.tensor(self.kept_from, device=mask.device)[:, None] - 1
+        if self._kept_from is not None and len(self._kept_from) == mask.shape[0]:
+            explained &= index >= padding + torch.tensor(self._kept_from, device=mask.device)[:, None] - 1
         return explained
+
+    @contextlib.contextmanager
+    def explaining_from(self, starts: list[int]):
+        """Within it, each sentence of a batch is explained from its own first kept token ``starts[i]`` (unpadded
+        index): the dataset runner attributes prompts of different lengths in one batch from position 1 and keeps each
+        sentence's columns after its prompt, so the methods skip the prompt rows nobody keeps."""
+        previous, self._kept_from = self._kept_from, list(starts)
+        try:
+            yield self
+        finally:
+            self._kept_from = previous
 
     def logit_step_output(
         self,
@@ -450,35 +461,6 @@ def refuse_mismatched_tokenizer(tokenizer, model) -> None:
         )
 
 
-def record_requested_fn(attribution_model) -> None:
-    """Make an Inseq model remember the ``attributed_fn`` its user named (None when left to the default).
-
-    Inseq resolves a missing ``attributed_fn`` to its default (the probability) before a method sees it, so a method
-    that explains logits could not otherwise tell "not given" from "probability asked for". Later calls that pass the
-    function resolved from the recorded name keep the record.
-    """
-    if getattr(attribution_model, "requested_attributed_fn_recorded", False):
-        return
-    resolve = attribution_model.get_attributed_fn
-
-    def get_attributed_fn(attributed_fn=None):
-        previous = getattr(attribution_model, "requested_attributed_fn", None)
-        if not callable(attributed_fn) or attributed_fn is not resolve(previous):
-            attribution_model.requested_attributed_fn = attributed_fn
-        return resolve(attributed_fn)
-
-    attribution_model.get_attributed_fn = get_attributed_fn
-    attribution_model.requested_attributed_fn_recorded = True
-
-
-#: Inseq's step functions that read only the model's output distribution at the explained position: computed from
-#: the method's own forward pass (the model's exact logits), for every explained token at once.
-OWN_PASS_STEP_SCORES = ("logit", "probability", "entropy", "crossentropy", "perplexity")
-
-#: ``model.attribute`` arguments the step scores' own pass shares with the attribution (the rest are the method's).
-STEP_SCORES_SHARED_ARGS = ("attr_pos_start", "attr_pos_end", "batch_size", "device", "attributed_fn")
-
-
 def own_pass_step_scores(attribution_model, names: list[str], logits: torch.Tensor, predicted: torch.Tensor) -> dict:
     """Inseq's step functions ``names`` (of :data:`OWN_PASS_STEP_SCORES`) at every position ``(B, T)``, from the
     traced logits ``(B, T, V)`` and the explained tokens ``(B, T)``: each position is one row of Inseq's step."""
@@ -493,102 +475,6 @@ def own_pass_step_scores(attribution_model, names: list[str], logits: torch.Tens
         is_attributed_fn=False,
     )
     return {name: STEP_SCORES_MAP[name](args).reshape(batch, length) for name in names}
-
-
-def answer_step_scores(attribution_model) -> None:
-    """Let this package's methods take ``step_scores`` (Inseq refuses them for every final-step method).
-
-    The scores are Inseq's own step functions. Those of :data:`OWN_PASS_STEP_SCORES` (probability, entropy...) are
-    computed from the method's one forward pass, at every explained token at once. The others (the contrastive scores,
-    whose arguments such as ``contrast_targets`` are passed on, and any registered step function) come from Inseq's
-    ``dummy`` method on the same inputs and generated texts (the output's ``info``): one forward pass per generated
-    token, as any Inseq method pays for them. Each sequence's requested scores are added to the method's own
-    (``logit``, the ``unattributed_*`` terms), which keep their values where a name is both. Other methods' calls go
-    to Inseq unchanged. Installed once per Inseq model.
-    """
-    if getattr(attribution_model, "step_scores_answered", False):
-        return
-    attribute = attribution_model.attribute
-
-    def attribute_with_step_scores(input_texts, generated_texts=None, method=None, *args, **kwargs):
-        requested = list(kwargs.pop("step_scores", None) or [])
-        method_object = attribution_model.get_attribution_method(method, kwargs.get("override_default_attribution"))
-        if not requested or args or not isinstance(method_object, ContextMixingAttribution):
-            return attribute(input_texts, generated_texts, method, *args, step_scores=requested, **kwargs)
-        for name in requested:
-            check_is_step_function(name)
-        others = [name for name in requested if name not in OWN_PASS_STEP_SCORES]
-        step_args = get_step_scores_args(others, kwargs)
-        options = method_object.method.option_names()  # e.g. contrast_targets: a logit method's contrast too
-        method_kwargs = {name: value for name, value in kwargs.items() if name not in step_args or name in options}
-        method_object.own_pass_step_scores = [name for name in requested if name in OWN_PASS_STEP_SCORES]
-        try:
-            out = attribute(input_texts, generated_texts, method, **method_kwargs)
-        finally:
-            method_object.own_pass_step_scores = []
-        if others:
-            shared = {name: kwargs[name] for name in STEP_SCORES_SHARED_ARGS if name in kwargs}
-            scores = attribute(
-                out.info["input_texts"],
-                out.info["generated_texts"],
-                "dummy",
-                step_scores=others,
-                show_progress=False,
-                **shared,
-                **step_args,
-            )
-            for sequence, scored in zip(out.sequence_attributions, scores.sequence_attributions, strict=True):
-                sequence.step_scores = {**scored.step_scores, **(sequence.step_scores or {})}
-        out.info["step_scores"] = requested
-        return out
-
-    attribution_model.attribute = attribute_with_step_scores
-    attribution_model.step_scores_answered = True
-
-
-def tokens_from_host_ids(attribution_model) -> None:
-    """Make an Inseq model turn token ids into strings from one host copy per batch tensor: its tokenizer would
-    otherwise read a device tensor one element at a time (a host–device synchronisation per token), and Inseq converts
-    a batch one row (or one token) at a time. Installed once per model."""
-    if getattr(attribution_model, "tokens_from_host_ids", False):
-        return
-    convert = attribution_model._convert_ids_to_tokens
-    copies = HostCopies()
-
-    def convert_on_host(ids, *args, **kwargs):
-        return convert(copies.values(ids) if isinstance(ids, torch.Tensor) else ids, *args, **kwargs)
-
-    attribution_model._convert_ids_to_tokens = convert_on_host
-    attribution_model.tokens_from_host_ids = True
-
-
-class HostCopies:
-    """The values of 1-D views of a 2-D integer tensor (its rows, or runs within a row), read from one host copy of the
-    whole tensor (``tolist``), kept while that tensor lives unchanged. Other tensors are read whole."""
-
-    #: How many base tensors' copies are kept (Inseq converts the source and the target ids of a batch in turn).
-    KEPT = 4
-
-    def __init__(self):
-        self.kept: list[tuple[weakref.ref, int, list[list[int]]]] = []
-
-    def values(self, ids: torch.Tensor) -> list[int]:
-        base = ids._base
-        if base is None or base.dim() != 2 or ids.dim() != 1 or not base.is_contiguous() or ids.stride(0) != 1:
-            return ids.tolist()
-        offset = ids.storage_offset() - base.storage_offset()
-        row, col = divmod(offset, base.shape[1])
-        if col + ids.shape[0] > base.shape[1]:
-            return ids.tolist()
-        return self.rows_of(base)[row][col : col + ids.shape[0]]
-
-    def rows_of(self, base: torch.Tensor) -> list[list[int]]:
-        for ref, version, rows in self.kept:
-            if ref() is base and version == base._version:
-                return rows
-        rows = base.tolist()
-        self.kept = [(weakref.ref(base), base._version, rows), *self.kept[: self.KEPT - 1]]
-        return rows
 
 
 def fix_attributed_positions(sequences: list, first: int) -> None:
