@@ -315,12 +315,22 @@ def method_options(pairs: list[str]) -> dict[str, dict]:
 def run_evaluate(args: argparse.Namespace) -> int:
 
     from inseq_mixing.evaluation import DEFAULT_COLUMNS, EvaluationInputError, evaluate
-    from inseq_mixing.views.eval_report import write_evaluation_report
 
     try:
         args.out, args.json = available_path(args.out, args.overwrite), available_path(args.json, args.overwrite)
         check_writable(args.out)
         check_writable(args.json)
+        if args.run is not None:
+            if args.data is not None:
+                raise UserError("--run evaluates a stored run on its own rows: give no data file with it.")
+            from inseq_mixing.evaluation.stored import evaluate_run
+
+            args.protocol = args.protocol or "faithfulness"
+            result = evaluate_run(args.run, args.protocol, model=args.model, device=args.device, draws=args.draws,
+                                  show_progress=True)  # fmt: skip
+            return report_evaluation(result, args, title=f"inseq-mixing evaluation: {args.protocol}, run {args.run}")
+        if args.data is None or args.model is None or args.protocol is None:
+            raise UserError("give the data file, --model and --protocol (or --run DIR for a stored run)")
         check_methods_known(args.methods)
         options = method_options(args.option)
         model = load_model(args.model, args.methods[0], args.device)
@@ -344,10 +354,17 @@ def run_evaluate(args: argparse.Namespace) -> int:
             random_baseline=args.random_baseline,
             **columns,
         )
-    except (UserError, EvaluationInputError, RuntimeError, ValueError) as error:
+    except (UserError, EvaluationInputError, RuntimeError, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    path = write_evaluation_report(result, args.out, title=f"inseq-mixing evaluation: {args.protocol}, {args.model}")
+    return report_evaluation(result, args, title=f"inseq-mixing evaluation: {args.protocol}, {args.model}")
+
+
+def report_evaluation(result, args: argparse.Namespace, title: str) -> int:
+    """Write an evaluation's report (and JSON), print its table, tests, failures and skipped rows."""
+    from inseq_mixing.views.eval_report import write_evaluation_report
+
+    path = write_evaluation_report(result, args.out, title=title)
     if args.json:
         result.to_json(args.json)
     rows = result.summary_rows()
@@ -453,12 +470,15 @@ def build_parser() -> argparse.ArgumentParser:
     dataset.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     dataset.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="a method option")
     evaluate = commands.add_parser("evaluate", help="score methods on annotated data with a paper's protocol")
-    evaluate.add_argument("data", help="a .jsonl, .csv or .parquet file of annotated rows")
-    evaluate.add_argument("--model", required=True, help=MODEL_HELP)
+    evaluate.add_argument("data", nargs="?", default=None, help="a .jsonl, .csv or .parquet file of annotated rows")
+    evaluate.add_argument("--model", default=None, help=MODEL_HELP + " (with --run: default, the run's own model)")
+    evaluate.add_argument("--run", default=None, metavar="DIR",
+                          help="evaluate a stored run of attribute-dataset (its method, faithfulness protocol) on its "
+                          "stored attributions: nothing is attributed again; no data file")  # fmt: skip
     evaluate.add_argument("--methods", nargs="+", default=["alti_logit", "decompx", "value_zeroing", "alti"])
-    evaluate.add_argument("--protocol", required=True,
+    evaluate.add_argument("--protocol", default=None,
                           choices=["evidence", "cue", "alignment", "faithfulness", "blankout"],
-                          help="blankout: speech models (Whisper) only")  # fmt: skip
+                          help="blankout: speech models (Whisper) only; with --run: faithfulness")  # fmt: skip
     evaluate.add_argument(
         "--random-baseline",
         action="store_true",

@@ -9,6 +9,7 @@ from .evaluate import evaluate
 from .faithfulness import faithfulness, rank_correlation
 from .items import DEFAULT_COLUMNS, PROTOCOLS, EvaluationInputError, Item, read_items
 from .scores import METRICS, Evaluation, MethodResult
+from .stored import evaluate_run
 
 __all__ = [
     "DEFAULT_COLUMNS",
@@ -21,6 +22,7 @@ __all__ = [
     "MethodResult",
     "compare",
     "evaluate",
+    "evaluate_run",
     "faithfulness",
     "rank_correlation",
     "read_items",

@@ -75,10 +75,6 @@ def compare(
         from ..runs.runner import generate_targets, generation_length
 
         targets = generate_targets(base, inputs, generation_length(base, max_new_tokens))
-    special_ids = set(tokenizer.all_special_ids)
-    replacement_id = tokenizer.convert_tokens_to_ids(replacement_token) if replacement_token else None
-    if replacement_id is None:
-        replacement_id = tokenizer.unk_token_id if tokenizer.unk_token_id is not None else tokenizer.pad_token_id
     comparison = Comparison()
 
     def attribute(method: str):
@@ -87,6 +83,18 @@ def compare(
         return attribution_model.attribute(inputs, targets, attribute_target=True, show_progress=False, **options)
 
     comparison.outputs = each_method(methods, attribute, comparison.failed, "compare", show_progress, "attributing")
+    return score_comparison(comparison, hf_model, tokenizer, fractions, random_draws, show_progress, replacement_token)
+
+
+def score_comparison(comparison: Comparison, hf_model, tokenizer, fractions=DEFAULT_FRACTIONS, random_draws: int = 3,
+                     show_progress: bool = False, replacement_token: str | None = None) -> Comparison:  # fmt: skip
+    """Score the outputs of ``comparison`` (method → Inseq output on the same texts, generation models): each
+    generated token's AOPC under every method, with a random-ranking baseline, and the rank agreement of each pair
+    of methods; filled into ``comparison`` and returned. The outputs may be new or read from a stored run."""
+    special_ids = set(tokenizer.all_special_ids)
+    replacement_id = tokenizer.convert_tokens_to_ids(replacement_token) if replacement_token else None
+    if replacement_id is None:
+        replacement_id = tokenizer.unk_token_id if tokenizer.unk_token_id is not None else tokenizer.pad_token_id
     scores = {method: [token_level_scores(seq) for seq in out.sequence_attributions]
               for method, out in comparison.outputs.items()}  # fmt: skip
     methods = list(comparison.outputs)

@@ -22,9 +22,9 @@ from .targets import TARGET_TOKENS, prepare_targets
 
 def evaluate(
     model,
-    methods: list[str],
-    data,
-    protocol: str,
+    methods: list[str] | None = None,
+    data=None,
+    protocol: str | None = None,
     *,
     tokenizer=None,
     batch_size: int = 16,
@@ -67,7 +67,10 @@ def evaluate(
     too). Only a file with no usable row is an error.
 
     Args:
-        model: A Hugging Face model (with ``tokenizer``), an Inseq ``AttributionModel``, or a model name or local path.
+        model: A Hugging Face model (with ``tokenizer``), an Inseq ``AttributionModel``, or a model name or local path;
+            or a stored run (an ``attribute_dataset`` folder, or :func:`~inseq_mixing.load_run`'s ``Run``): its
+            method is then evaluated on its stored attributions with the faithfulness protocol, nothing attributed
+            again (:func:`.stored.evaluate_run`, which also takes another model object for the run).
         methods: Registered attribution method names.
         data: A JSONL/CSV/Parquet path, a ``datasets.Dataset``, a DataFrame or a list of dicts (see
             :mod:`.items` for the columns).
@@ -101,8 +104,15 @@ def evaluate(
     """
     import inseq
 
+    from ..runs import Run
     from .comparison import check_methods
+    from .stored import evaluate_run, is_run_folder
 
+    if isinstance(model, Run) or is_run_folder(model):  # a stored run: its attributions, not attributed again
+        settings = {"draws": draws, "seed": seed, "examples": examples, "random_draws": random_draws}
+        return evaluate_run(model, protocol or "faithfulness", device=device, show_progress=show_progress, **settings)
+    if methods is None or data is None or protocol is None:
+        raise ValueError("Give the methods, the data and the protocol (or a stored run as the first argument).")
     check_methods(methods)
     for name, value in (("batch_size", batch_size), ("draws", draws)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

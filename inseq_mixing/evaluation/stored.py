@@ -1,0 +1,115 @@
+"""Evaluating a stored run (the store of :func:`~inseq_mixing.attribute_dataset`) without attributing again.
+
+The faithfulness protocol needs only the attributions and the model: each stored example's scores rank its context
+tokens, and the model is read on the texts with the top of the ranking removed or kept (AOPC, as
+:func:`~.evaluate.evaluate` computes it from the model: generation models replace tokens, every generated token
+scored; encoder-only models delete them, each explained entry scored). The run's method and rows are the store's; the
+model is the one the run names (or the one given), refused if its weights are not the run's. The evidence, cue and
+alignment protocols explain targets built from annotation columns the store does not hold, and speech models' from
+cues: those are evaluated from the model.
+"""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from ..frontends import as_front_end, identify
+from .compare import score_comparison
+from .comparison import Comparison
+from .encoders import encoder_faithfulness
+from .explain import Explanation
+from .faithfulness import DEFAULT_FRACTIONS
+from .items import EvaluationInputError, Item
+from .metrics import mean_statistic
+from .scores import METRICS, Evaluation, MethodResult
+
+
+def evaluate_run(
+    run,
+    protocol: str = "faithfulness",
+    *,
+    model=None,
+    tokenizer=None,
+    device: str | None = None,
+    draws: int = 1000,
+    seed: int = 0,
+    examples: int = 2,
+    random_draws: int = 3,
+    show_progress: bool = False,
+) -> Evaluation:
+    """Evaluate the method of a stored run on its stored attributions (nothing is attributed again).
+
+    Args:
+        run: A run folder, or a run loaded with :func:`~inseq_mixing.load_run` (every valid shard is read).
+        protocol: ``"faithfulness"`` (the only protocol a store holds what it needs for).
+        model: The run's model (default: the name or folder its manifest records); refused if its weights are not
+            the ones the run was made with.
+        tokenizer: The model's tokenizer, for a model object.
+        device: Where the model reads the perturbed texts.
+        draws: Bootstrap resamples of the statistics.
+        seed: Seed of the resampling and of the random rankings.
+        examples: How many stored examples to keep for the report.
+        random_draws: Random rankings per explained token (the baseline).
+        show_progress: Show a progress bar.
+
+    Returns:
+        An :class:`~.scores.Evaluation` with one method, the run's.
+
+    Raises:
+        EvaluationInputError: Another protocol, a speech model's run, an empty run, or a model whose weights are not
+            the run's.
+    """
+    from ..runs import Run, load_run
+    from ..runs.runner import weights_fingerprint
+
+    run = run if isinstance(run, Run) else load_run(run)
+    if protocol != "faithfulness":
+        raise EvaluationInputError(
+            f"A stored run is evaluated with the faithfulness protocol, not {protocol!r}: the {protocol} protocol "
+            "explains targets built from annotation columns the store does not hold; evaluate it from the model."
+        )
+    if not len(run):
+        raise EvaluationInputError(f"The run in {run.store.root} holds no example yet: run attribute_dataset first.")
+    method = run.manifest["method"]
+    model = run.manifest["model"]["name"] if model is None else model
+    found = identify(model)
+    if found.is_speech:
+        raise EvaluationInputError("A speech model's run is evaluated from the model (its protocols read cues).")
+    front = as_front_end(model, method, found, tokenizer=tokenizer, device=device)
+    if weights_fingerprint(front.model) != run.manifest["model"]["weights_sha"]:
+        raise EvaluationInputError(
+            f"The model's weights are not the ones the run in {run.store.root} was made with: pass model= (and "
+            "tokenizer=) for the run's own model."
+        )
+    ids = run.ids()
+    sequences = [run[example_id] for example_id in ids]
+    if found.is_encoder:
+        explained = [SimpleNamespace(seq=sequence) for sequence in sequences]
+        tokens = encoder_faithfulness(front, explained, DEFAULT_FRACTIONS, random_draws, seed)
+    else:
+        from inseq.data import FeatureAttributionOutput
+
+        comparison = Comparison(outputs={method: FeatureAttributionOutput(sequence_attributions=sequences)})
+        score_comparison(comparison, front.model, front.tokenizer, DEFAULT_FRACTIONS, random_draws, show_progress)
+        tokens = comparison.tokens
+    evaluation = Evaluation(protocol, draws=draws, seed=seed)
+    metrics = METRICS["faithfulness"]
+    statistics = {name: mean_statistic([row[name] for row in tokens]) for name in metrics}
+    evaluation.results[method] = MethodResult(statistics)
+    evaluation.baseline = {name: _mean([row[f"random_{name}"] for row in tokens]) for name in metrics}
+    evaluation.examples[method] = [
+        Explanation(Item(row, None, "", " ".join(token.token for token in sequence.target)), sequence, None, [])
+        for row, sequence in enumerate(sequences[:examples])
+    ]
+    return evaluation
+
+
+def is_run_folder(value) -> bool:
+    """Whether ``value`` names a folder holding a run store (its manifest), rather than a model."""
+    from ..runs.store import MANIFEST
+
+    return isinstance(value, str | Path) and (Path(value) / MANIFEST).is_file()
+
+
+def _mean(values: list[float]) -> float:
+    values = [value for value in values if value == value]
+    return sum(values) / len(values) if values else float("nan")
