@@ -335,9 +335,9 @@ def run_evaluate(args: argparse.Namespace) -> int:
         options = method_options(args.option)
         model = load_model(args.model, args.methods[0], args.device)
         columns = {role: getattr(args, f"{role}_column") for role in DEFAULT_COLUMNS}
-        from inseq_mixing.frontends.speech import SpeechAttributionModel
+        from inseq_mixing.frontends import identify
 
-        if isinstance(model, SpeechAttributionModel):
+        if identify(model).is_speech:
             columns.update({role: getattr(args, f"{role}_column") for role in ("audio", "words", "transcript")})
         elif args.protocol == "blankout" or args.random_baseline:
             raise UserError("--protocol blankout and --random-baseline are for speech models.")

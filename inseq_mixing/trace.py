@@ -605,10 +605,8 @@ def trace_call(spec: ModelSpec, call: ModelCall, full_logits: bool = True) -> Mo
         hooks.enter_context(eager_attention(model))
         for recorder in recorders.values():
             recorder.register(hooks)
-        for layer in {
-            id(layer.module): layer.module for stack in spec.stacks.values() for layer in stack.layers
-        }.values():
-            release = layer.register_forward_hook(lambda *_: release_freed_memory())  # the forward's heap holes
+        for block in spec.block_modules():
+            release = block.register_forward_hook(lambda *_: release_freed_memory())  # the forward's heap holes
             hooks.callback(release.remove)
         head_output = {}
         if skip_head:

@@ -4,7 +4,6 @@ token-level scores of an Inseq output, its candidate context tokens, and the met
 
 import csv
 import json
-import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .faithfulness import TokenExample
+from .metrics import nan_mean
 
 METRICS = ("comprehensiveness_prob", "sufficiency_prob", "comprehensiveness_logit", "sufficiency_logit")
 
@@ -44,7 +44,7 @@ class Comparison:
             mine = [row for row in self.tokens if row["method"] == method]
             summary = {"method": method, "tokens": len(mine)}
             for key in [*METRICS, *(f"random_{name}" for name in METRICS)]:
-                summary[key] = _mean(row[key] for row in mine)
+                summary[key] = nan_mean(row[key] for row in mine)
             for other in self.outputs:
                 if other != method:
                     pairs = [
@@ -52,7 +52,7 @@ class Comparison:
                         for row in self.agreement
                         if {row["method_a"], row["method_b"]} == {method, other}
                     ]
-                    summary[f"spearman_{other}"] = _mean(pairs)
+                    summary[f"spearman_{other}"] = nan_mean(pairs)
             rows.append(summary)
         return rows
 
@@ -78,11 +78,6 @@ class Comparison:
         }
         path.write_text(json.dumps(content, indent=1, ensure_ascii=False), encoding="utf-8")
         return path
-
-
-def _mean(values) -> float:
-    values = [value for value in values if not math.isnan(value)]
-    return sum(values) / len(values) if values else float("nan")
 
 
 def token_level_scores(seq) -> tuple[torch.Tensor | None, torch.Tensor]:

@@ -1,8 +1,6 @@
 """``evaluate``: score attribution methods over an annotated dataset with the papers' protocols, with bootstrap
 intervals and paired tests between methods."""
 
-import math
-
 import torch
 
 from ..frontends import as_front_end, identify, load_model
@@ -16,7 +14,7 @@ from .metrics import (
     random_reciprocal_rank,
     reciprocal_rank,
 )
-from .scores import METRICS, Evaluation, MethodResult, score_methods
+from .scores import Evaluation, MethodResult, faithfulness_baseline, faithfulness_result, score_methods
 from .targets import TARGET_TOKENS, prepare_targets
 
 
@@ -261,20 +259,9 @@ def _faithfulness(base, methods, items, batch_size, method_kwargs, random_draws,
         raise RuntimeError(f"Every method failed: {evaluation.failed}")
     keys = sorted(set.intersection(*(set(rows[method]) for method in methods)))
     for method in methods:
-        tokens = [rows[method][key] for key in keys]
-        evaluation.results[method] = MethodResult(
-            {metric: mean_statistic([token[metric] for token in tokens]) for metric in METRICS["faithfulness"]}
-        )
-    reference = [rows[methods[0]][key] for key in keys]
-    evaluation.baseline = {
-        metric: _mean([token[f"random_{metric}"] for token in reference]) for metric in METRICS["faithfulness"]
-    }
+        evaluation.results[method] = faithfulness_result([rows[method][key] for key in keys])
+    evaluation.baseline = faithfulness_baseline([rows[methods[0]][key] for key in keys])
     return evaluation
-
-
-def _mean(values: list[float]) -> float:
-    values = [value for value in values if not math.isnan(value)]
-    return sum(values) / len(values) if values else float("nan")
 
 
 def _evaluate_encoder(model, methods, data, protocol, method_kwargs, columns, *, device, batch_size, draws, seed,
@@ -307,15 +294,11 @@ def _evaluate_encoder(model, methods, data, protocol, method_kwargs, columns, *,
             return SCORERS[protocol](explained), explained
         rows = encoder_faithfulness(attribution, explained, random_draws=random_draws, seed=seed)
         faithfulness_rows[method] = rows
-        statistics = {name: mean_statistic([row[name] for row in rows]) for name in METRICS["faithfulness"]}
-        return MethodResult(statistics), explained
+        return faithfulness_result(rows), explained
 
     score_methods(evaluation, methods, score, examples, show_progress)
     if protocol == "faithfulness":
-        rows = next(iter(faithfulness_rows.values()))
-        evaluation.baseline = {
-            name: _mean([row[f"random_{name}"] for row in rows]) for name in METRICS["faithfulness"]
-        }
+        evaluation.baseline = faithfulness_baseline(next(iter(faithfulness_rows.values())))
     else:
         evaluation.baseline = BASELINES[protocol](kept)
     return evaluation

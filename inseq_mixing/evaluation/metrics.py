@@ -104,6 +104,12 @@ class Statistic:
         return len(self.num)
 
 
+def nan_mean(values) -> float:
+    """The mean of the values that are not NaN (NaN when none is)."""
+    values = [value for value in values if not math.isnan(value)]
+    return sum(values) / len(values) if values else float("nan")
+
+
 def mean_statistic(values) -> Statistic:
     """The mean of per-item values."""
     values = torch.as_tensor(values, dtype=torch.float64)

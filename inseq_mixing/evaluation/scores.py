@@ -11,7 +11,7 @@ from pathlib import Path
 from .comparison import each_method
 from .explain import Explanation
 from .items import Skipped
-from .metrics import Statistic, bootstrap_interval, is_degenerate, paired_permutation_test
+from .metrics import Statistic, bootstrap_interval, is_degenerate, mean_statistic, nan_mean, paired_permutation_test
 
 #: The headline metric of each protocol (the first of its metrics).
 METRICS = {
@@ -165,6 +165,16 @@ class Evaluation:
             shown = {key: value for key, value in self.baseline.items() if key in self.metrics[:2]}
             rows.append({"method": "random", **shown})
         return rows
+
+
+def faithfulness_result(rows: list[dict]) -> MethodResult:
+    """One method's faithfulness result from its per-token (or per-entry) AOPC rows."""
+    return MethodResult({name: mean_statistic([row[name] for row in rows]) for name in METRICS["faithfulness"]})
+
+
+def faithfulness_baseline(rows: list[dict]) -> dict[str, float]:
+    """The random rankings' AOPC (the rows' ``random_*`` values) averaged over the rows."""
+    return {name: nan_mean([row[f"random_{name}"] for row in rows]) for name in METRICS["faithfulness"]}
 
 
 def score_methods(evaluation: Evaluation, methods: list[str], score, examples: int, show_progress: bool) -> None:

@@ -19,8 +19,7 @@ from .encoders import encoder_faithfulness
 from .explain import Explanation
 from .faithfulness import DEFAULT_FRACTIONS
 from .items import EvaluationInputError, Item
-from .metrics import mean_statistic
-from .scores import METRICS, Evaluation, MethodResult
+from .scores import Evaluation, faithfulness_baseline, faithfulness_result
 
 
 def evaluate_run(
@@ -92,10 +91,8 @@ def evaluate_run(
         score_comparison(comparison, front.model, front.tokenizer, DEFAULT_FRACTIONS, random_draws, show_progress)
         tokens = comparison.tokens
     evaluation = Evaluation(protocol, draws=draws, seed=seed)
-    metrics = METRICS["faithfulness"]
-    statistics = {name: mean_statistic([row[name] for row in tokens]) for name in metrics}
-    evaluation.results[method] = MethodResult(statistics)
-    evaluation.baseline = {name: _mean([row[f"random_{name}"] for row in tokens]) for name in metrics}
+    evaluation.results[method] = faithfulness_result(tokens)
+    evaluation.baseline = faithfulness_baseline(tokens)
     evaluation.examples[method] = [
         Explanation(Item(row, None, "", " ".join(token.token for token in sequence.target)), sequence, None, [])
         for row, sequence in enumerate(sequences[:examples])
@@ -108,8 +105,3 @@ def is_run_folder(value) -> bool:
     from ..runs.store import MANIFEST
 
     return isinstance(value, str | Path) and (Path(value) / MANIFEST).is_file()
-
-
-def _mean(values: list[float]) -> float:
-    values = [value for value in values if value == value]
-    return sum(values) / len(values) if values else float("nan")

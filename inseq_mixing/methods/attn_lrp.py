@@ -171,9 +171,8 @@ def recomputed_blocks(spec: ModelSpec) -> Iterator[None]:
     block's activations at a time instead of every block's (at 1,000 tokens on a GPT-2-small-sized model, each block's
     attention keeps three 1000 × 1000 × 12 tensors: 1.7 GB for twelve), for one more forward pass of time. The
     recomputed block is the same computation on the same inputs, so the relevance does not change."""
-    blocks = {id(layer.module): layer.module for stack in spec.stacks.values() for layer in stack.layers}
     with ExitStack() as swaps:
-        for block in blocks.values():
+        for block in spec.block_modules():
 
             def forward(*args, own=block.forward, **kwargs):
                 return checkpoint(own, *args, use_reentrant=False, **kwargs)

@@ -442,15 +442,14 @@ def attribute_batch(
 ) -> list[dict]:
     """Attribute one batch (generating missing targets first, capped by ``length``) and return its store rows, in
     batch order."""
-    sources = [example.source for example in batch]
-    missing = [idx for idx, example in enumerate(batch) if example.target is None]
-    targets = [example.target for example in batch]
     if is_own_front_end(attribution_model):  # inseq_args: the front end's own arguments (speech: window_s...)
         attributed = attribution_model.attribute_rows(*row_fields(batch), inseq_args, options)
         return [
             sequence_to_row(sequence, example, example.source, text)
             for (sequence, text), example in zip(attributed, batch, strict=True)
         ]
+    sources, targets, _ = row_fields(batch)
+    missing = [idx for idx, target in enumerate(targets) if target is None]
     if missing:
         generated = generate_targets(attribution_model, [sources[idx] for idx in missing], length)
         for idx, text in zip(missing, generated, strict=True):

@@ -238,6 +238,11 @@ class ModelSpec:
         """The model's stacks by name: ``"decoder"``, then ``"encoder"`` for encoder–decoders."""
         return {"decoder": self.decoder} | ({"encoder": self.encoder} if self.encoder is not None else {})
 
+    def block_modules(self) -> list[nn.Module]:
+        """Every stack's block modules, each once (a module shared by two layer specs is listed once)."""
+        blocks = {id(layer.module): layer.module for stack in self.stacks.values() for layer in stack.layers}
+        return list(blocks.values())
+
 
 @dataclass(frozen=True)
 class NormParams:
