@@ -59,8 +59,7 @@ def test_faithful_ranking_beats_random_and_unfaithful_one_loses():
 def test_aopc_is_the_mean_drop_of_probability_and_logit_over_each_perturbation():
     """One AOPC for every front end: comprehensiveness reads the inputs with the top removed, sufficiency those with
     only the top kept, each the mean drop below the unperturbed reading (encoder-only models: deletion, below)."""
-    from inseq_mixing.evaluation.encoders import _aopc
-    from inseq_mixing.evaluation.faithfulness import aopc_scores
+    from inseq_mixing.evaluation.faithfulness import aopc_scores, removal_faithfulness
 
     readings = {"removed": (torch.tensor([0.4, 0.2]), torch.tensor([4.0, 1.0])),
                 "kept": (torch.tensor([0.5, 0.6]), torch.tensor([3.0, 2.0]))}  # fmt: skip
@@ -74,11 +73,15 @@ def test_aopc_is_the_mean_drop_of_probability_and_logit_over_each_perturbation()
         left = masks.sum(1).float()
         return left / 10, left
 
-    # 5 tokens, 0 and 4 special; the ranking puts token 3 first, then 1, then 2
-    scores = _aopc(read, torch.tensor([3, 1, 2]), torch.tensor([1, 2, 3]), 5, (1 / 3, 2 / 3), (0.5, 5.0))
-    assert seen[0] == [[True, True, True, False, True], [True, False, True, False, True]]  # the top deleted
-    assert seen[1] == [[True, False, False, True, True], [True, True, False, True, True]]  # only the top kept
-    assert scores == pytest.approx({"comprehensiveness_prob": 0.15, "comprehensiveness_logit": 1.5,
+    # 5 tokens (or units), 0 and 4 never removed; the scores rank token 3 first, then 1, then 2
+    candidates = torch.tensor([False, True, True, True, False])
+    scores = removal_faithfulness(read, torch.tensor([9.0, 0.5, 0.1, 0.9, 9.0]), candidates, (1 / 3, 2 / 3), 0,
+                                  torch.Generator())  # fmt: skip
+    assert seen[0] == [[True] * 5]  # the unperturbed reading: 5 left, (0.5, 5.0)
+    assert seen[1] == [[True, True, True, False, True], [True, False, True, False, True]]  # the top deleted
+    assert seen[2] == [[True, False, False, True, True], [True, True, False, True, True]]  # only the top kept
+    ranked = {name: value for name, value in scores.items() if not name.startswith("random_")}
+    assert ranked == pytest.approx({"comprehensiveness_prob": 0.15, "comprehensiveness_logit": 1.5,
                                     "sufficiency_prob": 0.15, "sufficiency_logit": 1.5})  # fmt: skip
 
 

@@ -4,6 +4,7 @@ read, and every entry point builds its front end there."""
 import json
 
 import pytest
+import torch
 
 import inseq_mixing
 from inseq_mixing import frontends
@@ -77,3 +78,18 @@ def test_a_dataset_run_reads_a_names_config_once(tmp_path, monkeypatch):
     )
     assert reads == [str(folder)]
     assert inseq_mixing.load_run(tmp_path / "run").ids() == ["a"]
+
+
+def test_the_layout_turns_rows_into_inseq_axes_and_marks_what_a_decoder_cannot_see():
+    """``(slots, positions, tokens)`` rows become ``(tokens, explained, slots)``, in the scores' own precision; a
+    decoder's map over its own text is NaN on every token after the explained one's position."""
+    from inseq_mixing.frontends.layout import decoder_layout, tokens_first
+
+    scores = torch.arange(2 * 3 * 4, dtype=torch.float64).reshape(2, 3, 4)  # (slots, positions, tokens)
+    laid = tokens_first(scores)
+    assert laid.shape == (4, 3, 2) and laid.dtype == torch.float64
+    assert all(laid[j, i, s] == scores[s, i, j] for s in range(2) for i in range(3) for j in range(4))
+    decoder = decoder_layout(scores[0], cells=[1, 2], tokens=4)  # tokens 2 and 3 predicted at positions 1 and 2
+    assert decoder.shape == (4, 2) and decoder.dtype == torch.float64
+    assert decoder[:2, 0].tolist() == [scores[0, 1, 0], scores[0, 1, 1]] and decoder[2:, 0].isnan().all()
+    assert decoder[:3, 1].tolist() == scores[0, 2, :3].tolist() and decoder[3, 1].isnan()

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import inseq_mixing
 from inseq_mixing.declarations import DECLARATIONS
 from inseq_mixing.frontends.audio import AudioError, audio_units
+from inseq_mixing.frontends.speech import CallSettings, Utterance
 from inseq_mixing.testing import (
     SAMPLING_RATE,
     SPEECH_FAMILIES,
@@ -115,9 +116,10 @@ def frame_and_unit_results(family: str, method: str, **options):
     """The method's frame-level result and the pooled one, on the same traced batch."""
     model = attribution_model(family, method)
     signals = list(AUDIO)
-    batch, trace = model._batch(signals, [None, None] if family != "whisper" else list(TEXTS), list(WORDS), 0.5,
-                                None, 8, names=["Audio 0", "Audio 1"])  # fmt: skip
-    request = model._request(batch, trace)
+    targets = [None, None] if family != "whisper" else list(TEXTS)
+    items = [Utterance(*entry) for entry in zip(signals, targets, list(WORDS), ["Audio 0", "Audio 1"], strict=True)]
+    batch = model.prepare(items, CallSettings(window_s=0.5, prompt_ids=None, max_new_tokens=8))
+    request = batch.request
     parsed = model.declaration.make_options(options)
     pooled = model.declaration.run(request, parsed)
     frames = model.declaration.compute(dataclasses.replace(request, units=None), parsed)

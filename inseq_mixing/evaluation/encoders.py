@@ -18,12 +18,10 @@ A row the front end refuses (no mask token, a word mapped to the unknown token, 
 the same token) is skipped with its reason.
 """
 
-import math
-
 import torch
 
 from .explain import Explanation
-from .faithfulness import AOPC_KEYS, DEFAULT_FRACTIONS, aopc_scores
+from .faithfulness import DEFAULT_FRACTIONS, removal_faithfulness
 from .items import Item, Skipped
 from .words import token_words, word_scores
 
@@ -108,18 +106,8 @@ def encoder_faithfulness(attribution, explanations, fractions=DEFAULT_FRACTIONS,
         candidates = torch.tensor([int(i) not in special and n != cell for n, i in enumerate(ids.tolist())])
         scores = seq.source_attributions.float()[:, 0]
         scores = scores.mean(-1) if scores.ndim == 2 else scores
-        target = seq.target[0].id
-        read = _reader(attribution, ids, cell, target)
-        original = read(torch.ones_like(ids, dtype=torch.bool)[None])
-        order = candidates.nonzero().squeeze(-1)
-        ranked = order[torch.argsort(scores[order], descending=True, stable=True)]
-        row = _aopc(read, ranked, order, len(ids), fractions, original)
-        draws = [
-            _aopc(read, order[torch.randperm(len(order), generator=generator)], order, len(ids), fractions, original)
-            for _ in range(random_draws)
-        ]
-        row.update({f"random_{key}": sum(draw[key] for draw in draws) / max(1, len(draws)) for key in AOPC_KEYS})
-        rows.append(row)
+        read = _reader(attribution, ids, cell, seq.target[0].id)
+        rows.append(removal_faithfulness(read, scores, candidates, fractions, random_draws, generator))
     return rows
 
 
@@ -148,21 +136,6 @@ def _reader(attribution, ids: torch.Tensor, cell: int, target: int):
         return logits.softmax(-1)[:, target], logits[:, target]
 
     return read
-
-
-def _aopc(read, ranked: torch.Tensor, candidates: torch.Tensor, length: int, fractions, original) -> dict[str, float]:
-    """Comprehensiveness (the top ``k%`` of ``ranked`` deleted) and sufficiency (only they kept among the
-    candidates), averaged over ``fractions``."""
-    removed, kept = [], []
-    for fraction in fractions:
-        top = ranked[: math.ceil(fraction * len(ranked))]
-        without = torch.ones(length, dtype=torch.bool)
-        without[top] = False
-        removed.append(without)
-        only = torch.ones(length, dtype=torch.bool)
-        only[candidates[~torch.isin(candidates, top)]] = False
-        kept.append(only)
-    return aopc_scores(read, torch.stack(removed), torch.stack(kept), original)
 
 
 def compare_encoder(attribution, methods, texts, targets, fractions, random_draws, method_kwargs, show_progress):

@@ -53,7 +53,8 @@ def evaluate(
       with random rankings as the baseline.
 
     Speech models (Whisper, wav2vec 2.0 / HuBERT CTC) take the speech study's ``cue`` (audio and text cues, with
-    ``random_baseline``) and ``blankout`` protocols instead; see :mod:`.speech` for their rows and metrics.
+    ``random_baseline``) and ``blankout`` protocols (see :mod:`.speech` for their rows and metrics), and
+    ``faithfulness`` with units silenced instead of tokens replaced (:mod:`.speech_faithfulness`, our extension).
 
     Every metric comes with a percentile bootstrap 95% interval over the items and every two methods with a paired
     permutation test of the headline metric; an interval that cannot vary (one item, or every item alike) is reported
@@ -121,8 +122,15 @@ def evaluate(
     found = identify(model)
     if found.is_speech:
         from .speech import evaluate_speech
+        from .speech_faithfulness import evaluate_speech_faithfulness
 
         model = as_front_end(model, methods[0], found, processor=processor)
+        if protocol == "faithfulness":
+            if random_baseline:
+                raise ValueError("random_baseline is for the cue protocol; faithfulness has its random rankings.")
+            return evaluate_speech_faithfulness(model, methods, data, method_kwargs=method_kwargs, draws=draws,
+                                                seed=seed, examples=examples, random_draws=random_draws,
+                                                show_progress=show_progress, columns=columns)  # fmt: skip
         return evaluate_speech(model, methods, data, protocol, processor=processor, method_kwargs=method_kwargs,
                                random_baseline=random_baseline, draws=draws, seed=seed, show_progress=show_progress,
                                **columns)  # fmt: skip

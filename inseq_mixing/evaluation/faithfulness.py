@@ -94,8 +94,8 @@ def aopc_scores(read, removed, kept, original: tuple[torch.Tensor, torch.Tensor]
     probability and logit over the inputs ``removed`` (the top of the ranking taken out, one per fraction), and
     sufficiency, the mean drop over the inputs ``kept`` (only the top kept). ``read(inputs) -> (probability, logit)``
     reads the model on a batch of perturbed inputs; ``original`` is its reading of the unperturbed input. Generation
-    models replace tokens (:func:`aopc`); encoder-only models delete them
-    (:func:`~.encoders.encoder_faithfulness`)."""
+    models replace tokens (:func:`aopc`); encoder-only models delete them and speech models silence units
+    (:func:`removal_faithfulness`)."""
     original_prob, original_logit = original
     scores = {}
     for name, inputs in (("comprehensiveness", removed), ("sufficiency", kept)):
@@ -103,6 +103,49 @@ def aopc_scores(read, removed, kept, original: tuple[torch.Tensor, torch.Tensor]
         scores[f"{name}_prob"] = float((original_prob - prob).mean())
         scores[f"{name}_logit"] = float((original_logit - logit).mean())
     return scores
+
+
+def removal_faithfulness(read, scores: torch.Tensor, candidates: torch.Tensor, fractions, random_draws: int,
+                         generator: torch.Generator) -> dict[str, float]:  # fmt: skip
+    """AOPC by removal, for inputs whose items are taken out rather than replaced (an encoder's tokens deleted, a
+    speech model's units silenced): the ranking of the ``candidates`` by ``scores`` (highest first) and
+    ``random_draws`` random rankings of them (``random_*`` keys, averaged).
+
+    Args:
+        read: ``read(kept) -> (probability, logit)`` of the explained output for a batch of masks ``(rows, items)``
+            of the items kept (True) and removed (False).
+        scores: One score per item.
+        candidates: Which items may be removed ``(items,)``; the others are always kept.
+        fractions: The fractions of the candidates removed (comprehensiveness) or kept alone (sufficiency).
+        random_draws: Random rankings (the baseline).
+        generator: Draws the random rankings (shared by every method, so that they are the same for each).
+    """
+    length = len(candidates)
+    original = read(torch.ones(1, length, dtype=torch.bool))
+    order = candidates.nonzero().squeeze(-1)
+    ranked = order[torch.argsort(scores[order], descending=True, stable=True)]
+    result = _removal_aopc(read, ranked, order, length, fractions, original)
+    draws = [
+        _removal_aopc(read, order[torch.randperm(len(order), generator=generator)], order, length, fractions, original)
+        for _ in range(random_draws)
+    ]
+    result.update({f"random_{key}": sum(draw[key] for draw in draws) / max(1, len(draws)) for key in AOPC_KEYS})
+    return result
+
+
+def _removal_aopc(read, ranked: torch.Tensor, candidates: torch.Tensor, length: int, fractions, original):
+    """Comprehensiveness (the top ``k%`` of ``ranked`` removed) and sufficiency (only they kept among the
+    candidates), averaged over ``fractions``."""
+    removed, kept = [], []
+    for fraction in fractions:
+        top = ranked[: math.ceil(fraction * len(ranked))]
+        without = torch.ones(length, dtype=torch.bool)
+        without[top] = False
+        removed.append(without)
+        only = torch.ones(length, dtype=torch.bool)
+        only[candidates[~torch.isin(candidates, top)]] = False
+        kept.append(only)
+    return aopc_scores(read, torch.stack(removed), torch.stack(kept), original)
 
 
 def random_baseline(

@@ -125,7 +125,9 @@ def evaluate_speech(
     from ..frontends import as_front_end
 
     if protocol not in SPEECH_PROTOCOLS:
-        raise EvaluationInputError(f"Speech models are evaluated with {SPEECH_PROTOCOLS}, not {protocol!r}.")
+        raise EvaluationInputError(
+            f"Speech models are evaluated with {SPEECH_PROTOCOLS} or 'faithfulness', not {protocol!r}."
+        )
     model = as_front_end(model, methods[0], processor=processor)
     rows, skipped = read_speech_rows(data, {role.removesuffix("_column"): name for role, name in columns.items()})
     kept = []
@@ -135,7 +137,7 @@ def evaluate_speech(
             if model.whisper:
                 _transcript_words(model.tokenizer, row)
                 transcript = model.tokenizer(row.transcript, add_special_tokens=False).input_ids
-                model.check_decoder_length(len(model._default_prompt()) + len(transcript), row.row)
+                model.check_decoder_length(len(model.default_prompt()) + len(transcript), row.row)
         except (AudioError, ValueError) as error:  # EvaluationInputError is a ValueError
             skipped.append(Skipped(row.row, str(error)))
             continue
@@ -285,7 +287,7 @@ def _blankout(attribution, rows, seed: int) -> MethodResult:
     drops = {name: [] for name in BLANKOUT_METRICS}
     for row in rows:
         tokenizer = attribution.tokenizer
-        prompt = attribution._default_prompt()
+        prompt = attribution.default_prompt()
         ids = prompt + tokenizer(row.transcript, add_special_tokens=False).input_ids
         transcript = _transcript_words(tokenizer, row)
         position = len(prompt) + transcript.first_token  # the target's first token, predicted at position - 1
@@ -325,7 +327,7 @@ def _silenced(row, spans, sampling_rate: int) -> np.ndarray:
 
 def _probability(attribution, signal, ids: list[int], position: int) -> float:
     """Whisper's probability of ``ids[position]`` given the audio and ``ids[:position]`` (teacher-forced)."""
-    inputs, _, _ = attribution._features([signal])
+    inputs, _, _ = attribution.features([signal])
     model = attribution.model
     decoder = torch.tensor([ids[:position]], device=attribution.device)
     logits = model(**inputs, decoder_input_ids=decoder, use_cache=False).logits[0, -1]

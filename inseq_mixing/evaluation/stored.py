@@ -3,23 +3,25 @@
 The faithfulness protocol needs only the attributions and the model: each stored example's scores rank its context
 tokens, and the model is read on the texts with the top of the ranking removed or kept (AOPC, as
 :func:`~.evaluate.evaluate` computes it from the model: generation models replace tokens, every generated token
-scored; encoder-only models delete them, each explained entry scored). The run's method and rows are the store's; the
-model is the one the run names (or the one given), refused if its weights are not the run's. The evidence, cue and
-alignment protocols explain targets built from annotation columns the store does not hold, and speech models' from
-cues: those are evaluated from the model.
+scored; encoder-only models delete them, each explained entry scored; speech models silence units, every explained
+entry scored, the audio read again from the file the row names and cut into the units the run cut it into). The
+run's method and rows are the store's; the model is the one the run names (or the one given), refused if its weights
+are not the run's. The evidence, cue and alignment protocols (and the speech study's cue and blankout) explain
+targets built from annotation columns the store does not hold: those are evaluated from the model.
 """
 
 from pathlib import Path
 from types import SimpleNamespace
 
 from ..frontends import as_front_end, identify
+from ..frontends.audio import AudioError, read_audio
 from .compare import score_comparison
 from .comparison import Comparison
 from .encoders import encoder_faithfulness
-from .explain import Explanation
 from .faithfulness import DEFAULT_FRACTIONS
-from .items import EvaluationInputError, Item
+from .items import EvaluationInputError
 from .scores import Evaluation, faithfulness_baseline, faithfulness_result
+from .speech_faithfulness import explanations, speech_faithfulness
 
 
 def evaluate_run(
@@ -28,6 +30,7 @@ def evaluate_run(
     *,
     model=None,
     tokenizer=None,
+    processor=None,
     device: str | None = None,
     draws: int = 1000,
     seed: int = 0,
@@ -43,6 +46,7 @@ def evaluate_run(
         model: The run's model (default: the name or folder its manifest records); refused if its weights are not
             the ones the run was made with.
         tokenizer: The model's tokenizer, for a model object.
+        processor: A speech model object's processor.
         device: Where the model reads the perturbed texts.
         draws: Bootstrap resamples of the statistics.
         seed: Seed of the resampling and of the random rankings.
@@ -54,8 +58,8 @@ def evaluate_run(
         An :class:`~.scores.Evaluation` with one method, the run's.
 
     Raises:
-        EvaluationInputError: Another protocol, a speech model's run, an empty run, or a model whose weights are not
-            the run's.
+        EvaluationInputError: Another protocol, an empty run, a model whose weights are not the run's, or a speech
+            run whose audio files cannot be read or no longer give the stored units.
     """
     from ..runs import Run, load_run
     from ..runs.runner import weights_fingerprint
@@ -71,9 +75,7 @@ def evaluate_run(
     method = run.manifest["method"]
     model = run.manifest["model"]["name"] if model is None else model
     found = identify(model)
-    if found.is_speech:
-        raise EvaluationInputError("A speech model's run is evaluated from the model (its protocols read cues).")
-    front = as_front_end(model, method, found, tokenizer=tokenizer, device=device)
+    front = as_front_end(model, method, found, tokenizer=tokenizer, processor=processor, device=device)
     if weights_fingerprint(front.model) != run.manifest["model"]["weights_sha"]:
         raise EvaluationInputError(
             f"The model's weights are not the ones the run in {run.store.root} was made with: pass model= (and "
@@ -81,7 +83,11 @@ def evaluate_run(
         )
     ids = run.ids()
     sequences = [run[example_id] for example_id in ids]
-    if found.is_encoder:
+    if found.is_speech:
+        explained = [(sequence, *_stored_audio(front, run, example_id, sequence)) for example_id, sequence in
+                     zip(ids, sequences, strict=True)]  # fmt: skip
+        tokens = speech_faithfulness(front, explained, DEFAULT_FRACTIONS, random_draws, seed)
+    elif found.is_encoder:
         explained = [SimpleNamespace(seq=sequence) for sequence in sequences]
         tokens = encoder_faithfulness(front, explained, DEFAULT_FRACTIONS, random_draws, seed)
     else:
@@ -93,11 +99,30 @@ def evaluate_run(
     evaluation = Evaluation(protocol, draws=draws, seed=seed)
     evaluation.results[method] = faithfulness_result(tokens)
     evaluation.baseline = faithfulness_baseline(tokens)
-    evaluation.examples[method] = [
-        Explanation(Item(row, None, "", " ".join(token.token for token in sequence.target)), sequence, None, [])
-        for row, sequence in enumerate(sequences[:examples])
-    ]
+    evaluation.examples[method] = explanations(sequences[:examples])
     return evaluation
+
+
+def _stored_audio(front, run, example_id: str, sequence) -> tuple:
+    """A speech example's signal, read again from the file its row names, and its units as the run cut them (its
+    word intervals, or windows of the run's ``window_s``), checked against the stored units."""
+    inputs = run.inputs(example_id)
+    name = f"Example {example_id!r}"
+    try:
+        signal = front.check_length(read_audio(inputs["source_text"], front.sampling_rate, name), name)
+        units = front.units(signal, inputs["words"], run.manifest["options"].get("window_s", 0.5), name)
+    except AudioError as error:
+        raise EvaluationInputError(
+            f"{error} The faithfulness of a speech run reads its audio files again: evaluate it where they are (the "
+            "paths are the run's data's, relative ones from the folder the run was made in)."
+        ) from None
+    stored = [token.token for token in sequence.source]
+    if [unit.label for unit in units] != stored:
+        raise EvaluationInputError(
+            f"{name}: its audio {inputs['source_text']!r} no longer gives the units the run stored ({stored}): the "
+            "file changed since the run, or the run was stored before its word intervals were kept; run it again."
+        )
+    return signal, units
 
 
 def is_run_folder(value) -> bool:

@@ -1,26 +1,46 @@
-"""What every front end shares: the model object's device and name, its layout helpers, its argument checks.
+"""What every front end of this package shares: the one attribution loop, the model object's device and name, the
+hooks of a dataset run, its argument checks.
 
-No math, and no decision on what kind a model is (that is :mod:`.router`'s).
+No math, no layout (that is :mod:`.layout`'s), and no decision on what kind a model is (that is :mod:`.router`'s).
 """
+
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from ..methods.blocks import upcast
+from ..trace import eval_mode
+
+
+class PreparedBatch(Protocol):
+    """What :meth:`FrontEndModel.prepare` returns: one batch ready for the method (``request``: the declaration's
+    :class:`~inseq_mixing.declarations.Request`, or None for a method the front end runs itself), and its size."""
+
+    request: Any
+
+    @property
+    def size(self) -> int: ...
 
 
 class FrontEndModel:
-    """What the encoder and speech front ends share: a Hugging Face ``model``, its device and name, and the hooks a
-    dataset run calls (:mod:`inseq_mixing.runs.runner` calls these and never asks which front end it holds):
+    """The base of the package's own front ends (models Inseq does not load: encoder-only, speech, the next
+    modality). It owns what they share:
 
-    - :meth:`run_arguments`: a run's keyword arguments split into the front end's own and the method's options;
-    - :meth:`check_rows`: every row checked before any work, errors naming the row;
-    - :meth:`attribute_rows`: one batch attributed, with the text each row's target is stored under.
+    - :meth:`attribute_items`, the one attribution loop: the method's options checked against its declaration before
+      any work, the model in eval mode (its mode restored after, also on error), batches with a progress bar, the
+      ``info`` dictionary, the ``inseq.FeatureAttributionOutput``;
+    - the hooks a dataset run calls (:mod:`inseq_mixing.runs.runner` calls these and never asks which front end it
+      holds): :meth:`run_arguments`, :meth:`check_rows`, :meth:`attribute_rows`.
 
-    A new front end fills these (and its ``attribute``) and a dataset run takes it unchanged.
+    A front end's ``attribute`` turns its user's arguments into one item per input and calls :meth:`attribute_items`;
+    it fills two hooks: :meth:`prepare` (items → a batch with its ``Request``) and :meth:`present` (one row of the
+    method's result → an Inseq sequence, laid out with :mod:`.layout`).
     """
 
     model: nn.Module
+    method: str
+    #: The method's declaration (:mod:`inseq_mixing.declarations`), or None for a method the front end runs itself.
+    declaration: Any
 
     #: Keyword arguments of ``attribute`` a dataset run passes on besides the method's options.
     RUN_ARGUMENTS: tuple[str, ...] = ()
@@ -41,7 +61,71 @@ class FrontEndModel:
 
     def check_options(self, options: dict) -> None:
         """Refuse options the method does not take (``ValueError`` naming them)."""
+        self.declaration.check_options(options)
+
+    def make_options(self, options: dict) -> dict:
+        """The method's options as its computation takes them (defaults filled in)."""
+        return self.declaration.make_options(options)
+
+    # ----- the one attribution loop -----
+
+    def attribute_items(
+        self, items: list, *, batch_size: int, show_progress: bool, method_options: dict, info: dict, settings=None
+    ):
+        """Attribute ``items`` (one per input, as the front end's :meth:`prepare` takes them) in batches.
+
+        Args:
+            items: One entry per input, in order.
+            batch_size: Items per forward pass.
+            show_progress: Show a progress bar over batches.
+            method_options: The method's options as the user gave them (checked here, before any work).
+            info: The front end's own entries of the output's ``info`` (the method, the model and the options are
+                added here).
+            settings: Passed to every :meth:`prepare` call (the front end's per-call arguments).
+
+        Returns:
+            ``inseq.FeatureAttributionOutput``, one sequence per item.
+        """
+        import inseq
+        from tqdm.auto import tqdm
+
+        self.check_options(method_options)
+        options = self.make_options(method_options)
+        sequences, axis = [], None
+        starts = range(0, len(items), batch_size)
+        with eval_mode(self.model):
+            for start in tqdm(starts, disable=not show_progress, desc=f"Attributing with {self.method}"):
+                batch = self.prepare(items[start : start + batch_size], settings)
+                batch_sequences, batch_axis = self.explain(batch, options)
+                sequences += batch_sequences
+                axis = batch_axis if batch_axis is not None else axis
+        info = {
+            "attribution_method": self.method,
+            "model_name": self.model_name,
+            "model_class": type(self.model).__name__,
+            **info,
+            "step_scores": [],
+            "attribution_args": dict(method_options),
+        }
+        if axis is not None:
+            info["score_axis"] = list(axis)
+        return inseq.FeatureAttributionOutput(sequence_attributions=sequences, step_attributions=None, info=info)
+
+    def prepare(self, items: list, settings) -> PreparedBatch:
+        """One batch of items made ready: inputs encoded, the model traced, what is explained found."""
         raise NotImplementedError
+
+    def explain(self, batch: PreparedBatch, options: dict) -> tuple[list, list[str] | None]:
+        """One batch's sequences and the labels of their extra axis (or None): the declaration's computation on the
+        batch's ``Request``, each row presented."""
+        result = self.declaration.run(batch.request, options)
+        return [self.present(batch, result, row) for row in range(batch.size)], result.axis
+
+    def present(self, batch: PreparedBatch, result, row: int):
+        """Row ``row`` of the method's ``result`` as an Inseq sequence (:mod:`.layout`)."""
+        raise NotImplementedError
+
+    # ----- a dataset run's hooks -----
 
     def check_rows(self, sources: list, targets: list, words: list, own: dict, names: list[str]) -> None:
         """Refuse, before any work, a row this front end cannot explain (``ValueError`` naming it by ``names``):
@@ -76,12 +160,6 @@ class FrontEndModel:
     @property
     def model_name(self) -> str:
         return getattr(self.model.config, "name_or_path", "") or type(self.model).__name__
-
-
-def tokens_first(rows: torch.Tensor) -> torch.Tensor:
-    """``([slots,] explained, tokens)`` → Inseq's ``(tokens, explained[, slots])``."""
-    rows = upcast(rows.detach()).cpu()
-    return rows.permute(2, 1, 0).contiguous() if rows.ndim == 3 else rows.T.contiguous()
 
 
 def plain(values):

@@ -39,8 +39,9 @@ from ..methods.blocks import upcast
 from ..methods.results import LogitScores
 from ..specs import get_spec
 from ..specs.encoder_heads import model_task
-from ..trace import eval_mode, trace_model
-from .common import FrontEndModel, check_batch_size, plain, tokens_first
+from ..trace import trace_model
+from .common import FrontEndModel, check_batch_size, plain
+from .layout import logit_step_scores, row_steps, sequence_output, token_list, tokens_first
 
 #: Inseq's gradient baselines, by name, as Captum classes on the input embeddings.
 GRADIENT_METHODS = ("integrated_gradients", "deeplift", "saliency", "input_x_gradient")
@@ -65,8 +66,20 @@ EXPLAINED_BY_MAPS = {
 
 
 @dataclass
+class _Text:
+    """One text to explain, as :meth:`EncoderAttributionModel.attribute` was given it, and how errors name it."""
+
+    text: str
+    target: object
+    foil: object
+    positions: list[int] | None
+    name: str
+
+
+@dataclass
 class _Batch:
-    """One batch of texts, tokenized, with what is explained in each."""
+    """One batch of texts, tokenized, with what is explained in each and the method's request (None for the
+    gradient baselines)."""
 
     texts: list[str]
     inputs: dict
@@ -74,6 +87,11 @@ class _Batch:
     explained: list[list[int]]  # per text, the explained positions in order
     target_ids: torch.Tensor  # (B, T) output index explained at each position
     foil_ids: torch.Tensor | None
+    request: Request | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.texts)
 
 
 class EncoderAttributionModel(FrontEndModel):
@@ -111,6 +129,10 @@ class EncoderAttributionModel(FrontEndModel):
             self.declaration.check_options(options)
         elif set(options) - {"n_steps"}:
             raise ValueError(f"Unknown option(s) {sorted(set(options) - {'n_steps'})} for {self.method}.")
+
+    def make_options(self, options: dict) -> dict:
+        """The declared method's options with their defaults; a gradient baseline's as given."""
+        return self.declaration.make_options(options) if self.declaration is not None else dict(options)
 
     def check_rows(self, sources: list, targets: list, words: list, own: dict, names: list[str]) -> None:
         """A dataset run's rows checked before any work (:meth:`validate`), errors naming the row."""
@@ -160,9 +182,6 @@ class EncoderAttributionModel(FrontEndModel):
         Returns:
             ``inseq.FeatureAttributionOutput``, one sequence per text.
         """
-        import inseq
-        from tqdm.auto import tqdm
-
         texts = [texts] if isinstance(texts, str) else list(texts)
         if not texts:
             raise ValueError("Give at least one text.")
@@ -172,25 +191,10 @@ class EncoderAttributionModel(FrontEndModel):
         foils = self._foils(plain(foils), method_options)
         targets, foils = _per_text(plain(targets), len(texts), "targets"), _per_text(foils, len(texts), "foils")
         positions = _per_text_positions(plain(positions), len(texts))
-        self.check_options(method_options)
-        options = self.declaration.make_options(method_options) if self.declaration is not None else {}
-        names = [f"Text {index}" for index in range(len(texts))]
-        sequences, axis = [], None
-        starts = range(0, len(texts), batch_size)
-        with eval_mode(self.model):
-            for start in tqdm(starts, disable=not show_progress, desc=f"Attributing with {self.method}"):
-                stop = start + batch_size
-                batch, trace = self._batch(texts[start:stop], targets[start:stop], foils[start:stop],
-                                           positions[start:stop], names[start:stop])  # fmt: skip
-                if self.declaration is None:
-                    sequences += self._gradient_sequences(batch, **method_options)
-                else:
-                    batch_sequences, axis = self._declared_sequences(batch, trace, options)
-                    sequences += batch_sequences
+        items = [_Text(text, target, foil, chosen, f"Text {index}")
+                 for index, (text, target, foil, chosen) in enumerate(zip(texts, targets, foils, positions,
+                                                                          strict=True))]  # fmt: skip
         info = {
-            "attribution_method": self.method,
-            "model_name": self.model_name,
-            "model_class": type(self.model).__name__,
             "tokenizer_name": getattr(self.tokenizer, "name_or_path", ""),
             "tokenizer_class": type(self.tokenizer).__name__,
             "input_texts": texts,
@@ -199,12 +203,9 @@ class EncoderAttributionModel(FrontEndModel):
                 EXPLAINED if self.declaration is None or self.declaration.explains_logit else EXPLAINED_BY_MAPS
             )[self.task],  # fmt: skip
             "attributed_fn": self._explained_quantity(foils),
-            "step_scores": [],
-            "attribution_args": dict(method_options),
         }
-        if axis is not None:
-            info["score_axis"] = list(axis)
-        return inseq.FeatureAttributionOutput(sequence_attributions=sequences, step_attributions=None, info=info)
+        return self.attribute_items(items, batch_size=batch_size, show_progress=show_progress,
+                                    method_options=method_options, info=info)  # fmt: skip
 
     def _foils(self, foils, options: dict):
         """The foils, from ``foils=`` or Inseq's name for them, ``contrast_targets=`` (taken out of ``options``);
@@ -280,11 +281,15 @@ class EncoderAttributionModel(FrontEndModel):
                 self._fill(foil_ids, row, cells, foils[row], "foils", names[row])
         return target_ids, foil_ids
 
-    def _batch(self, texts, targets, foils, positions, names) -> tuple[_Batch, object]:
+    def prepare(self, items: list[_Text], settings=None) -> _Batch:
+        """A batch of texts tokenized and traced, the explained positions and outputs found (a text without a mask
+        or a bad target fails before the model runs), and the declared method's request."""
+        texts, names = [item.text for item in items], [item.name for item in items]
+        targets, foils = [item.target for item in items], [item.foil for item in items]
         inputs = self._encode(texts)
         ids, mask = inputs["input_ids"], inputs["attention_mask"]
-        explained = self._explained(inputs, positions, names)  # a text without a mask fails before the model runs
-        self._output_ids(ids, explained, targets, foils, torch.zeros_like(ids), names)  # and so does a bad target
+        explained = self._explained(inputs, [item.positions for item in items], names)
+        self._output_ids(ids, explained, targets, foils, torch.zeros_like(ids), names)
         extra = {name: value for name, value in inputs.items() if name not in ("input_ids", "attention_mask")}
         trace = trace_model(self.model, ids, mask, spec=self.spec, extra=extra)
         where = torch.zeros_like(mask, dtype=torch.bool)
@@ -292,7 +297,18 @@ class EncoderAttributionModel(FrontEndModel):
             where[row, cells] = True
         predictions = torch.zeros_like(ids) if trace.logits is None else trace.logits.argmax(-1)
         target_ids, foil_ids = self._output_ids(ids, explained, targets, foils, predictions, names)
-        return _Batch(texts, inputs, where, explained, target_ids, foil_ids), trace
+        batch = _Batch(texts, inputs, where, explained, target_ids, foil_ids)
+        if self.declaration is not None:
+            batch.request = Request(spec=self.spec, model=self.model, input_ids=ids, attention_mask=mask,
+                                    target_ids=None, target_mask=None, predicted_ids=target_ids, foil_ids=foil_ids,
+                                    positions=where, tracer=lambda: trace)  # fmt: skip
+        return batch
+
+    def explain(self, batch: _Batch, options: dict) -> tuple[list, list[str] | None]:
+        """The declared method (:meth:`FrontEndModel.explain`), or a gradient baseline through Captum."""
+        if self.declaration is None:
+            return self._gradient_sequences(batch, **options), None
+        return super().explain(batch, options)
 
     def _explained_positions(self, ids, mask, chosen, name: str) -> list[int]:
         length = int(mask.sum())
@@ -364,68 +380,33 @@ class EncoderAttributionModel(FrontEndModel):
 
     # ----- outputs -----
 
-    def _declared_sequences(self, batch: _Batch, trace, options) -> tuple[list, list[str] | None]:
-        """One batch's sequences by the declared method, and the labels of their extra axis (or None)."""
-        request = Request(
-            spec=self.spec,
-            model=self.model,
-            input_ids=batch.inputs["input_ids"],
-            attention_mask=batch.inputs["attention_mask"],
-            target_ids=None,
-            target_mask=None,
-            predicted_ids=batch.target_ids,
-            foil_ids=batch.foil_ids,
-            positions=batch.positions,
-            tracer=lambda: trace,
-        )
-        result = self.declaration.run(request, options)
-        rows = range(len(batch.texts))
-        if isinstance(result, LogitScores):
-            name = "contrast_logits_diff" if batch.foil_ids is not None else "logit"
-            steps = {**result.terms, name: result.logit}
-            if result.logit_after_softcap is not None:
-                steps[f"{name}_after_softcap"] = result.logit_after_softcap
-            return [self._sequence(batch, row, result.target, steps, signed=True) for row in rows], result.axis
-        maps = [self._sequence(batch, row, result.target, {}, signed=False, maps=result.target) for row in rows]
-        return maps, result.axis
-
-    def _sequence(self, batch: _Batch, row: int, scores, steps: dict, signed: bool, maps=None):
-        """One text's Inseq sequence from ``(B, [slots,] T, T)`` scores whose rows are positions."""
-        from .inseq_adapter.base import MixingSequenceOutput, SignedMixingSequenceOutput
-
+    def present(self, batch: _Batch, result, row: int):
+        """One text's sequence from the method's ``(B, [slots,] T, T)`` scores, whose rows are positions: its explained
+        rows over its tokens; a logit method's logit and terms as step scores, a map method's whole map as
+        ``encoder_self_scores``."""
         cells = batch.explained[row]
         length = int(batch.inputs["attention_mask"][row].sum())
-        rows = scores[row][..., cells, :length]  # ([slots,] explained, tokens)
-        source_attributions = tokens_first(rows)
+        signed = isinstance(result, LogitScores)
+        steps = logit_step_scores(result, batch.foil_ids is not None) if signed else {}
         sequence_scores = {}
-        if maps is not None:
-            sequence_scores["encoder_self_scores"] = tokens_first(maps[row][..., :length, :length])
-        step_scores = {name: upcast(value[row, cells].detach()).cpu() for name, value in steps.items()}
-        cls = SignedMixingSequenceOutput if signed else MixingSequenceOutput
-        return cls(
-            source=self._tokens(batch.inputs["input_ids"][row, :length]),
-            target=self._explained_tokens(batch, row, cells),
-            source_attributions=source_attributions,
-            step_scores=step_scores,
+        if not signed:
+            sequence_scores["encoder_self_scores"] = tokens_first(result.target[row][..., :length, :length])
+        return sequence_output(
+            self._tokens(batch.inputs["input_ids"][row, :length]),
+            self._explained_tokens(batch, row, cells),
+            tokens_first(result.target[row][..., cells, :length]),
+            signed=signed,
+            step_scores=row_steps(steps, row, cells),
             sequence_scores=sequence_scores,
-            attr_pos_start=0,
-            attr_pos_end=len(cells),
-            _num_dimensions=source_attributions.ndim - 2,
         )
 
     def _tokens(self, ids: torch.Tensor) -> list:
-        from inseq.utils.typing import TokenWithId
-
         ids = ids.tolist()
-        return [
-            TokenWithId(token, idx) for token, idx in zip(self.tokenizer.convert_ids_to_tokens(ids), ids, strict=True)
-        ]
+        return token_list(self.tokenizer.convert_ids_to_tokens(ids), ids)
 
     def _explained_tokens(self, batch: _Batch, row: int, cells: list[int]) -> list:
         """One entry per explained position: the target token (masked LM), the label's name (classifiers), or the
         position's own token (bare encoders)."""
-        from inseq.utils.typing import TokenWithId
-
         own = batch.inputs["input_ids"][row, cells]
         if self.task is None or (self.task == "masked_lm" and bool((own != self.tokenizer.mask_token_id).any())):
             return self._tokens(own)  # a bare encoder's rows, or a map method's rows of a text without a mask
@@ -438,15 +419,13 @@ class EncoderAttributionModel(FrontEndModel):
         if self.task == "token_classification":
             words = self.tokenizer.convert_ids_to_tokens(batch.inputs["input_ids"][row, cells].tolist())
             names = [f"{word}→{name}" for word, name in zip(words, names, strict=True)]
-        return [TokenWithId(name, idx) for name, idx in zip(names, ids, strict=True)]
+        return token_list(names, ids)
 
     # ----- gradient baselines -----
 
     def _gradient_sequences(self, batch: _Batch, n_steps: int = 50) -> list:
         """Captum's method on the input embeddings, per explained position (summed over the embedding)."""
         import captum.attr
-
-        from .inseq_adapter.base import SignedMixingSequenceOutput
 
         classes = {"integrated_gradients": captum.attr.IntegratedGradients, "deeplift": captum.attr.DeepLift,
                    "saliency": captum.attr.Saliency, "input_x_gradient": captum.attr.InputXGradient}  # fmt: skip
@@ -473,14 +452,12 @@ class EncoderAttributionModel(FrontEndModel):
                     logits.append(float(model.forward(embeds[row : row + 1])))
             name = "contrast_logits_diff" if batch.foil_ids is not None else "logit"
             sequences.append(
-                SignedMixingSequenceOutput(
-                    source=self._tokens(inputs["input_ids"][row, :length]),
-                    target=self._explained_tokens(batch, row, cells),
-                    source_attributions=torch.stack(columns, dim=1),
+                sequence_output(
+                    self._tokens(inputs["input_ids"][row, :length]),
+                    self._explained_tokens(batch, row, cells),
+                    torch.stack(columns, dim=1),
+                    signed=True,
                     step_scores={name: torch.tensor(logits)},
-                    attr_pos_start=0,
-                    attr_pos_end=len(cells),
-                    _num_dimensions=0,
                 )
             )
         return sequences

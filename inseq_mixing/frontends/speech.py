@@ -31,13 +31,13 @@ import torch
 from torch import nn
 
 from ..declarations import DECLARATIONS, Request
-from ..methods.blocks import upcast
 from ..methods.results import LogitScores
 from ..methods.units import FrameUnits
 from ..specs import get_spec
-from ..trace import ModelCall, eval_mode, trace_call
+from ..trace import ModelCall, trace_call
 from .audio import AudioError, Unit, audio_units, item_name, read_audio
-from .common import FrontEndModel, check_batch_size, plain, tokens_first
+from .common import FrontEndModel, check_batch_size, plain
+from .layout import decoder_layout, logit_step_scores, row_steps, sequence_output, token_list, tokens_first
 
 
 def load_processor(name: str):
@@ -62,8 +62,28 @@ def load_processor(name: str):
 
 
 @dataclass
+class Utterance:
+    """One utterance to explain: its signal, target (transcript or frames, None: the model's own) and word
+    intervals (None: windows), and how errors name it."""
+
+    signal: object
+    target: object
+    words: list | None
+    name: str
+
+
+@dataclass
+class CallSettings:
+    """The per-call arguments of :meth:`SpeechAttributionModel.attribute` every batch shares."""
+
+    window_s: float
+    prompt_ids: list[int] | None
+    max_new_tokens: int
+
+
+@dataclass
 class _Batch:
-    """One batch of utterances, prepared for the model."""
+    """One batch of utterances, prepared for the model, with the method's request."""
 
     call: ModelCall
     units: list[list[Unit]]
@@ -72,6 +92,11 @@ class _Batch:
     predicted: torch.Tensor  # (B, T)
     prompt: list[int]
     tokens: list[list[int]]  # Whisper: each utterance's decoder tokens (prompt + transcript)
+    request: Request | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.units)
 
 
 class SpeechAttributionModel(FrontEndModel):
@@ -153,9 +178,6 @@ class SpeechAttributionModel(FrontEndModel):
         Returns:
             ``inseq.FeatureAttributionOutput``, one sequence per utterance.
         """
-        import inseq
-        from tqdm.auto import tqdm
-
         single = not isinstance(audio, list | tuple)
         items = [audio] if single else list(audio)
         if not items:
@@ -173,35 +195,19 @@ class SpeechAttributionModel(FrontEndModel):
                    for name, item in zip(names, items, strict=True)]  # fmt: skip
         targets = _per_item(plain(targets), len(items), "targets", single)
         words = _per_item(words, len(items), "words", single)
-        options = self.declaration.make_options(method_options)
         if getattr(self.model.config, "feat_extract_norm", None) == "group":
             batch_size = 1
-        sequences, axis = [], None
-        starts = range(0, len(items), batch_size)
-        with eval_mode(self.model):
-            for start in tqdm(starts, disable=not show_progress, desc=f"Attributing with {self.method}"):
-                stop = start + batch_size
-                batch, trace = self._batch(signals[start:stop], targets[start:stop], words[start:stop], window_s,
-                                           prompt_ids, max_new_tokens, names[start:stop])  # fmt: skip
-                request = self._request(batch, trace)
-                result = self.declaration.run(request, options)
-                axis = result.axis
-                sequences += [self._sequence(batch, result, row) for row in range(len(batch.units))]
+        utterances = [Utterance(*entry) for entry in zip(signals, targets, words, names, strict=True)]
         info = {
-            "attribution_method": self.method,
-            "model_name": self.model_name,
-            "model_class": type(self.model).__name__,
             "task": self.task or "encoder",
             "sampling_rate": self.sampling_rate,
             "frame_seconds": self.frame_seconds,
             "units": "words" if any(entry is not None for entry in words) else f"windows of {window_s} s",
             "attributed_fn": "logit" if self.declaration.explains_logit else f"{self.method} map",
-            "step_scores": [],
-            "attribution_args": dict(method_options),
         }
-        if axis is not None:
-            info["score_axis"] = list(axis)
-        return inseq.FeatureAttributionOutput(sequence_attributions=sequences, step_attributions=None, info=info)
+        return self.attribute_items(utterances, batch_size=batch_size, show_progress=show_progress,
+                                    method_options=method_options, info=info,
+                                    settings=CallSettings(window_s, prompt_ids, max_new_tokens))  # fmt: skip
 
     # ----- inputs -----
 
@@ -255,10 +261,6 @@ class SpeechAttributionModel(FrontEndModel):
     #: Arguments of :meth:`attribute` a dataset run passes on besides the method's options.
     RUN_ARGUMENTS = ("window_s", "prompt_ids")
 
-    def check_options(self, options: dict) -> None:
-        """Refuse options the method does not take (``ValueError`` naming them)."""
-        self.declaration.check_options(options)
-
     def run_arguments(self, kwargs: dict, max_new_tokens: int | None = None) -> tuple[dict, dict]:
         """As :meth:`FrontEndModel.run_arguments`; ``max_new_tokens`` caps Whisper's greedy transcripts."""
         own, options = super().run_arguments(kwargs)
@@ -309,7 +311,7 @@ class SpeechAttributionModel(FrontEndModel):
         names = names or [f"Audio {index}" for index in range(len(audio))]
         targets = _per_item(plain(targets), len(audio), "targets", False)
         words = _per_item(words, len(audio), "words", False)
-        prompt = self._default_prompt() if self.whisper else []
+        prompt = self.default_prompt() if self.whisper else []
         for name, item, target, entry in zip(names, audio, targets, words, strict=True):
             signal = self.check_length(read_audio(item, self.sampling_rate, name), name)
             self.units(signal, entry, window_s, name)
@@ -328,7 +330,7 @@ class SpeechAttributionModel(FrontEndModel):
                 f"model reads {limit} at most: give a shorter transcript."
             )
 
-    def _features(self, signals: list) -> tuple[dict, torch.Tensor, list[int]]:
+    def features(self, signals: list) -> tuple[dict, torch.Tensor, list[int]]:
         """Model inputs, the ``(B, frames)`` mask of the audio stack, and each utterance's real frames."""
         extractor = self.feature_extractor
         real = [self.frames(signal)[0] for signal in signals]
@@ -347,17 +349,42 @@ class SpeechAttributionModel(FrontEndModel):
         mask = (torch.arange(total)[None, :] < torch.tensor(real)[:, None]).long().to(self.device)
         return inputs, mask, real
 
-    def _batch(self, signals, targets, words, window_s, prompt_ids, max_new_tokens, names: list[str]):
-        inputs, frame_mask, real = self._features(signals)
+    def prepare(self, items: list[Utterance], settings: CallSettings) -> _Batch:
+        """A batch of utterances as model inputs, cut into units, traced (Whisper: teacher-forced on the given or the
+        greedy transcript), with what is explained and the method's request."""
+        batch, trace = self._traced(items, settings)
+        positions = torch.zeros(batch.predicted.shape, dtype=torch.bool, device=self.device)
+        for row, cells in enumerate(batch.explained):
+            positions[row, cells] = True
+        kwargs, audio_mask = batch.call.kwargs, batch.call.encoder_mask if self.whisper else batch.call.decoder_mask
+        batch.request = Request(
+            spec=self.spec,
+            model=self.model,
+            input_ids=audio_mask,
+            attention_mask=audio_mask,
+            target_ids=kwargs.get("decoder_input_ids"),
+            target_mask=kwargs.get("decoder_attention_mask"),
+            predicted_ids=batch.predicted,
+            foil_ids=None,
+            positions=positions,
+            tracer=lambda: trace,
+            units=FrameUnits(batch.members, "encoder" if self.whisper else "decoder"),
+        )
+        return batch
+
+    def _traced(self, items: list[Utterance], settings: CallSettings) -> tuple[_Batch, object]:
+        signals, names = [item.signal for item in items], [item.name for item in items]
+        inputs, frame_mask, real = self.features(signals)
         total = frame_mask.shape[1]
-        units = [self.units(signal, entry, window_s, name) for signal, entry, name in zip(signals, words, names,
-                                                                                            strict=True)]  # fmt: skip
+        units = [self.units(item.signal, item.words, settings.window_s, item.name) for item in items]
         members = torch.zeros(len(signals), max(len(item) for item in units), total, device=self.device)
         for row, item in enumerate(units):
             for number, unit in enumerate(item):
                 members[row, number, unit.start : unit.stop] = 1
+        targets = [item.target for item in items]
         if self.whisper:
-            return self._whisper_batch(inputs, frame_mask, units, members, targets, prompt_ids, max_new_tokens, names)
+            return self._whisper_batch(inputs, frame_mask, units, members, targets, settings.prompt_ids,
+                                       settings.max_new_tokens, names)  # fmt: skip
         explained = [None if targets[row] is None else self._chosen_frames(targets[row], real[row], names[row])
                      for row in range(len(signals))]  # fmt: skip
         call = ModelCall(self.model, inputs, frame_masks={"decoder": frame_mask})
@@ -391,7 +418,7 @@ class SpeechAttributionModel(FrontEndModel):
         return emitted
 
     def _whisper_batch(self, inputs, frame_mask, units, members, targets, prompt_ids, max_new_tokens, names):
-        prompt = list(prompt_ids) if prompt_ids is not None else self._default_prompt()
+        prompt = list(prompt_ids) if prompt_ids is not None else self.default_prompt()
         transcripts = []
         missing = [row for row, target in enumerate(targets) if target is None]
         greedy = self._greedy(inputs, prompt, max_new_tokens, missing) if missing else {}
@@ -420,7 +447,9 @@ class SpeechAttributionModel(FrontEndModel):
         trace = trace_call(self.spec, call, full_logits=False)  # the explained logits are gathered, not all 51,865
         return _Batch(call, units, members, explained, predicted, prompt, transcripts), trace
 
-    def _default_prompt(self) -> list[int]:
+    def default_prompt(self) -> list[int]:
+        """Whisper's decoder prompt when none is given: the tokenizer's ``prefix_tokens``, else the decoder start
+        token."""
         try:
             prefix = list(self.tokenizer.prefix_tokens)
         except (AttributeError, KeyError, TypeError, ValueError):
@@ -449,84 +478,45 @@ class SpeechAttributionModel(FrontEndModel):
             result[row] = tokens[: tokens.index(eos)] if eos in tokens else tokens
         return result
 
-    def _request(self, batch: _Batch, trace) -> Request:
-        positions = torch.zeros(batch.predicted.shape, dtype=torch.bool, device=self.device)
-        for row, cells in enumerate(batch.explained):
-            positions[row, cells] = True
-        kwargs = batch.call.kwargs
-        return Request(
-            spec=self.spec,
-            model=self.model,
-            input_ids=batch.call.encoder_mask if self.whisper else batch.call.decoder_mask,
-            attention_mask=batch.call.encoder_mask if self.whisper else batch.call.decoder_mask,
-            target_ids=kwargs.get("decoder_input_ids"),
-            target_mask=kwargs.get("decoder_attention_mask"),
-            predicted_ids=batch.predicted,
-            foil_ids=None,
-            positions=positions,
-            tracer=lambda: trace,
-            units=FrameUnits(batch.members, "encoder" if self.whisper else "decoder"),
-        )
-
     # ----- outputs -----
 
-    def _sequence(self, batch: _Batch, result, row: int):
-        from inseq.utils.typing import TokenWithId
-
-        from .inseq_adapter.base import MixingSequenceOutput, SignedMixingSequenceOutput
-
+    def present(self, batch: _Batch, result, row: int):
+        """One utterance's sequence: the explained rows over its units; Whisper's decoder map over its own text, the
+        unit-to-unit map as ``encoder_self_scores``, a logit method's logit and terms as step scores."""
         units = batch.units[row]
         count = len(units)
         cells = batch.explained[row]
         source_map = result.source if self.whisper else result.target
-        source_attributions = tokens_first(source_map[row][..., cells, :count])
         sequence_scores = {}
         if getattr(result, "encoder", None) is not None:
             sequence_scores["encoder_self_scores"] = tokens_first(result.encoder[row][..., :count, :count])
-        step_scores = {}
         signed = isinstance(result, LogitScores)
-        if signed:
-            steps = {**result.terms, "logit": result.logit}
-            step_scores = {name: upcast(value[row, cells].detach()).cpu() for name, value in steps.items()}
-        source = [TokenWithId(unit.label, number) for number, unit in enumerate(units)]
+        steps = logit_step_scores(result, contrastive=False) if signed else {}
+        source = token_list([unit.label for unit in units], list(range(count)))
         target_attributions = None
         if self.whisper:
             tokens = batch.tokens[row]
-            target = [TokenWithId(token, idx) for token, idx in
-                      zip(self.tokenizer.convert_ids_to_tokens(tokens), tokens, strict=True)]  # fmt: skip
-            target_attributions = _decoder_layout(result.target[row], cells, len(tokens))
+            target = token_list(self.tokenizer.convert_ids_to_tokens(tokens), tokens)
+            target_attributions = decoder_layout(result.target[row], cells, len(tokens))
             start, stop = len(batch.prompt), len(tokens)
         else:
             ids = batch.predicted[row, cells].tolist()
             names = self.tokenizer.convert_ids_to_tokens(ids) if self.tokenizer is not None else ["frame"] * len(ids)
             seconds = self.frame_seconds
-            target = [TokenWithId(f"{name}@{cell * seconds:.2f}s", idx)
-                      for name, cell, idx in zip(names, cells, ids, strict=True)]  # fmt: skip
+            labels = [f"{name}@{cell * seconds:.2f}s" for name, cell in zip(names, cells, strict=True)]
+            target = token_list(labels, ids)
             start, stop = 0, len(cells)
-        cls = SignedMixingSequenceOutput if signed else MixingSequenceOutput
-        return cls(
-            source=source,
-            target=target,
-            source_attributions=source_attributions,
+        return sequence_output(
+            source,
+            target,
+            tokens_first(source_map[row][..., cells, :count]),
+            signed=signed,
             target_attributions=target_attributions,
-            step_scores=step_scores,
+            step_scores=row_steps(steps, row, cells),
             sequence_scores=sequence_scores,
-            attr_pos_start=start,
-            attr_pos_end=stop,
-            _num_dimensions=source_attributions.ndim - 2,
+            start=start,
+            stop=stop,
         )
-
-
-def _decoder_layout(scores: torch.Tensor, cells: list[int], tokens: int) -> torch.Tensor:
-    """Whisper's decoder map ``([slots,] positions i, tokens j)`` as Inseq's ``(target tokens, generated[, slots])``:
-    generated token ``c`` is predicted at position ``cells[c]`` from the tokens before it; later tokens are NaN."""
-    rows = tokens_first(scores[..., cells, : tokens - 1])  # (tokens - 1, generated[, slots])
-    padded = torch.full((tokens, *rows.shape[1:]), float("nan"))
-    padded[: tokens - 1] = rows
-    index = torch.arange(tokens)[:, None]
-    future = index > torch.tensor(cells)[None, :]
-    padded[future] = float("nan")
-    return padded
 
 
 def _per_item(values, count: int, what: str, single: bool) -> list:

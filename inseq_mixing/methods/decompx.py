@@ -44,14 +44,18 @@ from .blocks import fused_activations, host_copies, on_device, refuse_non_finite
 from .chunking import items_per_chunk
 from .compiled import kernel
 from .decompx_plan import (  # the memory plan: how the stream is stored and cut (no effect on the numbers)
+    AttentionSlab,
     BlockedStream,
     Components,
     PackedComponents,
     RowBlock,
+    attention_slabs,
     available_components,
     ffn_chunks,
     first_explained_row,
     initial_stream,
+    slab_key_parts,
+    slab_targets,
 )
 from .head import FrozenHead
 from .norms import FrozenNorm, freeze_norm
@@ -278,48 +282,29 @@ def key_norms(attn: AttentionSpec, record: AttentionTrace, stream: BlockedStream
     return norms
 
 
-def slab_values(
-    attn: AttentionSpec, keys: BlockedStream, norms, slab: np.ndarray, rows: slice, key: tuple, packed: bool = False
-) -> torch.Tensor:
-    r"""Value vectors ``(B, key positions in rows, |slab|, heads, head_dim)`` of the key-side components ``slab``
-    (named ``key`` in :meth:`RowBlock.local`): :math:`x_{j \Leftarrow k} W^h_V` (normalised first in pre-LN blocks), 0
-    where a position does not carry one (with ``packed``, the product taken only on the (position, component) pairs
-    where it may be non-zero, :meth:`RowBlock.carried_pairs`: every other row is exactly 0, so its product is too).
-    Stored head-major, ``(B, heads, positions, |slab|, head_dim)`` under the returned view, so that mixing them over
-    key positions (a product per batch row and head) reads them without a copy."""
+def slab_values(attn: AttentionSpec, keys: BlockedStream, norms, slab: AttentionSlab) -> torch.Tensor:
+    r"""Value vectors ``(B, key positions of the slab, |slab|, heads, head_dim)`` of the key-side components of
+    ``slab``: :math:`x_{j \Leftarrow k} W^h_V` (normalised first in pre-LN blocks), 0 where a position does not carry
+    one. Stored head-major, ``(B, heads, positions, |slab|, head_dim)`` under the returned view, so that mixing them
+    over key positions (a product per batch row and head) reads them without a copy."""
     value_weight, _ = attn.value_weight()
     first = keys.blocks[0].stream.parts
-    stored = first.new_zeros(first.shape[0], attn.num_kv_heads, rows.stop - rows.start, len(slab), attn.head_dim)
+    rows = slab.key_rows
+    stored = first.new_zeros(first.shape[0], attn.num_kv_heads, rows.stop - rows.start, len(slab.components),
+                             attn.head_dim)  # fmt: skip
     values = stored.permute(0, 2, 3, 1, 4)  # (B, positions, |slab|, KV heads, head_dim), written through
-    for number, block in enumerate(keys.blocks):
-        if block.rows.stop <= rows.start:
-            continue
-        kept, local = block.local(slab, key)
-        if not len(local):
-            continue
+
+    def read(number: int, block, local: torch.Tensor) -> torch.Tensor:
         parts = block.stream.parts[:, :, local]
-        if norms is not None:
-            parts = norms[number].apply(parts, local, block.stream.bias_index)
-        target = slice(block.rows.start - rows.start, block.rows.stop - rows.start)
-        pairs = block.carried_pairs(key) if packed else None
-        if pairs is None:
-            values[:, target, kept] = (parts @ upcast(value_weight)).unflatten(-1, (attn.num_kv_heads, -1))
-        else:  # the products of the carried pairs written where they go (every other value stays 0)
-            product = parts[:, pairs.rows, pairs.column] @ upcast(value_weight)
-            values[:, target.start + pairs.rows, pairs.kept] = product.unflatten(-1, (attn.num_kv_heads, -1))
+        return parts if norms is None else norms[number].apply(parts, local, block.stream.bias_index)
+
+    def project(parts: torch.Tensor) -> torch.Tensor:
+        return (parts @ upcast(value_weight)).unflatten(-1, (attn.num_kv_heads, -1))
+
+    slab_key_parts(keys, slab, read, project, values)
     if attn.num_kv_heads != attn.num_heads:  # each query head reads its group's value head
         stored = stored[:, attn.kv_head_of_query_head().to(stored.device)]
     return stored.permute(0, 2, 3, 1, 4)
-
-
-def first_carrying_row(stream: BlockedStream, slab: np.ndarray, key: tuple) -> int:
-    """The first position that carries one of the components ``slab`` (named ``key``; positions before it carry
-    none)."""
-    for block in stream.blocks:
-        _, local = block.local(slab, key)
-        if len(local):
-            return block.rows.start
-    return stream.blocks[-1].rows.stop
 
 
 def attention_sublayer(
@@ -376,48 +361,27 @@ def attention_sublayer(
     biases = [branch_bias(bias, out_frozen, block.rows) for block in stream.blocks]
     weighted = mode in ("absdot", "norm")
     floor = next((block.rows.start for block in stream.blocks if block.rows.stop > first_row), num_queries)
-    for start in range(0, keys.num_components, width):
-        slab = np.arange(start, min(start + width, keys.num_components))  # on the host: the layout is found there
-        # the slab's layout in each block is the same at every layer: found once (keys name it, placed or not)
-        key, query_key = ("slab", start, len(slab)), ("slab" if place is None else "placed", start, len(slab))
-        key_rows = slice(first_carrying_row(keys, slab, key) if causal else 0, num_keys)
-        query_rows = slice(key_rows.start if causal and self_attention else 0, num_queries)
-        if key_rows.start >= num_keys:
-            continue
-        # a causal self-attention's products only on the (position, component) pairs that may be non-zero
-        packed = causal and self_attention
-        values = slab_values(attn, keys, norms, slab, key_rows, key, packed)
+    out_matrix = out_weight.flatten(0, 1)  # (H · head_dim, D): W_O as one matrix against (heads, head_dim)
+    for slab in attention_slabs(keys, num_queries, num_keys, width, causal, self_attention, place, floor):
+        values = slab_values(attn, keys, norms, slab)
         if value_bias is not None:  # each component's own token keeps the value bias (the first layer, 'reference')
-            own = slab - own_offset - key_rows.start
+            own = slab.components - own_offset - slab.key_rows.start
             mine = np.flatnonzero((own >= 0) & (own < values.shape[1]))
             values[:, on_device(own[mine], probs.device), on_device(mine, probs.device)] += value_bias
-        query_rows = slice(max(query_rows.start, floor), num_queries)  # the rows that get an output
-        part = torch.einsum("bhqj,bjkhe->bqkhe", probs[:, :, query_rows, key_rows], values)
-        query_slab = slab if place is None else place(slab)
+        part = torch.einsum("bhqj,bjkhe->bqkhe", probs[:, :, slab.query_rows, slab.key_rows], values)
         if heads is not None:
-            heads.read(part, out_weight, query_rows, on_device(query_slab, probs.device))
+            heads.read(part, out_weight, slab.query_rows, on_device(slab.query_components, probs.device))
         del values
-        out_matrix = out_weight.flatten(0, 1)  # (H · head_dim, D): W_O as one matrix against (heads, head_dim)
-        for block, weight, block_bias in zip(stream.blocks, weights, biases, strict=True):
-            if block.rows.stop <= query_rows.start:
-                continue
-            kept, local = block.local(query_slab, query_key)
-            rows = slice(block.rows.start - query_rows.start, block.rows.stop - query_rows.start)
-            pairs = block.carried_pairs(query_key) if packed and out_frozen is None else None
-            paper_weights = block_bias is not None and weighted and options.convention == "paper"
-            if pairs is not None:  # the carried pairs alone, gathered and added where they go
-                contribution = part[:, rows.start + pairs.rows, pairs.kept].flatten(-2) @ out_matrix
-                block.stream.parts[:, pairs.rows, pairs.local] += contribution  # distinct pairs
-                if paper_weights:  # over the attention output (0 where nothing is carried)
-                    pair_bias = block_bias if block_bias.dim() == 1 else block_bias[:, pairs.rows]
-                    weight[:, pairs.rows, pairs.local] = bias_weights(contribution, pair_bias, mode)
-                continue
-            contribution = part[:, rows][:, :, kept].flatten(-2) @ out_matrix
+        for target in slab_targets(stream, slab, packed=slab.packed and out_frozen is None):
+            contribution = part[target.read].flatten(-2) @ out_matrix
             if out_frozen is not None:  # the norm on the attention output, frozen, acts on every component
-                contribution = out_frozen.linear(contribution, block.rows)
-            block.stream.parts[:, :, local] += contribution
-            if paper_weights:  # over the attention output
-                weight[:, :, local] = bias_weights(contribution, block_bias, mode)
+                contribution = out_frozen.linear(contribution, target.block.rows)
+            target.block.stream.parts[target.write] += contribution
+            block_bias = biases[target.number]
+            if block_bias is not None and weighted and options.convention == "paper":  # over the attention output
+                if target.pair_rows is not None and block_bias.dim() > 1:
+                    block_bias = block_bias[:, target.pair_rows]
+                weights[target.number][target.write] = bias_weights(contribution, block_bias, mode)
         del part
         release_freed_memory()  # the heap's holes from this slab (see ..memory)
     if first_row:  # every key is read: the blocks before the first kept row leave the stream

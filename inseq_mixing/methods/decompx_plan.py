@@ -6,6 +6,9 @@ that a long input fits, with no effect on the numbers.
 - Each block's layout (which components it keeps, where a slab of components lies in it, the (position, component)
   pairs that may be non-zero, its FFN chunks) is found once on the host from the masks and kept for every layer: no
   device read decides what is computed, and index tensors go to the device without waiting for it.
+- Attention mixes one slab of components at a time (:func:`attention_slabs`): its key-side vectors are gathered
+  block by block (:func:`slab_key_parts`, only the carried pairs of a causal stack) and its output lands in each
+  query block (:func:`slab_targets`); the values, probabilities and ``W_O`` are :mod:`.decompx`'s.
 - A causal stream's FFN runs on its packed pairs (:class:`PackedComponents`, :class:`PackedChunk`) where blocks of
   positions would run ``PACK_WHEN`` times as many rows; otherwise on blocks of positions (:class:`BlockedChunk`).
 - A decoder-only model's last layer is computed only from its first explained row (:func:`first_explained_row`).
@@ -380,3 +383,108 @@ def first_explained_row(spec, positions: np.ndarray | None) -> int:
     if positions is None or spec.is_encoder_only or spec.is_encoder_decoder or not positions.any():
         return 0
     return int(np.argmax(positions.any(0)))
+
+
+# ----- attention, one slab of components at a time -----
+
+
+@dataclass
+class AttentionSlab:
+    """One slab of key-side components of an attention and where its output goes (found on the host).
+
+    Attributes:
+        components: The slab, indices in the key side's component layout.
+        key: Its name for :meth:`RowBlock.local` (the same at every layer).
+        query_components: The slab in the query side's layout (a cross-attention places encoder components).
+        query_key: Their name on the query side.
+        key_rows: Key positions that may carry one of the slab's components (a causal stack: from the first that
+            does).
+        query_rows: Query positions that get an output.
+        packed: Whether products are taken only on the (position, component) pairs that may be non-zero (a causal
+            self-attention).
+    """
+
+    components: np.ndarray
+    key: tuple
+    query_components: np.ndarray
+    query_key: tuple
+    key_rows: slice
+    query_rows: slice
+    packed: bool
+
+
+def attention_slabs(keys: "BlockedStream", num_queries: int, num_keys: int, width: int, causal: bool,
+                    self_attention: bool, place, first_query: int):  # fmt: skip
+    """The slabs of ``width`` key-side components an attention mixes one at a time, each with the positions that
+    matter (``place``: a cross-attention's map of key-layout indices to the query layout; ``first_query``: the first
+    query row that gets an output). A slab no key position carries is skipped."""
+    for start in range(0, keys.num_components, width):
+        slab = np.arange(start, min(start + width, keys.num_components))  # on the host: the layout is found there
+        key, query_key = ("slab", start, len(slab)), ("slab" if place is None else "placed", start, len(slab))
+        key_rows = slice(first_carrying_row(keys, slab, key) if causal else 0, num_keys)
+        if key_rows.start >= num_keys:
+            continue
+        query_start = key_rows.start if causal and self_attention else 0
+        yield AttentionSlab(slab, key, slab if place is None else place(slab), query_key, key_rows,
+                            slice(max(query_start, first_query), num_queries), causal and self_attention)  # fmt: skip
+
+
+def first_carrying_row(stream: "BlockedStream", slab: np.ndarray, key: tuple) -> int:
+    """The first position that carries one of the components ``slab`` (named ``key``; positions before it carry
+    none)."""
+    for block in stream.blocks:
+        _, local = block.local(slab, key)
+        if len(local):
+            return block.rows.start
+    return stream.blocks[-1].rows.stop
+
+
+def slab_key_parts(keys: "BlockedStream", slab: AttentionSlab, read, project, into: torch.Tensor) -> None:
+    """Write the slab's key-side vectors into ``into`` ``(B, key positions of the slab, |slab|, ...)``, block by
+    block: ``read(number, block, local)`` gives a block's components of the slab (its local indices ``local``) as the
+    attention reads them, ``project(parts)`` their vectors; with ``slab.packed``, only the carried pairs are
+    projected (every other row is exactly 0, so its product is too) and written where they go."""
+    rows = slab.key_rows
+    for number, block in enumerate(keys.blocks):
+        if block.rows.stop <= rows.start:
+            continue
+        kept, local = block.local(slab.components, slab.key)
+        if not len(local):
+            continue
+        target = slice(block.rows.start - rows.start, block.rows.stop - rows.start)
+        pairs = block.carried_pairs(slab.key) if slab.packed else None
+        parts = read(number, block, local)
+        if pairs is None:
+            into[:, target, kept] = project(parts)
+        else:
+            into[:, target.start + pairs.rows, pairs.kept] = project(parts[:, pairs.rows, pairs.column])
+
+
+@dataclass
+class SlabTarget:
+    """Where a slab's attention output lands in one query block: read ``part[read]`` (``part``: the slab's output
+    ``(B, query rows, |slab|, heads, head_dim)``), add to ``block.stream.parts[write]``; ``pair_rows``: the carried
+    pairs' block rows (None: the whole block, dense)."""
+
+    number: int
+    block: RowBlock
+    read: tuple
+    write: tuple
+    pair_rows: torch.Tensor | None
+
+
+def slab_targets(stream: "BlockedStream", slab: AttentionSlab, packed: bool):
+    """The query blocks a slab's output lands in (those with rows from ``slab.query_rows`` on), each as a
+    :class:`SlabTarget`: only its carried pairs where ``packed`` and the block's pairs are few, else dense."""
+    every = slice(None)
+    for number, block in enumerate(stream.blocks):
+        if block.rows.stop <= slab.query_rows.start:
+            continue
+        kept, local = block.local(slab.query_components, slab.query_key)
+        rows = slice(block.rows.start - slab.query_rows.start, block.rows.stop - slab.query_rows.start)
+        pairs = block.carried_pairs(slab.query_key) if packed else None
+        if pairs is not None:  # the carried pairs alone, gathered and added where they go (distinct pairs)
+            yield SlabTarget(number, block, (every, rows.start + pairs.rows, pairs.kept),
+                             (every, pairs.rows, pairs.local), pairs.rows)  # fmt: skip
+        else:
+            yield SlabTarget(number, block, (every, rows, kept), (every, every, local), None)

@@ -20,7 +20,9 @@ its index, so shards written while it is open (a run still going) never change w
 
 A row keeps everything an Inseq ``FeatureAttributionSequenceOutput`` holds: the tokens and ids, the attribution
 tensors (flattened, with their shapes; NaN marks causally impossible cells), step and sequence scores, the attributed
-positions, and the number of extra dimensions (e.g. layers).
+positions, and the number of extra dimensions (e.g. layers); and what the example was given: its source and target
+texts (a speech model's source: the audio file) and a speech utterance's word intervals (``words``, JSON; shards
+written before it have no such column and read as None).
 """
 
 import hashlib
@@ -46,7 +48,7 @@ from inseq.data.attribution import (
 )
 from inseq.utils.typing import TokenWithId
 
-from ..frontends.inseq_adapter.base import MixingSequenceOutput, SignedMixingSequenceOutput
+from ..frontends.sequences import MixingSequenceOutput, SignedMixingSequenceOutput
 
 MANIFEST = "manifest.json"
 SHARDS = "shards"
@@ -91,6 +93,7 @@ SCHEMA = pa.schema(
         ("attributions", pa.list_(_TENSOR)),
         ("step_scores", pa.list_(_TENSOR)),
         ("sequence_scores", pa.list_(_TENSOR)),
+        ("words", pa.string()),
     ]
 )
 
@@ -140,6 +143,7 @@ def sequence_to_row(sequence, example, source_text: str, target_text: str) -> di
         "attributions": _tensor_entries(attributions),
         "step_scores": _tensor_entries(sequence.step_scores),
         "sequence_scores": _tensor_entries(sequence.sequence_scores),
+        "words": None if example.words is None else json.dumps([list(word) for word in example.words]),
     }
 
 
@@ -454,14 +458,26 @@ class Run:
     def __contains__(self, example_id) -> bool:
         return str(example_id) in self._where
 
-    def __getitem__(self, example_id):
+    def _key(self, example_id) -> str:
         key = str(example_id)
         if key not in self._where:
             raise KeyError(f"No example {example_id!r} in this run ({len(self)} examples; see run.ids()).")
-        return row_to_sequence(self._row(key))
+        return key
+
+    def __getitem__(self, example_id):
+        return row_to_sequence(self._row(self._key(example_id)))
 
     def __iter__(self) -> Iterator:
         return (row_to_sequence(row) for row in self._all_rows())
+
+    def inputs(self, example_id) -> dict:
+        """What example ``example_id`` was given: ``source_text`` (a speech model's: its audio file), ``target_text``
+        (the given target, or what the model produced) and ``words`` (a speech utterance's word intervals, or
+        None)."""
+        row = self._row(self._key(example_id))
+        words = row.get("words")
+        return {"source_text": row["source_text"], "target_text": row["target_text"],
+                "words": None if words is None else json.loads(words)}  # fmt: skip
 
     def to_inseq(self) -> FeatureAttributionOutput:
         """All stored examples as one Inseq ``FeatureAttributionOutput``, in the data's order: ``show()``,

@@ -2,8 +2,9 @@
 :mod:`.adapter`, turning the declared method's results into Inseq outputs. Each class is also a name of this module,
 the declaration's :attr:`~inseq_mixing.declarations.Declaration.class_name` (``ValueZeroingAttribution``...)."""
 
+from ..sequences import MixingSequenceOutput, MixingStepOutput, SignedMixingSequenceOutput
 from .adapter import ATTRIBUTION_CLASSES
-from .base import ContextMixingAttribution, MixingSequenceOutput, MixingStepOutput, SignedMixingSequenceOutput
+from .base import ContextMixingAttribution
 
 globals().update({cls.__name__: cls for cls in ATTRIBUTION_CLASSES.values()})
 

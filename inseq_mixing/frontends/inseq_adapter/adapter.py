@@ -12,7 +12,8 @@ import inspect
 
 from ...declarations import DECLARATIONS, Declaration, Request
 from ...methods.results import LogitScores
-from .base import ContextMixingAttribution, MethodCall, MixingStepOutput, own_pass_step_scores, read_step_inputs
+from ..sequences import MixingStepOutput
+from .base import ContextMixingAttribution, MethodCall, own_pass_step_scores, read_step_inputs
 
 _FIXED = ("self", "inputs", "additional_forward_args")
 

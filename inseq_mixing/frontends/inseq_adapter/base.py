@@ -11,8 +11,7 @@ from inseq.attr.step_functions import (
     STEP_SCORES_MAP,
     StepFunctionDecoderOnlyArgs,
 )
-from inseq.data import DecoderOnlyBatch, MultiDimensionalFeatureAttributionStepOutput, get_batch_from_inputs
-from inseq.data.attribution import MultiDimensionalFeatureAttributionSequenceOutput
+from inseq.data import DecoderOnlyBatch, get_batch_from_inputs
 from inseq.utils import Registry
 from inseq.utils.alignment_utils import get_aligned_idx
 from transformers.utils import ModelOutput
@@ -20,72 +19,16 @@ from transformers.utils import ModelOutput
 from ...methods.blocks import upcast
 from ...specs import get_spec
 from ...trace import ModelCall, ModelTrace, eval_mode, forward_arguments, trace_model
+from ..layout import inseq_layout, logit_step_scores
 from ..patches import answer_step_scores, record_requested_fn, tokens_from_host_ids
+from ..sequences import MixingSequenceOutput, MixingStepOutput, SignedMixingSequenceOutput
+
+# The output classes stay names of this module too: outputs Inseq saved with an earlier version name them here.
 
 #: The ``attributed_fn`` values a logit-explaining method accepts.
 LOGIT_TARGETS = ("logit", "contrast_logits_diff")
 #: Keyword arguments Inseq's ``model.attribute`` adds on its own (not method options).
 INSEQ_FORWARDED_ARGUMENTS = ("skip_special_tokens",)
-
-
-@dataclass(eq=False, repr=False)
-class MixingSequenceOutput(MultiDimensionalFeatureAttributionSequenceOutput):
-    """Sequence output that recovers its number of extra dimensions after ``FeatureAttributionOutput.load``.
-
-    Inseq does not save private fields, so a loaded multi-dimensional output would lose its aggregator and render as
-    a tree instead of a heatmap. The count is the number of axes beyond (attributed tokens, generated tokens).
-    """
-
-    def _recover_from_safetensors(self):
-        super()._recover_from_safetensors()
-        scores = self.source_attributions if self.source_attributions is not None else self.target_attributions
-        if not self._num_dimensions and scores is not None:
-            self._num_dimensions = scores.ndim - 2
-            self._aggregator = ["mean"] * self._num_dimensions
-        return self
-
-
-@dataclass(eq=False, repr=False)
-class SignedMixingSequenceOutput(MixingSequenceOutput):
-    """Sequence output of signed scores (logit contributions): heatmap colours are symmetric around 0.
-
-    Inseq colours cells from ``-maximum`` to ``maximum``; here ``maximum`` is the largest absolute score, so negative
-    scores get the full blue half of the diverging scale.
-    """
-
-    @property
-    def maximum(self) -> float:
-        largest = 0.0
-        for scores in (self.source_attributions, self.target_attributions):
-            if scores is not None:
-                largest = max(largest, float(torch.nan_to_num(scores).abs().max()))
-        return largest
-
-    @property
-    def minimum(self) -> float:
-        return -self.maximum
-
-
-@dataclass(eq=False, repr=False)
-class MixingStepOutput(MultiDimensionalFeatureAttributionStepOutput):
-    """Step output producing :class:`MixingSequenceOutput` (or, for signed scores, the signed variant) sequences."""
-
-    _sequence_cls: type = MixingSequenceOutput
-
-    def __post_init__(self):
-        """Inseq 0.7's, without its cast of every score to float32 when the scores are float64 (a float64 model's:
-        the precision its user asked for); other scores are cast as Inseq casts them."""
-        tensors = [self.source_attributions, self.target_attributions, *(self.step_scores or {}).values(),
-                   *(self.sequence_scores or {}).values()]  # fmt: skip
-        if not any(isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float64 for tensor in tensors):
-            super().__post_init__()
-            return
-        self._num_dimensions = self._num_dimensions or 0
-        self.step_scores = self.step_scores or {}
-        self.sequence_scores = self.sequence_scores or {}
-
-    def get_sequence_cls(self, **kwargs):
-        return self._sequence_cls(_num_dimensions=self._num_dimensions, **kwargs)
 
 
 @dataclass
@@ -391,11 +334,7 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         """Step output of signed logit contributions (``scores.target``/``scores.source``, with ``num_dimensions``
         extra axes; ``mask``: the real decoder positions), keeping per-token terms and the model's own ``logit``
         (``contrast_logits_diff`` when contrastive) for the sequences' step scores."""
-        name = "contrast_logits_diff" if contrastive else "logit"
-        step_scores = {**step_scores, name: scores.logit}
-        if scores.logit_after_softcap is not None:  # the contributions add up to the logit before the cap
-            step_scores[f"{name}_after_softcap"] = scores.logit_after_softcap
-        self.keep_step_scores(step_scores, mask)
+        self.keep_step_scores({**step_scores, **logit_step_scores(scores, contrastive)}, mask)
         maps = SignedScores(target=scores.target, source=scores.source)
         return self.maps_step_output(maps, steps, num_dimensions, sequence_cls=SignedMixingSequenceOutput)
 
@@ -424,22 +363,6 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
             _num_dimensions=num_dimensions,
             _sequence_cls=sequence_cls,
         )
-
-
-def inseq_layout(scores: torch.Tensor, causal: bool) -> torch.Tensor:
-    """``(B, [L,] positions i, tokens j)`` → Inseq's ``(B, tokens j, positions i[, L])``.
-
-    Causal maps get NaN where ``j > i``, Inseq's mark of causally impossible cells.
-    """
-    if scores.ndim == 4:
-        scores = scores.permute(0, 3, 2, 1)
-    else:
-        scores = scores.transpose(1, 2)
-    scores = upcast(scores.detach()).cpu().clone()
-    if causal:
-        future = torch.ones(scores.shape[1:3], dtype=torch.bool).tril(-1)  # rows j > columns i
-        scores[:, future] = float("nan")
-    return scores
 
 
 def refuse_mismatched_tokenizer(tokenizer, model) -> None:
