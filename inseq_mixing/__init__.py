@@ -44,16 +44,21 @@ _LAZY = {
 
 def register() -> list[str]:
     """Register the plugin's methods inside Inseq (idempotent): Inseq's built-in value zeroing is renamed, Inseq's
-    heatmap colours are repaired, and one Inseq method class per declaration is generated
+    heatmap colours are repaired, ``inseq.load_model`` names :func:`load_model` for encoder-only and speech models,
+    and one Inseq method class per declaration is generated
     (:mod:`inseq_mixing.frontends.patches`, where every change to Inseq's behaviour is kept). Called by
     ``import inseq_mixing`` (at once, or when Inseq is imported); imports Inseq.
 
     Returns:
         The names of the plugin's methods.
     """
+    from .frontends.patches import guide_other_kinds
     from .frontends.patches import register as apply_patches
+    from .frontends.router import inseq_refusal
 
-    return apply_patches()
+    names = apply_patches()
+    guide_other_kinds(inseq_refusal)
+    return names
 
 
 class _RegisterAfterInseq(importlib.abc.MetaPathFinder):

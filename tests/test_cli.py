@@ -49,7 +49,10 @@ def test_an_existing_output_is_only_replaced_when_asked(tmp_path, capsys):
 
 
 def test_ctrl_c_in_a_dataset_run_says_what_is_stored_and_how_to_resume(model_dir, tmp_path):  # noqa: F811
-    data = write_jsonl(tmp_path / "data.jsonl", 60)
+    # 300 rows (about 5 s at this model's speed): an interrupt sent by a test process the machine starves for a second
+    # still lands mid-run (60 rows could end before it on a loaded CI machine)
+    rows = 300
+    data = write_jsonl(tmp_path / "data.jsonl", rows)
     out = tmp_path / "run"
     command = [sys.executable, "-m", "inseq_mixing.cli", "attribute-dataset", str(data), "--model", str(model_dir),
                "--method", "value_zeroing", "--batch-size", "1", "--out", str(out)]  # fmt: skip
@@ -61,8 +64,8 @@ def test_ctrl_c_in_a_dataset_run_says_what_is_stored_and_how_to_resume(model_dir
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130, err[-2000:]
     stored = len(load_run(out))
-    assert 2 <= stored < 60, "the interrupt must land mid-run"
-    assert f"interrupted: {stored} of 60 examples are stored in {out}" in err and "Traceback" not in err
+    assert 2 <= stored < rows, "the interrupt must land mid-run"
+    assert f"interrupted: {stored} of {rows} examples are stored in {out}" in err and "Traceback" not in err
     resume = err.strip().splitlines()[-1].strip()
     assert resume.startswith("inseq-mixing attribute-dataset")
     resumed = subprocess.run([sys.executable, "-m", "inseq_mixing.cli", *resume.split()[1:]], capture_output=True,

@@ -93,3 +93,37 @@ def test_the_layout_turns_rows_into_inseq_axes_and_marks_what_a_decoder_cannot_s
     assert decoder.shape == (4, 2) and decoder.dtype == torch.float64
     assert decoder[:2, 0].tolist() == [scores[0, 1, 0], scores[0, 1, 1]] and decoder[2:, 0].isnan().all()
     assert decoder[:3, 1].tolist() == scores[0, 2, :3].tolist() and decoder[3, 1].isnan()
+
+
+def test_each_front_end_says_which_word_each_source_position_belongs_to():
+    """The evaluation protocols read words through the front end: an encoder's tokens by the tokenizer's offsets
+    (special tokens in none), a speech model's units by the alignment (silences and padding in none)."""
+    from inseq_mixing.testing import speech_processor, synthetic_audio
+
+    front = inseq_mixing.load_model(tiny_encoder("bert", "masked_lm"), "alti", tokenizer=encoder_tokenizer())
+    sequence = front.attribute("the cat [MASK] on the mat", show_progress=False).sequence_attributions[0]
+    assert [token.token for token in sequence.source][0] == "[CLS]"
+    assert front.source_words(sequence, "the cat [MASK] on the mat") == [-1, 0, 1, 2, 3, 4, 5, -1]
+    speech = inseq_mixing.load_model(tiny_speech("wav2vec2"), "alti", processor=speech_processor("wav2vec2"))
+    words = [("the", 0.1, 0.2), ("cat", 0.3, 0.4), ("the", 0.45, 0.55)]
+    sequence = speech.attribute(synthetic_audio(0.6), words=words, show_progress=False).sequence_attributions[0]
+    labels = [token.token for token in sequence.source]
+    assert labels[0].startswith("[sil") and len(labels) == 7
+    assert speech.source_words(sequence, "the cat the") == [-1, 0, -1, 1, -1, 2, -1]
+
+
+def test_inseq_load_model_names_the_plugins_loader_for_encoders_and_speech(tmp_path):
+    """After ``import inseq_mixing``, Inseq's own loader refuses an encoder-only folder or a speech model object in
+    one line naming ``inseq_mixing.load_model`` (Inseq alone fails deep inside); generation models load as before."""
+    import inseq
+
+    folder = tmp_path / "bert"
+    tiny_encoder("bert", "masked_lm").save_pretrained(folder)
+    encoder_tokenizer().save_pretrained(folder)
+    hint = r"an encoder-only model \(bert\): use inseq_mixing.load_model\(model, 'alti', tokenizer=\.\.\.\)"
+    with pytest.raises(ValueError, match=hint):
+        inseq.load_model(str(folder), "alti")
+    with pytest.raises(ValueError, match=r"a speech model \(whisper\).*processor=\.\.\."):
+        inseq.models.load_model(tiny_speech("whisper"), "value_zeroing")
+    model = inseq.load_model(tiny_model("gpt2"), "alti", tokenizer=word_tokenizer(seq2seq=False))
+    assert model.attribute("the cat", "the cat sat", show_progress=False).sequence_attributions

@@ -244,3 +244,47 @@ def test_any_damage_or_kill_then_resume_equals_an_uninterrupted_run(
     pd.testing.assert_frame_equal(table(out)[0], table(whole)[0], check_exact=True)
     assert table(out)[1] == table(whole)[1]
     assert not list((out / "shards").glob(".batch-*.tmp")), "temporary files of redone batches are cleaned up"
+
+
+def test_reading_a_runs_tables_imports_neither_torch_nor_inseq(marian, tmp_path):
+    """``load_run(...).to_pandas()`` and ``step_scores_frame()`` in a fresh process: the same tables as here, and
+    neither torch nor Inseq imported (they take tens of seconds to import on a loaded machine)."""
+    import subprocess
+    import sys
+
+    run(marian, make_rows([3, 5, 4]), tmp_path / "run")
+    script = (
+        "import sys, inseq_mixing; run = inseq_mixing.load_run(sys.argv[1]); "
+        "run.to_pandas().to_pickle(sys.argv[2]); run.step_scores_frame().to_pickle(sys.argv[3]); "
+        "print(sorted(name for name in ('torch', 'inseq', 'transformers') if name in sys.modules))"
+    )
+    paths = [str(tmp_path / name) for name in ("scores.pkl", "steps.pkl")]
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run"), *paths], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+    stored = load_run(tmp_path / "run")
+    scores, steps = pd.read_pickle(paths[0]), pd.read_pickle(paths[1])
+    assert len(scores) > 0 and "logit" in steps.columns
+    pd.testing.assert_frame_equal(scores, stored.to_pandas())
+    pd.testing.assert_frame_equal(steps, stored.step_scores_frame())
+    first = stored.ids()[0]  # the tables hold the scores the Inseq sequence holds
+    rows = steps[steps["id"] == first]
+    assert rows["logit"].tolist() == pytest.approx(stored[first].step_scores["logit"].tolist())
+
+
+def test_a_store_another_process_of_the_run_is_creating_is_not_taken_for_a_foreign_folder(tmp_path, monkeypatch):
+    """Every process checks the folder while the main one creates the store: a manifest being written (its temporary
+    file), or written between this process's two looks, is the run's own; any other file is refused."""
+    store, manifest, keys = RunStore(tmp_path / "run"), {"format": 2, "model": "m"}, ("model",)
+    store.root.mkdir()
+    (store.root / f".manifest.json.{'a' * 32}.tmp").write_text("{")
+    assert store.check(manifest, keys) is None
+    store.write_manifest(manifest)
+    reads = iter([None, manifest])  # not there at the first look, there at the second
+    monkeypatch.setattr(store, "read_manifest", lambda: next(reads))
+    assert store.check(manifest, keys) == manifest
+    (store.root / "notes.txt").write_text("mine")
+    monkeypatch.setattr(store, "read_manifest", lambda: None)
+    with pytest.raises(RunStoreError, match="not a run store"):
+        store.check(manifest, keys)

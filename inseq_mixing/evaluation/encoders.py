@@ -23,7 +23,7 @@ import torch
 from .explain import Explanation
 from .faithfulness import DEFAULT_FRACTIONS, removal_faithfulness
 from .items import Item, Skipped
-from .words import token_words, word_scores
+from .words import word_scores
 
 
 class EncoderExplanation(Explanation):
@@ -55,8 +55,7 @@ def explain_encoder_items(attribution, items: list[Item], batch_size: int, optio
             out = attribution.attribute([item.source for item in batch], targets, foils, batch_size=len(batch),
                                         show_progress=False, **options)  # fmt: skip
             for item, seq in zip(batch, out.sequence_attributions, strict=True):
-                words = token_words(attribution.tokenizer, item.source, [token.id for token in seq.source])
-                explained[item.row] = EncoderExplanation(item, seq, words, [])
+                explained[item.row] = EncoderExplanation(item, seq, attribution.source_words(seq, item.source), [])
     return [explained[item.row] for item in items]
 
 

@@ -184,7 +184,8 @@ def _score_cue(attribution, rows, options: dict) -> MethodResult:
         seq = attribution.attribute(row.signal, row.transcript if attribution.whisper else None, words=row.words,
                                     show_progress=False, **options).sequence_attributions[0]  # fmt: skip
         units = [token.token for token in seq.source]
-        words = [index for index, label in enumerate(units) if label in row.word_names]
+        words = [index for index, word in enumerate(attribution.source_words(seq, " ".join(row.word_names)))
+                 if word >= 0]  # fmt: skip
         cues = [words.index(index) for index in words if units[index] in row.cues]
         if attribution.whisper:
             transcript = _transcript_words(attribution.tokenizer, row)

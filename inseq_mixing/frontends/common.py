@@ -125,6 +125,12 @@ class FrontEndModel:
         """Row ``row`` of the method's ``result`` as an Inseq sequence (:mod:`.layout`)."""
         raise NotImplementedError
 
+    def source_words(self, sequence, text: str) -> list[int]:
+        """How the positions of a sequence's source group into the whitespace-separated words of ``text`` (the
+        evaluation protocols work on words): per source position, its word's index, or -1 for none (special tokens,
+        silences)."""
+        raise NotImplementedError
+
     # ----- a dataset run's hooks -----
 
     def check_rows(self, sources: list, targets: list, words: list, own: dict, names: list[str]) -> None:

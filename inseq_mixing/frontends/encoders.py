@@ -42,6 +42,7 @@ from ..specs.encoder_heads import model_task
 from ..trace import trace_model
 from .common import FrontEndModel, check_batch_size, plain
 from .layout import logit_step_scores, row_steps, sequence_output, token_list, tokens_first
+from .words import token_words
 
 #: Inseq's gradient baselines, by name, as Captum classes on the input embeddings.
 GRADIENT_METHODS = ("integrated_gradients", "deeplift", "saliency", "input_x_gradient")
@@ -399,6 +400,10 @@ class EncoderAttributionModel(FrontEndModel):
             step_scores=row_steps(steps, row, cells),
             sequence_scores=sequence_scores,
         )
+
+    def source_words(self, sequence, text: str) -> list[int]:
+        """Each source token's word of ``text`` (the tokenizer's offsets: :func:`.words.token_words`)."""
+        return token_words(self.tokenizer, text, [token.id for token in sequence.source])
 
     def _tokens(self, ids: torch.Tensor) -> list:
         ids = ids.tolist()

@@ -13,6 +13,10 @@ imported, otherwise right after Inseq's import):
   scalars this way.
 - **This package's methods join Inseq's registry**: importing :mod:`.inseq_adapter` creates one Inseq method class
   per declaration (Inseq registers a method when its class is created).
+- **``inseq.load_model`` names the right loader for other kinds of models** (:func:`guide_other_kinds`, installed by
+  :func:`inseq_mixing.register` with the router's word on what a model is): Inseq 0.7 loads generation models only,
+  and an encoder-only or speech model given to it fails deep inside (``TypeError: 'NoneType' object is not
+  iterable``); it now gets a one-line error naming :func:`inseq_mixing.load_model`.
 
 And on each Inseq model one of this package's methods is loaded on (installed once per model by the method's
 constructor, :class:`~.inseq_adapter.base.ContextMixingAttribution`):
@@ -99,6 +103,28 @@ def register() -> list[str]:
     from ..declarations import DECLARATIONS
 
     return list(DECLARATIONS)
+
+
+def guide_other_kinds(refusal) -> None:
+    """Make ``inseq.load_model`` refuse, in one line, a model Inseq cannot load (idempotent; see the module
+    docstring): ``refusal(model, method)`` says why and what to call instead, or None for a model Inseq takes (or
+    whose kind cannot be told), which goes to Inseq as before."""
+    import inseq
+    import inseq.models
+
+    if getattr(inseq.load_model, "guides_other_kinds", False):
+        return
+    original = inseq.models.load_model
+
+    def load_model(model, attribution_method: str | None = None, framework: str = "hf_transformers", **kwargs):
+        reason = refusal(model, attribution_method)
+        if reason is not None:
+            raise ValueError(reason)
+        return original(model, attribution_method, framework, **kwargs)
+
+    load_model.__doc__ = original.__doc__
+    load_model.guides_other_kinds = True
+    inseq.load_model = inseq.models.load_model = load_model
 
 
 def record_requested_fn(attribution_model) -> None:

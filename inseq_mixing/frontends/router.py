@@ -102,6 +102,32 @@ def identify(model) -> ModelKind:
     return ModelKind(GENERATION)
 
 
+def inseq_refusal(model, method: str | None) -> str | None:
+    """Why ``inseq.load_model`` cannot take ``model`` and what to call instead (a speech model, or an encoder-only
+    one: a family with a masked-LM head in transformers, not a bare decoder), or None for a model Inseq takes or whose
+    kind cannot be told (its config cannot be read)."""
+    try:
+        found = identify(model)
+    except Exception:  # noqa: BLE001  (a model this cannot tell the kind of is Inseq's to refuse or load)
+        return None
+    if not found.is_speech and not (found.is_encoder and _encoder_only(found.model_type)):
+        return None
+    kind, companion = ("a speech", "processor") if found.is_speech else ("an encoder-only", "tokenizer")
+    return (
+        f"inseq.load_model loads generation models, and this is {kind} model ({found.model_type}): use "
+        f"inseq_mixing.load_model(model, {method or 'METHOD'!r}, {companion}=...), whose .attribute() gives Inseq "
+        "output."
+    )
+
+
+def _encoder_only(model_type: str | None) -> bool:
+    """Whether a model type is an encoder-only family (transformers has a masked-LM head for it); a bare decoder
+    (``LlamaModel``) is not."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    return model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+
 def read_config(name: str):
     """The config of a hub name or local folder, or None when it cannot be read (a missing folder, no network)."""
     from transformers import AutoConfig

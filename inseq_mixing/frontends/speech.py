@@ -480,6 +480,16 @@ class SpeechAttributionModel(FrontEndModel):
 
     # ----- outputs -----
 
+    def source_words(self, sequence, text: str) -> list[int]:
+        """Each unit's word of ``text`` (the words of the alignment the units were cut from, in order): a word unit
+        is the next word of ``text`` with its label; silences, padding and windows belong to none."""
+        words, found, position = text.split(), [], 0
+        for token in sequence.source:
+            index = words.index(token.token, position) if token.token in words[position:] else -1
+            found.append(index)
+            position = index + 1 if index >= 0 else position
+        return found
+
     def present(self, batch: _Batch, result, row: int):
         """One utterance's sequence: the explained rows over its units; Whisper's decoder map over its own text, the
         unit-to-unit map as ``encoder_self_scores``, a logit method's logit and terms as step scores."""

@@ -39,30 +39,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
-from inseq.data import FeatureAttributionOutput
-from inseq.data.attribution import (
-    CoarseFeatureAttributionSequenceOutput,
-    FeatureAttributionSequenceOutput,
-    GranularFeatureAttributionSequenceOutput,
-)
-from inseq.utils.typing import TokenWithId
-
-from ..frontends.sequences import MixingSequenceOutput, SignedMixingSequenceOutput
 
 MANIFEST = "manifest.json"
 SHARDS = "shards"
 #: Version of the store layout: 2 adds each shard's index (size, checksum, writer).
 FORMAT = 2
-SEQUENCE_CLASSES = {
-    cls.__name__: cls
-    for cls in (
-        MixingSequenceOutput, SignedMixingSequenceOutput, FeatureAttributionSequenceOutput,
-        GranularFeatureAttributionSequenceOutput, CoarseFeatureAttributionSequenceOutput,
-    )
-}  # fmt: skip
-#: The classes that carry a number of extra dimensions (the plugin's).
-MULTIDIMENSIONAL = (MixingSequenceOutput, SignedMixingSequenceOutput)
+#: A manifest being written (:func:`write_atomically`'s temporary name).
+MANIFEST_WRITE = re.compile(r"^\.manifest\.json\.[0-9a-f]{32}\.tmp$")
 SHARD_NAME = re.compile(r"^batch-(\d{6,})\.(parquet|json)$")
 TEMPORARY_NAME = re.compile(r"^\.batch-(\d{6,})\.(parquet|json)\.[0-9a-f]{32}\.tmp$")
 
@@ -108,20 +91,42 @@ def _tensor_entries(tensors: dict) -> list[dict]:
         if value is None:
             continue
         values = value.detach().cpu().reshape(-1)
-        wide = values.dtype == torch.float64
+        wide = str(values.dtype) == "torch.float64"
         entries.append({"name": name, "shape": list(value.shape), "values": None if wide else values.float().tolist(),
                         "values64": values.tolist() if wide else None})  # fmt: skip
     return entries
 
 
-def _tensors(entries: list[dict]) -> dict[str, torch.Tensor]:
-    tensors = {}
+def _arrays(entries: list[dict]) -> dict[str, np.ndarray]:
+    """The stored tensors as NumPy arrays (float64 where they were, float32 otherwise): what the tables read, with
+    neither torch nor Inseq imported."""
+    arrays = {}
     for entry in entries:
         wide = entry.get("values64") is not None
         values = entry["values64"] if wide else entry["values"]
-        dtype = torch.float64 if wide else torch.float32
-        tensors[entry["name"]] = torch.tensor(values, dtype=dtype).reshape(entry["shape"])
-    return tensors
+        arrays[entry["name"]] = np.asarray(values, dtype=np.float64 if wide else np.float32).reshape(entry["shape"])
+    return arrays
+
+
+def _tensors(entries: list[dict]) -> dict:
+    import torch
+
+    return {name: torch.from_numpy(array) for name, array in _arrays(entries).items()}
+
+
+def _sequence_classes() -> tuple[dict, tuple]:
+    """Inseq's sequence classes by name, and the ones that carry a number of extra dimensions (the plugin's)."""
+    from inseq.data.attribution import (
+        CoarseFeatureAttributionSequenceOutput,
+        FeatureAttributionSequenceOutput,
+        GranularFeatureAttributionSequenceOutput,
+    )
+
+    from ..frontends.sequences import MixingSequenceOutput, SignedMixingSequenceOutput
+
+    classes = (MixingSequenceOutput, SignedMixingSequenceOutput, FeatureAttributionSequenceOutput,
+               GranularFeatureAttributionSequenceOutput, CoarseFeatureAttributionSequenceOutput)  # fmt: skip
+    return {cls.__name__: cls for cls in classes}, (MixingSequenceOutput, SignedMixingSequenceOutput)
 
 
 def sequence_to_row(sequence, example, source_text: str, target_text: str) -> dict:
@@ -149,9 +154,12 @@ def sequence_to_row(sequence, example, source_text: str, target_text: str) -> di
 
 def row_to_sequence(row: dict):
     """The Inseq sequence output stored in ``row`` (inverse of :func:`sequence_to_row`)."""
+    from inseq.utils.typing import TokenWithId
+
     attributions = _tensors(row["attributions"])
-    cls = SEQUENCE_CLASSES.get(row["sequence_class"], MixingSequenceOutput)
-    extra = {"_num_dimensions": row["num_dimensions"]} if issubclass(cls, MULTIDIMENSIONAL) else {}
+    classes, multidimensional = _sequence_classes()
+    cls = classes.get(row["sequence_class"], multidimensional[0])
+    extra = {"_num_dimensions": row["num_dimensions"]} if issubclass(cls, multidimensional) else {}
     return cls(
         source=[TokenWithId(t, i) for t, i in zip(row["source_tokens"], row["source_ids"], strict=True)],
         target=[TokenWithId(t, i) for t, i in zip(row["target_tokens"], row["target_ids"], strict=True)],
@@ -262,9 +270,14 @@ class RunStore:
         """
         existing = self.read_manifest()
         if existing is None:
-            if self.root.exists() and any(p.name != SHARDS for p in self.root.iterdir()):
+            # only what a store's own writes leave (another process of this run may be creating it right now)
+            names = [path.name for path in self.root.iterdir()] if self.root.exists() else []
+            if all(name in (SHARDS, MANIFEST) or MANIFEST_WRITE.match(name) for name in names):
+                existing = self.read_manifest()  # written meanwhile by the main process of this run, or still none
+                if existing is None:
+                    return None
+            else:
                 raise RunStoreError(f"{self.root} exists and is not a run store: choose an empty or new folder.")
-            return None
         if existing.get("format") != manifest.get("format"):
             raise RunStoreError(
                 f"{self.root} was written by an earlier inseq-mixing (store format {existing.get('format')}, this "
@@ -479,9 +492,11 @@ class Run:
         return {"source_text": row["source_text"], "target_text": row["target_text"],
                 "words": None if words is None else json.loads(words)}  # fmt: skip
 
-    def to_inseq(self) -> FeatureAttributionOutput:
+    def to_inseq(self):
         """All stored examples as one Inseq ``FeatureAttributionOutput``, in the data's order: ``show()``,
         ``aggregate()``, ``save()`` and the rest of Inseq work on it as on ``model.attribute``'s output."""
+        from inseq.data import FeatureAttributionOutput
+
         info = {"attribution_method": self.manifest["method"], "model_name": self.manifest["model"]["name"]}
         return FeatureAttributionOutput(sequence_attributions=list(self), info=info)
 
@@ -512,13 +527,11 @@ class Run:
 
         frames = []
         for row in self._all_rows():
-            steps = _tensors(row["step_scores"])
+            steps = _arrays(row["step_scores"])
             generated = row["target_tokens"][row["attr_pos_start"] : row["attr_pos_end"]]
             count = max([len(generated), *(len(value) for value in steps.values())])
             frame = {"id": [row["id"]] * count, "generated_index": list(range(count)), "generated_token": generated}
-            frame.update(
-                {name: value.numpy() if value.dim() == 1 else list(value.numpy()) for name, value in steps.items()}
-            )
+            frame.update({name: value if value.ndim == 1 else list(value) for name, value in steps.items()})
             frames.append(pd.DataFrame(frame))
         columns = ["id", "generated_index", "generated_token"]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
@@ -533,14 +546,14 @@ class _Side:
 def _score_frames(row: dict) -> Iterator:
     import pandas as pd
 
-    attributions = _tensors(row["attributions"])
+    attributions = _arrays(row["attributions"])
     generated = row["target_tokens"][row["attr_pos_start"] : row["attr_pos_end"]]
     sides = (_Side("source", row["source_tokens"]), _Side("target", row["target_tokens"]))
     for side in sides:
         scores = attributions.get(side.name)
         if scores is None:
             continue
-        values = scores.numpy()
+        values = scores
         cells = np.indices(values.shape).reshape(values.ndim, -1)
         flat = values.reshape(-1)
         keep = ~np.isnan(flat)
