@@ -213,6 +213,7 @@ def run_compare(args: argparse.Namespace) -> int:
             show_progress=True,
             random_draws=args.random_draws,
             max_new_tokens=args.max_new_tokens,
+            attributed_fn=None if args.attributed_fn == "own" else args.attributed_fn,
         )
     except (UserError, RuntimeError) as error:  # RuntimeError: every method failed
         print(f"error: {error}", file=sys.stderr)
@@ -436,6 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--device", default=None, help="e.g. cpu or cuda (default: Inseq's choice)")
     compare.add_argument("--random-draws", type=int, default=3)
     compare.add_argument("--max-new-tokens", type=int, default=None, help=MAX_NEW_TOKENS_HELP)
+    compare.add_argument("--attributed-fn", default="logit",
+                         help="what every method explains, one quantity for all (default: logit; 'own': each "
+                              "method's default, e.g. Inseq's probability for gradient methods)")  # fmt: skip
     compare.add_argument("--overwrite", action="store_true", help="replace --out / --json if they exist")
     dataset = commands.add_parser(
         "attribute-dataset", help="attribute every example of a JSONL/CSV/Parquet file into a resumable run store"

@@ -122,3 +122,30 @@ def test_forced_targets_are_the_same_for_every_method():
 def test_unknown_method_is_refused():
     with pytest.raises(ValueError, match="Unknown attribution method"):
         compare(load_tiny("gpt2", "alti"), ["alti", "magic"], PROMPT, CONTINUATION)
+
+
+def test_every_method_of_a_comparison_explains_the_logit_and_says_so(tmp_path):
+    """By default a comparison explains one quantity with every method: the gradient baselines explain the logit as
+    the logit methods do (their scores are Inseq's with ``attributed_fn="logit"``, not its default probability), and
+    the summary, the terminal table and the report name each method's quantity; ``attributed_fn=None`` gives each
+    method its own default, and says so."""
+    import inseq
+
+    from inseq_mixing.views.report import write_report
+
+    model = load_tiny("marian", "alti")
+    methods = ["alti_logit", "saliency", "alti"]
+    result = compare(model, methods, SOURCE, TARGET, fractions=(0.5,), random_draws=0)
+    assert {row["method"]: row["explains"] for row in result.summary()} == {
+        "alti_logit": "logit", "saliency": "logit", "alti": "map"}  # fmt: skip
+    saliency = inseq.load_model(model.model, "saliency", tokenizer=model.tokenizer)
+    by_logit = saliency.attribute(SOURCE, TARGET, attribute_target=True, attributed_fn="logit", show_progress=False)
+    by_default = saliency.attribute(SOURCE, TARGET, attribute_target=True, show_progress=False)
+    compared = result.outputs["saliency"].sequence_attributions[0].source_attributions
+    assert torch.equal(compared, by_logit.sequence_attributions[0].source_attributions)
+    assert not torch.allclose(compared, by_default.sequence_attributions[0].source_attributions)
+    page = write_report(result, tmp_path / "r.html").read_text()
+    assert page.count("<td>logit</td>") == 2 and page.count("<td>map</td>") == 1 and "<th>explains</th>" in page
+
+    own = compare(model, ["saliency"], SOURCE, TARGET, fractions=(0.5,), random_draws=0, attributed_fn=None)
+    assert own.summary()[0]["explains"] == "probability"

@@ -14,6 +14,7 @@ from .comparison import (
     each_method,
     token_examples,
     token_level_scores,
+    with_explained,
 )
 from .faithfulness import DEFAULT_FRACTIONS, faithfulness, random_baseline, rank_correlation, target_scores
 
@@ -30,6 +31,7 @@ def compare(
     method_kwargs: dict[str, dict] | None = None,
     show_progress: bool = False,
     max_new_tokens: int | None = None,
+    attributed_fn: str | None = "logit",
 ) -> Comparison:
     """Run ``methods`` on the same inputs and forced targets and score them.
 
@@ -51,6 +53,10 @@ def compare(
         show_progress: Show progress bars over the methods and over the generated tokens scored.
         max_new_tokens: The longest generated target when ``targets`` is None (default: the model's generation
             config; if it sets no length, transformers' default of 20 new tokens, with a warning saying so).
+        attributed_fn: What every method explains, so that the methods are compared on one quantity: ``"logit"``
+            (the default; what the logit methods explain, and the gradient baselines then too), or None for each
+            method's own default (Inseq's gradient methods: the probability). A method's ``method_kwargs`` may set its
+            own. The summary names each method's quantity (``explains``; ``map`` for context-mixing maps).
 
     Returns:
         A :class:`Comparison`. A method that raises is recorded in ``failed`` (with a warning) and the others are
@@ -68,7 +74,8 @@ def compare(
         from .encoders import compare_encoder
 
         model = as_front_end(model, methods[0], found, tokenizer=tokenizer)
-        return compare_encoder(model, methods, inputs, targets, fractions, random_draws, method_kwargs, show_progress)
+        return compare_encoder(model, methods, inputs, targets, fractions, random_draws, method_kwargs, show_progress,
+                               attributed_fn)  # fmt: skip
     base = as_front_end(model, methods[0], found, tokenizer=tokenizer)
     hf_model, tokenizer = base.model, base.tokenizer
     if targets is None:  # one generation, forced for every method
@@ -79,7 +86,7 @@ def compare(
 
     def attribute(method: str):
         attribution_model = inseq.load_model(hf_model, method, tokenizer=tokenizer)
-        options = method_kwargs.get(method, {})
+        options = with_explained(method, method_kwargs.get(method, {}), attributed_fn)
         return attribution_model.attribute(inputs, targets, attribute_target=True, show_progress=False, **options)
 
     comparison.outputs = each_method(methods, attribute, comparison.failed, "compare", show_progress, "attributing")

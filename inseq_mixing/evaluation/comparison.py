@@ -42,7 +42,7 @@ class Comparison:
         rows = []
         for method in self.outputs:
             mine = [row for row in self.tokens if row["method"] == method]
-            summary = {"method": method, "tokens": len(mine)}
+            summary = {"method": method, "explains": explained_quantity(self.outputs[method]), "tokens": len(mine)}
             for key in [*METRICS, *(f"random_{name}" for name in METRICS)]:
                 summary[key] = nan_mean(row[key] for row in mine)
             for other in self.outputs:
@@ -141,3 +141,25 @@ def check_methods(methods: list[str]) -> None:
     unknown = [name for name in methods if name not in inseq.list_feature_attribution_methods()]
     if unknown:
         raise ValueError(f"Unknown attribution method(s) {unknown}: see inseq.list_feature_attribution_methods().")
+
+
+def explained_quantity(output) -> str:
+    """What an output's scores explain, in one word or two: ``logit``, ``contrast_logits_diff``, ``probability`` (an
+    Inseq gradient method's default), ... or ``map`` for a context-mixing map, which explains no output."""
+    info = getattr(output, "info", None) or {}
+    quantity = info.get("attributed_fn")
+    if quantity is None:
+        return "?"
+    quantity = str(quantity)
+    return "map" if " map" in quantity else quantity.removesuffix("_fn")  # Inseq records its functions' names
+
+
+def with_explained(method: str, options: dict, attributed_fn: str | None) -> dict:
+    """A method's keyword arguments with the comparison's ``attributed_fn`` (None: the method's own default), unless
+    they name their own or the method gives maps (which explain no output)."""
+    from ..declarations import DECLARATIONS
+
+    maps = method in DECLARATIONS and not DECLARATIONS[method].explains_logit
+    if attributed_fn is None or maps or "attributed_fn" in options:
+        return dict(options)
+    return {**options, "attributed_fn": attributed_fn}

@@ -137,7 +137,8 @@ def _reader(attribution, ids: torch.Tensor, cell: int, target: int):
     return read
 
 
-def compare_encoder(attribution, methods, texts, targets, fractions, random_draws, method_kwargs, show_progress):
+def compare_encoder(attribution, methods, texts, targets, fractions, random_draws, method_kwargs, show_progress,
+                    attributed_fn: str | None = "logit"):  # fmt: skip
     """:func:`~inseq_mixing.compare` on an encoder model: each method on the same texts, the first explained entry of
     each text (a mask, or the label) scored by AOPC with deletion (see the module docstring), and the Spearman
     agreement of every two methods over the candidate tokens."""
@@ -145,14 +146,15 @@ def compare_encoder(attribution, methods, texts, targets, fractions, random_draw
     from types import SimpleNamespace
 
     from ..frontends import load_model
-    from .comparison import Comparison, each_method
+    from .comparison import Comparison, each_method, with_explained
     from .faithfulness import rank_correlation
 
     comparison = Comparison()
 
     def attribute(method: str):
         front = load_model(attribution, method)  # the same model and tokenizer, with this method
-        out = front.attribute(texts, targets, show_progress=False, **method_kwargs.get(method, {}))
+        out = front.attribute(texts, targets, show_progress=False,
+                              **with_explained(method, method_kwargs.get(method, {}), attributed_fn))  # fmt: skip
         explained = [SimpleNamespace(seq=seq) for seq in out.sequence_attributions]
         return out, encoder_faithfulness(front, explained, fractions, random_draws)
 

@@ -9,7 +9,13 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from ..methods.blocks import upcast
 from ..trace import eval_mode
+
+#: Inseq's step scores this package's own front ends answer, from the model's logits at the explained entries.
+STEP_SCORES = ("logit", "probability", "entropy")
+#: Inseq's ``attributed_fn`` values these front ends explain: the logit, or with foils the target's minus the foil's.
+ATTRIBUTED_FNS = ("logit", "contrast_logits_diff")
 
 
 class PreparedBatch(Protocol):
@@ -67,10 +73,59 @@ class FrontEndModel:
         """The method's options as its computation takes them (defaults filled in)."""
         return self.declaration.make_options(options)
 
+    def inseq_keywords(self, options: dict, targets, contrastive: bool) -> tuple[object, list[str]]:
+        """Inseq's names for this front end's arguments, taken out of ``options`` (what an Inseq user passes by
+        habit): ``generated_texts`` is ``targets``; ``attributed_fn`` is checked (these front ends explain the logit
+        of each explained entry, ``contrast_logits_diff`` with foils: :data:`ATTRIBUTED_FNS`); ``step_scores`` are
+        answered from the model's logits (:data:`STEP_SCORES`).
+
+        Args:
+            options: The keyword arguments ``attribute`` did not name (Inseq's names are removed from it).
+            targets: The targets given by their own name (None: not given).
+            contrastive: Whether foils were given.
+
+        Returns:
+            The targets, and the step scores asked for.
+        """
+        generated = options.pop("generated_texts", None)
+        if generated is not None:
+            if targets is not None:
+                raise ValueError("Give the targets once: targets= or generated_texts= (Inseq's name), not both.")
+            targets = generated
+        function = options.pop("attributed_fn", None)
+        if function is not None:
+            expected = "contrast_logits_diff" if contrastive else "logit"
+            if function != expected:
+                raise ValueError(
+                    f"attributed_fn={function!r}: {type(self).__name__} explains {expected!r} (the logit of each "
+                    "explained entry; with foils=, the target's minus the foil's). Inseq's other functions are "
+                    "offered on generation models through inseq.load_model; here, step_scores=['probability'] gives "
+                    "the probabilities."
+                )
+        steps = options.pop("step_scores", None) or []
+        steps = [steps] if isinstance(steps, str) else list(steps)
+        unknown = [name for name in steps if name not in STEP_SCORES]
+        if unknown:
+            raise ValueError(
+                f"step_scores {unknown}: this front end gives {list(STEP_SCORES)}, read from the model's logits at "
+                "the explained entries."
+            )
+        if steps and getattr(self, "task", None) is None:
+            raise ValueError(f"step_scores: {type(self.model).__name__} is a bare encoder and has no output to score.")
+        return targets, steps
+
     # ----- the one attribution loop -----
 
     def attribute_items(
-        self, items: list, *, batch_size: int, show_progress: bool, method_options: dict, info: dict, settings=None
+        self,
+        items: list,
+        *,
+        batch_size: int,
+        show_progress: bool,
+        method_options: dict,
+        info: dict,
+        settings=None,
+        step_scores: list[str] = (),
     ):
         """Attribute ``items`` (one per input, as the front end's :meth:`prepare` takes them) in batches.
 
@@ -82,6 +137,7 @@ class FrontEndModel:
             info: The front end's own entries of the output's ``info`` (the method, the model and the options are
                 added here).
             settings: Passed to every :meth:`prepare` call (the front end's per-call arguments).
+            step_scores: Inseq's step scores to add (:meth:`inseq_keywords`), read from :meth:`output_logits`.
 
         Returns:
             ``inseq.FeatureAttributionOutput``, one sequence per item.
@@ -97,6 +153,8 @@ class FrontEndModel:
             for start in tqdm(starts, disable=not show_progress, desc=f"Attributing with {self.method}"):
                 batch = self.prepare(items[start : start + batch_size], settings)
                 batch_sequences, batch_axis = self.explain(batch, options)
+                if step_scores:
+                    self.add_step_scores(batch, batch_sequences, step_scores)
                 sequences += batch_sequences
                 axis = batch_axis if batch_axis is not None else axis
         info = {
@@ -104,7 +162,7 @@ class FrontEndModel:
             "model_name": self.model_name,
             "model_class": type(self.model).__name__,
             **info,
-            "step_scores": [],
+            "step_scores": list(step_scores),
             "attribution_args": dict(method_options),
         }
         if axis is not None:
@@ -124,6 +182,33 @@ class FrontEndModel:
     def present(self, batch: PreparedBatch, result, row: int):
         """Row ``row`` of the method's ``result`` as an Inseq sequence (:mod:`.layout`)."""
         raise NotImplementedError
+
+    def output_logits(self, batch: PreparedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's logits ``(B, positions, outputs)`` and the explained output at each position ``(B,
+        positions)``, for Inseq's step scores."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def add_step_scores(self, batch: PreparedBatch, sequences: list, names: list[str]) -> None:
+        """Inseq's step scores ``names`` of each sequence's explained entries, from :meth:`output_logits` (a logit
+        method's own ``logit`` is kept: it is the same number)."""
+        logits, ids = self.output_logits(batch)
+        cells = [(row, cell) for row, explained in enumerate(batch.explained) for cell in explained]
+        rows, columns = (torch.tensor(index, device=logits.device) for index in zip(*cells, strict=True))
+        chosen = upcast(logits[rows, columns])  # (entries, outputs): only the explained entries' rows
+        log_probs = chosen.log_softmax(-1)
+        explained = ids[rows, columns].to(chosen.device)[:, None]
+        values = {
+            "logit": chosen.gather(-1, explained)[:, 0],
+            "probability": log_probs.gather(-1, explained)[:, 0].exp(),
+            "entropy": torch.special.entr(log_probs.exp()).sum(-1),
+        }
+        start = 0
+        for row, sequence in enumerate(sequences):
+            count = len(batch.explained[row])
+            for name in names:
+                sequence.step_scores.setdefault(name, values[name][start : start + count].cpu())
+            start += count
 
     def source_words(self, sequence, text: str) -> list[int]:
         """How the positions of a sequence's source group into the whitespace-separated words of ``text`` (the

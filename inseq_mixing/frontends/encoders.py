@@ -88,6 +88,7 @@ class _Batch:
     explained: list[list[int]]  # per text, the explained positions in order
     target_ids: torch.Tensor  # (B, T) output index explained at each position
     foil_ids: torch.Tensor | None
+    logits: torch.Tensor | None = None  # (B, T, outputs): the head's at every position, None for a bare encoder
     request: Request | None = None
 
     @property
@@ -178,7 +179,10 @@ class EncoderAttributionModel(FrontEndModel):
                 float64 masking of a padded batch gives NaN that reaches the real tokens).
             show_progress: Show a progress bar over batches.
             method_options: The method's options (``inseq-mixing methods --options``; gradient methods: Captum's
-                ``n_steps`` for integrated gradients).
+                ``n_steps`` for integrated gradients); and Inseq's names: ``generated_texts`` (the targets),
+                ``contrast_targets`` (the foils), ``attributed_fn`` (``"logit"``, ``"contrast_logits_diff"`` with
+                foils: what is explained) and ``step_scores`` (``"probability"``, ``"entropy"``, ``"logit"`` of
+                each explained entry).
 
         Returns:
             ``inseq.FeatureAttributionOutput``, one sequence per text.
@@ -190,6 +194,7 @@ class EncoderAttributionModel(FrontEndModel):
         if self.spec.float64_padding_nan and next(self.model.parameters()).dtype == torch.float64:
             batch_size = 1  # transformers' float64 masking of padded rows would put NaN into real tokens
         foils = self._foils(plain(foils), method_options)
+        targets, steps = self.inseq_keywords(method_options, targets, foils is not None)
         targets, foils = _per_text(plain(targets), len(texts), "targets"), _per_text(foils, len(texts), "foils")
         positions = _per_text_positions(plain(positions), len(texts))
         items = [_Text(text, target, foil, chosen, f"Text {index}")
@@ -206,7 +211,7 @@ class EncoderAttributionModel(FrontEndModel):
             "attributed_fn": self._explained_quantity(foils),
         }
         return self.attribute_items(items, batch_size=batch_size, show_progress=show_progress,
-                                    method_options=method_options, info=info)  # fmt: skip
+                                    method_options=method_options, info=info, step_scores=steps)  # fmt: skip
 
     def _foils(self, foils, options: dict):
         """The foils, from ``foils=`` or Inseq's name for them, ``contrast_targets=`` (taken out of ``options``);
@@ -298,7 +303,7 @@ class EncoderAttributionModel(FrontEndModel):
             where[row, cells] = True
         predictions = torch.zeros_like(ids) if trace.logits is None else trace.logits.argmax(-1)
         target_ids, foil_ids = self._output_ids(ids, explained, targets, foils, predictions, names)
-        batch = _Batch(texts, inputs, where, explained, target_ids, foil_ids)
+        batch = _Batch(texts, inputs, where, explained, target_ids, foil_ids, trace.logits)
         if self.declaration is not None:
             batch.request = Request(spec=self.spec, model=self.model, input_ids=ids, attention_mask=mask,
                                     target_ids=None, target_mask=None, predicted_ids=target_ids, foil_ids=foil_ids,
@@ -400,6 +405,10 @@ class EncoderAttributionModel(FrontEndModel):
             step_scores=row_steps(steps, row, cells),
             sequence_scores=sequence_scores,
         )
+
+    def output_logits(self, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's logits at every position (a classifier's: the first token's are its own) and the targets."""
+        return batch.logits, batch.target_ids
 
     def source_words(self, sequence, text: str) -> list[int]:
         """Each source token's word of ``text`` (the tokenizer's offsets: :func:`.words.token_words`)."""

@@ -173,7 +173,9 @@ class SpeechAttributionModel(FrontEndModel):
             batch_size: Utterances per forward pass (wav2vec 2.0 models with a group-norm feature encoder run one at
                 a time: that norm reads the whole padded signal).
             show_progress: Show a progress bar over batches.
-            method_options: The method's options (``inseq-mixing methods --options``).
+            method_options: The method's options (``inseq-mixing methods --options``); and Inseq's names:
+                ``generated_texts`` (Whisper's transcripts), ``attributed_fn="logit"`` (what is explained) and
+                ``step_scores`` (``"probability"``, ``"entropy"``, ``"logit"`` of each explained entry).
 
         Returns:
             ``inseq.FeatureAttributionOutput``, one sequence per utterance.
@@ -189,6 +191,7 @@ class SpeechAttributionModel(FrontEndModel):
                 f"{contrast[0]}: speech models explain the logits of their own transcript or frames, without a foil "
                 "(contrastive explanations are offered on text models)."
             )
+        targets, steps = self.inseq_keywords(method_options, targets, False)
         check_batch_size(batch_size)
         names = [f"Audio {index}" for index in range(len(items))]
         signals = [self.check_length(read_audio(item, self.sampling_rate, name), name)
@@ -206,7 +209,7 @@ class SpeechAttributionModel(FrontEndModel):
             "attributed_fn": "logit" if self.declaration.explains_logit else f"{self.method} map",
         }
         return self.attribute_items(utterances, batch_size=batch_size, show_progress=show_progress,
-                                    method_options=method_options, info=info,
+                                    method_options=method_options, info=info, step_scores=steps,
                                     settings=CallSettings(window_s, prompt_ids, max_new_tokens))  # fmt: skip
 
     # ----- inputs -----
@@ -479,6 +482,13 @@ class SpeechAttributionModel(FrontEndModel):
         return result
 
     # ----- outputs -----
+
+    def output_logits(self, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's logits at every decoder position (Whisper: its LM head on the final hidden states, which the
+        trace does not read in full) or frame (CTC), and the explained outputs."""
+        trace = batch.request.trace
+        logits = trace.logits if trace.logits is not None else self.spec.lm_head(trace.final_hidden)
+        return logits, batch.predicted
 
     def source_words(self, sequence, text: str) -> list[int]:
         """Each unit's word of ``text`` (the words of the alignment the units were cut from, in order): a word unit

@@ -69,7 +69,8 @@ def metrics_table(comparison: Comparison) -> str:
     """The per-method summary: faithfulness metrics with their random baselines, and rank agreement."""
     summary = comparison.summary()
     methods = [row["method"] for row in summary]
-    columns = ["tokens", *METRICS, *(f"random_{name}" for name in METRICS), *(f"spearman_{m}" for m in methods)]
+    columns = ["explains", "tokens", *METRICS, *(f"random_{name}" for name in METRICS),
+               *(f"spearman_{m}" for m in methods)]  # fmt: skip
     head = "".join(f"<th>{html.escape(name)}</th>" for name in ["method", *columns])
     rows = []
     for row in summary:

@@ -14,6 +14,7 @@ def print_table(rows: list[dict], columns: list[str]) -> None:
 
 SUMMARY_COLUMNS = [
     "method",
+    "explains",
     "tokens",
     "comprehensiveness_prob",
     "random_comprehensiveness_prob",
