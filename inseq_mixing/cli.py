@@ -9,7 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from inseq_mixing.views.tables import SUMMARY_COLUMNS, print_table
+from inseq_mixing.views.tables import SUMMARY_COLUMNS, p_value_text, print_table
 
 #: Inseq 0.7's own methods (kept here so that ``inseq-mixing methods`` answers without importing torch; a test checks
 #: this list against Inseq's registry): name → what it computes, in our words.
@@ -152,7 +152,17 @@ def _flag_value(argv: list[str], flags: tuple[str, ...]) -> str | None:
     return None
 
 
-def load_model(name: str, method: str, device: str | None):
+def inseq_mixing_version() -> str:
+    """The installed package's version (a source tree without installed metadata: ``0.0.0+local``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("inseq-mixing")
+    except PackageNotFoundError:
+        return "0.0.0+local"
+
+
+def load_model(name: str, method: str, device: str | None, processor: str | None = None):
     """The Inseq model of a hub name or local folder (``demo``: the embedded demo model, offline), with a one-line
     error for what a user can fix: a model that cannot be loaded, a tokenizer that does not match it."""
     from inseq_mixing.frontends import identify
@@ -161,7 +171,7 @@ def load_model(name: str, method: str, device: str | None):
 
     found = identify(name)
     try:
-        model = load_any_model(name, method, device=device, found=found)
+        model = load_any_model(name, method, device=device, found=found, processor=speech_processor(processor))
     except Exception as error:  # report what went wrong in one line, not a traceback
         if name == "demo":
             raise UserError(
@@ -178,10 +188,19 @@ def load_model(name: str, method: str, device: str | None):
     return model
 
 
+def speech_processor(name: str | None):
+    """The processor of ``--processor`` (a speech model's, when its own folder has none), or None."""
+    if name is None:
+        return None
+    from inseq_mixing.frontends.speech import load_processor
+
+    return load_processor(name)
+
+
 def load_for_compare(args: argparse.Namespace):
     """The Inseq model of ``args.model`` for the first method, with a one-line error for what a user can fix."""
     check_methods_known(args.methods)
-    model = load_model(args.model, args.methods[0], args.device)
+    model = load_model(args.model, args.methods[0], args.device, args.processor)
     if not hasattr(model, "is_encoder_decoder"):  # an encoder-only model: no generation, no prompt to fit
         return model
     if not model.is_encoder_decoder and args.target is not None and not args.target.startswith(args.text):
@@ -263,6 +282,7 @@ def run_attribute_dataset(args: argparse.Namespace) -> int:
             id_column=args.id_column,
             words_column=args.words_column,
             max_new_tokens=args.max_new_tokens,
+            processor=speech_processor(args.processor),
             **options,
         )
     except (DatasetInputError, RunStoreError, ValueError, OSError, UserError) as error:
@@ -334,7 +354,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             raise UserError("give the data file, --model and --protocol (or --run DIR for a stored run)")
         check_methods_known(args.methods)
         options = method_options(args.option)
-        model = load_model(args.model, args.methods[0], args.device)
+        model = load_model(args.model, args.methods[0], args.device, args.processor)
         columns = {role: getattr(args, f"{role}_column") for role in DEFAULT_COLUMNS}
         from inseq_mixing.frontends import identify
 
@@ -371,7 +391,7 @@ def report_evaluation(result, args: argparse.Namespace, title: str) -> int:
     rows = result.summary_rows()
     print_table(rows, list(dict.fromkeys(key for row in rows for key in row)))
     for pair in result.pairs():
-        print(f"{pair['method_a']} − {pair['method_b']}: {pair['difference']:+.3f} (p = {pair['p_value']:.3g})")
+        print(f"{pair['method_a']} − {pair['method_b']}: {pair['difference']:+.3f} ({p_value_text(pair['p_value'])})")
     for method, reason in result.failed.items():
         print(f"failed: {method}: {reason}", file=sys.stderr)
     if result.skipped:
@@ -394,6 +414,7 @@ def run_demo_data(args: argparse.Namespace) -> int:
 
 
 MODEL_HELP = "a Hugging Face model name or local folder, or demo (the embedded demo model, offline)"
+PROCESSOR_HELP = "a speech model's processor (name or folder), when the model's own folder has none"
 MAX_NEW_TOKENS_HELP = (
     "longest generated target where none is given (default: the model's generation config; without one, "
     "transformers' 20 new tokens, said once)"
@@ -416,6 +437,7 @@ def available_path(path: str | None, overwrite: bool) -> str | None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inseq-mixing", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"inseq-mixing {inseq_mixing_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser(
         "attribute",
@@ -426,13 +448,19 @@ def build_parser() -> argparse.ArgumentParser:
     methods = commands.add_parser("methods", help="list the attribution methods")
     methods.add_argument("--options", action="store_true", help="list each plugin method's options instead")
     demo = commands.add_parser("demo", help="compare every method on the embedded demo model and write a report")
-    demo.add_argument("--out", default="out/demo.html")
+    demo.add_argument("--out", default="out/demo.html", help="the HTML report (default: %(default)s)")
     compare = commands.add_parser("compare", help="compare methods on a model and write an HTML report")
     compare.add_argument("text", help="source text (encoder–decoders) or prompt (decoder-only models)")
     compare.add_argument("--model", required=True, help=MODEL_HELP)
-    compare.add_argument("--methods", nargs="+", default=["alti_logit", "decompx", "integrated_gradients"])
+    compare.add_argument("--processor", default=None, help=PROCESSOR_HELP)
+    compare.add_argument(
+        "--methods",
+        nargs="+",
+        default=["alti_logit", "decompx", "integrated_gradients"],
+        help="methods to compare (default: %(default)s; inseq-mixing methods lists them)",
+    )
     compare.add_argument("--target", default=None, help="forced target (default: the model's generation)")
-    compare.add_argument("--out", default="report.html")
+    compare.add_argument("--out", default="report.html", help="the HTML report (default: %(default)s)")
     compare.add_argument("--json", default=None, help="also write the metrics as JSON here")
     compare.add_argument("--device", default=None, help="e.g. cpu or cuda (default: Inseq's choice)")
     compare.add_argument("--random-draws", type=int, default=3)
@@ -448,6 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
         "data", help="a .jsonl, .csv or .parquet file of examples (speech models: rows of audio file paths)"
     )
     dataset.add_argument("--model", required=True, help=MODEL_HELP)
+    dataset.add_argument("--processor", default=None, help=PROCESSOR_HELP)
     dataset.add_argument(
         "--method", required=True, help="a method (see `inseq-mixing methods`): the plugin's, or Inseq's own"
     )
@@ -468,7 +497,12 @@ def build_parser() -> argparse.ArgumentParser:
         "words; without it, windows of window_s seconds: --option window_s=0.5)",
     )
     dataset.add_argument("--id-column", default=None, help="column of unique ids (default: the row number)")
-    dataset.add_argument("--batch-size", type=int, default=16)
+    dataset.add_argument(
+        "--batch-size",
+        type=int,
+        default=16,
+        help="examples per batch and per shard; part of the run's identity (default: %(default)s)",
+    )
     dataset.add_argument("--max-new-tokens", type=int, default=None, help=MAX_NEW_TOKENS_HELP)
     dataset.add_argument("--device", default=None, help="e.g. cpu or cuda (default: Inseq's, or each process's)")
     dataset.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
@@ -476,10 +510,16 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("evaluate", help="score methods on annotated data with a paper's protocol")
     evaluate.add_argument("data", nargs="?", default=None, help="a .jsonl, .csv or .parquet file of annotated rows")
     evaluate.add_argument("--model", default=None, help=MODEL_HELP + " (with --run: default, the run's own model)")
+    evaluate.add_argument("--processor", default=None, help=PROCESSOR_HELP)
     evaluate.add_argument("--run", default=None, metavar="DIR",
                           help="evaluate a stored run of attribute-dataset (its method, faithfulness protocol) on its "
                           "stored attributions: nothing is attributed again; no data file")  # fmt: skip
-    evaluate.add_argument("--methods", nargs="+", default=["alti_logit", "decompx", "value_zeroing", "alti"])
+    evaluate.add_argument(
+        "--methods",
+        nargs="+",
+        default=["alti_logit", "decompx", "value_zeroing", "alti"],
+        help="methods to evaluate (default: %(default)s)",
+    )
     evaluate.add_argument("--protocol", default=None,
                           choices=["evidence", "cue", "alignment", "faithfulness", "blankout"],
                           help="blankout: speech models (Whisper) only; with --run: faithfulness")  # fmt: skip
@@ -488,13 +528,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="speech cue: also run every method on a randomly initialised copy of the model",
     )
-    evaluate.add_argument("--out", default="evaluation.html", help="the HTML report")
+    evaluate.add_argument("--out", default="evaluation.html", help="the HTML report (default: %(default)s)")
     evaluate.add_argument("--json", default=None, help="also write the metrics as JSON here")
     for role, default in (("source", "source"), ("prefix", "prefix"), ("target", "target"), ("foil", "foil"),
                           ("evidence", "evidence"), ("cues", "cues"), ("alignment", "alignment"), ("audio", "audio"),
                           ("words", "words"), ("transcript", "transcript")):  # fmt: skip
         evaluate.add_argument(f"--{role}-column", default=default, dest=f"{role}_column")
-    evaluate.add_argument("--batch-size", type=int, default=16)
+    evaluate.add_argument("--batch-size", type=int, default=16, help="rows per batch (default: %(default)s)")
     evaluate.add_argument("--device", default=None, help="e.g. cpu or cuda (default: Inseq's choice)")
     evaluate.add_argument("--draws", type=int, default=1000, help="bootstrap resamples and permutations")
     evaluate.add_argument("--overwrite", action="store_true", help="replace --out / --json if they exist")

@@ -245,3 +245,38 @@ def test_requested_step_scores_are_the_models_own(family, method):
     difference = out.sequence_attributions[0].step_scores["contrast_prob_diff"]
     assert torch.equal(difference, alone.sequence_attributions[0].step_scores["contrast_prob_diff"])
     assert difference.abs().sum() > 0
+
+
+def test_a_speech_folder_without_its_processor_is_named_and_takes_one_apart(tmp_path, capsys):
+    """A speech model saved without its feature extractor: one line saying what the folder needs and the
+    alternative; ``--processor`` gives it one from another folder."""
+    import soundfile
+
+    from inseq_mixing.testing import SAMPLING_RATE, speech_processor, synthetic_audio, tiny_speech
+
+    bare, processor_dir = tmp_path / "weights", tmp_path / "processor"
+    tiny_speech("hubert").save_pretrained(bare)
+    processor = speech_processor("hubert")
+    processor.feature_extractor.save_pretrained(processor_dir)
+    processor.tokenizer.save_pretrained(processor_dir)
+    soundfile.write(tmp_path / "a.wav", synthetic_audio(0.5), SAMPLING_RATE)
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"audio": str(tmp_path / "a.wav")}))
+    args = ["attribute-dataset", str(data), "--model", str(bare), "--method", "alti", "--out", str(tmp_path / "run")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no feature extractor (preprocessor_config.json)" in errors[0]
+    assert "--processor" in errors[0] and "huggingface.co" not in errors[0]
+    assert main([*args, "--processor", str(processor_dir)]) == 0
+    assert len(load_run(tmp_path / "run")) == 1
+
+
+def test_the_version_and_p_values_read_as_expected(capsys):
+    from inseq_mixing.views.tables import p_value_text
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"inseq-mixing {inseq_mixing.__version__}"
+    assert p_value_text(1 / 1001) == "p < 0.001" and p_value_text(0.25) == "p = 0.25"
+    assert p_value_text(0.0004, bare=True) == "< 0.001" and p_value_text(0.031, bare=True) == "0.031"

@@ -146,6 +146,13 @@ def test_every_method_of_a_comparison_explains_the_logit_and_says_so(tmp_path):
     assert not torch.allclose(compared, by_default.sequence_attributions[0].source_attributions)
     page = write_report(result, tmp_path / "r.html").read_text()
     assert page.count("<td>logit</td>") == 2 and page.count("<td>map</td>") == 1 and "<th>explains</th>" in page
+    import re
+
+    captions = dict(re.findall(r'<table class="heatmap" id="([^"]+)"><caption>([^<]*)</caption>', page))
+    assert set(captions) == {f"{method}-0-{side}" for method in methods for side in ("source", "target")}
+    assert all("full colour at the largest |score| of this table" in caption for caption in captions.values())
+    assert "blue: negative" in captions["alti_logit-0-source"] and "no sign" in captions["alti-0-source"]
+    assert "blank: a token the position cannot see" in captions["alti-0-target"]  # the causal half
 
     own = compare(model, ["saliency"], SOURCE, TARGET, fractions=(0.5,), random_draws=0, attributed_fn=None)
     assert own.summary()[0]["explains"] == "probability"

@@ -70,3 +70,28 @@ def test_whisper_takes_generated_texts_and_answers_the_probability_of_each_trans
         logits = model(input_features=features, decoder_input_ids=torch.tensor([ids[:-1]])).logits[0].double()
     expected = [float(logits[k - 1].softmax(-1)[ids[k]]) for k in range(sequence.attr_pos_start, len(ids))]
     assert sequence.step_scores["probability"].tolist() == pytest.approx(expected, rel=1e-5)
+
+
+def test_integrated_gradients_on_an_encoder_takes_captums_options(masked_lm):
+    """``baselines`` (here the mask token's embedding at every position), ``internal_batch_size`` and
+    ``return_convergence_delta``: the scores add up to the logit at the input minus the logit at that baseline, up to
+    the convergence delta Captum reports; batching the steps changes nothing; an unknown option names the known
+    ones."""
+    model, tokenizer, _ = masked_lm
+    front = inseq_mixing.load_model(model, "integrated_gradients", tokenizer=tokenizer)
+    options = {"n_steps": 16, "baselines": tokenizer.mask_token, "return_convergence_delta": True}
+    sequence = front.attribute(TEXT, "cat", show_progress=False, **options).sequence_attributions[0]
+    batched = front.attribute(TEXT, "cat", show_progress=False, internal_batch_size=5, **options)
+    torch.testing.assert_close(batched.sequence_attributions[0].source_attributions, sequence.source_attributions)
+    encoded = tokenizer(TEXT, return_tensors="pt")
+    mask = int((encoded.input_ids[0] == tokenizer.mask_token_id).nonzero())
+    cat = front.output_index("cat")
+    embeddings = model.get_input_embeddings()
+    baseline = embeddings(torch.tensor([[tokenizer.mask_token_id]])).expand(1, encoded.input_ids.shape[1], -1)
+    with torch.no_grad():
+        at_input = model(**encoded).logits[0, mask, cat]
+        at_baseline = model(inputs_embeds=baseline, attention_mask=encoded.attention_mask).logits[0, mask, cat]
+    total, delta = float(sequence.source_attributions.sum()), float(sequence.step_scores["convergence_delta"][0])
+    assert total - delta == pytest.approx(float(at_input - at_baseline), abs=1e-4)
+    with pytest.raises(ValueError, match=r"\['bogus'\] for integrated_gradients: it takes \['n_steps'"):
+        front.attribute(TEXT, bogus=1, show_progress=False)

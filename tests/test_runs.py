@@ -427,3 +427,25 @@ def test_two_real_processes_write_one_store_equal_to_a_single_process_run(model_
     # same batches, so equal up to the order of float reductions in the threads of each process
     pd.testing.assert_frame_equal(stored_table(tmp_path / "two"), stored_table(tmp_path / "one"), rtol=1e-5, atol=1e-7)
     assert inseq_mixing.__version__ in json.dumps(two.manifest["versions"])
+
+
+def test_a_dataset_runs_bar_says_what_it_does_and_moves_per_example_where_examples_go_one_by_one():
+    """Inseq's own methods attribute a batch one example at a time: the bar moves after each (not once per batch),
+    says when it generates targets, and the batch's count adds up when it is stored."""
+    from inseq_mixing.runs import runner
+
+    calls = []
+
+    class Bar:
+        def update(self, count):
+            calls.append(count)
+
+        def set_description(self, text):
+            calls.append(text)
+
+    model = load("marian", "saliency")
+    examples = read_examples(rows_for("marian", generate=(1,))[:3], id_column="id")
+    progress = runner._BatchProgress(Bar())
+    rows = runner.attribute_batch(model, examples, {"attribute_target": True}, {}, None, progress)
+    progress.done(len(rows))
+    assert calls == ["generating 1 target(s)", "attributing", 1, 1, 1, 0, "attributing"]

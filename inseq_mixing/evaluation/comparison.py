@@ -123,7 +123,9 @@ def each_method(methods: list[str], run, failed: dict[str, str], caller: str, sh
         RuntimeError: Every method failed.
     """
     results = {}
-    for method in tqdm(methods, desc=desc, disable=not show_progress):
+    bar = tqdm(methods, desc=desc, unit="method", disable=not show_progress)
+    for method in bar:
+        bar.set_postfix_str(method)  # which method is running: one can take most of a minute
         try:
             results[method] = run(method)
         except Exception as error:  # keep what the other methods computed; report this one

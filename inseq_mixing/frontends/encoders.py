@@ -46,6 +46,15 @@ from .words import token_words
 
 #: Inseq's gradient baselines, by name, as Captum classes on the input embeddings.
 GRADIENT_METHODS = ("integrated_gradients", "deeplift", "saliency", "input_x_gradient")
+#: The options of Captum's ``attribute`` each gradient baseline takes (``baselines``: a number, a token whose
+#: embedding stands at every position, e.g. the mask or pad token, or a tensor broadcastable to ``(tokens,
+#: d_model)``; ``return_convergence_delta``: Captum's completeness gap, as the step score ``convergence_delta``).
+GRADIENT_OPTIONS = {
+    "integrated_gradients": ("n_steps", "method", "internal_batch_size", "baselines", "return_convergence_delta"),
+    "deeplift": ("baselines", "return_convergence_delta"),
+    "saliency": ("abs",),
+    "input_x_gradient": (),
+}
 
 #: What ``info["explained"]`` says per task, for logit methods (and the gradient baselines).
 EXPLAINED = {
@@ -129,8 +138,13 @@ class EncoderAttributionModel(FrontEndModel):
         """Refuse unknown option names and wrong values before any work."""
         if self.declaration is not None:
             self.declaration.check_options(options)
-        elif set(options) - {"n_steps"}:
-            raise ValueError(f"Unknown option(s) {sorted(set(options) - {'n_steps'})} for {self.method}.")
+            return
+        known = GRADIENT_OPTIONS[self.method]
+        if set(options) - set(known):
+            raise ValueError(
+                f"Unknown option(s) {sorted(set(options) - set(known))} for {self.method}: it takes {list(known)} "
+                "(Captum's own names)."
+            )
 
     def make_options(self, options: dict) -> dict:
         """The declared method's options with their defaults; a gradient baseline's as given."""
@@ -437,8 +451,10 @@ class EncoderAttributionModel(FrontEndModel):
 
     # ----- gradient baselines -----
 
-    def _gradient_sequences(self, batch: _Batch, n_steps: int = 50) -> list:
-        """Captum's method on the input embeddings, per explained position (summed over the embedding)."""
+    def _gradient_sequences(self, batch: _Batch, baselines=None, return_convergence_delta: bool = False,
+                            abs: bool = True, **captum_options) -> list:  # noqa: A002  (Captum's name)  # fmt: skip
+        """Captum's method on the input embeddings, per explained position (summed over the embedding), with
+        Captum's options (:data:`GRADIENT_OPTIONS`; integrated gradients: 50 steps unless ``n_steps`` says)."""
         import captum.attr
 
         classes = {"integrated_gradients": captum.attr.IntegratedGradients, "deeplift": captum.attr.DeepLift,
@@ -446,35 +462,72 @@ class EncoderAttributionModel(FrontEndModel):
         inputs = batch.inputs
         others = {name: value for name, value in inputs.items() if name != "input_ids"}
         embeds = self.model.get_input_embeddings()(inputs["input_ids"]).detach()
+        baseline = self._baseline(baselines, embeds)
+        if self.method == "integrated_gradients":
+            captum_options.setdefault("n_steps", 50)
         sequences = []
         for row, cells in enumerate(batch.explained):
             length = int(inputs["attention_mask"][row].sum())
-            columns, logits = [], []
+            columns, logits, deltas = [], [], []
             for cell in cells:
                 target = int(batch.target_ids[row, cell])
                 foil = None if batch.foil_ids is None else int(batch.foil_ids[row, cell])
                 model = _ExplainedLogit(self.model, self.task, {k: v[row : row + 1] for k, v in others.items()},
                                         cell, target, foil)  # fmt: skip
                 method = classes[self.method](model if self.method == "deeplift" else model.forward)
-                kwargs = {"n_steps": n_steps} if self.method == "integrated_gradients" else {}
+                kwargs = dict(captum_options)
+                if baseline is not None:
+                    kwargs["baselines"] = baseline if baseline.dim() == 0 else baseline[row : row + 1]
+                if return_convergence_delta:
+                    kwargs["return_convergence_delta"] = True
                 with torch.enable_grad():
                     scores = method.attribute(embeds[row : row + 1].requires_grad_(True), **kwargs)
-                if self.method == "saliency":
+                if return_convergence_delta:
+                    scores, delta = scores
+                    deltas.append(float(delta.reshape(-1)[0]))
+                if self.method == "saliency" and abs:
                     scores = scores.abs()
                 columns.append(upcast(scores[0, :length].sum(-1).detach()).cpu())
                 with torch.no_grad():
                     logits.append(float(model.forward(embeds[row : row + 1])))
             name = "contrast_logits_diff" if batch.foil_ids is not None else "logit"
+            steps = {name: torch.tensor(logits)}
+            if return_convergence_delta:
+                steps["convergence_delta"] = torch.tensor(deltas)
             sequences.append(
                 sequence_output(
                     self._tokens(inputs["input_ids"][row, :length]),
                     self._explained_tokens(batch, row, cells),
                     torch.stack(columns, dim=1),
                     signed=True,
-                    step_scores={name: torch.tensor(logits)},
+                    step_scores=steps,
                 )
             )
         return sequences
+
+    def _baseline(self, baselines, embeds: torch.Tensor) -> torch.Tensor | None:
+        """Captum's ``baselines`` on the input embeddings ``(B, T, D)``: None (zeros), a number, a token (its
+        embedding at every position), or a tensor broadcastable to ``(T, D)``."""
+        if baselines is None:
+            return None
+        if isinstance(baselines, str):
+            idx = self.tokenizer.convert_tokens_to_ids(baselines)
+            if idx is None or (idx == self.tokenizer.unk_token_id and baselines != self.tokenizer.unk_token):
+                raise ValueError(
+                    f"baselines={baselines!r} is not a token of this tokenizer (e.g. its mask or pad token)."
+                )
+            token = torch.tensor([idx], device=embeds.device)
+            return self.model.get_input_embeddings()(token).detach().expand_as(embeds)
+        if isinstance(baselines, int | float):
+            return torch.tensor(float(baselines), dtype=embeds.dtype, device=embeds.device)
+        baselines = torch.as_tensor(baselines, dtype=embeds.dtype, device=embeds.device)
+        try:
+            return baselines.expand_as(embeds)
+        except RuntimeError:
+            raise ValueError(
+                f"baselines of shape {tuple(baselines.shape)} does not broadcast to the embeddings (tokens, "
+                f"{embeds.shape[-1]}): give a number, a token, or a tensor of shape ({embeds.shape[-1]},)."
+            ) from None
 
 
 class _ExplainedLogit(nn.Module):

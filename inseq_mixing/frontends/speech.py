@@ -42,7 +42,11 @@ from .layout import decoder_layout, logit_step_scores, row_steps, sequence_outpu
 
 def load_processor(name: str):
     """The processor saved with a speech model: ``AutoProcessor``, or failing that (a folder whose tokenizer is not
-    the family's own class) its feature extractor and tokenizer read separately."""
+    the family's own class) its feature extractor and tokenizer read separately.
+
+    Raises:
+        ValueError: ``name`` holds no feature extractor (saying what the folder needs, and the alternative).
+    """
     from types import SimpleNamespace
 
     import transformers
@@ -53,7 +57,14 @@ def load_processor(name: str):
             return processor
     except (OSError, ValueError, TypeError, AttributeError):
         pass
-    extractor = transformers.AutoFeatureExtractor.from_pretrained(name)
+    try:
+        extractor = transformers.AutoFeatureExtractor.from_pretrained(name)
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"{name} has no feature extractor (preprocessor_config.json), which a speech model needs to read audio: "
+            "save the model's processor into it (processor.save_pretrained(folder)), or give the processor apart "
+            "(--processor NAME_OR_FOLDER; Python: processor=...)."
+        ) from error
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(name)
     except (OSError, ValueError, TypeError):

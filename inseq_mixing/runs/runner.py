@@ -66,7 +66,10 @@ class RunSummary:
         ) + (f"\nignored file(s) in the shards folder that are not shards: {self.stray}" if self.stray else "")
         if not self.attributed:
             return (
-                f"{process}nothing to do: all {self.skipped} examples of this share are already in {self.out}" + notes
+                f"{process}nothing to do: all {self.skipped} examples"
+                + (" of this process's share" if self.processes > 1 else "")
+                + f" are already in {self.out}"
+                + notes
             )
         return (
             f"{process}attributed {self.attributed} examples in {self.seconds:.1f} s "
@@ -185,10 +188,11 @@ def attribute_dataset(
     start = time.perf_counter()
     with _progress(sum(len(batches[n]) for n in todo), show_progress and state.is_main_process) as bar:
         for number in todo:
-            rows = attribute_batch(attribution_model, batches[number], inseq_args, options, length)
+            progress = _BatchProgress(bar)
+            rows = attribute_batch(attribution_model, batches[number], inseq_args, options, length, progress)
             store.write_shard(number, rows, writer)
             summary.attributed += len(rows)
-            bar.update(len(rows))
+            progress.done(len(rows))
     summary.seconds = time.perf_counter() - start
     state.wait_for_everyone()
     return summary
@@ -438,10 +442,16 @@ def length_sorted_batches(examples: list[Example], batch_size: int) -> list[list
 
 
 def attribute_batch(
-    attribution_model, batch: list[Example], inseq_args: dict, options: dict, length: dict | None = None
+    attribution_model,
+    batch: list[Example],
+    inseq_args: dict,
+    options: dict,
+    length: dict | None = None,
+    progress: "_BatchProgress | None" = None,
 ) -> list[dict]:
     """Attribute one batch (generating missing targets first, capped by ``length``) and return its store rows, in
-    batch order."""
+    batch order; ``progress`` is told what is being done, and each example done where they are done one by one."""
+    progress = progress or _BatchProgress(None)
     if is_own_front_end(attribution_model):  # inseq_args: the front end's own arguments (speech: window_s...)
         attributed = attribution_model.attribute_rows(*row_fields(batch), inseq_args, options)
         return [
@@ -451,18 +461,22 @@ def attribute_batch(
     sources, targets, _ = row_fields(batch)
     missing = [idx for idx, target in enumerate(targets) if target is None]
     if missing:
+        progress.doing(f"generating {len(missing)} target(s)")
         generated = generate_targets(attribution_model, [sources[idx] for idx in missing], length)
         for idx, text in zip(missing, generated, strict=True):
             targets[idx] = text
     if is_declared(attribution_model):
         sequences = attribute_texts(attribution_model, sources, targets, inseq_args, options).sequence_attributions
     else:  # Inseq's own methods, through Inseq's loop: each example exactly as model.attribute gives it
-        sequences = [
-            attribution_model.attribute(
-                source, target, show_progress=False, **inseq_args, **options
-            ).sequence_attributions[0]
-            for source, target in zip(sources, targets, strict=True)
-        ]
+        progress.doing("attributing")
+        sequences = []
+        for source, target in zip(sources, targets, strict=True):
+            sequences.append(
+                attribution_model.attribute(
+                    source, target, show_progress=False, **inseq_args, **options
+                ).sequence_attributions[0]
+            )
+            progress.one()
     return [
         sequence_to_row(sequence, example, source, target)
         for sequence, example, source, target in zip(sequences, batch, sources, targets, strict=True)
@@ -655,6 +669,29 @@ def _version(name: str) -> str:
         return version(name)
     except PackageNotFoundError:
         return "unknown"
+
+
+class _BatchProgress:
+    """One batch's share of the run's bar: what is being done (generating targets, attributing), each example done
+    where the batch does them one by one (Inseq's own methods), the rest when the batch is stored."""
+
+    def __init__(self, bar):
+        self.bar, self.counted = bar, 0
+
+    def doing(self, what: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description(what)
+
+    def one(self) -> None:
+        self.counted += 1
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def done(self, examples: int) -> None:
+        """The batch is stored: its examples not counted yet are."""
+        if self.bar is not None:
+            self.bar.update(examples - self.counted)
+            self.bar.set_description("attributing")
 
 
 class _progress:

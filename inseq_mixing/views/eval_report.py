@@ -6,6 +6,7 @@ from pathlib import Path
 
 from .figures import figure_png_base64, plt
 from .report import STYLE, sequence_heatmaps
+from .tables import p_value_text
 
 DESCRIPTIONS = {
     "evidence": "Mean reciprocal rank of the best-ranked evidence word among the context words (word score = sum of "
@@ -58,7 +59,7 @@ def pairs_table(evaluation) -> str:
     """The paired tests of the headline metric."""
     rows = "".join(
         f"<tr><th>{html.escape(pair['method_a'])} − {html.escape(pair['method_b'])}</th>"
-        f"<td>{pair['difference']:+.3f}</td><td>{pair['p_value']:.3g}</td></tr>"
+        f"<td>{pair['difference']:+.3f}</td><td>{p_value_text(pair['p_value'], bare=True)}</td></tr>"
         for pair in evaluation.pairs()
     )
     metric = html.escape(evaluation.metrics[0])

@@ -43,11 +43,19 @@ def cell_style(value: float, scale: float, signed: bool) -> str:
     return f"background:{background}" + (";color:#fff" if strength > 0.6 else "")
 
 
-def heatmap_table(scores: torch.Tensor, rows: list[str], columns: list[str], caption: str, table_id: str) -> str:
-    """An HTML table of ``(rows, columns)`` scores with coloured cells."""
+def heatmap_table(scores: torch.Tensor, rows: list[str], columns: list[str], caption: str, table_id: str,
+                  signed: bool | None = None) -> str:  # fmt: skip
+    """An HTML table of ``(rows, columns)`` scores with coloured cells, its caption saying what the colours mean.
+
+    Args:
+        signed: Whether the scores are signed contributions (red positive, blue negative) or maps (red only); None:
+            signed when a score is negative.
+    """
     finite = scores[torch.isfinite(scores)]
     scale = float(finite.abs().max()) if finite.numel() else 0.0
-    signed = bool((finite < -1e-6 * scale).any()) if finite.numel() else False  # not float noise
+    if signed is None:
+        signed = bool((finite < -1e-6 * scale).any()) if finite.numel() else False  # not float noise
+    caption = f"{caption} · {colour_legend(signed, scale, bool(torch.isnan(scores).any()))}"
     head = "".join(f"<th>{html.escape(token)}</th>" for token in columns)
     body = []
     for row, token in enumerate(rows):
@@ -100,17 +108,30 @@ def layer_panels(seq, method: str) -> str:
     return f'<div class="layers">{"".join(images)}</div>'
 
 
+def colour_legend(signed: bool, scale: float, blanks: bool) -> str:
+    """What a heatmap's colours mean: signed scores red (positive) and blue (negative), maps red, each table scaled to
+    its own largest absolute score; blank cells, where a position cannot see the token."""
+    colours = "red: positive, blue: negative contribution" if signed else "red: more mixing (a map: no sign)"
+    blank = "; blank: a token the position cannot see" if blanks else ""
+    return f"{colours}; full colour at the largest |score| of this table, {scale:.2g}{blank}"
+
+
 def sequence_heatmaps(seq, method: str, index: int) -> str:
-    """One sequence output's source and target heatmaps side by side (table ids ``METHOD-INDEX-source|target``)."""
+    """One sequence output's source and target heatmaps side by side (table ids ``METHOD-INDEX-source|target``);
+    a logit method's tables are signed whatever their values, a map's never."""
+    from ..frontends.sequences import MixingSequenceOutput, SignedMixingSequenceOutput
+
+    kinds = {SignedMixingSequenceOutput: True, MixingSequenceOutput: False}  # others (Inseq's): by their values
+    signed = kinds.get(type(seq))
     source, target = token_level_scores(seq)
     generated = [token.token for token in seq.target[seq.attr_pos_start :]]
     tables = []
     if source is not None:
         rows = [token.token for token in seq.source]
-        tables.append(heatmap_table(source, rows, generated, "source", f"{method}-{index}-source"))
+        tables.append(heatmap_table(source, rows, generated, "source", f"{method}-{index}-source", signed))
     if target is not None:  # encoder-only models' outputs have source scores only
         rows = [token.token for token in seq.target]
-        tables.append(heatmap_table(target, rows, generated, "target", f"{method}-{index}-target"))
+        tables.append(heatmap_table(target, rows, generated, "target", f"{method}-{index}-target", signed))
     return f'<div class="heatmaps">{"".join(tables)}</div>'
 
 

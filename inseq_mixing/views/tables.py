@@ -21,3 +21,10 @@ SUMMARY_COLUMNS = [
     "sufficiency_prob",
     "random_sufficiency_prob",
 ]
+
+
+def p_value_text(p_value: float, bare: bool = False) -> str:
+    """A permutation test's p-value as a reader expects it: ``p < 0.001`` below a thousandth, else ``p = `` and three
+    digits (``bare``: without the ``p``, for a column headed by it)."""
+    text = "p < 0.001" if p_value < 0.001 else f"p = {p_value:.3g}"
+    return text.removeprefix("p = ").removeprefix("p ") if bare else text
