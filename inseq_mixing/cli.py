@@ -268,7 +268,7 @@ def run_attribute_dataset(args: argparse.Namespace) -> int:
 
     try:
         options = parse_options(args.option)
-        model = load_model("demo", args.method, args.device) if args.model == "demo" else args.model
+        model = args.model  # a name, a folder, or "demo" (the run's manifest names it so, not its install path)
         summary = attribute_dataset(
             model,
             args.method,

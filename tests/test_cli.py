@@ -32,6 +32,7 @@ def test_every_command_takes_the_demo_model_offline(tmp_path, capsys):
                  str(tmp_path / "run")])  # fmt: skip
     assert code == 0, capsys.readouterr().err
     assert len(load_run(tmp_path / "run")) == 3
+    assert load_run(tmp_path / "run").manifest["model"]["name"] == "demo"  # not the packaged model's install path
     code = main(["attribute-dataset", str(data), "--model", "demo", "--method", "nope", "--out", str(tmp_path / "x")])
     err = capsys.readouterr().err
     assert code == 2 and "nope" in err and "Traceback" not in err
@@ -49,14 +50,15 @@ def test_an_existing_output_is_only_replaced_when_asked(tmp_path, capsys):
 
 
 def test_ctrl_c_in_a_dataset_run_says_what_is_stored_and_how_to_resume(model_dir, tmp_path):  # noqa: F811
-    # 300 rows (about 5 s at this model's speed): an interrupt sent by a test process the machine starves for a second
-    # still lands mid-run (60 rows could end before it on a loaded CI machine)
-    rows = 300
+    rows = 60
     data = write_jsonl(tmp_path / "data.jsonl", rows)
     out = tmp_path / "run"
     command = [sys.executable, "-m", "inseq_mixing.cli", "attribute-dataset", str(data), "--model", str(model_dir),
                "--method", "value_zeroing", "--batch-size", "1", "--out", str(out)]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C's default action in the child, whatever this process inherited (a shell starts background jobs with
+    # SIGINT ignored, and a Python started so never raises KeyboardInterrupt)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     deadline = time.time() + 120
     while time.time() < deadline and len(list((out / "shards").glob("batch-*.json"))) < 2:
         time.sleep(0.01)

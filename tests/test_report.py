@@ -70,6 +70,8 @@ def test_layer_figure_has_one_panel_per_layer():
     figure = layer_figure(scores, list("abcde"), list("wxyz"))
     panels = [axis for axis in figure.axes if axis.get_title().startswith("layer")]
     assert len(panels) == 6
+    # numbered as the outputs' info["score_axis"] ("layer 0", ...) and the model's own modules (model.layers[0])
+    assert [axis.get_title() for axis in panels] == [f"layer {layer}" for layer in range(6)]
     with pytest.raises(ValueError, match="layers"):
         layer_figure(scores[..., 0], list("abcde"), list("wxyz"))
 
@@ -154,3 +156,34 @@ def test_a_comparison_of_every_method_fits_1280_pixels(tmp_path):
                                 random_draws=1)  # fmt: skip
     path = write_report(wide, tmp_path / "wide.html")
     assert page_width(executable, path) <= 1280
+
+
+def test_an_evaluation_report_has_no_empty_section():
+    """One method: no paired test, so no "Paired tests" heading; no kept example (blank-out measures the model): no
+    "Examples" heading. Two methods: the paired test is there."""
+    from inseq_mixing.evaluation.metrics import mean_statistic
+    from inseq_mixing.evaluation.scores import Evaluation, MethodResult
+    from inseq_mixing.views.eval_report import render_evaluation_report
+
+    def evaluation(methods: list[str]) -> Evaluation:
+        result = Evaluation("faithfulness", draws=20)
+        for shift, method in enumerate(methods):
+            values = [0.1 + shift, 0.3 + shift, 0.2]
+            result.results[method] = MethodResult(
+                {
+                    name: mean_statistic(values)
+                    for name in (
+                        "comprehensiveness_prob",
+                        "sufficiency_prob",
+                        "comprehensiveness_logit",
+                        "sufficiency_logit",
+                    )
+                }
+            )
+            result.examples[method] = []
+        return result
+
+    page = render_evaluation_report(evaluation(["alti"]))
+    assert "<h2>Metrics</h2>" in page and "Paired tests" not in page and "<h2>Examples</h2>" not in page
+    page = render_evaluation_report(evaluation(["alti", "decompx"]))
+    assert "<h2>Paired tests</h2>" in page and 'id="pairs"' in page

@@ -82,14 +82,14 @@ def cue_figure(evaluation) -> str:
         if result.per_layer is None:
             axis.axhline(summary["cue_contribution"], color=color, linestyle="--", label=f"{method} (total)")
             continue
-        layers = list(range(1, len(summary["per_layer"]) + 1))
+        layers = list(range(len(summary["per_layer"])))  # from 0, as info["score_axis"] and model.layers[i]
         axis.plot(layers, summary["per_layer"], marker="o", color=color, label=method)
         lows, highs = zip(*summary["per_layer_ci"], strict=True)
         axis.fill_between(layers, lows, highs, alpha=0.15, color=color)
     if "cue_contribution" in evaluation.baseline:
         axis.axhline(evaluation.baseline["cue_contribution"], color="grey", linestyle=":", label="random")
-    axis.set_xticks(range(1, num_layers + 1))
-    axis.set_xlabel("layer")
+    axis.set_xticks(range(num_layers))
+    axis.set_xlabel("layer (from 0)")
     axis.set_ylabel("cue contribution")
     axis.legend(fontsize=8, loc="best")
     figure.tight_layout()
@@ -113,6 +113,8 @@ def example_heatmaps(evaluation) -> str:
     """The first items' source and target heatmaps for each method."""
     parts = []
     for method, explanations in evaluation.examples.items():
+        if not explanations:
+            continue
         parts.append(f"<h3>{html.escape(method)}</h3>")
         for index, explanation in enumerate(explanations):
             heatmaps = sequence_heatmaps(explanation.seq, method, index)
@@ -157,9 +159,14 @@ def render_evaluation_report(evaluation, title: str = "inseq-mixing evaluation")
         f"<p>Protocol: <b>{html.escape(evaluation.protocol)}</b>. {html.escape(DESCRIPTIONS[evaluation.protocol])} "
         f"Intervals: percentile bootstrap over the items ({evaluation.draws} resamples).{_explained(evaluation)}</p>"
         f"<h2>Metrics</h2>{metrics_table(evaluation)}{cue_figure(evaluation)}"
-        f"<h2>Paired tests</h2>{pairs_table(evaluation)}{failed}{skipped_rows(evaluation)}"
-        f"<h2>Examples</h2>{example_heatmaps(evaluation)}</body></html>"
+        f"{section('Paired tests', pairs_table(evaluation) if evaluation.pairs() else '')}{failed}"
+        f"{skipped_rows(evaluation)}{section('Examples', example_heatmaps(evaluation))}</body></html>"
     )
+
+
+def section(heading: str, content: str) -> str:
+    """A headed section, or nothing when it would be empty (one method: no paired test; blank-out: no heatmaps)."""
+    return f"<h2>{html.escape(heading)}</h2>{content}" if content else ""
 
 
 def _explained(evaluation) -> str:

@@ -51,7 +51,7 @@ def layer_figure(
             vmax=vmax,
             aspect="auto",
         )
-        axis.set_title(f"layer {layer + 1}", fontsize=9)
+        axis.set_title(f"layer {layer}", fontsize=9)  # from 0, as info["score_axis"] and model.layers[i]
         axis.set_xticks(range(len(column_tokens)), column_tokens, rotation=90, fontsize=7)
         axis.set_yticks(range(len(row_tokens)), row_tokens, fontsize=7)
     figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6)
