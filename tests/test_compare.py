@@ -153,6 +153,12 @@ def test_every_method_of_a_comparison_explains_the_logit_and_says_so(tmp_path):
     assert all("full colour at the largest |score| of this table" in caption for caption in captions.values())
     assert "blue: negative" in captions["alti_logit-0-source"] and "no sign" in captions["alti-0-source"]
     assert "blank: a token the position cannot see" in captions["alti-0-target"]  # the causal half
+    metrics = re.search(r'<table id="metrics">.*?</table>', page).group(0)
+    agreement = re.search(r'<table id="agreement">(.*?)</table>', page).group(1)
+    assert "spearman" not in metrics and all(f"<th>{method}</th>" in agreement for method in methods)
+    assert page.count('<p class="example">sentence 1: ') == len(methods)  # every example captioned
+    shown = write_report(result, tmp_path / "short.html", examples=0).read_text()
+    assert '<p class="example">' not in shown and "The first 0 of 1 sentences." in shown
 
     own = compare(model, ["saliency"], SOURCE, TARGET, fractions=(0.5,), random_draws=0, attributed_fn=None)
     assert own.summary()[0]["explains"] == "probability"

@@ -4,6 +4,7 @@ subwords (a locally trained BPE tokenizer), clear errors naming the row, and the
 import itertools
 import json
 import math
+import re
 import subprocess
 
 import pytest
@@ -243,6 +244,12 @@ def test_cli_evaluates_every_protocol_on_the_demo(protocol, demo_data, tmp_path,
     page = out.read_text()
     assert 'id="metrics"' in page and 'id="pairs"' in page
     assert ('id="cue-figure"' in page) == (protocol == "cue")
+    heads = re.findall(r'<table class="heatmap" id="alti_logit-0-source"><caption>[^<]*</caption><tr>(.*?)</tr>', page)
+    if protocol in ("evidence", "cue"):  # only the explained token's column, headed by the target word (vs foil)
+        assert heads and heads[0].count("<th>") == 2
+    if protocol == "alignment":  # every column, the gold links outlined
+        assert heads and heads[0].count("<th>") > 2
+        assert 'class="gold"' in page and "outlined: gold links" in page
 
 
 def test_cli_evaluates_the_alti_logit_csv_layout(demo_data, tmp_path, capsys):

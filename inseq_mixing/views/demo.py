@@ -16,6 +16,10 @@ from .tables import SUMMARY_COLUMNS, print_table
 DEMO_BASELINES = ("integrated_gradients", "deeplift")
 
 
+#: Sentences shown per method in the demo's report (the metrics use every sentence).
+DEMO_EXAMPLES_SHOWN = 2
+
+
 def demo_methods() -> list[str]:
     """The methods the demo compares: every declared method that says so (``in_demo``), in listing order, then the
     gradient baselines."""
@@ -63,7 +67,7 @@ def run_demo(out: str | Path = "out/demo.html", methods: list[str] | None = None
         "noun, the verb across a 'near ...' attractor).</p><h2>Alignment accuracy</h2><p>Share of generated words "
         f'whose most attributed source word is their aligned word.</p><table id="alignment">{rows}</table>'
     )
-    path = write_report(result, out, title="inseq-mixing demo", notes=notes)
+    path = write_report(result, out, title="inseq-mixing demo", notes=notes, examples=DEMO_EXAMPLES_SHOWN)
     print_table(summary, [*SUMMARY_COLUMNS, "alignment_accuracy"])
     print(f"report written to {path}")
     return 0

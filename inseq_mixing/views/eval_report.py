@@ -117,11 +117,35 @@ def example_heatmaps(evaluation) -> str:
             continue
         parts.append(f"<h3>{html.escape(method)}</h3>")
         for index, explanation in enumerate(explanations):
-            heatmaps = sequence_heatmaps(explanation.seq, method, index)
+            heatmaps = sequence_heatmaps(explanation.seq, method, index, **example_view(explanation, evaluation))
             parts.append(
                 f"<p>row {explanation.item.row}{gold_words(explanation.item, evaluation.protocol)}</p>{heatmaps}"
             )
     return "".join(parts)
+
+
+def example_view(explanation, evaluation) -> dict:
+    """What an example's heatmaps show: for ``evidence`` and ``cue``, only the explained token's column, headed
+    ``target (vs foil)``; for ``alignment``, every column with the gold links outlined (the source tokens of a gold
+    source word against the columns of its target word); otherwise every column as it is."""
+    item = explanation.item
+    if evaluation.protocol in ("evidence", "cue"):
+        try:
+            columns = explanation.explained_columns()
+        except ValueError:
+            return {}
+        word = item.word or item.target
+        label = f"{word} (vs {item.foil_word})" if item.foil_word else word
+        generated = [token.token for token in explanation.seq.target[explanation.seq.attr_pos_start :]]
+        labels = [label] if len(columns) == 1 else [f"{generated[c]} of {label}" for c in columns]
+        return {"columns": columns, "labels": labels}
+    if evaluation.protocol == "alignment" and item.gold and explanation.source_words is not None:
+        start = explanation.seq.attr_pos_start
+        owners = explanation.target_words[start:]  # the target word of each generated column
+        marked = {(row, column) for row, source_word in enumerate(explanation.source_words)
+                  for column, target_word in enumerate(owners) if (source_word, target_word) in item.gold}  # fmt: skip
+        return {"marked": marked}
+    return {}
 
 
 def skipped_rows(evaluation) -> str:
