@@ -626,6 +626,13 @@ def test_blankout_measures_the_probability_drops(tmp_path):
     unk = processor.tokenizer.unk_token_id
     expected_text = probability(signal, ids[:3]) - probability(signal, [ids[0], ids[1], unk])
     assert float(drops["text_cue_drop"].num[0]) == pytest.approx(expected_text, rel=1e-4, abs=1e-7)
+    # the cue words' silence is tested against the random word's (the study's control), on the rows with one
+    (pair,) = result.pairs()
+    assert (pair["method_a"], pair["method_b"]) == ("audio_cue_drop", "audio_random_drop")
+    both = drops["audio_random_drop"].den > 0
+    cue, control = drops["audio_cue_drop"].num[both], drops["audio_random_drop"].num[both]
+    assert pair["difference"] == pytest.approx(float(cue.mean() - control.mean())) and 0 < pair["p_value"] <= 1
+    assert {"audio_cue_drop", "audio_random_drop", "text_cue_drop"} <= set(result.summary_rows()[0])
     with pytest.raises(Exception, match="needs Whisper"):
         inseq_mixing.evaluate(attribution_model("hubert", "alti"), ["alti"], rows, "blankout")
 

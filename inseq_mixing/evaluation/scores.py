@@ -128,6 +128,21 @@ class Evaluation:
                     "test": "paired permutation (items swapped between the two methods)",
                 }
             )
+        if self.protocol == "blankout" and self.results:  # the cue words' silence against a random word's
+            statistics = next(iter(self.results.values())).statistics
+            cue, control = statistics["audio_cue_drop"], statistics["audio_random_drop"]
+            both = (cue.den > 0) & (control.den > 0)  # rows with a control word
+            cue, control = Statistic(cue.num[both], cue.den[both]), Statistic(control.num[both], control.den[both])
+            rows.append(
+                {
+                    "method_a": "audio_cue_drop",
+                    "method_b": "audio_random_drop",
+                    "metric": "probability drop",
+                    "difference": float(cue.value() - control.value()),
+                    "p_value": paired_permutation_test(cue, control, self.draws, self.seed),
+                    "test": "paired permutation (each row's two drops swapped): cue words against a random word",
+                }
+            )
         return rows
 
     def to_dict(self) -> dict:
@@ -150,19 +165,25 @@ class Evaluation:
         path.write_text(json.dumps(self.to_dict(), indent=1, ensure_ascii=False), encoding="utf-8")
         return path
 
+    @property
+    def shown_metrics(self) -> tuple[str, ...]:
+        """The metrics of the terminal table: a speech evaluation's every metric (blank-out's three drops), the first
+        two of the others (the rest are in the JSON and the report)."""
+        return self.metrics if self.metric_names else self.metrics[:2]
+
     def summary_rows(self) -> list[dict]:
         """One row per method (and the random baseline) for a terminal table."""
         rows = []
         for method in self.results:
             summary = self.method_summary(method)
             row = {"method": method, "n": summary["n"]}
-            for index, metric in enumerate(self.metrics[:2]):
+            for index, metric in enumerate(self.shown_metrics):
                 low, high = summary["ci" if index == 0 else f"{metric}_ci"]
                 row[metric] = summary[metric]
                 row[f"{metric} 95% CI"] = f"[{low:.3f}, {high:.3f}]"
             rows.append(row)
         if self.baseline:
-            shown = {key: value for key, value in self.baseline.items() if key in self.metrics[:2]}
+            shown = {key: value for key, value in self.baseline.items() if key in self.shown_metrics}
             rows.append({"method": "random", **shown})
         return rows
 

@@ -62,7 +62,7 @@ def pairs_table(evaluation) -> str:
         f"<td>{pair['difference']:+.3f}</td><td>{p_value_text(pair['p_value'], bare=True)}</td></tr>"
         for pair in evaluation.pairs()
     )
-    metric = html.escape(evaluation.metrics[0])
+    metric = html.escape(evaluation.pairs()[0]["metric"] if evaluation.pairs() else evaluation.metrics[0])
     return (
         f'<table id="pairs"><tr><th>pair</th><th>difference of {metric}</th><th>p (paired permutation)</th></tr>'
         f"{rows}</table>"
