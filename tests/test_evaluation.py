@@ -31,6 +31,7 @@ from inseq_mixing.evaluation.metrics import (
 from inseq_mixing.evaluation.words import token_words, word_scores
 from inseq_mixing.testing import tiny_model
 
+from .test_encoders import MLM_ROWS, encoder_dirs  # noqa: F401  (saved tiny encoders)
 from .test_report import browser, page_width
 
 # metrics
@@ -498,7 +499,30 @@ def test_reports_mark_gold_words_fill_every_baseline_and_fit_1280_pixels(demo_da
         assert set(evaluation.baseline) == set(evaluation.metrics), f"{protocol}: every baseline cell is filled"
         page = pages[protocol].read_text()
         assert ('<mark class="gold">' in page) == (protocol in ("evidence", "cue"))
+        captions = re.findall(r'<table class="heatmap" id="[^"]+"><caption>([^<]*)</caption>', page)
+        assert captions and all("full colour at the largest |score| of this table" in text for text in captions)
+        assert not re.search(r"<h2>[^<]*</h2>\s*(<h2>|</body>)", page), f"{protocol}: an empty section"
     executable = browser()
     for protocol, path in pages.items():
         width = page_width(executable, path)
         assert width <= 1280, f"the {protocol} report is {width} px wide"
+
+
+def test_encoder_and_demo_reports_explain_their_colours_and_fit_1280_pixels(encoder_dirs, tmp_path, capsys):  # noqa: F811
+    """An encoder model's evidence report and the demo's page, in headless Chromium: each fits a 1,280 px window,
+    every coloured table says what its colours mean, and no section is empty."""
+    from inseq_mixing.views.demo import run_demo
+    from inseq_mixing.views.eval_report import write_evaluation_report
+
+    evaluation = inseq_mixing.evaluate(str(encoder_dirs["mlm"]), ["alti_logit", "alti"], MLM_ROWS[:2], "evidence",
+                                       draws=10)  # fmt: skip
+    pages = [write_evaluation_report(evaluation, tmp_path / "encoder.html")]
+    assert run_demo(tmp_path / "demo.html", methods=["alti_logit", "value_zeroing"], random_draws=1) == 0
+    pages.append(tmp_path / "demo.html")
+    executable = browser()
+    for path in pages:
+        page = path.read_text()
+        captions = re.findall(r'<table class="heatmap" id="[^"]+"><caption>([^<]*)</caption>', page)
+        assert captions and all("full colour at the largest |score| of this table" in text for text in captions)
+        assert not re.search(r"<h2>[^<]*</h2>\s*(<h2>|</body>)", page), f"{path.name}: an empty section"
+        assert page_width(executable, path) <= 1280, path.name
