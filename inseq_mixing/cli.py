@@ -264,9 +264,13 @@ def parse_options(pairs: list[str]) -> dict:
 
 
 def run_attribute_dataset(args: argparse.Namespace) -> int:
-    from inseq_mixing.runs import DatasetInputError, RunStoreError, attribute_dataset
+    from inseq_mixing.runs import DatasetInputError, RunStoreError
+    from inseq_mixing.runs.data import check_data_file
 
     try:
+        check_data_file(args.data)  # a typo answered before torch and Inseq are imported
+        from inseq_mixing.runs import attribute_dataset
+
         options = parse_options(args.option)
         model = args.model  # a name, a folder, or "demo" (the run's manifest names it so, not its install path)
         summary = attribute_dataset(
@@ -334,7 +338,19 @@ def method_options(pairs: list[str]) -> dict[str, dict]:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
+    from inseq_mixing.runs.data import DatasetInputError, check_data_file
+    from inseq_mixing.runs.store import MANIFEST
 
+    try:  # what a typo gets wrong, answered before torch and Inseq are imported
+        if args.run is not None and args.data is not None:
+            raise UserError("--run evaluates a stored run on its own rows: give no data file with it.")
+        if args.run is not None and not (Path(args.run) / MANIFEST).is_file():
+            raise UserError(f"{args.run} is not a run store (no {MANIFEST}): give attribute-dataset's --out folder.")
+        if args.data is not None:
+            check_data_file(args.data)
+    except (UserError, DatasetInputError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     from inseq_mixing.evaluation import DEFAULT_COLUMNS, EvaluationInputError, evaluate
 
     try:
@@ -342,8 +358,6 @@ def run_evaluate(args: argparse.Namespace) -> int:
         check_writable(args.out)
         check_writable(args.json)
         if args.run is not None:
-            if args.data is not None:
-                raise UserError("--run evaluates a stored run on its own rows: give no data file with it.")
             from inseq_mixing.evaluation.stored import evaluate_run
 
             args.protocol = args.protocol or "faithfulness"

@@ -282,3 +282,26 @@ def test_the_version_and_p_values_read_as_expected(capsys):
     assert done.value.code == 0 and capsys.readouterr().out.strip() == f"inseq-mixing {inseq_mixing.__version__}"
     assert p_value_text(1 / 1001) == "p < 0.001" and p_value_text(0.25) == "p = 0.25"
     assert p_value_text(0.0004, bare=True) == "< 0.001" and p_value_text(0.031, bare=True) == "0.031"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["evaluate", "--run", "no-such-run"], "no-such-run is not a run store"),
+        (["evaluate", "no-such.jsonl", "--model", "demo", "--protocol", "cue"], "No such data file: no-such.jsonl"),
+        (["attribute-dataset", "no-such.jsonl", "--model", "demo", "--method", "alti", "--out", "x"],
+         "No such data file: no-such.jsonl"),
+        (["attribute-dataset", "data.txt", "--model", "demo", "--method", "alti", "--out", "x"],
+         "Unknown data format '.txt'"),
+    ],
+)  # fmt: skip
+def test_a_mistyped_path_is_answered_before_torch_or_inseq_is_imported(args, message, tmp_path):
+    """In a fresh process: exit 2, one line naming the path, and neither torch nor Inseq imported (tens of seconds on
+    a loaded machine)."""
+    (tmp_path / "data.txt").write_text("{}")
+    script = ("import sys; from inseq_mixing.cli import main; code = main(sys.argv[1:]); "
+              "print(code, sorted(name for name in ('torch', 'inseq') if name in sys.modules))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=120)  # fmt: skip
+    assert done.stdout.strip() == "2 []", done.stderr[-2000:]
+    assert done.stderr.strip().startswith("error: ") and message in done.stderr

@@ -70,12 +70,20 @@ def read_rows(data) -> list[dict]:
     return rows
 
 
-def _read_file(path: Path) -> list[dict]:
+def check_data_file(path: str | Path) -> str:
+    """The reader kind of a data file, or ``DatasetInputError`` when it is missing or of an unknown format (checked
+    before anything heavy is imported: the command line answers a typo at once)."""
+    path = Path(path)
     if not path.is_file():
         raise DatasetInputError(f"No such data file: {path}")
     kind = READERS.get(path.suffix.lower())
     if kind is None:
         raise DatasetInputError(f"Unknown data format {path.suffix!r} for {path}: use .jsonl, .csv or .parquet.")
+    return kind
+
+
+def _read_file(path: Path) -> list[dict]:
+    kind = check_data_file(path)
     try:
         if kind == "json":
             return _read_jsonl(path)
