@@ -339,12 +339,12 @@ def method_options(pairs: list[str]) -> dict[str, dict]:
 
 def run_evaluate(args: argparse.Namespace) -> int:
     from inseq_mixing.runs.data import DatasetInputError, check_data_file
-    from inseq_mixing.runs.store import MANIFEST
+    from inseq_mixing.runs.store import MANIFEST, is_run_folder
 
     try:  # what a typo gets wrong, answered before torch and Inseq are imported
         if args.run is not None and args.data is not None:
             raise UserError("--run evaluates a stored run on its own rows: give no data file with it.")
-        if args.run is not None and not (Path(args.run) / MANIFEST).is_file():
+        if args.run is not None and not is_run_folder(args.run):
             raise UserError(f"{args.run} is not a run store (no {MANIFEST}): give attribute-dataset's --out folder.")
         if args.data is not None:
             check_data_file(args.data)

@@ -104,8 +104,9 @@ def evaluate(
     import inseq
 
     from ..runs import Run
+    from ..runs.store import is_run_folder
     from .comparison import check_methods
-    from .stored import evaluate_run, is_run_folder
+    from .stored import evaluate_run
 
     if isinstance(model, Run) or is_run_folder(model):  # a stored run: its attributions, not attributed again
         settings = {"draws": draws, "seed": seed, "examples": examples, "random_draws": random_draws}

@@ -24,7 +24,7 @@ import json
 import numpy as np
 import torch
 
-from ..frontends.audio import AudioError, Unit, read_audio
+from ..frontends.audio import DEFAULT_WINDOW_S, AudioError, Unit, read_audio
 from ..runs.data import read_rows
 from .explain import Explanation
 from .faithfulness import DEFAULT_FRACTIONS, removal_faithfulness
@@ -135,7 +135,7 @@ def evaluate_speech_faithfulness(
     data,
     *,
     method_kwargs: dict | None = None,
-    window_s: float = 0.5,
+    window_s: float = DEFAULT_WINDOW_S,
     draws: int = 1000,
     seed: int = 0,
     examples: int = 2,
@@ -205,8 +205,7 @@ def _read_rows(front, data, columns: dict[str, str], window_s: float) -> tuple[l
         words, transcript = raw.get(names["words"]), raw.get(names["transcript"]) or None
         try:
             words = json.loads(words) if isinstance(words, str) else words
-            signal = front.check_length(read_audio(raw[names["audio"]], front.sampling_rate, f"Row {index}"),
-                                        f"Row {index}")  # fmt: skip
+            signal = read_audio(raw[names["audio"]], front.sampling_rate, f"Row {index}")
             front.validate([signal], [transcript if front.whisper else None], [words], window_s, [f"Row {index}"])
         except (AudioError, ValueError) as error:
             skipped.append(Skipped(index, str(error)))

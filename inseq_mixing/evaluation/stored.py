@@ -10,11 +10,10 @@ are not the run's. The evidence, cue and alignment protocols (and the speech stu
 targets built from annotation columns the store does not hold: those are evaluated from the model.
 """
 
-from pathlib import Path
 from types import SimpleNamespace
 
 from ..frontends import as_front_end, identify
-from ..frontends.audio import AudioError, read_audio
+from ..frontends.audio import DEFAULT_WINDOW_S, AudioError, read_audio
 from .compare import score_comparison
 from .comparison import Comparison
 from .encoders import encoder_faithfulness
@@ -110,7 +109,7 @@ def _stored_audio(front, run, example_id: str, sequence) -> tuple:
     name = f"Example {example_id!r}"
     try:
         signal = front.check_length(read_audio(inputs["source_text"], front.sampling_rate, name), name)
-        units = front.units(signal, inputs["words"], run.manifest["options"].get("window_s", 0.5), name)
+        units = front.units(signal, inputs["words"], run.manifest["options"].get("window_s", DEFAULT_WINDOW_S), name)
     except AudioError as error:
         raise EvaluationInputError(
             f"{error} The faithfulness of a speech run reads its audio files again: evaluate it where they are (the "
@@ -123,10 +122,3 @@ def _stored_audio(front, run, example_id: str, sequence) -> tuple:
             "file changed since the run, or the run was stored before its word intervals were kept; run it again."
         )
     return signal, units
-
-
-def is_run_folder(value) -> bool:
-    """Whether ``value`` names a folder holding a run store (its manifest), rather than a model."""
-    from ..runs.store import MANIFEST
-
-    return isinstance(value, str | Path) and (Path(value) / MANIFEST).is_file()

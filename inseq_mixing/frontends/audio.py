@@ -68,6 +68,10 @@ def read_audio(item, sampling_rate: int, index: int | str = 0) -> np.ndarray:
     return signal
 
 
+#: Length in seconds of the fixed windows an utterance without word intervals is cut into.
+DEFAULT_WINDOW_S = 0.5
+
+
 @dataclass(frozen=True)
 class Unit:
     """A labelled span of frames ``[start, stop)`` of one utterance.
@@ -95,7 +99,7 @@ def audio_units(
     real_frames: int,
     total_frames: int,
     words: list | None = None,
-    window_s: float = 0.5,
+    window_s: float = DEFAULT_WINDOW_S,
     index: int | str = 0,
 ) -> list[Unit]:
     """The units of one utterance, in time order, covering frames ``[0, total_frames)``.

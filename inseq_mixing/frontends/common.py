@@ -14,8 +14,6 @@ from ..trace import eval_mode
 
 #: Inseq's step scores this package's own front ends answer, from the model's logits at the explained entries.
 STEP_SCORES = ("logit", "probability", "entropy")
-#: Inseq's ``attributed_fn`` values these front ends explain: the logit, or with foils the target's minus the foil's.
-ATTRIBUTED_FNS = ("logit", "contrast_logits_diff")
 
 
 class PreparedBatch(Protocol):
@@ -76,7 +74,7 @@ class FrontEndModel:
     def inseq_keywords(self, options: dict, targets, contrastive: bool) -> tuple[object, list[str]]:
         """Inseq's names for this front end's arguments, taken out of ``options`` (what an Inseq user passes by
         habit): ``generated_texts`` is ``targets``; ``attributed_fn`` is checked (these front ends explain the logit
-        of each explained entry, ``contrast_logits_diff`` with foils: :data:`ATTRIBUTED_FNS`); ``step_scores`` are
+        of each explained entry, ``contrast_logits_diff`` with foils); ``step_scores`` are
         answered from the model's logits (:data:`STEP_SCORES`).
 
         Args:

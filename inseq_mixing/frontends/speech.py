@@ -35,7 +35,7 @@ from ..methods.results import LogitScores
 from ..methods.units import FrameUnits
 from ..specs import get_spec
 from ..trace import ModelCall, trace_call
-from .audio import AudioError, Unit, audio_units, item_name, read_audio
+from .audio import DEFAULT_WINDOW_S, AudioError, Unit, audio_units, item_name, read_audio
 from .common import FrontEndModel, check_batch_size, plain
 from .layout import decoder_layout, logit_step_scores, row_steps, sequence_output, token_list, tokens_first
 
@@ -163,7 +163,7 @@ class SpeechAttributionModel(FrontEndModel):
         targets=None,
         *,
         words: list | None = None,
-        window_s: float = 0.5,
+        window_s: float = DEFAULT_WINDOW_S,
         prompt_ids: list[int] | None = None,
         max_new_tokens: int = 64,
         batch_size: int = 4,
@@ -285,7 +285,7 @@ class SpeechAttributionModel(FrontEndModel):
     def check_rows(self, sources: list, targets: list, words: list, own: dict, names: list[str]) -> None:
         """A dataset run's rows checked before any work (every audio file read once, its word intervals cut into
         units: :meth:`validate`), errors naming the row."""
-        self.validate(sources, self.row_targets(targets, names), words, own.get("window_s", 0.5), names)
+        self.validate(sources, self.row_targets(targets, names), words, own.get("window_s", DEFAULT_WINDOW_S), names)
 
     def attribute_rows(self, sources: list, targets: list, words: list, own: dict, options: dict) -> list:
         """One batch of utterances of a dataset run (padded, each equal to the utterance alone), with each row's
@@ -313,7 +313,7 @@ class SpeechAttributionModel(FrontEndModel):
         except (TypeError, ValueError):
             raise ValueError(f"A CTC or bare speech encoder's target is frame indices, not {text!r}.") from None
 
-    def validate(self, audio: list, targets=None, words=None, window_s: float = 0.5, names=None) -> None:
+    def validate(self, audio: list, targets=None, words=None, window_s: float = DEFAULT_WINDOW_S, names=None) -> None:
         """Raise the error :meth:`attribute` would raise for these utterances (an unreadable, empty, too short or too
         long audio, bad word intervals, frames outside the audio, a transcript too long for Whisper's decoder),
         without running the model; the audio is read.

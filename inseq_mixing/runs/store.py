@@ -25,6 +25,7 @@ texts (a speech model's source: the audio file) and a speech utterance's word in
 written before it have no such column and read as None).
 """
 
+import functools
 import hashlib
 import json
 import os
@@ -114,6 +115,7 @@ def _tensors(entries: list[dict]) -> dict:
     return {name: torch.from_numpy(array) for name, array in _arrays(entries).items()}
 
 
+@functools.cache
 def _sequence_classes() -> tuple[dict, tuple]:
     """Inseq's sequence classes by name, and the ones that carry a number of extra dimensions (the plugin's)."""
     from inseq.data.attribution import (
@@ -550,10 +552,9 @@ def _score_frames(row: dict) -> Iterator:
     generated = row["target_tokens"][row["attr_pos_start"] : row["attr_pos_end"]]
     sides = (_Side("source", row["source_tokens"]), _Side("target", row["target_tokens"]))
     for side in sides:
-        scores = attributions.get(side.name)
-        if scores is None:
+        values = attributions.get(side.name)
+        if values is None:
             continue
-        values = scores
         cells = np.indices(values.shape).reshape(values.ndim, -1)
         flat = values.reshape(-1)
         keep = ~np.isnan(flat)
@@ -571,6 +572,11 @@ def _score_frames(row: dict) -> Iterator:
             frame[("embedding_dim" if granular else "layer") if axis == 2 else f"dim_{axis}"] = cells[axis]
         frame["score"] = flat
         yield pd.DataFrame(frame)
+
+
+def is_run_folder(value) -> bool:
+    """Whether ``value`` names a folder holding a run store (its manifest), rather than a model or a data file."""
+    return isinstance(value, str | Path) and (Path(value) / MANIFEST).is_file()
 
 
 def load_run(out: str | Path) -> Run:

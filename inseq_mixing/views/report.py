@@ -78,9 +78,8 @@ def heatmap_table(scores: torch.Tensor, rows: list[str], columns: list[str], cap
     )
 
 
-def metrics_table(comparison: Comparison) -> str:
-    """The per-method summary: faithfulness metrics with their random baselines, and rank agreement."""
-    summary = comparison.summary()
+def metrics_table(summary: list[dict]) -> str:
+    """The per-method summary (:meth:`Comparison.summary`): faithfulness metrics with their random baselines."""
     columns = ["explains", "tokens", *METRICS, *(f"random_{name}" for name in METRICS)]
     head = "".join(f"<th>{html.escape(name)}</th>" for name in ["method", *columns])
     rows = []
@@ -93,10 +92,9 @@ def metrics_table(comparison: Comparison) -> str:
     return f'<table id="metrics"><tr>{head}</tr>{"".join(rows)}</table>'
 
 
-def agreement_table(comparison: Comparison) -> str:
-    """The mean Spearman rank correlation of every two methods, as a methods × methods table of its own (narrow: it
-    never hides behind the metrics table's scroll)."""
-    summary = comparison.summary()
+def agreement_table(summary: list[dict]) -> str:
+    """The mean Spearman rank correlation of every two methods (:meth:`Comparison.summary`), as a methods × methods
+    table of its own (narrow: it never hides behind the metrics table's scroll)."""
     methods = [row["method"] for row in summary]
     if len(methods) < 2:
         return ""
@@ -200,6 +198,7 @@ def render_report(comparison: Comparison, title: str = "inseq-mixing report", no
                   examples: int | None = None) -> str:  # fmt: skip
     """The whole report as one HTML string (``examples``: sentences shown per method, default all)."""
     sections = "".join(method_section(method, out, examples) for method, out in comparison.outputs.items())
+    summary = comparison.summary()  # one pass over the token and agreement rows, for both tables
     if comparison.failed:
         failures = "".join(
             f"<li><b>{html.escape(name)}</b>: {html.escape(reason)}</li>" for name, reason in comparison.failed.items()
@@ -212,7 +211,7 @@ def render_report(comparison: Comparison, title: str = "inseq-mixing report", no
         "output). Comprehensiveness: drop of the token's probability (logit) when its most attributed context "
         "tokens are replaced (higher is more faithful); sufficiency: drop when only they are kept (lower is more "
         "faithful); random_*: the same for random rankings."
-        f"</p>{metrics_table(comparison)}{agreement_table(comparison)}{sections}</body></html>"
+        f"</p>{metrics_table(summary)}{agreement_table(summary)}{sections}</body></html>"
     )
 
 
