@@ -5,9 +5,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inseq_mixing.methods import chunking
+from inseq_mixing.methods import chunking, parts
 from inseq_mixing.methods.alti import alti, alti_maps, joint_layer_blocks
-from inseq_mixing.methods.chunking import CAUSAL_CHUNK_SHARE, NARROWED_ELEMENTS, causal_chunk_slices, chunk_slices
+from inseq_mixing.methods.chunking import (
+    CAUSAL_CHUNK_SHARE,
+    CPU_TILE_ELEMENTS,
+    NARROWED_ELEMENTS,
+    causal_chunk_slices,
+    chunk_slices,
+    pair_tiles,
+)
+from inseq_mixing.methods.norm_based import attention_norm, globenc
 from inseq_mixing.methods.rollout import encoder_decoder_rollout
 from inseq_mixing.specs import get_spec
 from inseq_mixing.testing import is_seq2seq, tiny_model
@@ -100,6 +108,66 @@ def test_causal_chunks_cover_the_triangle_with_little_waste(num_items, per_item,
     if smallest is not None or per_item * narrowed >= NARROWED_ELEMENTS:  # narrowed: the waste is ~n²/16 at most
         wasted = sum(width * (width - 1) // 2 for width in widths)
         assert wasted <= num_items * (max(narrowed, 1) - 1) / 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 90),
+    st.integers(1, 90),
+    st.integers(1, 2**12),
+    st.sampled_from([1, 2**10, 2**16, 2**22]),
+    st.booleans(),
+    st.sampled_from(["cpu", "cuda"]),
+)
+def test_pair_tiles_cover_every_needed_pair_once_within_the_bound(queries, keys, per_pair, bound, causal, device):
+    covered = torch.zeros(queries, keys, dtype=torch.int)
+    for rows, columns in pair_tiles(queries, keys, per_pair, bound, device, causal):
+        covered[rows, columns] += 1
+        pairs = (rows.stop - rows.start) * (columns.stop - columns.start)
+        assert pairs * per_pair <= max(bound, per_pair)  # the memory bound holds (a tile has at least one pair)
+        if device == "cpu":
+            assert pairs * per_pair <= max(CPU_TILE_ELEMENTS, per_pair)  # cache-sized on a CPU
+        elif keys * per_pair <= bound:  # elsewhere whole key rows, where the bound allows them
+            assert columns == slice(0, min(keys, rows.stop) if causal else keys)
+        if causal:
+            assert columns.start < rows.stop  # no tile lies wholly in the future
+    needed = torch.ones(queries, keys, dtype=torch.bool)
+    if causal:
+        needed = needed.tril()
+    assert (covered[needed] == 1).all() and (covered <= 1).all()
+
+
+@pytest.mark.parametrize("family", ["marian", "gpt2", "gemma2", "opt_post_ln"])
+@pytest.mark.parametrize("method", ["alti", "alti_per_head", "globenc", "attention_norm"])
+def test_cache_tiles_do_not_change_maps(family, method, monkeypatch):
+    """Tiles of a few keys and many positions, whose edges cross the diagonal and the causal edge inside a tile, give
+    the maps of one tile per sub-block (counted: the small tiles really were used)."""
+    compute = {
+        "alti": alti,
+        "alti_per_head": lambda trace: alti(trace, per_head=True),
+        "globenc": lambda trace: globenc(trace, rollout=False),
+        "attention_norm": lambda trace: attention_norm(trace, residual=True, layer_norm=True),
+    }[method]
+    trace = trace_of(get_tiny(family), example_kwargs(family, batch=2))
+    monkeypatch.setattr(chunking, "CPU_TILE_ELEMENTS", 2**40)
+    monkeypatch.setattr(chunking, "CPU_TILE_KEYS", 10**6)
+    whole = compute(trace)
+    monkeypatch.setattr(chunking, "CPU_TILE_KEYS", 2)
+    counted = []
+
+    def counting(*args, **kwargs):
+        counted.append(tiles := chunking.pair_tiles(*args, **kwargs))
+        return tiles
+
+    monkeypatch.setattr(parts, "pair_tiles", counting)
+    tiled = compute(trace)
+    assert max(len(tiles) for tiles in counted) >= 3
+    names = [
+        name for name in ("decoder", "cross", "encoder", "target", "source") if getattr(whole, name, None) is not None
+    ]
+    for name in names:
+        torch.testing.assert_close(getattr(tiled, name), getattr(whole, name), rtol=0, atol=1e-6)
+    assert getattr(whole, names[0]).abs().sum() > 0
 
 
 def test_narrowed_causal_chunks_do_not_change_maps(monkeypatch):

@@ -67,19 +67,20 @@ REFERENCE_DISTANCE_EPS = 1e-6
 
 def proximity(output: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
     r""":math:`\max(0, \lVert y\rVert_1 - \lVert y - T_j\rVert_1)`: outputs ``(B, q, D)``, parts ``(B, q, k, D)``
-    (or ``(B, q, H, k, D)``)."""
+    (or ``(B, q, H, k, D)``), which it overwrites (a part scorer's parts are its own: no copy of a tile)."""
     output = output.reshape(*output.shape[:2], *[1] * (parts.dim() - 3), output.shape[-1])  # parts may have heads
     whole = output.abs().sum(-1)
-    rest = (output - parts).abs().sum(-1)
+    rest = parts.sub_(output).abs_().sum(-1)
     return (whole - rest).clamp(min=0)
 
 
 def reference_proximity(output: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
     r"""The released code's proximity, :math:`\max(0, \lVert y\rVert_1 - \lVert T_j - y + \epsilon\mathbf{1}
-    \rVert_1)` with :data:`REFERENCE_DISTANCE_EPS` (``convention="reference"``)."""
+    \rVert_1)` with :data:`REFERENCE_DISTANCE_EPS` (``convention="reference"``); overwrites ``parts`` as
+    :func:`proximity` does."""
     output = output.reshape(*output.shape[:2], *[1] * (parts.dim() - 3), output.shape[-1])
     whole = output.abs().sum(-1)
-    rest = (parts - output + REFERENCE_DISTANCE_EPS).abs().sum(-1)
+    rest = parts.sub_(output).add_(REFERENCE_DISTANCE_EPS).abs_().sum(-1)
     return (whole - rest).clamp(min=0)
 
 

@@ -7,8 +7,9 @@ An attention sub-block's output at position :math:`i` splits into one vector per
 
 (the residual counted as token :math:`i`'s own part in self-attention, as an extra last column in cross-attention),
 passed through the frozen norm on the attention output (sandwich layouts) and through any further frozen norms a method
-asks for (a post-LN block's norm, ...). Parts come in position chunks bounded by ``max_chunk_elements``; causal chunks
-skip future keys. A method only supplies the scorer of a chunk, ``scorer(output, parts) -> (B, q, k)``.
+asks for (a post-LN block's norm, ...). Parts come in tiles of (position, token) pairs bounded by
+``max_chunk_elements`` (:func:`.chunking.pair_tiles`: cache-sized on a CPU); causal tiles skip future keys. A method
+only supplies the scorer of a tile, ``scorer(output, parts) -> (B, q, k)``.
 """
 
 from collections.abc import Callable, Sequence
@@ -18,7 +19,7 @@ import torch
 from ..specs import AttentionSpec, LayerSpec, StackSpec
 from ..trace import AttentionTrace, LayerTrace, StackTrace
 from .blocks import cross_attention_input, head_value_outputs, upcast, valid_cells
-from .chunking import DEFAULT_CHUNK_ELEMENTS, causal_chunk_slices
+from .chunking import DEFAULT_CHUNK_ELEMENTS, chunk_slices, pair_tiles
 from .compiled import kernel
 from .norms import FrozenNorm, freeze_norm
 
@@ -45,54 +46,65 @@ def part_scores(
         residual: The residual stream entering the sub-block ``(B, Q, D)``.
         self_mixing: Self-attention (residual on the diagonal) or cross-attention (residual as a last column).
         causal: Skip keys after the last query of each chunk.
-        scorer: ``scorer(output, parts)``: outputs ``(B, q, D)``, parts ``(B, q, k, D)`` → ``(B, q, k)``.
+        scorer: ``scorer(output, parts)``: outputs ``(B, q, D)``, parts ``(B, q, k, D)`` of one tile → ``(B, q, k)``;
+            it may overwrite the parts (each tile's are its own) but not the output.
         with_residual: Count the residual as a part (else parts are the attention's alone).
         maps: Frozen norms applied to every part, in order, after the residual is added.
         output: What the parts sum to with their shifts (given to the scorer); default: residual plus the branch
             output.
-        max_chunk_elements: Memory bound of one chunk of parts.
+        max_chunk_elements: Memory bound of one tile of parts.
 
     Returns:
         ``(B, Q, K)``, or ``(B, Q, K + 1)`` for cross-attention with the residual.
     """
-    probs, residual, value_outputs, out_frozen, output = _part_inputs(attn, record, residual, output)
-    batch, _, num_queries, num_keys = probs.shape
+    probs, residual, values, out_frozen, output = _part_inputs(attn, record, residual, output)
+    batch, num_keys, num_queries = probs.shape[:3]
     scorer = kernel(scorer)
-    extra = int(with_residual and not self_mixing)
-    scores = probs.new_zeros(batch, num_queries, num_keys + extra)
-    per_query = batch * (num_keys + 1) * output.shape[-1]
-    # causal: narrow chunks on the CPU, few pairs past the edge
-    for queries in causal_chunk_slices(
-        num_queries, per_query, max_chunk_elements, device_type=probs.device.type, causal=causal
-    ):
-        keys = slice(0, queries.stop) if causal else slice(0, num_keys)
-        parts = torch.einsum("bhqk,bhkd->bqkd", probs[:, :, queries, keys], value_outputs[:, :, keys])
+    scores = probs.new_zeros(batch, num_queries, num_keys + int(with_residual and not self_mixing))
+    per_pair = batch * output.shape[-1]
+    for queries, keys in pair_tiles(num_queries, num_keys, per_pair, max_chunk_elements, probs.device.type, causal):
+        parts = torch.matmul(probs[:, keys, queries], values[:, keys]).transpose(1, 2)  # (B, q, k, D)
         if out_frozen is not None:  # a norm on the attention output acts on every part (its shift stays outside)
-            parts = out_frozen.linear(parts, queries)
+            parts = out_frozen.linear(parts, queries, in_place=True)
         if with_residual and self_mixing:
-            rows = torch.arange(queries.stop - queries.start, device=parts.device)
-            parts[:, rows, rows + queries.start] += residual[:, queries]
-        elif with_residual:
-            parts = torch.cat([parts, residual[:, queries, None]], dim=2)
-            keys = slice(0, num_keys + 1)
+            _add_residual_on_diagonal(parts, residual, queries, keys)
         for frozen in maps:
-            parts = frozen.linear(parts, queries)
+            parts = frozen.linear(parts, queries, in_place=True)
         scores[:, queries, keys] = scorer(output[:, queries], parts)
+    if with_residual and not self_mixing:  # cross-attention: the residual is the last column
+        for queries in chunk_slices(num_queries, per_pair, max_chunk_elements):
+            own = residual[:, queries, None].clone()  # the scorer may overwrite its parts
+            for frozen in maps:
+                own = frozen.linear(own, queries, in_place=True)
+            scores[:, queries, num_keys:] = scorer(output[:, queries], own)
     return scores
+
+
+def _add_residual_on_diagonal(parts: torch.Tensor, residual: torch.Tensor, queries: slice, keys: slice) -> None:
+    """Add each position's residual to its own part, ``parts (B, q, k, D)`` of a tile, where the tile holds the pair
+    (i, i)."""
+    first, stop = max(queries.start, keys.start), min(queries.stop, keys.stop)
+    if first >= stop:
+        return
+    own = torch.arange(first, stop, device=parts.device)
+    parts[:, own - queries.start, own - keys.start] += residual[:, first:stop]
 
 
 def _part_inputs(
     attn: AttentionSpec, record: AttentionTrace, residual: torch.Tensor, output: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, FrozenNorm | None, torch.Tensor]:
-    """What the parts of one sub-block are built from, upcast: attention probabilities ``(B, H, Q, K)``, the residual,
-    each head's value outputs, the frozen norm on the attention output (sandwich layouts) or None, and what the parts
-    sum to (default: residual plus the branch output)."""
+    """What the parts of one sub-block are built from, upcast: attention probabilities ``(B, K, Q, H)`` and each
+    head's value outputs ``(B, K, H, D)`` (keys first, so that a tile's parts are one batched product over its keys),
+    the residual, the frozen norm on the attention output (sandwich layouts) or None, and what the parts sum to
+    (default: residual plus the branch output)."""
     residual = upcast(residual)
     out_frozen = None if attn.out_norm is None else freeze_norm(attn.out_norm, record.output)
     if output is None:
         branch = upcast(record.output if attn.out_norm is None else attn.out_norm(record.output))
         output = residual + branch
-    return upcast(record.probs), residual, head_value_outputs(attn, record), out_frozen, output
+    probs = upcast(record.probs).permute(0, 3, 2, 1).contiguous()
+    values = head_value_outputs(attn, record).transpose(1, 2).contiguous()
+    return probs, residual, values, out_frozen, output
 
 
 def head_part_scores(
@@ -113,25 +125,24 @@ def head_part_scores(
         ``(B, H + 1, Q, K)`` (cross-attention: ``K + 1``); index ``H`` holds the residual's score, on the diagonal
         (self-attention) or in the last column (cross-attention).
     """
-    probs, residual, value_outputs, out_frozen, output = _part_inputs(attn, record, residual, output)
-    batch, num_heads, num_queries, num_keys = probs.shape
+    probs, residual, values, out_frozen, output = _part_inputs(attn, record, residual, output)
+    batch, num_keys, num_queries, num_heads = probs.shape
     scorer = kernel(scorer)
     scores = probs.new_zeros(batch, num_heads + 1, num_queries, num_keys + (not self_mixing))
-    per_query = batch * num_heads * (num_keys + 1) * output.shape[-1]
-    for queries in causal_chunk_slices(
-        num_queries, per_query, max_chunk_elements, device_type=probs.device.type, causal=causal
-    ):
-        keys = slice(0, queries.stop) if causal else slice(0, num_keys)
-        parts = torch.einsum("bhqk,bhkd->bqhkd", probs[:, :, queries, keys], value_outputs[:, :, keys])
+    per_pair = batch * num_heads * output.shape[-1]
+    for queries, keys in pair_tiles(num_queries, num_keys, per_pair, max_chunk_elements, probs.device.type, causal):
+        parts = (probs[:, keys, queries, :, None] * values[:, keys, None]).permute(0, 2, 3, 1, 4)  # (B, q, H, k, D)
         if out_frozen is not None:
-            parts = out_frozen.linear(parts, queries)
-        own = residual[:, queries, None, None]
+            parts = out_frozen.linear(parts, queries, in_place=True)
         for frozen in maps:
-            parts, own = frozen.linear(parts, queries), frozen.linear(own, queries)
+            parts = frozen.linear(parts, queries, in_place=True)
         scores[:, :num_heads, queries, keys] = scorer(output[:, queries], parts).transpose(1, 2)
-        own_scores = scorer(output[:, queries], own)[:, :, 0, 0]
+    for queries in chunk_slices(num_queries, batch * output.shape[-1], max_chunk_elements):  # the residual's slot
+        own = residual[:, queries, None, None].clone()  # the scorer may overwrite its parts
+        for frozen in maps:
+            own = frozen.linear(own, queries, in_place=True)
         rows = torch.arange(queries.start, queries.stop, device=scores.device)
-        scores[:, num_heads, rows, rows if self_mixing else num_keys] = own_scores
+        scores[:, num_heads, rows, rows if self_mixing else num_keys] = scorer(output[:, queries], own)[:, :, 0, 0]
     return scores
 
 
