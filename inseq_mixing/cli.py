@@ -132,6 +132,8 @@ def non_generation_refusal(name: str) -> str | None:
         kind, commands = "an encoder-only", "`inseq-mixing compare`, `attribute-dataset` or `evaluate`"
     elif found.is_speech:
         kind, commands = "a speech", "`inseq-mixing attribute-dataset` (rows of audio files) or `evaluate`"
+    elif found.is_vision:
+        kind, commands = "a vision", "Python (the CLI does not take images yet)"
     else:
         return None
     return (

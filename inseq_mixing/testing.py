@@ -405,3 +405,51 @@ def synthetic_audio(seconds: float, seed: int = 0, tone_hz: float = 220.0) -> "n
     envelope = 0.5 + 0.5 * numpy.sin(2 * numpy.pi * 1.5 * time)
     signal = 0.3 * envelope * numpy.sin(2 * numpy.pi * tone_hz * time) + 0.05 * rng.standard_normal(len(time))
     return signal.astype(numpy.float32)
+
+
+VISION_FAMILIES = ("vit", "deit")
+#: Tiny images: 24 pixels a side, patches of 8 (a 3 × 3 grid).
+TINY_IMAGE_SIZE, TINY_PATCH_SIZE = 24, 8
+
+
+def image_processor(size: int = TINY_IMAGE_SIZE):
+    """A local ViT image processor resizing to ``size`` pixels a side (ImageNet's mean and standard deviation)."""
+    processor = getattr(transformers, "ViTImageProcessorPil", None) or transformers.ViTImageProcessor  # no torchvision
+    return processor(size={"height": size, "width": size}, do_resize=True, do_normalize=True)
+
+
+def tiny_vision(family: str, head: bool = True, d_model: int = 16, layers: int = 2, heads: int = 4, ffn: int = 32,
+                seed: int = 0, image_size: int = TINY_IMAGE_SIZE, patch_size: int = TINY_PATCH_SIZE,
+                labels: int = 3) -> torch.nn.Module:  # fmt: skip
+    """A random vision model of ``family`` (:data:`VISION_FAMILIES`): ``...ForImageClassification`` with ``labels``
+    labels named from :data:`TINY_LABELS` (``head``), or the bare encoder; eval mode, eager attention."""
+    names = {"vit": "ViT", "deit": "DeiT"}
+    if family not in names:
+        raise ValueError(f"No vision builder for {family!r}; known: {VISION_FAMILIES}")
+    torch.manual_seed(seed)
+    config = getattr(transformers, f"{names[family]}Config")(
+        hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=ffn,
+        image_size=image_size, patch_size=patch_size, num_labels=labels,
+        id2label={index: TINY_LABELS[index % len(TINY_LABELS)] + ("" if index < 3 else str(index))
+                  for index in range(labels)},
+    )  # fmt: skip
+    config.label2id = {name: index for index, name in config.id2label.items()}
+    config._attn_implementation = "eager"
+    cls = getattr(transformers, f"{names[family]}ForImageClassification" if head else f"{names[family]}Model")
+    model = cls(config) if head else cls(config, add_pooling_layer=False)
+    randomize_weights(model, seed)
+    return model.eval()
+
+
+def synthetic_image(size: int = 32, seed: int = 0) -> "numpy.ndarray":  # noqa: F821
+    """An RGB image ``(size, size, 3)`` of uint8: a colour gradient, a bright square and noise."""
+    import numpy
+
+    rng = numpy.random.default_rng(seed)
+    axis = numpy.linspace(0, 1, size)
+    image = numpy.stack([axis[None, :].repeat(size, 0), axis[:, None].repeat(size, 1), 0.5 * numpy.ones((size, size))],
+                        axis=-1)  # fmt: skip
+    start = int(rng.integers(0, size // 2))
+    image[start : start + size // 3, start : start + size // 3] = 1.0
+    image = image + 0.1 * rng.standard_normal(image.shape)
+    return (numpy.clip(image, 0, 1) * 255).astype(numpy.uint8)

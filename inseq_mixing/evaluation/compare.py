@@ -6,7 +6,7 @@ from itertools import combinations
 import inseq
 from tqdm.auto import tqdm
 
-from ..frontends import as_front_end, identify
+from ..frontends import as_front_end, identify, refuse_vision
 from .comparison import (
     Comparison,
     candidate_scores,
@@ -70,6 +70,7 @@ def compare(
     targets = [targets] if isinstance(targets, str) else targets
     method_kwargs = method_kwargs or {}
     found = identify(model)
+    refuse_vision(found, "compare")
     if found.is_encoder:
         from .encoders import compare_encoder
 

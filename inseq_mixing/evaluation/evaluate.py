@@ -3,7 +3,7 @@ intervals and paired tests between methods."""
 
 import torch
 
-from ..frontends import as_front_end, identify, load_model
+from ..frontends import as_front_end, identify, load_model, refuse_vision
 from .explain import Explanation, explain_items, is_per_layer
 from .items import EvaluationInputError, Item, read_items_skipping
 from .metrics import (
@@ -121,6 +121,7 @@ def evaluate(
         raise ValueError(f"target_tokens must be one of {TARGET_TOKENS}, not {target_tokens!r}.")
     columns = {role.removesuffix("_column"): name for role, name in columns.items()}
     found = identify(model)
+    refuse_vision(found, "evaluate")
     if found.is_speech:
         from .speech import evaluate_speech
         from .speech_faithfulness import evaluate_speech_faithfulness

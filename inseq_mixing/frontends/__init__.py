@@ -7,21 +7,33 @@ outputs. No math here.
   declaration);
 - :mod:`.encoders`: encoder-only models (masked LMs, classifiers, token classifiers, bare encoders);
 - :mod:`.speech` (with :mod:`.audio`): Whisper, wav2vec 2.0 and HuBERT over audio words;
+- :mod:`.vision`: ViT and DeiT over image patches;
 - :mod:`.common`: what the front ends share;
 - :mod:`.patches`: every change this package makes to Inseq's own behaviour.
 """
 
-from .router import ENCODER, GENERATION, SPEECH, ModelKind, as_front_end, identify, is_front_end, load_model
+from .router import (
+    ENCODER,
+    GENERATION,
+    SPEECH,
+    VISION,
+    ModelKind,
+    as_front_end,
+    identify,
+    is_front_end,
+    load_model,
+    refuse_vision,
+)
 
 
 def __getattr__(name: str):
-    if name in ("EncoderAttributionModel", "SpeechAttributionModel"):  # imported on first use (they import torch)
-        from .encoders import EncoderAttributionModel
+    if name in ("EncoderAttributionModel", "SpeechAttributionModel", "VisionAttributionModel"):  # imported on first
+        from .encoders import EncoderAttributionModel  # use (they import torch)
         from .speech import SpeechAttributionModel
+        from .vision import VisionAttributionModel
 
-        return {"EncoderAttributionModel": EncoderAttributionModel, "SpeechAttributionModel": SpeechAttributionModel}[
-            name
-        ]
+        classes = (EncoderAttributionModel, SpeechAttributionModel, VisionAttributionModel)
+        return {cls.__name__: cls for cls in classes}[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -29,11 +41,14 @@ __all__ = [
     "ENCODER",
     "GENERATION",
     "SPEECH",
+    "VISION",
     "EncoderAttributionModel",
     "ModelKind",
-    "SpeechAttributionModel",
     "as_front_end",
     "identify",
     "is_front_end",
     "load_model",
+    "refuse_vision",
+    "SpeechAttributionModel",
+    "VisionAttributionModel",
 ]

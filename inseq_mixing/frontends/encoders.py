@@ -87,9 +87,10 @@ class _Text:
 
 
 @dataclass
-class _Batch:
+class EncoderBatch:
     """One batch of texts, tokenized, with what is explained in each and the method's request (None for the
-    gradient baselines)."""
+    gradient baselines). The vision front end fills it with images: ``texts`` their names, ``inputs`` the token
+    indices and mask of the patch sequence."""
 
     texts: list[str]
     inputs: dict
@@ -209,8 +210,8 @@ class EncoderAttributionModel(FrontEndModel):
             batch_size = 1  # transformers' float64 masking of padded rows would put NaN into real tokens
         foils = self._foils(plain(foils), method_options)
         targets, steps = self.inseq_keywords(method_options, targets, foils is not None)
-        targets, foils = _per_text(plain(targets), len(texts), "targets"), _per_text(foils, len(texts), "foils")
-        positions = _per_text_positions(plain(positions), len(texts))
+        targets, foils = per_text(plain(targets), len(texts), "targets"), per_text(foils, len(texts), "foils")
+        positions = per_text_positions(plain(positions), len(texts))
         items = [_Text(text, target, foil, chosen, f"Text {index}")
                  for index, (text, target, foil, chosen) in enumerate(zip(texts, targets, foils, positions,
                                                                           strict=True))]  # fmt: skip
@@ -265,11 +266,11 @@ class EncoderAttributionModel(FrontEndModel):
                 rows and ids).
         """
         texts = [texts] if isinstance(texts, str) else list(texts)
-        targets = _per_text(plain(targets), len(texts), "targets")
-        foils = _per_text(plain(foils), len(texts), "foils")
+        targets = per_text(plain(targets), len(texts), "targets")
+        foils = per_text(plain(foils), len(texts), "foils")
         names = names or [f"Text {index}" for index in range(len(texts))]
         inputs = self._encode(texts)
-        explained = self._explained(inputs, _per_text_positions(plain(positions), len(texts)), names)
+        explained = self._explained(inputs, per_text_positions(plain(positions), len(texts)), names)
         self._output_ids(inputs["input_ids"], explained, targets, foils, torch.zeros_like(inputs["input_ids"]), names)
 
     def _encode(self, texts: list[str]) -> dict:
@@ -301,7 +302,7 @@ class EncoderAttributionModel(FrontEndModel):
                 self._fill(foil_ids, row, cells, foils[row], "foils", names[row])
         return target_ids, foil_ids
 
-    def prepare(self, items: list[_Text], settings=None) -> _Batch:
+    def prepare(self, items: list[_Text], settings=None) -> EncoderBatch:
         """A batch of texts tokenized and traced, the explained positions and outputs found (a text without a mask
         or a bad target fails before the model runs), and the declared method's request."""
         texts, names = [item.text for item in items], [item.name for item in items]
@@ -317,14 +318,14 @@ class EncoderAttributionModel(FrontEndModel):
             where[row, cells] = True
         predictions = torch.zeros_like(ids) if trace.logits is None else trace.logits.argmax(-1)
         target_ids, foil_ids = self._output_ids(ids, explained, targets, foils, predictions, names)
-        batch = _Batch(texts, inputs, where, explained, target_ids, foil_ids, trace.logits)
+        batch = EncoderBatch(texts, inputs, where, explained, target_ids, foil_ids, trace.logits)
         if self.declaration is not None:
             batch.request = Request(spec=self.spec, model=self.model, input_ids=ids, attention_mask=mask,
                                     target_ids=None, target_mask=None, predicted_ids=target_ids, foil_ids=foil_ids,
                                     positions=where, tracer=lambda: trace)  # fmt: skip
         return batch
 
-    def explain(self, batch: _Batch, options: dict) -> tuple[list, list[str] | None]:
+    def explain(self, batch: EncoderBatch, options: dict) -> tuple[list, list[str] | None]:
         """The declared method (:meth:`FrontEndModel.explain`), or a gradient baseline through Captum."""
         if self.declaration is None:
             return self._gradient_sequences(batch, **options), None
@@ -400,7 +401,7 @@ class EncoderAttributionModel(FrontEndModel):
 
     # ----- outputs -----
 
-    def present(self, batch: _Batch, result, row: int):
+    def present(self, batch: EncoderBatch, result, row: int):
         """One text's sequence from the method's ``(B, [slots,] T, T)`` scores, whose rows are positions: its explained
         rows over its tokens; a logit method's logit and terms as step scores, a map method's whole map as
         ``encoder_self_scores``."""
@@ -420,7 +421,7 @@ class EncoderAttributionModel(FrontEndModel):
             sequence_scores=sequence_scores,
         )
 
-    def output_logits(self, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def output_logits(self, batch: EncoderBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The head's logits at every position (a classifier's: the first token's are its own) and the targets."""
         return batch.logits, batch.target_ids
 
@@ -432,7 +433,7 @@ class EncoderAttributionModel(FrontEndModel):
         ids = ids.tolist()
         return token_list(self.tokenizer.convert_ids_to_tokens(ids), ids)
 
-    def _explained_tokens(self, batch: _Batch, row: int, cells: list[int]) -> list:
+    def _explained_tokens(self, batch: EncoderBatch, row: int, cells: list[int]) -> list:
         """One entry per explained position: the target token (masked LM), the label's name (classifiers), or the
         position's own token (bare encoders)."""
         own = batch.inputs["input_ids"][row, cells]
@@ -451,7 +452,7 @@ class EncoderAttributionModel(FrontEndModel):
 
     # ----- gradient baselines -----
 
-    def _gradient_sequences(self, batch: _Batch, baselines=None, return_convergence_delta: bool = False,
+    def _gradient_sequences(self, batch: EncoderBatch, baselines=None, return_convergence_delta: bool = False,
                             abs: bool = True, **captum_options) -> list:  # noqa: A002  (Captum's name)  # fmt: skip
         """Captum's method on the input embeddings, per explained position (summed over the embedding), with
         Captum's options (:data:`GRADIENT_OPTIONS`; integrated gradients: 50 steps unless ``n_steps`` says)."""
@@ -546,7 +547,7 @@ class _ExplainedLogit(nn.Module):
         return logits[:, self.target] - (0 if self.foil is None else logits[:, self.foil])
 
 
-def _per_text(values, count: int, what: str) -> list:
+def per_text(values, count: int, what: str) -> list:
     """``targets`` / ``foils`` as one entry per text. With one text the value may be given unwrapped: ``"cat"``, or
     ``["cat", "dog"]`` for two masks (``[["cat", "dog"]]`` is the wrapped form)."""
     if values is None:
@@ -559,7 +560,7 @@ def _per_text(values, count: int, what: str) -> list:
     return list(values)
 
 
-def _per_text_positions(positions, count: int) -> list:
+def per_text_positions(positions, count: int) -> list:
     if positions is None:
         return [None] * count
     if positions and all(isinstance(value, int) for value in positions):

@@ -1,13 +1,14 @@
 """The one place that decides what kind a model is, and the one ``load_model`` every entry point calls.
 
-Three kinds, each with its front end:
+Four kinds, each with its front end:
 
 - ``"generation"``: encoder–decoders and decoder-only models (``...ForConditionalGeneration``, ``...ForCausalLM``,
   ``...LMHeadModel``, and ``"demo"``, the embedded demo model): Inseq's own ``AttributionModel`` with this package's
   method classes (:mod:`.inseq_adapter`);
 - ``"encoder"``: encoder-only models of a supported family (masked LMs, classifiers, token classifiers, bare encoders):
   :class:`~.encoders.EncoderAttributionModel`;
-- ``"speech"``: Whisper, wav2vec 2.0 and HuBERT (with CTC heads or bare): :class:`~.speech.SpeechAttributionModel`.
+- ``"speech"``: Whisper, wav2vec 2.0 and HuBERT (with CTC heads or bare): :class:`~.speech.SpeechAttributionModel`;
+- ``"vision"``: ViT and DeiT (image classifiers or bare): :class:`~.vision.VisionAttributionModel`.
 
 :func:`identify` reads a name's or folder's config once and says its kind; :func:`load_model` takes what
 :func:`identify` found (or finds it) and builds the front end. The dataset runner, ``evaluate``, ``compare`` and the
@@ -21,10 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-GENERATION, ENCODER, SPEECH = "generation", "encoder", "speech"
+GENERATION, ENCODER, SPEECH, VISION = "generation", "encoder", "speech", "vision"
 
 #: The model types of the speech families.
 SPEECH_MODEL_TYPES = ("whisper", "wav2vec2", "hubert")
+#: The model types of the vision families.
+VISION_MODEL_TYPES = ("vit", "deit")
 
 #: Class-name endings of generation models (the head a config was saved with, or a model object's class).
 GENERATION_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
@@ -42,6 +45,10 @@ class ModelKind:
     @property
     def is_speech(self) -> bool:
         return self.kind == SPEECH
+
+    @property
+    def is_vision(self) -> bool:
+        return self.kind == VISION
 
     @property
     def is_encoder(self) -> bool:
@@ -71,6 +78,8 @@ def kind_of_config(config, class_name: str | None = None) -> str:
     model_type = getattr(config, "model_type", None)
     if model_type in SPEECH_MODEL_TYPES:
         return SPEECH
+    if model_type in VISION_MODEL_TYPES:
+        return VISION
     names = [class_name] if class_name is not None else list(getattr(config, "architectures", None) or [])
     if getattr(config, "is_encoder_decoder", False) or any(name.endswith(GENERATION_SUFFIXES) for name in names):
         return GENERATION
@@ -86,7 +95,7 @@ def identify(model) -> ModelKind:
 
     if isinstance(model, FrontEndModel):
         config = model.model.config
-        return ModelKind(SPEECH if _is_speech_front_end(model) else ENCODER, config.model_type, config)
+        return ModelKind(_front_end_kind(model), config.model_type, config)
     inner = getattr(model, "model", None)  # an Inseq AttributionModel holds its HF model here
     if _is_inseq_model(model) and isinstance(inner, nn.Module):
         return ModelKind(GENERATION, getattr(inner.config, "model_type", None), inner.config)
@@ -102,6 +111,15 @@ def identify(model) -> ModelKind:
     return ModelKind(GENERATION)
 
 
+def refuse_vision(found: ModelKind, what: str) -> None:
+    """Raise for a vision model where ``what`` (a dataset run, a protocol, a comparison) does not take images yet."""
+    if found.is_vision:
+        raise ValueError(
+            f"{what} does not take images yet: explain a vision model ({found.model_type}) in Python with "
+            "inseq_mixing.load_model(model, method, processor=...).attribute(images)."
+        )
+
+
 def inseq_refusal(model, method: str | None) -> str | None:
     """Why ``inseq.load_model`` cannot take ``model`` and what to call instead (a speech model, or an encoder-only
     one: a family with a masked-LM head in transformers, not a bare decoder), or None for a model Inseq takes or whose
@@ -110,9 +128,11 @@ def inseq_refusal(model, method: str | None) -> str | None:
         found = identify(model)
     except Exception:  # noqa: BLE001  (a model this cannot tell the kind of is Inseq's to refuse or load)
         return None
-    if not found.is_speech and not (found.is_encoder and _encoder_only(found.model_type)):
+    if not found.is_speech and not found.is_vision and not (found.is_encoder and _encoder_only(found.model_type)):
         return None
-    kind, companion = ("a speech", "processor") if found.is_speech else ("an encoder-only", "tokenizer")
+    kind, companion = {SPEECH: ("a speech", "processor"), VISION: ("a vision", "processor")}.get(
+        found.kind, ("an encoder-only", "tokenizer")
+    )
     return (
         f"inseq.load_model loads generation models, and this is {kind} model ({found.model_type}): use "
         f"inseq_mixing.load_model(model, {method or 'METHOD'!r}, {companion}=...), whose .attribute() gives Inseq "
@@ -164,8 +184,8 @@ def load_model(
         method: One of this package's methods, or ``integrated_gradients``, ``deeplift``, ``saliency``,
             ``input_x_gradient`` (Captum's, on encoder-only models too).
         tokenizer: The tokenizer (default: loaded from the model's name or folder).
-        processor: Speech models: the processor (feature extractor and tokenizer; default: loaded from the model's
-            name or folder).
+        processor: Speech models: the processor (feature extractor and tokenizer); vision models: the image
+            processor (default: loaded from the model's name or folder).
         device: e.g. ``"cpu"`` or ``"cuda"``.
         dtype: e.g. ``torch.bfloat16``.
         found: What :func:`identify` found for ``model``, when the caller asked already (its config is not read
@@ -174,10 +194,13 @@ def load_model(
     """
     from .encoders import EncoderAttributionModel
     from .speech import SpeechAttributionModel
+    from .vision import VisionAttributionModel
 
     found = found or identify(model)
     if isinstance(model, SpeechAttributionModel):
         return model if model.method == method else model.for_method(method)
+    if isinstance(model, VisionAttributionModel):
+        return model if model.method == method else VisionAttributionModel(model.model, model.processor, method)
     if isinstance(model, EncoderAttributionModel):
         return model if model.method == method else EncoderAttributionModel(model.model, model.tokenizer, method)
     if _is_inseq_model(model):
@@ -189,8 +212,8 @@ def load_model(
         return _generation_model(model, method, tokenizer, device, dtype, **kwargs)
     if isinstance(model, str | Path):
         model, tokenizer, processor = _load_front_end_model(str(model), found, tokenizer, processor)
-    if found.is_speech and processor is None:
-        raise ValueError("Pass the processor of this speech model: load_model(model, method, processor=...).")
+    if (found.is_speech or found.is_vision) and processor is None:
+        raise ValueError(f"Pass the processor of this {found.kind} model: load_model(model, method, processor=...).")
     if found.is_encoder and tokenizer is None:
         raise ValueError("Pass the tokenizer of this encoder model: load_model(model, method, tokenizer=...).")
     if dtype is not None:
@@ -199,6 +222,8 @@ def load_model(
         model = model.to(device)
     if found.is_speech:
         return SpeechAttributionModel(model, processor, method)
+    if found.is_vision:
+        return VisionAttributionModel(model, processor, method)
     return EncoderAttributionModel(model, tokenizer, method)
 
 
@@ -244,16 +269,19 @@ def _load_front_end_model(name: str, found: ModelKind, tokenizer, processor):
     tokenizer or processor when not given."""
     import transformers
 
-    from ..specs.encoder_heads import TASK_SUFFIXES
+    from ..specs.encoder_heads import TASK_ALIASES, TASK_SUFFIXES
     from .speech import load_processor
 
     architecture = ((found.config.architectures if found.config is not None else None) or [""])[0]
     if found.is_speech:
         processor = processor or load_processor(name)
         loader = getattr(transformers, architecture, None)
+    elif found.is_vision:
+        processor = processor or transformers.AutoImageProcessor.from_pretrained(name)
+        loader = getattr(transformers, architecture, None)
     else:
         tokenizer = tokenizer or transformers.AutoTokenizer.from_pretrained(name)
-        suffixes = tuple(TASK_SUFFIXES.values())
+        suffixes = (*TASK_SUFFIXES.values(), *TASK_ALIASES)
         loader = getattr(transformers, architecture, None) if architecture.endswith(suffixes) else None
     return (loader or transformers.AutoModel).from_pretrained(name), tokenizer, processor
 
@@ -265,10 +293,14 @@ def _is_inseq_model(model) -> bool:
     return inseq_models is not None and isinstance(model, inseq_models.AttributionModel)
 
 
-def _is_speech_front_end(model) -> bool:
+def _front_end_kind(model) -> str:
+    """The kind of one of this package's front ends."""
     from .speech import SpeechAttributionModel
+    from .vision import VisionAttributionModel
 
-    return isinstance(model, SpeechAttributionModel)
+    if isinstance(model, SpeechAttributionModel):
+        return SPEECH
+    return VISION if isinstance(model, VisionAttributionModel) else ENCODER
 
 
 __all__ = [
@@ -276,6 +308,8 @@ __all__ = [
     "GENERATION",
     "SPEECH",
     "SPEECH_MODEL_TYPES",
+    "VISION",
+    "VISION_MODEL_TYPES",
     "ModelKind",
     "as_front_end",
     "identify",
@@ -283,4 +317,5 @@ __all__ = [
     "kind_of_config",
     "load_model",
     "read_config",
+    "refuse_vision",
 ]

@@ -22,6 +22,8 @@ TASK_SUFFIXES = {
     "token_classification": "ForTokenClassification",
     "ctc": "ForCTC",
 }
+#: Further class-name endings of a task: an image classifier reads its [CLS] token as a sequence classifier does.
+TASK_ALIASES = {"ForImageClassification": "sequence_classification"}
 
 
 def model_task(model: nn.Module) -> str | None:
@@ -32,6 +34,9 @@ def model_task(model: nn.Module) -> str | None:
     """
     name = type(model).__name__
     for task, suffix in TASK_SUFFIXES.items():
+        if name.endswith(suffix):
+            return task
+    for suffix, task in TASK_ALIASES.items():
         if name.endswith(suffix):
             return task
     if getattr(model, "base_model", model) is model:

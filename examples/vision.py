@@ -1,0 +1,50 @@
+"""Vision: context mixing over image patches in ViT and DeiT classifiers, end to end on a synthesised image.
+
+Runs offline: the models are small ones built from configs with random weights (24 × 24 pixels, patches of 8), the
+image a synthetic gradient with a bright square written to a PNG file. With the hub, swap in
+``inseq_mixing.load_model("google/vit-base-patch16-224", "alti_logit")`` (its image processor is loaded with it).
+
+    python examples/vision.py [--out out/vision.png]
+"""
+
+import argparse
+from pathlib import Path
+
+from PIL import Image
+
+import inseq_mixing
+from inseq_mixing.testing import image_processor, synthetic_image, tiny_vision
+from inseq_mixing.views.images import image_heatmap, layer_image_grid
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="out/vision.png")
+    out = Path(parser.parse_args().out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    picture = out.with_name("image.png")
+    Image.fromarray(synthetic_image(64)).save(picture)
+
+    vit, processor = tiny_vision("vit"), image_processor()
+    # ALTI-logit: the predicted label's logit split over [CLS] and the 3 × 3 patches, plus terms no token carries
+    result = inseq_mixing.load_model(vit, "alti_logit", processor=processor).attribute(str(picture))
+    sequence = result.sequence_attributions[0]
+    print("units:", [token.token for token in sequence.source])
+    total = sequence.source_attributions.sum() + sum(
+        value.sum() for name, value in sequence.step_scores.items() if name.startswith("unattributed_")
+    )
+    print(f"explained {sequence.target[0].token!r}: parts add up to the logit:",
+          bool(abs(total - sequence.step_scores["logit"].sum()) < 1e-4))  # fmt: skip
+    image_heatmap(sequence, picture, path=out)
+    print("heatmap over the image:", out)
+
+    # Value zeroing on DeiT ([CLS] and its distillation token are units of their own), one map per layer
+    deit = inseq_mixing.load_model(tiny_vision("deit"), "value_zeroing", processor=processor)
+    sequence = deit.attribute(str(picture), show_progress=False).sequence_attributions[0]
+    layers = out.with_name(out.stem + "_layers.png")
+    layer_image_grid(sequence, picture, path=layers)
+    print("[CLS]'s mixing per layer:", layers)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,264 @@
+"""The vision front end: Vision Transformer classifiers and bare image encoders, explained over image patches.
+
+:func:`inseq_mixing.load_model` gives a ViT or DeiT model (``...ForImageClassification`` or the bare ``ViTModel`` /
+``DeiTModel``) a :class:`VisionAttributionModel` with the surface of the encoder front end
+(:class:`~.encoders.EncoderAttributionModel`, which it extends): ``.attribute(images, targets=None, foils=None, *,
+positions=None, batch_size=8, **options)`` returns ``inseq.FeatureAttributionOutput``.
+
+- Inputs: a path (PNG, JPEG, anything Pillow reads), a PIL image, an array ``(H, W)``, ``(H, W, 3)`` or ``(H, W, 4)``
+  (values in 0–255, or 0–1 for floats), a tensor ``(3, H, W)``, or a list of them. Greyscale and RGBA images are
+  converted to RGB; the image processor resizes and normalises them to the checkpoint's size.
+- Units: the model's tokens, which are the image's units: ``[CLS]``, DeiT's ``[DIST]``, then one per patch labelled
+  ``r{row}c{column}`` in reading order (nothing dropped). The decompositions start after the patch embedding and the
+  position embeddings (the patch convolution mixes the pixels of one patch only).
+- What is explained: a classifier's logit for the predicted label at [CLS] (``targets=`` a label index or name,
+  ``foils=`` another label), read through the final norm and the classifier as for a text classifier; a bare encoder:
+  the rows of ``positions=`` (default [CLS]) in the token-to-token maps (map methods only).
+
+The gradient baselines (Integrated Gradients and the others on the patch embeddings) are not offered here yet.
+
+No math here: the methods are the declarations' ``compute``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..declarations import Request
+from ..trace import ModelCall, trace_call
+from .common import check_batch_size, plain
+from .encoders import GRADIENT_METHODS, EncoderAttributionModel, EncoderBatch, per_text, per_text_positions
+from .layout import token_list
+
+#: Extra tokens before the patches, by ``config.model_type``: their labels, in order.
+LEADING_TOKENS = {"vit": ("[CLS]",), "deit": ("[CLS]", "[DIST]")}
+
+
+class ImageError(ValueError):
+    """An image that cannot be read or explained (the message names it and says what to do)."""
+
+
+@dataclass
+class _Image:
+    """One image to explain, read into RGB, and how errors name it."""
+
+    image: object  # a PIL image
+    target: object
+    foil: object
+    positions: list[int] | None
+    name: str
+
+
+def read_image(image, name: str):
+    """``image`` as an RGB PIL image: a path, a PIL image, an array or a tensor (see the module docstring).
+
+    Raises:
+        ImageError: A missing file, a file that is not an image, an array of another shape, NaN or infinite values.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(image, str | Path):
+        path = Path(image)
+        if not path.is_file():
+            raise ImageError(f"{name}: no image file at {str(path)!r}.")
+        try:
+            with Image.open(path) as opened:
+                opened.load()
+                image = opened.copy()
+        except (UnidentifiedImageError, OSError) as error:
+            raise ImageError(f"{name}: {str(path)!r} is not an image Pillow can read ({error}).") from None
+    if isinstance(image, Image.Image):
+        return image.convert("RGB")
+    if isinstance(image, torch.Tensor):
+        image = image.detach().cpu()
+        if image.dim() == 3 and image.shape[0] in (1, 3, 4):  # (C, H, W) → (H, W, C)
+            image = image.permute(1, 2, 0)
+        image = image.float().numpy()
+    if not isinstance(image, np.ndarray):
+        raise ImageError(
+            f"{name} is a {type(image).__name__}: give a path, a PIL image, an array (H, W[, 3 or 4]) or a tensor "
+            "(3, H, W)."
+        )
+    if image.ndim == 3 and image.shape[-1] == 1:
+        image = image[..., 0]
+    if image.ndim not in (2, 3) or (image.ndim == 3 and image.shape[-1] not in (3, 4)):
+        raise ImageError(f"{name} has shape {tuple(image.shape)}: an image array is (H, W), (H, W, 3) or (H, W, 4).")
+    if image.dtype.kind == "f":
+        if not np.isfinite(image).all():
+            raise ImageError(f"{name} has NaN or infinite values: give finite pixel values.")
+        image = image * 255.0 if image.max() <= 1.0 else image
+        image = np.clip(np.round(image), 0, 255)
+    return Image.fromarray(image.astype(np.uint8)).convert("RGB")
+
+
+class VisionAttributionModel(EncoderAttributionModel):
+    """A Vision Transformer with one attribution method (see the module docstring).
+
+    Args:
+        model: A ViT or DeiT image classifier, or the bare encoder.
+        processor: Its image processor (resizes and normalises the images).
+        method: The method's name.
+    """
+
+    def __init__(self, model: nn.Module, processor, method: str):
+        if method in GRADIENT_METHODS:
+            raise ValueError(
+                f"{method} is not offered on vision models yet (it would run on the patch embeddings): use one of "
+                "this package's methods (inseq-mixing methods)."
+            )
+        if processor is None:
+            raise ValueError("Pass the image processor of this vision model: load_model(model, method, processor=).")
+        super().__init__(model, tokenizer=None, method=method)
+        self.processor = processor
+        self.leading = LEADING_TOKENS[model.config.model_type]
+
+    def attribute(
+        self,
+        images,
+        targets=None,
+        foils=None,
+        *,
+        positions: list[int] | list[list[int]] | None = None,
+        batch_size: int = 8,
+        show_progress: bool = True,
+        **method_options,
+    ):
+        """Explain ``images`` (one, or a list; see the module docstring).
+
+        Args:
+            images: A path, a PIL image, an array or a tensor, or a list of them.
+            targets: Per image, a label index or name (classifiers; default: the predicted label).
+            foils: Per image, another label: logit methods explain ``logit(target) − logit(foil)``.
+            positions: Bare encoders: the token indices whose rows are explained (default: [CLS]).
+            batch_size: Images per forward pass.
+            show_progress: Show a progress bar over batches.
+            method_options: The method's options (``inseq-mixing methods --options``), and Inseq's names as the
+                encoder front end takes them.
+
+        Returns:
+            ``inseq.FeatureAttributionOutput``, one sequence per image.
+        """
+        images = list(images) if isinstance(images, list | tuple) else [images]
+        if not images:
+            raise ValueError("Give at least one image.")
+        check_batch_size(batch_size)
+        foils = self._foils(plain(foils), method_options)
+        targets, steps = self.inseq_keywords(method_options, targets, foils is not None)
+        items = self._items(images, targets, foils, positions)
+        foils = [item.foil for item in items]
+        info = {
+            "image_processor": type(self.processor).__name__,
+            "input_images": [item.name for item in items],
+            "task": "image_classification" if self.task else "image_encoder",
+            "explained": (
+                "the classifier's logit for the label, read at [CLS]"
+                if self.declaration.explains_logit
+                else "the rows of the explained tokens ([CLS] by default) in the token-to-token maps; no logit"
+            ),
+            "attributed_fn": self._explained_quantity(foils),
+        }
+        return self.attribute_items(items, batch_size=batch_size, show_progress=show_progress,
+                                    method_options=method_options, info=info, step_scores=steps)  # fmt: skip
+
+    def _items(self, images: list, targets, foils, positions) -> list[_Image]:
+        """Each image read (a bad one named before any work), with its target, foil and positions."""
+        targets = per_text(plain(targets), len(images), "targets")
+        foils = per_text(plain(foils), len(images), "foils")
+        positions = per_text_positions(plain(positions), len(images))
+        names = [f"Image {index}" + (f" ({image})" if isinstance(image, str | Path) else "")
+                 for index, image in enumerate(images)]  # fmt: skip
+        rows = zip(images, targets, foils, positions, names, strict=True)
+        items = [_Image(read_image(image, name), target, foil, chosen, name)
+                 for image, target, foil, chosen, name in rows]  # fmt: skip
+        self._check(items)
+        return items
+
+    def validate(self, images, targets=None, foils=None, positions=None, names=None) -> None:
+        """Raise the error :meth:`attribute` would raise for these inputs, without running the model."""
+        images = list(images) if isinstance(images, list | tuple) else [images]
+        self._items(images, targets, foils, positions)
+
+    def _check(self, items: list[_Image]) -> None:
+        """Targets, foils and positions checked against the token grid, before any work."""
+        pixels = self._pixels([item.image for item in items[:1]])
+        tokens = self._token_count(pixels)
+        ids = torch.arange(tokens).expand(len(items), tokens)
+        mask = torch.ones_like(ids)
+        explained = self._explained({"input_ids": ids, "attention_mask": mask}, [item.positions for item in items],
+                                    [item.name for item in items])  # fmt: skip
+        self._output_ids(ids, explained, [item.target for item in items], [item.foil for item in items],
+                         torch.zeros_like(ids), [item.name for item in items])  # fmt: skip
+
+    def _pixels(self, images: list) -> torch.Tensor:
+        """The processor's pixel values ``(B, 3, H, W)`` on the model's device and in its precision."""
+        pixels = self.processor(images=images, return_tensors="pt")["pixel_values"]
+        dtype = next(self.model.parameters()).dtype
+        return pixels.to(device=self.device, dtype=dtype)
+
+    def _grid(self, pixels: torch.Tensor) -> tuple[int, int]:
+        """Patch rows and columns of processed images."""
+        patch = self.model.config.patch_size
+        height, width = pixels.shape[-2:]
+        size = self.model.config.image_size
+        if (height, width) != (size, size):
+            raise ImageError(
+                f"The image processor gives {height}×{width} pixels, but this model reads {size}×{size} (its position "
+                "embeddings): use the checkpoint's own image processor, or one resizing to that size."
+            )
+        return height // patch, width // patch
+
+    def _token_count(self, pixels: torch.Tensor) -> int:
+        rows, columns = self._grid(pixels)
+        return len(self.leading) + rows * columns
+
+    def prepare(self, items: list[_Image], settings=None) -> EncoderBatch:
+        """A batch of images processed and traced, the explained tokens and outputs found, and the method's request."""
+        names = [item.name for item in items]
+        targets, foils = [item.target for item in items], [item.foil for item in items]
+        pixels = self._pixels([item.image for item in items])
+        tokens = self._token_count(pixels)
+        ids = torch.arange(tokens, device=self.device).expand(len(items), tokens).contiguous()
+        mask = torch.ones_like(ids)
+        inputs = {"input_ids": ids, "attention_mask": mask}
+        explained = self._explained(inputs, [item.positions for item in items], names)
+        call = ModelCall(self.model, {"pixel_values": pixels}, frame_masks={"decoder": mask})
+        trace = trace_call(self.spec, call)
+        where = torch.zeros_like(mask, dtype=torch.bool)
+        for row, cells in enumerate(explained):
+            where[row, cells] = True
+        predictions = torch.zeros_like(ids) if trace.logits is None else trace.logits.argmax(-1)
+        target_ids, foil_ids = self._output_ids(ids, explained, targets, foils, predictions, names)
+        batch = EncoderBatch(names, inputs, where, explained, target_ids, foil_ids, trace.logits)
+        batch.request = Request(spec=self.spec, model=self.model, input_ids=mask, attention_mask=mask, target_ids=None,
+                                target_mask=None, predicted_ids=target_ids, foil_ids=foil_ids, positions=where,
+                                tracer=lambda: trace, caller=lambda: call)  # fmt: skip
+        return batch
+
+    def _explained_positions(self, ids, mask, chosen, name: str) -> list[int]:
+        if self.task == "sequence_classification":
+            return [0]
+        if chosen is None:
+            return [0]
+        cells = [int(cell) for cell in chosen]
+        bad = [cell for cell in cells if not 0 <= cell < len(ids)]
+        if bad:
+            raise ValueError(f"{name} has {len(ids)} tokens ([CLS] and the patches): positions {bad} are outside it.")
+        return cells
+
+    def _tokens(self, ids: torch.Tensor) -> list:
+        """Token labels: the leading tokens, then ``r{row}c{column}`` per patch."""
+        ids = ids.tolist()
+        columns = self.model.config.image_size // self.model.config.patch_size
+        lead = len(self.leading)
+        labels = [self.leading[idx] if idx < lead else f"r{(idx - lead) // columns}c{(idx - lead) % columns}"
+                  for idx in ids]  # fmt: skip
+        return token_list(labels, ids)
+
+    def source_words(self, sequence, text) -> list[int]:
+        """Each token is its own unit."""
+        return list(range(len(sequence.source)))

@@ -1,0 +1,148 @@
+"""Patch scores drawn over the image: one heatmap per explained entry, or one small map per layer.
+
+A vision sequence's source tokens are ``[CLS]`` (DeiT: and ``[DIST]``) then one per patch labelled ``r{row}c{column}``
+(:mod:`inseq_mixing.frontends.vision`); the patches' scores are laid out on their grid and stretched over the whole
+image (the ViT and DeiT processors resize the image without cropping, so the grid covers it all). The leading tokens'
+scores are written in the caption, since they have no place on the image. Signed scores (the logit methods) use a
+diverging scale centred on 0 (red raises the explained logit, blue lowers it); maps (how much each token mixes into
+the explained one) a sequential one from 0. The caption says which.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import matplotlib
+
+matplotlib.use("Agg")  # figures are rendered to files and HTML, never to a window
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+_PATCH = re.compile(r"^r(\d+)c(\d+)$")
+
+
+def patch_grid(sequence, entry: int = 0, layer: int | None = None) -> tuple[np.ndarray, dict[str, float]]:
+    """The patches' scores for one explained entry as a ``(rows, columns)`` grid, and the other tokens' scores.
+
+    Args:
+        sequence: A vision sequence (Inseq's ``FeatureAttributionSequenceOutput``).
+        entry: Which explained entry (column of ``source_attributions``).
+        layer: Per-layer outputs: which layer (default: the last).
+    """
+    scores = sequence.source_attributions
+    if scores is None:
+        raise ValueError("This sequence has no source scores to draw.")
+    column = scores[:, entry]
+    if column.dim() == 2:
+        column = column[:, -1 if layer is None else layer]
+    cells, others = {}, {}
+    for token, value in zip(sequence.source, column.float().tolist(), strict=True):
+        found = _PATCH.match(token.token)
+        if found:
+            cells[(int(found[1]), int(found[2]))] = value
+        else:
+            others[token.token] = value
+    if not cells:
+        raise ValueError("No patch tokens (r{row}c{column}) in this sequence: it is not a vision model's output.")
+    rows, columns = (max(index[axis] for index in cells) + 1 for axis in (0, 1))
+    grid = np.full((rows, columns), np.nan)
+    for (row, col), value in cells.items():
+        grid[row, col] = value
+    return grid, others
+
+
+def _scale(values: np.ndarray, signed: bool | None) -> tuple[str, float, float, bool]:
+    finite = values[np.isfinite(values)]
+    signed = bool((finite < 0).any()) if signed is None else signed
+    top = float(np.abs(finite).max()) if finite.size else 1.0
+    top = top or 1.0
+    return ("RdBu_r", -top, top, True) if signed else ("viridis", 0.0, top, False)
+
+
+def _caption(signed: bool) -> str:
+    if signed:
+        return "contribution to the explained logit (red raises it, blue lowers it; 0 at the centre)"
+    return "context mixing into the explained token (0 to the largest score)"
+
+
+def image_heatmap(sequence, image, *, entry: int = 0, layer: int | None = None, signed: bool | None = None,
+                  path=None, title: str | None = None, alpha: float = 0.55):  # fmt: skip
+    """The patches' scores over ``image`` for one explained entry.
+
+    Args:
+        sequence: A vision sequence (one of ``out.sequence_attributions``).
+        image: The image it explains: a path, a PIL image, an array or a tensor.
+        entry: Which explained entry.
+        layer: Per-layer outputs: which layer (default: the last).
+        signed: Draw on a diverging scale (default: when some score is negative).
+        path: Also save the figure there (PNG, or any format matplotlib writes).
+        title: Figure title (default: the explained entry).
+        alpha: Opacity of the scores over the image.
+
+    Returns:
+        A matplotlib ``Figure``.
+    """
+    from ..frontends.vision import read_image
+
+    picture = np.asarray(read_image(image, "The image"))
+    grid, others = patch_grid(sequence, entry, layer)
+    cmap, low, high, signed = _scale(np.concatenate([grid.ravel(), list(others.values())]), signed)
+    figure, axis = plt.subplots(figsize=(5.2, 4.6))
+    height, width = picture.shape[:2]
+    axis.imshow(picture)
+    shown = axis.imshow(grid, cmap=cmap, vmin=low, vmax=high, alpha=alpha, extent=(0, width, height, 0),
+                        interpolation="nearest")  # fmt: skip
+    axis.set_xticks([])
+    axis.set_yticks([])
+    explained = sequence.target[entry].token if sequence.target else str(entry)
+    axis.set_title(title or f"explained: {explained}" + ("" if layer is None else f" (layer {layer})"), fontsize=10)
+    bar = figure.colorbar(shown, ax=axis, fraction=0.046, pad=0.04)
+    bar.set_label(_caption(signed), fontsize=8)
+    if others:
+        axis.set_xlabel(", ".join(f"{name}: {value:.3g}" for name, value in others.items()), fontsize=8)
+    figure.tight_layout()
+    if path is not None:
+        figure.savefig(path, dpi=120)
+    return figure
+
+
+def layer_image_grid(sequence, image, *, entry: int = 0, signed: bool | None = None, path=None,
+                     max_columns: int = 4, alpha: float = 0.55):  # fmt: skip
+    """One small map over ``image`` per layer (a per-layer output: ``source_attributions`` with a layer axis), all
+    on one colour scale, layers counted from 0.
+
+    Returns:
+        A matplotlib ``Figure``.
+    """
+    from ..frontends.vision import read_image
+
+    scores = sequence.source_attributions
+    if scores is None or scores.dim() != 3:
+        raise ValueError("This output has no layer axis: ask the method for per-layer maps (e.g. rollout=False).")
+    picture = np.asarray(read_image(image, "The image"))
+    layers = scores.shape[-1]
+    grids = [patch_grid(sequence, entry, layer)[0] for layer in range(layers)]
+    cmap, low, high, signed = _scale(np.stack(grids), signed)
+    columns = min(max_columns, layers)
+    rows = math.ceil(layers / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(2.4 * columns + 0.8, 2.4 * rows + 0.6), squeeze=False)
+    height, width = picture.shape[:2]
+    shown = None
+    for index, axis in enumerate(axes.flat):
+        axis.set_xticks([])
+        axis.set_yticks([])
+        if index >= layers:
+            axis.axis("off")
+            continue
+        axis.imshow(picture)
+        shown = axis.imshow(grids[index], cmap=cmap, vmin=low, vmax=high, alpha=alpha, extent=(0, width, height, 0),
+                            interpolation="nearest")  # fmt: skip
+        axis.set_title(f"layer {index}", fontsize=9)
+    figure.colorbar(shown, ax=axes.ravel().tolist(), fraction=0.03, pad=0.02)
+    explained = sequence.target[entry].token if sequence.target else str(entry)
+    figure.text(0.02, 0.02, f"explained: {explained}; colour: {_caption(signed)}", fontsize=8)
+    if path is not None:
+        figure.savefig(path, dpi=120)
+    return figure

@@ -1,0 +1,210 @@
+"""Vision Transformers (ViT, DeiT) through ``inseq_mixing.load_model``: every method on tiny random models, the logit
+methods against the model's own logit, value zeroing against a hook on the HF value projection, rows that sum to 1, a
+batch against each image alone, patch labels, and the errors a user meets."""
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+import inseq_mixing
+from inseq_mixing.frontends import identify
+from inseq_mixing.frontends.router import inseq_refusal
+from inseq_mixing.frontends.vision import ImageError
+from inseq_mixing.methods.value_zeroing import value_zeroing
+from inseq_mixing.specs import UnsupportedModelError, get_spec
+from inseq_mixing.testing import VISION_FAMILIES, image_processor, synthetic_image, tiny_vision
+from inseq_mixing.trace import ModelCall, trace_call
+
+from .reference import naive_value_zeroing
+
+LOGIT_METHODS = ("alti_logit", "decompx", "attn_lrp")
+#: Map methods whose rows are normalised to 1 (value zeroing's and the attention norm's rows are not).
+ROW_METHODS = ("alti", "attention_rollout", "globenc")
+MAP_METHODS = ("alti", "value_zeroing", "attention_rollout", "attention_norm", "globenc")
+
+
+@functools.cache
+def classifier(family: str):
+    return tiny_vision(family)
+
+
+@functools.cache
+def processor():
+    return image_processor()
+
+
+def images() -> list[np.ndarray]:
+    return [synthetic_image(seed=0), synthetic_image(size=40, seed=1)]
+
+
+def pixels(batch: list) -> torch.Tensor:
+    return processor()(images=batch, return_tensors="pt")["pixel_values"]
+
+
+@pytest.fixture(params=VISION_FAMILIES)
+def family(request):
+    return request.param
+
+
+def test_logit_methods_add_up_to_the_models_own_logit(family):
+    """Patch scores plus the unattributed step scores equal the classifier's own logit (an independent forward pass),
+    for the predicted label and for a target against a foil."""
+    model = classifier(family)
+    with torch.no_grad():
+        logits = model(pixel_values=pixels(images())).logits
+    for method in LOGIT_METHODS:
+        attribution = inseq_mixing.load_model(model, method, processor=processor())
+        for targets, foils in ((None, None), (["positive", 0], ["negative", "neutral"])):
+            out = attribution.attribute(images(), targets, foils, show_progress=False)
+            for row, sequence in enumerate(out.sequence_attributions):
+                label = logits[row].argmax() if targets is None else model.config.label2id.get(targets[row], 0)
+                expected = logits[row, label]
+                if foils is not None:
+                    expected = expected - logits[row, model.config.label2id[foils[row]]]
+                steps = sequence.step_scores
+                terms = sum(value for key, value in steps.items() if key.startswith("unattributed_"))
+                total = sequence.source_attributions.sum(0) + terms
+                torch.testing.assert_close(total, expected.reshape(1), atol=1e-4, rtol=1e-4, msg=method)
+                assert [token.id for token in sequence.target] == [int(label)]
+
+
+def test_map_rows_sum_to_one_and_cover_every_token(family):
+    model = classifier(family)
+    for method in MAP_METHODS:
+        out = inseq_mixing.load_model(model, method, processor=processor()).attribute(images(), show_progress=False)
+        for sequence in out.sequence_attributions:
+            maps = sequence.sequence_scores["encoder_self_scores"]
+            tokens = 1 + (family == "deit") + 9  # [CLS] (and [DIST]) and a 3 × 3 grid of patches
+            assert len(sequence.source) == tokens and maps.shape[:2] == (tokens, tokens)
+            assert torch.isfinite(sequence.source_attributions).all()
+            if method in ROW_METHODS:
+                torch.testing.assert_close(maps.sum(0), torch.ones(tokens), atol=1e-5, rtol=0)
+
+
+def test_value_zeroing_matches_zeroing_values_through_a_hook(family):
+    """Zero token j's value vectors through a hook on the real value projection, re-run the block on its clean
+    input, measure the cosine distance: every patch for every position."""
+    model = classifier(family)
+    kwargs = {"pixel_values": pixels(images()[:1])}
+    spec = get_spec(model)
+    naive = naive_value_zeroing(model, spec, kwargs, "decoder", "self")
+    mask = torch.ones(1, naive.shape[-1], dtype=torch.long)
+    trace = trace_call(spec, ModelCall(model, kwargs, frame_masks={"decoder": mask}))
+    torch.testing.assert_close(value_zeroing(trace).decoder[0], naive, atol=1e-5, rtol=1e-4)
+    assert naive[0, 0, -1] > 0  # [CLS] mixes with the last patch
+
+
+@pytest.mark.parametrize("method", [*LOGIT_METHODS, *MAP_METHODS])
+def test_a_batch_equals_each_image_alone(method):
+    model = classifier("deit")
+    attribution = inseq_mixing.load_model(model, method, processor=processor())
+    together = attribution.attribute(images(), show_progress=False).sequence_attributions
+    for image, batched in zip(images(), together, strict=True):
+        alone = attribution.attribute(image, show_progress=False).sequence_attributions[0]
+        torch.testing.assert_close(batched.source_attributions, alone.source_attributions, atol=1e-5, rtol=1e-4)
+
+
+def test_patches_are_labelled_by_row_and_column_and_bare_encoders_explain_positions():
+    bare = tiny_vision("vit", head=False)
+    out = inseq_mixing.load_model(bare, "alti", processor=processor()).attribute(
+        images()[0], positions=[0, 5], show_progress=False
+    )
+    sequence = out.sequence_attributions[0]
+    assert [token.token for token in sequence.source] == ["[CLS]"] + [f"r{r}c{c}" for r in range(3) for c in range(3)]
+    assert [token.token for token in sequence.target] == ["[CLS]", "r1c1"]
+    assert sequence.source_attributions.shape == (10, 2)
+    with pytest.raises(ValueError, match="bare encoder"):
+        inseq_mixing.load_model(bare, "alti_logit", processor=processor())
+
+
+def test_greyscale_rgba_paths_and_tensors_give_the_rgb_images_scores(tmp_path):
+    from PIL import Image
+
+    model = classifier("vit")
+    attribution = inseq_mixing.load_model(model, "alti", processor=processor())
+    rgb = images()[0]
+    rgba = np.concatenate([rgb, np.full(rgb.shape[:2] + (1,), 255, np.uint8)], axis=-1)
+    path = tmp_path / "image.png"
+    Image.fromarray(rgb).save(path)
+    tensor = torch.from_numpy(rgb).permute(2, 0, 1).float() / 255
+    out = attribution.attribute([rgb, rgba, str(path), tensor], show_progress=False).sequence_attributions
+    for other in out[1:]:
+        torch.testing.assert_close(other.source_attributions, out[0].source_attributions, atol=1e-5, rtol=1e-4)
+    grey = attribution.attribute(rgb.mean(-1).astype(np.uint8), show_progress=False).sequence_attributions[0]
+    assert grey.source_attributions.shape == out[0].source_attributions.shape
+
+
+def test_bad_inputs_get_errors_that_say_what_to_do(tmp_path):
+    model = classifier("vit")
+    attribution = inseq_mixing.load_model(model, "alti_logit", processor=processor())
+    not_an_image = tmp_path / "notes.png"
+    not_an_image.write_text("hello")
+    nan = images()[0].astype(np.float32)
+    nan[0, 0, 0] = np.nan
+    cases = [
+        (str(not_an_image), "not an image Pillow can read"),
+        (str(tmp_path / "missing.png"), "no image file"),
+        (nan, "NaN"),
+        (np.zeros((4, 4, 5)), r"\(H, W\), \(H, W, 3\) or \(H, W, 4\)"),
+        (b"not a path", "give a path, a PIL image"),
+    ]
+    for image, message in cases:
+        with pytest.raises(ImageError, match=message):
+            attribution.attribute([images()[0], image], show_progress=False)
+    with pytest.raises(ValueError, match="Unknown label 'cat'"):
+        attribution.attribute(images()[0], "cat", show_progress=False)
+    with pytest.raises(ValueError, match="reads 24×24"):
+        inseq_mixing.load_model(model, "alti", processor=image_processor(32)).attribute(images()[0])
+    with pytest.raises(ValueError, match="not offered on vision models yet"):
+        inseq_mixing.load_model(model, "integrated_gradients", processor=processor())
+    with pytest.raises(ValueError, match="processor"):
+        inseq_mixing.load_model(model, "alti")
+
+
+def test_deit_with_its_teacher_is_refused_with_what_to_load_instead():
+    import transformers
+
+    config = classifier("deit").config
+    with pytest.raises(UnsupportedModelError, match="DeiTForImageClassification"):
+        get_spec(transformers.DeiTForImageClassificationWithTeacher(config))
+
+
+def test_the_router_says_vision_and_what_does_not_take_images_yet(tmp_path):
+    model = classifier("vit")
+    assert identify(model).is_vision
+    assert "inseq_mixing.load_model" in inseq_refusal(model, "alti")
+    attribution = inseq_mixing.load_model(model, "alti", processor=processor())
+    assert identify(attribution).is_vision
+    other = inseq_mixing.load_model(attribution, "globenc")
+    assert other.method == "globenc" and other.processor is attribution.processor
+    with pytest.raises(ValueError, match="does not take images yet"):
+        inseq_mixing.attribute_dataset(model, "alti", [{"source": "x.png"}], tmp_path / "run")
+
+
+def test_the_heatmap_puts_each_patch_score_on_its_cell_and_draws_over_the_image(tmp_path):
+    from inseq_mixing.views.images import image_heatmap, layer_image_grid, patch_grid
+
+    model = tiny_vision("deit")
+    per_layer = inseq_mixing.load_model(model, "alti", processor=processor()).attribute(
+        images()[0], rollout=False, show_progress=False
+    )
+    sequence = per_layer.sequence_attributions[0]
+    scores = sequence.source_attributions  # (tokens, 1, layers)
+    grid, others = patch_grid(sequence, layer=0)
+    labels = [token.token for token in sequence.source]
+    for row in range(3):
+        for column in range(3):
+            assert grid[row, column] == pytest.approx(float(scores[labels.index(f"r{row}c{column}"), 0, 0]))
+    assert set(others) == {"[CLS]", "[DIST]"}
+    image_heatmap(sequence, images()[0], path=tmp_path / "map.png")
+    layer_image_grid(sequence, images()[0], path=tmp_path / "layers.png")
+    from PIL import Image
+
+    for name in ("map.png", "layers.png"):
+        with Image.open(tmp_path / name) as drawn:
+            assert drawn.size[0] > 300 and drawn.size[1] > 200
+    rolled = inseq_mixing.load_model(model, "alti", processor=processor()).attribute(images()[0], show_progress=False)
+    with pytest.raises(ValueError, match="no layer axis"):
+        layer_image_grid(rolled.sequence_attributions[0], images()[0])
