@@ -108,3 +108,23 @@ def test_speech_on_cuda_equals_cpu(method, family):
     for actual, expected in zip(run("cuda"), on_cpu, strict=True):
         assert_same(actual, expected, atol=1e-4, rtol=1e-3)
     model.to("cpu")
+
+
+@pytest.mark.parametrize("family", ["vit", "deit"])
+@pytest.mark.parametrize("method", inseq_mixing.METHODS)
+def test_vision_on_cuda_equals_cpu(method, family):
+    from inseq_mixing.testing import image_processor, synthetic_image, tiny_vision
+
+    model, processor = tiny_vision(family), image_processor()
+    images = [synthetic_image(seed=0), synthetic_image(size=40, seed=1)]
+
+    def run(device):
+        attribution = inseq_mixing.load_model(model, method, processor=processor, device=device)
+        return [
+            seq.source_attributions for seq in attribution.attribute(images, show_progress=False).sequence_attributions
+        ]
+
+    on_cpu = run("cpu")
+    for actual, expected in zip(run("cuda"), on_cpu, strict=True):
+        assert_same(actual, expected, atol=1e-4, rtol=1e-3)
+    model.to("cpu")

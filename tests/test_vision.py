@@ -157,8 +157,10 @@ def test_bad_inputs_get_errors_that_say_what_to_do(tmp_path):
         attribution.attribute(images()[0], "cat", show_progress=False)
     with pytest.raises(ValueError, match="reads 24×24"):
         inseq_mixing.load_model(model, "alti", processor=image_processor(32)).attribute(images()[0])
-    with pytest.raises(ValueError, match="not offered on vision models yet"):
-        inseq_mixing.load_model(model, "integrated_gradients", processor=processor())
+    with pytest.raises(ValueError, match="a token baseline is for text"):
+        inseq_mixing.load_model(model, "integrated_gradients", processor=processor()).attribute(
+            images()[0], baselines="[MASK]", show_progress=False
+        )
     with pytest.raises(ValueError, match="processor"):
         inseq_mixing.load_model(model, "alti")
 
@@ -208,3 +210,47 @@ def test_the_heatmap_puts_each_patch_score_on_its_cell_and_draws_over_the_image(
     rolled = inseq_mixing.load_model(model, "alti", processor=processor()).attribute(images()[0], show_progress=False)
     with pytest.raises(ValueError, match="no layer axis"):
         layer_image_grid(rolled.sequence_attributions[0], images()[0])
+
+
+@pytest.mark.parametrize("method", ["integrated_gradients", "input_x_gradient", "saliency", "deeplift"])
+def test_gradient_baselines_explain_the_same_logit_over_the_same_units(method):
+    """Captum's methods on the token embeddings the first block reads: the same contrast as the logit methods (the
+    model's own logits), the same units; input × gradient equals autograd through a hook of our own; Integrated
+    Gradients' convergence delta is its scores' sum minus the logit gap to the zero embedding computed here (that
+    gap is large on a pre-LN model: the first norm maps every α·x alike but 0, so the path integral misses the jump
+    at the baseline; the delta says so)."""
+    model = classifier("vit")
+    attribution = inseq_mixing.load_model(model, method, processor=processor())
+    options = {"n_steps": 200, "return_convergence_delta": True} if method == "integrated_gradients" else {}
+    targets, foils = ["positive", "negative"], ["neutral", "neutral"]
+    out = attribution.attribute(images(), targets, foils, show_progress=False, **options)
+    ids = [model.config.label2id[name] for name in targets]
+    neutral = model.config.label2id["neutral"]
+    with torch.no_grad():
+        logits = model(pixel_values=pixels(images())).logits
+        handle = model.vit.embeddings.register_forward_hook(lambda _m, _a, output: torch.zeros_like(output))
+        try:
+            at_zero = model(pixel_values=pixels(images())).logits
+        finally:
+            handle.remove()
+    units = ["[CLS]"] + [f"r{r}c{c}" for r in range(3) for c in range(3)]
+    for row, sequence in enumerate(out.sequence_attributions):
+        expected = logits[row, ids[row]] - logits[row, neutral]
+        own = sequence.step_scores["contrast_logits_diff"]
+        torch.testing.assert_close(own, expected.reshape(1), atol=1e-5, rtol=0)
+        assert [token.token for token in sequence.source] == units
+        if method == "integrated_gradients":  # Captum's delta is the scores' sum minus the gap we compute here
+            gap = expected - (at_zero[row, ids[row]] - at_zero[row, neutral])
+            delta = float(sequence.step_scores["convergence_delta"][0])
+            assert abs(float(sequence.source_attributions.sum()) - float(gap) - delta) < 1e-4
+        if method == "input_x_gradient":  # against autograd through our own hook on the embedding module
+            image = pixels(images())[row : row + 1]
+            embeds = model.vit.embeddings(image).detach().requires_grad_(True)
+            handle = model.vit.embeddings.register_forward_hook(lambda _m, _a, _output: embeds)  # noqa: B023
+            try:
+                own_logits = model(pixel_values=image).logits
+            finally:
+                handle.remove()
+            (own_logits[0, ids[row]] - own_logits[0, neutral]).backward()
+            manual = (embeds.grad * embeds).sum(-1)[0].detach()
+            torch.testing.assert_close(sequence.source_attributions[:, 0], manual, atol=1e-5, rtol=1e-4)

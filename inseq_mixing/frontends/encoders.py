@@ -461,8 +461,7 @@ class EncoderAttributionModel(FrontEndModel):
         classes = {"integrated_gradients": captum.attr.IntegratedGradients, "deeplift": captum.attr.DeepLift,
                    "saliency": captum.attr.Saliency, "input_x_gradient": captum.attr.InputXGradient}  # fmt: skip
         inputs = batch.inputs
-        others = {name: value for name, value in inputs.items() if name != "input_ids"}
-        embeds = self.model.get_input_embeddings()(inputs["input_ids"]).detach()
+        embeds = self.input_embeddings(batch)
         baseline = self._baseline(baselines, embeds)
         if self.method == "integrated_gradients":
             captum_options.setdefault("n_steps", 50)
@@ -473,8 +472,7 @@ class EncoderAttributionModel(FrontEndModel):
             for cell in cells:
                 target = int(batch.target_ids[row, cell])
                 foil = None if batch.foil_ids is None else int(batch.foil_ids[row, cell])
-                model = _ExplainedLogit(self.model, self.task, {k: v[row : row + 1] for k, v in others.items()},
-                                        cell, target, foil)  # fmt: skip
+                model = self.explained_logit(batch, row, cell, target, foil)
                 method = classes[self.method](model if self.method == "deeplift" else model.forward)
                 kwargs = dict(captum_options)
                 if baseline is not None:
@@ -505,6 +503,16 @@ class EncoderAttributionModel(FrontEndModel):
                 )
             )
         return sequences
+
+    def input_embeddings(self, batch: EncoderBatch) -> torch.Tensor:
+        """What the gradient baselines attribute: the input embeddings ``(B, T, D)`` (detached)."""
+        return self.model.get_input_embeddings()(batch.inputs["input_ids"]).detach()
+
+    def explained_logit(self, batch: EncoderBatch, row: int, cell: int, target: int, foil: int | None) -> nn.Module:
+        """The explained logit of one row's position ``cell`` (minus the foil's) as a module of the input embeddings
+        of that row (Captum's forward function)."""
+        others = {name: value[row : row + 1] for name, value in batch.inputs.items() if name != "input_ids"}
+        return _ExplainedLogit(self.model, self.task, others, cell, target, foil)
 
     def _baseline(self, baselines, embeds: torch.Tensor) -> torch.Tensor | None:
         """Captum's ``baselines`` on the input embeddings ``(B, T, D)``: None (zeros), a number, a token (its

@@ -15,7 +15,10 @@ positions=None, batch_size=8, **options)`` returns ``inseq.FeatureAttributionOut
   ``foils=`` another label), read through the final norm and the classifier as for a text classifier; a bare encoder:
   the rows of ``positions=`` (default [CLS]) in the token-to-token maps (map methods only).
 
-The gradient baselines (Integrated Gradients and the others on the patch embeddings) are not offered here yet.
+The gradient baselines (``integrated_gradients``, ``deeplift``, ``saliency``, ``input_x_gradient``, Captum's) attribute
+the explained logit to the token embeddings the first block reads (patch embeddings with their position embeddings,
+and [CLS]), summed over the embedding per token, so that they share the methods' units; the default baseline is the
+zero embedding (``baselines=`` a number or a tensor broadcastable to ``(tokens, d_model)``). They are not on pixels.
 
 No math here: the methods are the declarations' ``compute``.
 """
@@ -32,7 +35,7 @@ from torch import nn
 from ..declarations import Request
 from ..trace import ModelCall, trace_call
 from .common import check_batch_size, plain
-from .encoders import GRADIENT_METHODS, EncoderAttributionModel, EncoderBatch, per_text, per_text_positions
+from .encoders import EncoderAttributionModel, EncoderBatch, per_text, per_text_positions
 from .layout import token_list
 
 #: Extra tokens before the patches, by ``config.model_type``: their labels, in order.
@@ -106,11 +109,6 @@ class VisionAttributionModel(EncoderAttributionModel):
     """
 
     def __init__(self, model: nn.Module, processor, method: str):
-        if method in GRADIENT_METHODS:
-            raise ValueError(
-                f"{method} is not offered on vision models yet (it would run on the patch embeddings): use one of "
-                "this package's methods (inseq-mixing methods)."
-            )
         if processor is None:
             raise ValueError("Pass the image processor of this vision model: load_model(model, method, processor=).")
         super().__init__(model, tokenizer=None, method=method)
@@ -157,7 +155,7 @@ class VisionAttributionModel(EncoderAttributionModel):
             "task": "image_classification" if self.task else "image_encoder",
             "explained": (
                 "the classifier's logit for the label, read at [CLS]"
-                if self.declaration.explains_logit
+                if self.declaration is None or self.declaration.explains_logit
                 else "the rows of the explained tokens ([CLS] by default) in the token-to-token maps; no logit"
             ),
             "attributed_fn": self._explained_quantity(foils),
@@ -224,7 +222,7 @@ class VisionAttributionModel(EncoderAttributionModel):
         tokens = self._token_count(pixels)
         ids = torch.arange(tokens, device=self.device).expand(len(items), tokens).contiguous()
         mask = torch.ones_like(ids)
-        inputs = {"input_ids": ids, "attention_mask": mask}
+        inputs = {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels}
         explained = self._explained(inputs, [item.positions for item in items], names)
         call = ModelCall(self.model, {"pixel_values": pixels}, frame_masks={"decoder": mask})
         trace = trace_call(self.spec, call)
@@ -234,10 +232,28 @@ class VisionAttributionModel(EncoderAttributionModel):
         predictions = torch.zeros_like(ids) if trace.logits is None else trace.logits.argmax(-1)
         target_ids, foil_ids = self._output_ids(ids, explained, targets, foils, predictions, names)
         batch = EncoderBatch(names, inputs, where, explained, target_ids, foil_ids, trace.logits)
-        batch.request = Request(spec=self.spec, model=self.model, input_ids=mask, attention_mask=mask, target_ids=None,
-                                target_mask=None, predicted_ids=target_ids, foil_ids=foil_ids, positions=where,
-                                tracer=lambda: trace, caller=lambda: call)  # fmt: skip
+        if self.declaration is not None:
+            batch.request = Request(spec=self.spec, model=self.model, input_ids=mask, attention_mask=mask,
+                                    target_ids=None, target_mask=None, predicted_ids=target_ids, foil_ids=foil_ids,
+                                    positions=where, tracer=lambda: trace, caller=lambda: call)  # fmt: skip
         return batch
+
+    def input_embeddings(self, batch: EncoderBatch) -> torch.Tensor:
+        """What the gradient baselines attribute: the token embeddings the first block reads ``(B, T, D)``."""
+        with torch.no_grad():
+            return self.model.base_model.embeddings(batch.inputs["pixel_values"]).detach()
+
+    def explained_logit(self, batch: EncoderBatch, row: int, cell: int, target: int, foil: int | None) -> nn.Module:
+        """The explained logit of one image as a module of its token embeddings (Captum's forward function)."""
+        return _EmbeddedLogit(self.model, batch.inputs["pixel_values"][row : row + 1], target, foil)
+
+    def _baseline(self, baselines, embeds: torch.Tensor) -> torch.Tensor | None:
+        if isinstance(baselines, str):
+            raise ValueError(
+                f"baselines={baselines!r}: a token baseline is for text; on images give a number (every embedding "
+                f"coordinate) or a tensor broadcastable to (tokens, {embeds.shape[-1]}), or nothing (zeros)."
+            )
+        return super()._baseline(baselines, embeds)
 
     def _explained_positions(self, ids, mask, chosen, name: str) -> list[int]:
         if self.task == "sequence_classification":
@@ -262,3 +278,21 @@ class VisionAttributionModel(EncoderAttributionModel):
     def source_words(self, sequence, text) -> list[int]:
         """Each token is its own unit."""
         return list(range(len(sequence.source)))
+
+
+class _EmbeddedLogit(nn.Module):
+    """The explained logit (minus the foil's) as a function of the token embeddings the first block reads: the model
+    runs on its pixels with its embedding module's output replaced (what Captum attributes)."""
+
+    def __init__(self, model: nn.Module, pixels: torch.Tensor, target: int, foil: int | None):
+        super().__init__()
+        self.model, self.pixels, self.target, self.foil = model, pixels, target, foil
+
+    def forward(self, embeds: torch.Tensor) -> torch.Tensor:
+        pixels = self.pixels.expand(embeds.shape[0], *self.pixels.shape[1:])
+        handle = self.model.base_model.embeddings.register_forward_hook(lambda _module, _args, _output: embeds)
+        try:
+            logits = self.model(pixel_values=pixels).logits
+        finally:
+            handle.remove()
+        return logits[:, self.target] - (0 if self.foil is None else logits[:, self.foil])
