@@ -407,7 +407,9 @@ def synthetic_audio(seconds: float, seed: int = 0, tone_hz: float = 220.0) -> "n
     return signal.astype(numpy.float32)
 
 
-VISION_FAMILIES = ("vit", "deit")
+VISION_FAMILIES = ("vit", "deit", "dinov2", "dinov2_with_registers")
+#: Vision families explained as bare encoders only (their classifiers read several positions).
+BARE_VISION_FAMILIES = ("dinov2", "dinov2_with_registers")
 #: Tiny images: 24 pixels a side, patches of 8 (a 3 × 3 grid).
 TINY_IMAGE_SIZE, TINY_PATCH_SIZE = 24, 8
 
@@ -422,8 +424,9 @@ def tiny_vision(family: str, head: bool = True, d_model: int = 16, layers: int =
                 seed: int = 0, image_size: int = TINY_IMAGE_SIZE, patch_size: int = TINY_PATCH_SIZE,
                 labels: int = 3) -> torch.nn.Module:  # fmt: skip
     """A random vision model of ``family`` (:data:`VISION_FAMILIES`): ``...ForImageClassification`` with ``labels``
-    labels named from :data:`TINY_LABELS` (``head``), or the bare encoder; eval mode, eager attention."""
-    names = {"vit": "ViT", "deit": "DeiT"}
+    labels named from :data:`TINY_LABELS` (``head``), or the bare encoder (DINOv2: always; its layer scales drawn at
+    random too, and two registers); eval mode, eager attention."""
+    names = {"vit": "ViT", "deit": "DeiT", "dinov2": "Dinov2", "dinov2_with_registers": "Dinov2WithRegisters"}
     if family not in names:
         raise ValueError(f"No vision builder for {family!r}; known: {VISION_FAMILIES}")
     torch.manual_seed(seed)
@@ -434,9 +437,12 @@ def tiny_vision(family: str, head: bool = True, d_model: int = 16, layers: int =
                   for index in range(labels)},
     )  # fmt: skip
     config.label2id = {name: index for index, name in config.id2label.items()}
+    if family == "dinov2_with_registers":
+        config.num_register_tokens = 2
+    head = head and family not in BARE_VISION_FAMILIES
     config._attn_implementation = "eager"
     cls = getattr(transformers, f"{names[family]}ForImageClassification" if head else f"{names[family]}Model")
-    model = cls(config) if head else cls(config, add_pooling_layer=False)
+    model = cls(config) if head or family in BARE_VISION_FAMILIES else cls(config, add_pooling_layer=False)
     randomize_weights(model, seed)
     return model.eval()
 

@@ -180,6 +180,8 @@ def frozen_norm_map(norm, real_input: torch.Tensor):
     """The linear part of a LayerNorm or RMSNorm at the statistics of ``real_input`` (one position)."""
     if isinstance(norm, torch.nn.LayerNorm):
         return lambda part: frozen_layer_norm(norm, real_input, part)
+    if hasattr(norm, "lambda1"):  # a layer scale (DINOv2): linear, the HF module itself
+        return norm
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
     # through the HF module itself: norm(p) = g ⊙ p / rms(p), so g ⊙ p / rms(x) = norm(p) · rms(p) / rms(x)
     rms = torch.sqrt(real_input.pow(2).mean() + eps)

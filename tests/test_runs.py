@@ -331,7 +331,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(model_dir, tmp_path):
     shards = killed / "shards"
     deadline = time.time() + 120
     while time.time() < deadline and process.poll() is None:
-        if shards.is_dir() and len(list(shards.glob("batch-*.parquet"))) >= 3:
+        if shards.is_dir() and len(list(shards.glob("batch-*.json"))) >= 3:  # an index is written after its shard
             break
         time.sleep(0.005)
     os.kill(process.pid, signal.SIGKILL)

@@ -1,6 +1,7 @@
-"""Vision Transformers (ViT, DeiT) through ``inseq_mixing.load_model``: every method on tiny random models, the logit
-methods against the model's own logit, value zeroing against a hook on the HF value projection, rows that sum to 1, a
-batch against each image alone, patch labels, and the errors a user meets."""
+"""Vision Transformers (ViT, DeiT; DINOv2 bare) through ``inseq_mixing.load_model``: every method on tiny random
+models, the logit methods against the model's own logit, value zeroing against a hook on the HF value projection, the
+spec (layer scales included) against the HF blocks, rows that sum to 1, a batch against each image alone, patch
+labels, and the errors a user meets."""
 
 import functools
 
@@ -12,12 +13,14 @@ import inseq_mixing
 from inseq_mixing.frontends import identify
 from inseq_mixing.frontends.router import inseq_refusal
 from inseq_mixing.frontends.vision import ImageError
+from inseq_mixing.methods.blocks import finish_layer
+from inseq_mixing.methods.norms import freeze_norm
 from inseq_mixing.methods.value_zeroing import value_zeroing
 from inseq_mixing.specs import UnsupportedModelError, get_spec
-from inseq_mixing.testing import VISION_FAMILIES, image_processor, synthetic_image, tiny_vision
+from inseq_mixing.testing import BARE_VISION_FAMILIES, VISION_FAMILIES, image_processor, synthetic_image, tiny_vision
 from inseq_mixing.trace import ModelCall, trace_call
 
-from .reference import naive_value_zeroing
+from .reference import naive_alti_layer, naive_value_zeroing
 
 LOGIT_METHODS = ("alti_logit", "decompx", "attn_lrp")
 #: Map methods whose rows are normalised to 1 (value zeroing's and the attention norm's rows are not).
@@ -43,9 +46,46 @@ def pixels(batch: list) -> torch.Tensor:
     return processor()(images=batch, return_tensors="pt")["pixel_values"]
 
 
-@pytest.fixture(params=VISION_FAMILIES)
+@pytest.fixture(params=[family for family in VISION_FAMILIES if family not in BARE_VISION_FAMILIES])
 def family(request):
     return request.param
+
+
+@pytest.fixture(params=VISION_FAMILIES)
+def any_family(request):
+    return request.param
+
+
+def trace_of(model, batch: list):
+    spec = get_spec(model)
+    with torch.no_grad():
+        tokens = model.base_model.embeddings(pixels(batch)).shape[1]
+    mask = torch.ones(len(batch), tokens, dtype=torch.long)
+    return spec, trace_call(spec, ModelCall(model, {"pixel_values": pixels(batch)}, frame_masks={"decoder": mask}))
+
+
+def test_the_spec_recomposes_every_block_and_norm_layer_scales_included(any_family):
+    """Each block's position-wise rest, applied with the spec to the recorded attention output, gives the HF block's
+    output; every norm (DINOv2's layer scales as norms without statistics) frozen at its recorded input gives the
+    module's output."""
+    spec, trace = trace_of(classifier(any_family), images())
+    for layer, record in zip(spec.decoder.layers, trace.decoder.layers, strict=True):
+        index = torch.arange(record.input.shape[0])
+        out = finish_layer(layer, record, "self", record.input, record.self_attn.output, index, slice(None))
+        torch.testing.assert_close(out, record.output, rtol=0, atol=1e-6)
+        pairs = [
+            (layer.self_attn.norm, record.self_attn.norm_input),
+            (layer.ffn.norm, record.ffn_norm_input),
+            (layer.self_attn.out_norm, record.self_attn.output),
+            (layer.ffn.out_norm, record.ffn_out_norm_input),
+        ]
+        for norm, norm_input in pairs:
+            if norm is None:
+                continue
+            frozen = freeze_norm(norm, norm_input)
+            shift = 0 if frozen.shift is None else frozen.shift
+            torch.testing.assert_close(frozen.linear(norm_input) + shift, norm(norm_input), rtol=0, atol=2e-6)
+    assert (spec.decoder.layers[0].self_attn.out_norm is not None) == (any_family in BARE_VISION_FAMILIES)
 
 
 def test_logit_methods_add_up_to_the_models_own_logit(family):
@@ -70,23 +110,24 @@ def test_logit_methods_add_up_to_the_models_own_logit(family):
                 assert [token.id for token in sequence.target] == [int(label)]
 
 
-def test_map_rows_sum_to_one_and_cover_every_token(family):
-    model = classifier(family)
+def test_map_rows_sum_to_one_and_cover_every_token(any_family):
+    model = classifier(any_family)
+    leading = {"deit": 2, "dinov2_with_registers": 3}.get(any_family, 1)  # [CLS], [DIST] or two registers
     for method in MAP_METHODS:
         out = inseq_mixing.load_model(model, method, processor=processor()).attribute(images(), show_progress=False)
         for sequence in out.sequence_attributions:
             maps = sequence.sequence_scores["encoder_self_scores"]
-            tokens = 1 + (family == "deit") + 9  # [CLS] (and [DIST]) and a 3 × 3 grid of patches
+            tokens = leading + 9  # and a 3 × 3 grid of patches
             assert len(sequence.source) == tokens and maps.shape[:2] == (tokens, tokens)
             assert torch.isfinite(sequence.source_attributions).all()
             if method in ROW_METHODS:
                 torch.testing.assert_close(maps.sum(0), torch.ones(tokens), atol=1e-5, rtol=0)
 
 
-def test_value_zeroing_matches_zeroing_values_through_a_hook(family):
+def test_value_zeroing_matches_zeroing_values_through_a_hook(any_family):
     """Zero token j's value vectors through a hook on the real value projection, re-run the block on its clean
     input, measure the cosine distance: every patch for every position."""
-    model = classifier(family)
+    model = classifier(any_family)
     kwargs = {"pixel_values": pixels(images()[:1])}
     spec = get_spec(model)
     naive = naive_value_zeroing(model, spec, kwargs, "decoder", "self")
@@ -165,12 +206,13 @@ def test_bad_inputs_get_errors_that_say_what_to_do(tmp_path):
         inseq_mixing.load_model(model, "alti")
 
 
-def test_deit_with_its_teacher_is_refused_with_what_to_load_instead():
+def test_classifiers_that_read_several_tokens_are_refused_with_what_to_load_instead():
     import transformers
 
-    config = classifier("deit").config
     with pytest.raises(UnsupportedModelError, match="DeiTForImageClassification"):
-        get_spec(transformers.DeiTForImageClassificationWithTeacher(config))
+        get_spec(transformers.DeiTForImageClassificationWithTeacher(classifier("deit").config))
+    with pytest.raises(UnsupportedModelError, match="load the bare encoder"):
+        get_spec(transformers.Dinov2ForImageClassification(classifier("dinov2").config))
 
 
 def test_the_router_says_vision_and_what_does_not_take_images_yet(tmp_path):
@@ -254,3 +296,18 @@ def test_gradient_baselines_explain_the_same_logit_over_the_same_units(method):
             (own_logits[0, ids[row]] - own_logits[0, neutral]).backward()
             manual = (embeds.grad * embeds).sum(-1)[0].detach()
             torch.testing.assert_close(sequence.source_attributions[:, 0], manual, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("vision_family", ["vit", "dinov2_with_registers"])
+def test_alti_matches_the_definition_pair_by_pair(vision_family):
+    """ALTI of every layer against token pairs built from the HF value and output projections (DINOv2's layer scale,
+    the HF module itself, applied to every part where the spec places it; that placement is checked against the HF
+    blocks by the recomposition test)."""
+    from inseq_mixing.methods.alti import alti
+
+    model = classifier(vision_family)
+    spec, trace = trace_of(model, images()[:1])
+    scores = alti(trace)
+    for idx in range(len(spec.decoder.layers)):
+        naive = naive_alti_layer(model, spec, trace, {"pixel_values": pixels(images()[:1])}, "decoder", idx, "self")
+        torch.testing.assert_close(scores.decoder[0, idx], naive, atol=1e-5, rtol=1e-4)

@@ -8,7 +8,7 @@ Four kinds, each with its front end:
 - ``"encoder"``: encoder-only models of a supported family (masked LMs, classifiers, token classifiers, bare encoders):
   :class:`~.encoders.EncoderAttributionModel`;
 - ``"speech"``: Whisper, wav2vec 2.0 and HuBERT (with CTC heads or bare): :class:`~.speech.SpeechAttributionModel`;
-- ``"vision"``: ViT and DeiT (image classifiers or bare): :class:`~.vision.VisionAttributionModel`.
+- ``"vision"``: ViT and DeiT (image classifiers or bare), DINOv2 (bare): :class:`~.vision.VisionAttributionModel`.
 
 :func:`identify` reads a name's or folder's config once and says its kind; :func:`load_model` takes what
 :func:`identify` found (or finds it) and builds the front end. The dataset runner, ``evaluate``, ``compare`` and the
@@ -27,7 +27,7 @@ GENERATION, ENCODER, SPEECH, VISION = "generation", "encoder", "speech", "vision
 #: The model types of the speech families.
 SPEECH_MODEL_TYPES = ("whisper", "wav2vec2", "hubert")
 #: The model types of the vision families.
-VISION_MODEL_TYPES = ("vit", "deit")
+VISION_MODEL_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers")
 
 #: Class-name endings of generation models (the head a config was saved with, or a model object's class).
 GENERATION_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")

@@ -1,14 +1,16 @@
 """The vision front end: Vision Transformer classifiers and bare image encoders, explained over image patches.
 
 :func:`inseq_mixing.load_model` gives a ViT or DeiT model (``...ForImageClassification`` or the bare ``ViTModel`` /
-``DeiTModel``) a :class:`VisionAttributionModel` with the surface of the encoder front end
+``DeiTModel``) and a bare DINOv2 encoder (``Dinov2Model``, ``Dinov2WithRegistersModel``) a
+:class:`VisionAttributionModel` with the surface of the encoder front end
 (:class:`~.encoders.EncoderAttributionModel`, which it extends): ``.attribute(images, targets=None, foils=None, *,
 positions=None, batch_size=8, **options)`` returns ``inseq.FeatureAttributionOutput``.
 
 - Inputs: a path (PNG, JPEG, anything Pillow reads), a PIL image, an array ``(H, W)``, ``(H, W, 3)`` or ``(H, W, 4)``
   (values in 0–255, or 0–1 for floats), a tensor ``(3, H, W)``, or a list of them. Greyscale and RGBA images are
   converted to RGB; the image processor resizes and normalises them to the checkpoint's size.
-- Units: the model's tokens, which are the image's units: ``[CLS]``, DeiT's ``[DIST]``, then one per patch labelled
+- Units: the model's tokens, which are the image's units: ``[CLS]``, DeiT's ``[DIST]``, DINOv2's registers
+  ``[REG1]``, ..., then one per patch labelled
   ``r{row}c{column}`` in reading order (nothing dropped). The decompositions start after the patch embedding and the
   position embeddings (the patch convolution mixes the pixels of one patch only).
 - What is explained: a classifier's logit for the predicted label at [CLS] (``targets=`` a label index or name,
@@ -38,8 +40,18 @@ from .common import check_batch_size, plain
 from .encoders import EncoderAttributionModel, EncoderBatch, per_text, per_text_positions
 from .layout import token_list
 
-#: Extra tokens before the patches, by ``config.model_type``: their labels, in order.
-LEADING_TOKENS = {"vit": ("[CLS]",), "deit": ("[CLS]", "[DIST]")}
+#: Extra tokens before the patches, by ``config.model_type``: their labels, in order (registers: see
+#: :func:`leading_tokens`).
+LEADING_TOKENS = {"vit": ("[CLS]",), "deit": ("[CLS]", "[DIST]"), "dinov2": ("[CLS]",)}
+#: Families whose position embeddings the model interpolates to the image's grid (any size, in whole patches).
+INTERPOLATED_POSITIONS = ("dinov2", "dinov2_with_registers")
+
+
+def leading_tokens(config) -> tuple[str, ...]:
+    """The labels of the tokens before the patches: [CLS], DeiT's [DIST], DINOv2's registers [REG1], [REG2], ..."""
+    if config.model_type == "dinov2_with_registers":
+        return ("[CLS]", *(f"[REG{index + 1}]" for index in range(config.num_register_tokens)))
+    return LEADING_TOKENS[config.model_type]
 
 
 class ImageError(ValueError):
@@ -103,7 +115,7 @@ class VisionAttributionModel(EncoderAttributionModel):
     """A Vision Transformer with one attribution method (see the module docstring).
 
     Args:
-        model: A ViT or DeiT image classifier, or the bare encoder.
+        model: A ViT or DeiT image classifier, or a bare ViT, DeiT or DINOv2 encoder.
         processor: Its image processor (resizes and normalises the images).
         method: The method's name.
     """
@@ -113,7 +125,8 @@ class VisionAttributionModel(EncoderAttributionModel):
             raise ValueError("Pass the image processor of this vision model: load_model(model, method, processor=).")
         super().__init__(model, tokenizer=None, method=method)
         self.processor = processor
-        self.leading = LEADING_TOKENS[model.config.model_type]
+        self.leading = leading_tokens(model.config)
+        self.columns = model.config.image_size // model.config.patch_size  # patches per row (set per batch)
 
     def attribute(
         self,
@@ -199,11 +212,18 @@ class VisionAttributionModel(EncoderAttributionModel):
         return pixels.to(device=self.device, dtype=dtype)
 
     def _grid(self, pixels: torch.Tensor) -> tuple[int, int]:
-        """Patch rows and columns of processed images."""
+        """Patch rows and columns of processed images (a model with fixed position embeddings reads its own size
+        only)."""
         patch = self.model.config.patch_size
         height, width = pixels.shape[-2:]
         size = self.model.config.image_size
-        if (height, width) != (size, size):
+        if self.model.config.model_type in INTERPOLATED_POSITIONS:
+            if height % patch or width % patch:
+                raise ImageError(
+                    f"The image processor gives {height}×{width} pixels, not whole patches of {patch}: use the "
+                    "checkpoint's own image processor, or one cropping to a multiple of the patch size."
+                )
+        elif (height, width) != (size, size):
             raise ImageError(
                 f"The image processor gives {height}×{width} pixels, but this model reads {size}×{size} (its position "
                 "embeddings): use the checkpoint's own image processor, or one resizing to that size."
@@ -211,8 +231,8 @@ class VisionAttributionModel(EncoderAttributionModel):
         return height // patch, width // patch
 
     def _token_count(self, pixels: torch.Tensor) -> int:
-        rows, columns = self._grid(pixels)
-        return len(self.leading) + rows * columns
+        rows, self.columns = self._grid(pixels)
+        return len(self.leading) + rows * self.columns
 
     def prepare(self, items: list[_Image], settings=None) -> EncoderBatch:
         """A batch of images processed and traced, the explained tokens and outputs found, and the method's request."""
@@ -268,8 +288,7 @@ class VisionAttributionModel(EncoderAttributionModel):
 
     def _tokens(self, ids: torch.Tensor) -> list:
         """Token labels: the leading tokens, then ``r{row}c{column}`` per patch."""
-        ids = ids.tolist()
-        columns = self.model.config.image_size // self.model.config.patch_size
+        ids, columns = ids.tolist(), self.columns
         lead = len(self.leading)
         labels = [self.leading[idx] if idx < lead else f"r{(idx - lead) // columns}c{(idx - lead) % columns}"
                   for idx in ids]  # fmt: skip

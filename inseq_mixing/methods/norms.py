@@ -2,7 +2,8 @@ r"""Layer norms with their statistics frozen at the forward pass: affine maps th
 
 With the statistics of the real input :math:`z` frozen, a LayerNorm is the linear map
 :math:`A(x) = \gamma \odot (x - \bar x) / \sigma_z` plus the shift :math:`\beta`, and an RMSNorm is
-:math:`A(x) = \gamma \odot x / \mathrm{rms}(z)`. So :math:`\mathrm{LN}(z) = \sum_k A(x_k) + \beta` for any split
+:math:`A(x) = \gamma \odot x / \mathrm{rms}(z)`; a layer scale (DINOv2) is :math:`A(x) = \gamma \odot x` already.
+So :math:`\mathrm{LN}(z) = \sum_k A(x_k) + \beta` for any split
 :math:`z = \sum_k x_k`. The transpose :math:`A^\top` carries a direction in the norm's output space (e.g. an
 unembedding row) back to its input space.
 """
@@ -72,6 +73,8 @@ def freeze_norm(norm: nn.Module, norm_input: torch.Tensor, eps: float | None = N
     if params.kind == "layer":
         variance = upcast(norm_input).var(-1, unbiased=False, keepdim=True)
         return FrozenNorm(params=params, inv_scale=torch.rsqrt(variance + (params.eps if eps is None else eps)))
+    if params.kind == "scale":  # a layer scale has no statistics: its map is its own
+        return FrozenNorm(params=params, inv_scale=upcast(norm_input).new_ones(*norm_input.shape[:2], 1))
     # RMSNorms of T5 and Llama-style models take their statistics in float32 whatever the model's precision.
     variance = norm_input.float().pow(2).mean(-1, keepdim=True)
     return FrozenNorm(params=params, inv_scale=upcast(torch.rsqrt(variance + params.eps)).to(upcast(norm_input).dtype))

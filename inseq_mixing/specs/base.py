@@ -249,7 +249,8 @@ class NormParams:
     """What a layer norm computes, so that the methods can apply it with statistics frozen at the forward pass.
 
     Attributes:
-        kind: ``"layer"`` (LayerNorm: ``γ ⊙ (z − mean z) / σ + β``) or ``"rms"`` (RMSNorm: ``γ ⊙ z / rms(z)``).
+        kind: ``"layer"`` (LayerNorm: ``γ ⊙ (z − mean z) / σ + β``), ``"rms"`` (RMSNorm: ``γ ⊙ z / rms(z)``) or
+            ``"scale"`` (a layer scale, DINOv2's: ``γ ⊙ z``, no statistics; linear, so "frozen" it is itself).
         weight: The gain ``γ``, or None.
         bias: The shift ``β``, or None.
         eps: The epsilon added to the variance.
@@ -266,7 +267,9 @@ UNIT_OFFSET_RMS_NORMS: set[type] = set()
 
 
 def norm_params(module: nn.Module) -> NormParams:
-    """Describe a norm module: ``nn.LayerNorm`` or an RMSNorm (T5, Llama-style; Gemma's with gain ``1 + weight``).
+    """Describe a norm module: ``nn.LayerNorm``, an RMSNorm (T5, Llama-style; Gemma's with gain ``1 + weight``), or a
+    layer scale (DINOv2's ``lambda1``: a per-channel factor on a branch's output, handled as a norm without
+    statistics, where the sandwich norms of Gemma 2 sit).
 
     Raises:
         UnsupportedModelError: The module is neither.
@@ -275,6 +278,8 @@ def norm_params(module: nn.Module) -> NormParams:
         return NormParams("layer", module.weight, module.bias, module.eps)
     if type(module) in UNIT_OFFSET_RMS_NORMS:
         return NormParams("rms", 1 + module.weight, None, module.eps)
+    if isinstance(getattr(module, "lambda1", None), nn.Parameter):  # DINOv2's layer scale
+        return NormParams("scale", module.lambda1, None, 0.0)
     eps = getattr(module, "variance_epsilon", None)  # the RMSNorms of T5/mT5/umT5 and Llama-style models
     if eps is not None:
         return NormParams("rms", module.weight, None, eps)
