@@ -4,7 +4,7 @@ Runs offline: the models are small ones built from configs with random weights (
 image a synthetic gradient with a bright square written to a PNG file. With the hub, swap in
 ``inseq_mixing.load_model("google/vit-base-patch16-224", "alti_logit")`` (its image processor is loaded with it).
 
-    python examples/vision.py [--out out/vision.png]
+    python examples/vision.py [--out out/vision.png]   # also writes out/vision_layers.png and out/vision.html
 """
 
 import argparse
@@ -14,7 +14,7 @@ from PIL import Image
 
 import inseq_mixing
 from inseq_mixing.testing import image_processor, synthetic_image, tiny_vision
-from inseq_mixing.views.images import image_heatmap, layer_image_grid
+from inseq_mixing.views.images import image_heatmap, image_report, layer_image_grid
 
 
 def main() -> None:
@@ -44,6 +44,9 @@ def main() -> None:
     layers = out.with_name(out.stem + "_layers.png")
     layer_image_grid(sequence, picture, path=layers)
     print("[CLS]'s mixing per layer:", layers)
+    page = out.with_suffix(".html")
+    image_report(result, [picture], page)
+    print("a page of the figures, each with its colour scale in words:", page)
 
 
 if __name__ == "__main__":

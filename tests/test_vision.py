@@ -4,6 +4,7 @@ spec (layer scales included) against the HF blocks, rows that sum to 1, a batch 
 labels, and the errors a user meets."""
 
 import functools
+import subprocess
 
 import numpy as np
 import pytest
@@ -311,3 +312,33 @@ def test_alti_matches_the_definition_pair_by_pair(vision_family):
     for idx in range(len(spec.decoder.layers)):
         naive = naive_alti_layer(model, spec, trace, {"pixel_values": pixels(images()[:1])}, "decoder", idx, "self")
         torch.testing.assert_close(scores.decoder[0, idx], naive, atol=1e-5, rtol=1e-4)
+
+
+def test_the_image_report_renders_in_chromium_fits_1280_pixels_and_says_its_scale(tmp_path):
+    from PIL import Image
+
+    from inseq_mixing.views.images import image_report
+
+    from .test_report import browser, page_width
+
+    executable = browser()
+    model = classifier("deit")
+    logit = inseq_mixing.load_model(model, "alti_logit", processor=processor()).attribute(
+        images(), show_progress=False
+    )
+    path = tmp_path / "vision.html"
+    page = image_report(logit, images(), path)
+    assert page.count("data:image/png;base64,") == 2 and "red raises it, blue lowers it" in page
+    per_layer = inseq_mixing.load_model(model, "value_zeroing", processor=processor()).attribute(images()[0])
+    layers = image_report(per_layer, images()[0], tmp_path / "layers.html")
+    assert layers.count("data:image/png;base64,") == 2 and "layer by layer" in layers
+    with pytest.raises(ValueError, match="2 image"):
+        image_report(logit, images()[:1], tmp_path / "bad.html")
+    common = [executable, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,1400"]
+    dom = subprocess.run([*common, "--dump-dom", path.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    assert dom.count("<img") == 2 and "Colour: contribution to the explained logit" in dom
+    assert page_width(executable, path) <= 1280
+    shot = tmp_path / "shot.png"
+    subprocess.run([*common, f"--screenshot={shot}", path.as_uri()], capture_output=True, timeout=120)
+    low, high = Image.open(shot).convert("L").getextrema()
+    assert high - low > 100  # drawn: the heatmaps and the text on white

@@ -1,4 +1,4 @@
-"""Patch scores drawn over the image: one heatmap per explained entry, or one small map per layer.
+"""Patch scores drawn over the image: one heatmap per explained entry, one small map per layer, and a page of them.
 
 A vision sequence's source tokens are ``[CLS]`` (DeiT: and ``[DIST]``) then one per patch labelled ``r{row}c{column}``
 (:mod:`inseq_mixing.frontends.vision`); the patches' scores are laid out on their grid and stretched over the whole
@@ -146,3 +146,57 @@ def layer_image_grid(sequence, image, *, entry: int = 0, signed: bool | None = N
     if path is not None:
         figure.savefig(path, dpi=120)
     return figure
+
+
+def image_report(output, images, path, title: str = "Context mixing over image patches") -> str:
+    """A self-contained HTML page of a vision output: per image, its heatmap over the image for every explained entry
+    and, for a per-layer output, the grid of layers, each with its colour scale said in words.
+
+    Args:
+        output: The ``FeatureAttributionOutput`` of a vision model's ``attribute``.
+        images: The images it explains, in the same order (paths, PIL images, arrays or tensors).
+        path: Where to write the page.
+        title: The page's title.
+
+    Returns:
+        The page's HTML.
+    """
+    import html
+    from pathlib import Path
+
+    from .figures import figure_png_base64
+
+    sequences = output.sequence_attributions
+    images = list(images) if isinstance(images, list | tuple) else [images]
+    if len(images) != len(sequences):
+        raise ValueError(f"The output explains {len(sequences)} image(s), but {len(images)} were given.")
+    method = (output.info or {}).get("attribution_method", "")
+    sections = []
+    for number, (sequence, image) in enumerate(zip(sequences, images, strict=True)):
+        name = html.escape(str(image) if isinstance(image, str | Path) else f"image {number}")
+        figures = []
+        for entry in range(len(sequence.target)):
+            figure = image_heatmap(sequence, image, entry=entry)
+            signed = _scale(patch_grid(sequence, entry)[0], None)[3]
+            figures.append(_figure_html(figure_png_base64(figure), f"{name}, explained: "
+                                        f"{html.escape(sequence.target[entry].token)}", _caption(signed)))  # fmt: skip
+        if sequence.source_attributions.dim() == 3:
+            figure = layer_image_grid(sequence, image)
+            figures.append(_figure_html(figure_png_base64(figure), f"{name}, layer by layer (from layer 0)",
+                                        "one colour scale for every layer"))  # fmt: skip
+        sections.append(f"<section><h2>{name}</h2>{''.join(figures)}</section>")
+    page = (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><style>"
+        "body{{font-family:sans-serif;max-width:1200px;margin:1em auto;padding:0 1em}}"
+        "figure{{display:inline-block;margin:0 1em 1em 0;max-width:100%}} img{{max-width:100%;height:auto}}"
+        "figcaption{{font-size:0.9em;max-width:36em}}</style></head><body><h1>{title}</h1><p>Method: {method}. "
+        "Each patch's score is drawn over its place in the image; tokens without a place ([CLS], [DIST], registers) "
+        "are written under each map.</p>{sections}</body></html>"
+    ).format(title=html.escape(title), method=html.escape(method), sections="".join(sections))
+    Path(path).write_text(page, encoding="utf-8")
+    return page
+
+
+def _figure_html(png: str, alt: str, caption: str) -> str:
+    return (f"<figure><img alt='{alt}' src='data:image/png;base64,{png}'><figcaption>{alt}. Colour: {caption}."
+            "</figcaption></figure>")  # fmt: skip
