@@ -342,3 +342,16 @@ def test_the_image_report_renders_in_chromium_fits_1280_pixels_and_says_its_scal
     subprocess.run([*common, f"--screenshot={shot}", path.as_uri()], capture_output=True, timeout=120)
     low, high = Image.open(shot).convert("L").getextrema()
     assert high - low > 100  # drawn: the heatmaps and the text on white
+
+
+def test_a_caption_says_the_scale_its_figure_was_drawn_on(tmp_path):
+    """Patches all non-negative but [CLS] negative: the heatmap draws a diverging scale (the caption's scores count),
+    and the page's caption says so."""
+    from inseq_mixing.views.images import image_report
+
+    out = inseq_mixing.load_model(classifier("vit"), "alti", processor=processor()).attribute(images()[0])
+    sequence = out.sequence_attributions[0]
+    assert (sequence.source_attributions >= 0).all()
+    sequence.source_attributions[0] = -0.1  # [CLS]
+    page = image_report(out, images()[0], tmp_path / "page.html")
+    assert "red raises it, blue lowers it" in page and "0 to the largest score" not in page

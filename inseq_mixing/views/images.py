@@ -61,6 +61,13 @@ def _scale(values: np.ndarray, signed: bool | None) -> tuple[str, float, float, 
     return ("RdBu_r", -top, top, True) if signed else ("viridis", 0.0, top, False)
 
 
+def _entry_scale(sequence, entry: int, layer: int | None, signed: bool | None):
+    """One entry's patch grid, its other tokens' scores, and the colour scale drawn for both (cmap, low, high,
+    signed): what :func:`image_heatmap` draws and a caption of it says."""
+    grid, others = patch_grid(sequence, entry, layer)
+    return grid, others, _scale(np.concatenate([grid.ravel(), list(others.values())]), signed)
+
+
 def _caption(signed: bool) -> str:
     if signed:
         return "contribution to the explained logit (red raises it, blue lowers it; 0 at the centre)"
@@ -87,8 +94,7 @@ def image_heatmap(sequence, image, *, entry: int = 0, layer: int | None = None, 
     from ..frontends.vision import read_image
 
     picture = np.asarray(read_image(image, "The image"))
-    grid, others = patch_grid(sequence, entry, layer)
-    cmap, low, high, signed = _scale(np.concatenate([grid.ravel(), list(others.values())]), signed)
+    grid, others, (cmap, low, high, signed) = _entry_scale(sequence, entry, layer, signed)
     figure, axis = plt.subplots(figsize=(5.2, 4.6))
     height, width = picture.shape[:2]
     axis.imshow(picture)
@@ -177,7 +183,7 @@ def image_report(output, images, path, title: str = "Context mixing over image p
         figures = []
         for entry in range(len(sequence.target)):
             figure = image_heatmap(sequence, image, entry=entry)
-            signed = _scale(patch_grid(sequence, entry)[0], None)[3]
+            signed = _entry_scale(sequence, entry, None, None)[2][3]  # the scale the figure was drawn on
             figures.append(_figure_html(figure_png_base64(figure), f"{name}, explained: "
                                         f"{html.escape(sequence.target[entry].token)}", _caption(signed)))  # fmt: skip
         if sequence.source_attributions.dim() == 3:
