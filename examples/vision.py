@@ -1,10 +1,10 @@
-"""Vision: context mixing over image patches in ViT and DeiT classifiers, end to end on a synthesised image.
+"""Vision: context mixing over image patches in ViT, DeiT and DINOv2 classifiers and CLIP's image–text similarity.
 
 Runs offline: the models are small ones built from configs with random weights (24 × 24 pixels, patches of 8), the
 image a synthetic gradient with a bright square written to a PNG file. With the hub, swap in
 ``inseq_mixing.load_model("google/vit-base-patch16-224", "alti_logit")`` (its image processor is loaded with it).
 
-    python examples/vision.py [--out out/vision.png]   # also writes out/vision_layers.png and out/vision.html
+    python examples/vision.py [--out out/vision.png]   # also out/vision_layers.png, vision_clip.png, vision.html
 """
 
 import argparse
@@ -13,7 +13,7 @@ from pathlib import Path
 from PIL import Image
 
 import inseq_mixing
-from inseq_mixing.testing import image_processor, synthetic_image, tiny_vision
+from inseq_mixing.testing import image_processor, synthetic_image, tiny_clip, tiny_vision
 from inseq_mixing.views.images import image_heatmap, image_report, layer_image_grid
 
 
@@ -44,6 +44,20 @@ def main() -> None:
     layers = out.with_name(out.stem + "_layers.png")
     layer_image_grid(sequence, picture, path=layers)
     print("[CLS]'s mixing per layer:", layers)
+    # DINOv2's classifier reads [CLS] beside the mean of the patches: each read position's share, summed, is the logit
+    dinov2 = inseq_mixing.load_model(tiny_vision("dinov2"), "decompx", processor=processor)
+    pooled = dinov2.attribute(str(picture), show_progress=False)
+    print("DINOv2:", pooled.info["explained"])
+
+    # CLIP: the image–text similarity of the image with a text, against another text
+    clip, both = tiny_clip()
+    similarity = inseq_mixing.load_model(clip, "alti_logit", processor=both)
+    contrast = similarity.attribute(str(picture), targets="the cat sat", foils="a dog ran", show_progress=False)
+    sequence = contrast.sequence_attributions[0]
+    gap = float(sequence.step_scores["contrast_logits_diff"])
+    print(f"CLIP: similarity('the cat sat') − similarity('a dog ran') = {gap:.4f}")
+    image_heatmap(sequence, picture, path=out.with_name(out.stem + "_clip.png"))
+
     page = out.with_suffix(".html")
     image_report(result, [picture], page)
     print("a page of the figures, each with its colour scale in words:", page)

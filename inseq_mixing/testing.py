@@ -407,11 +407,12 @@ def synthetic_audio(seconds: float, seed: int = 0, tone_hz: float = 220.0) -> "n
     return signal.astype(numpy.float32)
 
 
-VISION_FAMILIES = ("vit", "deit", "dinov2", "dinov2_with_registers")
-#: Vision families explained as bare encoders only (their classifiers read several positions).
-BARE_VISION_FAMILIES = ("dinov2", "dinov2_with_registers")
+VISION_FAMILIES = ("vit", "deit", "dinov2", "dinov2_with_registers", "beit", "data2vec-vision", "clip", "siglip")
 #: Tiny images: 24 pixels a side, patches of 8 (a 3 × 3 grid).
 TINY_IMAGE_SIZE, TINY_PATCH_SIZE = 24, 8
+#: Class-name stems of the vision families.
+_VISION_NAMES = {"vit": "ViT", "deit": "DeiT", "dinov2": "Dinov2", "dinov2_with_registers": "Dinov2WithRegisters",
+                 "beit": "Beit", "data2vec-vision": "Data2VecVision", "clip": "CLIP", "siglip": "Siglip"}  # fmt: skip
 
 
 def image_processor(size: int = TINY_IMAGE_SIZE):
@@ -420,31 +421,97 @@ def image_processor(size: int = TINY_IMAGE_SIZE):
     return processor(size={"height": size, "width": size}, do_resize=True, do_normalize=True)
 
 
+def _vision_config(family: str, d_model: int, layers: int, heads: int, ffn: int, image_size: int, patch_size: int):
+    """The config of a tiny image encoder (CLIP's and SigLIP's: their vision config)."""
+    stem = _VISION_NAMES[family]
+    name = f"{stem}VisionConfig" if family in ("clip", "siglip") else f"{stem}Config"
+    config = getattr(transformers, name)(
+        hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=ffn,
+        image_size=image_size, patch_size=patch_size,
+    )  # fmt: skip
+    if family == "dinov2_with_registers":
+        config.num_register_tokens, config.use_swiglu_ffn = 2, True
+    if family == "beit":  # each layer's relative position bias; Data2Vec-vision: one shared by all layers
+        config.use_relative_position_bias = True
+    if family == "data2vec-vision":
+        config.use_shared_relative_position_bias, config.use_mean_pooling = True, False
+    return config
+
+
 def tiny_vision(family: str, head: bool = True, d_model: int = 16, layers: int = 2, heads: int = 4, ffn: int = 32,
                 seed: int = 0, image_size: int = TINY_IMAGE_SIZE, patch_size: int = TINY_PATCH_SIZE,
                 labels: int = 3) -> torch.nn.Module:  # fmt: skip
     """A random vision model of ``family`` (:data:`VISION_FAMILIES`): ``...ForImageClassification`` with ``labels``
-    labels named from :data:`TINY_LABELS` (``head``), or the bare encoder (DINOv2: always; its layer scales drawn at
-    random too, and two registers); eval mode, eager attention."""
-    names = {"vit": "ViT", "deit": "DeiT", "dinov2": "Dinov2", "dinov2_with_registers": "Dinov2WithRegisters"}
-    if family not in names:
+    labels named from :data:`TINY_LABELS` (``head``), or the bare encoder (CLIP, SigLIP: ``...VisionModel``); eval
+    mode, eager attention. Layer scales are drawn at random too; DINOv2 with registers has two registers and the
+    SwiGLU FFN, BEiT a relative position bias per layer and its mean-pooling classifier, Data2Vec-vision a shared
+    relative position bias and its [CLS] classifier."""
+    if family not in _VISION_NAMES:
         raise ValueError(f"No vision builder for {family!r}; known: {VISION_FAMILIES}")
     torch.manual_seed(seed)
-    config = getattr(transformers, f"{names[family]}Config")(
-        hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=ffn,
-        image_size=image_size, patch_size=patch_size, num_labels=labels,
-        id2label={index: TINY_LABELS[index % len(TINY_LABELS)] + ("" if index < 3 else str(index))
-                  for index in range(labels)},
-    )  # fmt: skip
-    config.label2id = {name: index for index, name in config.id2label.items()}
-    if family == "dinov2_with_registers":
-        config.num_register_tokens = 2
-    head = head and family not in BARE_VISION_FAMILIES
+    config = _vision_config(family, d_model, layers, heads, ffn, image_size, patch_size)
     config._attn_implementation = "eager"
-    cls = getattr(transformers, f"{names[family]}ForImageClassification" if head else f"{names[family]}Model")
-    model = cls(config) if head or family in BARE_VISION_FAMILIES else cls(config, add_pooling_layer=False)
+    stem = _VISION_NAMES[family]
+    if head:
+        label_names = {index: TINY_LABELS[index % len(TINY_LABELS)] + ("" if index < 3 else str(index))
+                       for index in range(labels)}  # fmt: skip
+        if family in ("clip", "siglip"):
+            text = getattr(transformers, f"{stem}TextConfig")(
+                hidden_size=d_model, num_hidden_layers=1, num_attention_heads=heads, intermediate_size=ffn
+            )
+            config = getattr(transformers, f"{stem}Config")(text_config=text.to_dict(), vision_config=config.to_dict())
+            config.vision_config._attn_implementation = "eager"
+        config.num_labels, config.id2label = labels, label_names
+        config.label2id = {name: index for index, name in label_names.items()}
+        config._attn_implementation = "eager"
+        model = getattr(transformers, f"{stem}ForImageClassification")(config)
+    elif family in ("clip", "siglip"):
+        model = getattr(transformers, f"{stem}VisionModel")(config)
+    elif family in ("vit", "deit"):
+        model = getattr(transformers, f"{stem}Model")(config, add_pooling_layer=False)
+    else:
+        model = getattr(transformers, f"{stem}Model")(config)
     randomize_weights(model, seed)
     return model.eval()
+
+
+def tiny_clip(d_model: int = 16, layers: int = 2, heads: int = 4, ffn: int = 32, seed: int = 0, projection: int = 8):
+    """A random ``CLIPModel`` (image–text similarity) and its processor: :func:`image_processor` and the local word
+    tokenizer (its vocabulary sizes the text tower; texts end in ``</s>``, where CLIP's text tower pools); eval mode,
+    eager attention."""
+    tokenizer = word_tokenizer(seq2seq=True)
+    vision = _vision_config("clip", d_model, layers, heads, ffn, TINY_IMAGE_SIZE, TINY_PATCH_SIZE)
+    text = transformers.CLIPTextConfig(
+        hidden_size=d_model, num_hidden_layers=1, num_attention_heads=heads, intermediate_size=ffn,
+        vocab_size=len(tokenizer), max_position_embeddings=64, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+    )  # fmt: skip
+    config = transformers.CLIPConfig(text_config=text.to_dict(), vision_config=vision.to_dict(),
+                                     projection_dim=projection)  # fmt: skip
+    config._attn_implementation = "eager"
+    config.text_config._attn_implementation = config.vision_config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.CLIPModel(config)
+    randomize_weights(model, seed)
+    with torch.no_grad():
+        model.logit_scale.fill_(2.0)
+    return model.eval(), ImageTextProcessor(image_processor(), tokenizer)
+
+
+class ImageTextProcessor:
+    """An image processor and a tokenizer as one processor (what ``CLIPProcessor`` offers, for a local tokenizer of
+    another class)."""
+
+    def __init__(self, image_processor, tokenizer):
+        self.image_processor, self.tokenizer = image_processor, tokenizer
+
+    def __call__(self, images=None, text=None, **kwargs):
+        out = {}
+        if images is not None:
+            out.update(self.image_processor(images=images, **kwargs))
+        if text is not None:
+            out.update(self.tokenizer(text, padding=True, **kwargs))
+        return out
 
 
 def synthetic_image(size: int = 32, seed: int = 0) -> "numpy.ndarray":  # noqa: F821

@@ -22,6 +22,7 @@ from torch import nn
 from .deferred import check
 from .memory import release_freed_memory
 from .specs import AttentionSpec, HeadSpec, ModelSpec, StackSpec, get_spec
+from .specs.base import LayerScale
 
 logger = logging.getLogger(__name__)
 
@@ -261,8 +262,11 @@ class _Recorder:
             if not isinstance(ffn_entry, nn.Module):
                 raise TypeError("An FFNSpec without a norm needs a module as `forward`: the trace records its input.")
             add(ffn_entry, "pre", self._norm_hook(store, "ffn_norm_input"))
-            if layer.ffn.out_norm is not None:
-                add(layer.ffn.out_norm, "pre", self._norm_hook(store, "ffn_out_norm_input"))
+            out_norm = layer.ffn.out_norm
+            if isinstance(out_norm, LayerScale):  # a module of the spec's own, which the model never calls
+                add(out_norm.input_module[0], "post", self._output_hook(store, "ffn_out_norm_input"))
+            elif out_norm is not None:
+                add(out_norm, "pre", self._norm_hook(store, "ffn_out_norm_input"))
             for name, attn in (("self", layer.self_attn), ("cross", layer.cross_attn)):
                 if attn is None:
                     continue
@@ -678,9 +682,13 @@ def stack_output(stack_spec: StackSpec, stack: StackTrace) -> torch.Tensor:
     return stack_spec.final_norm(stack.final_norm_input)
 
 
-def head_logits(head: HeadSpec, hidden: torch.Tensor) -> torch.Tensor:
+def head_logits(head: HeadSpec, hidden: torch.Tensor, detach: bool = True) -> torch.Tensor:
     """An encoder head's logits at every position ``(batch, positions, outputs)``: its steps, the model's own modules,
-    applied to each position's final hidden state (a sequence classifier's logits are those of position 0)."""
+    applied to each position's final hidden state (a sequence classifier's logits are those of position 0); a pooled
+    read-out's logits (:meth:`~.specs.HeadSpec.pooled`) at every position. ``detach=False`` keeps the graph (for
+    a gradient through the head)."""
+    length = hidden.shape[1]
+    hidden = head.pooled(hidden)
     for step in head.steps:
         hidden = step(hidden)
-    return hidden.detach()
+    return (hidden.detach() if detach else hidden).expand(-1, length, -1)

@@ -110,19 +110,34 @@ def test_speech_on_cuda_equals_cpu(method, family):
     model.to("cpu")
 
 
-@pytest.mark.parametrize("family", ["vit", "deit"])
+VISION_ON_DEVICE = (
+    "vit",
+    "deit",
+    "dinov2_with_registers",
+    "beit",
+    "data2vec-vision",
+    "clip",
+    "siglip",
+    "clip_similarity",
+)
+
+
+@pytest.mark.parametrize("family", VISION_ON_DEVICE)
 @pytest.mark.parametrize("method", inseq_mixing.METHODS)
 def test_vision_on_cuda_equals_cpu(method, family):
-    from inseq_mixing.testing import image_processor, synthetic_image, tiny_vision
+    """Every vision family's classifier (pooled read-outs included) and CLIP's image–text similarity."""
+    from inseq_mixing.testing import image_processor, synthetic_image, tiny_clip, tiny_vision
 
-    model, processor = tiny_vision(family), image_processor()
+    if family == "clip_similarity":
+        (model, processor), texts = tiny_clip(), ["the cat sat", "a dog ran"]
+    else:
+        model, processor, texts = tiny_vision(family), image_processor(), None
     images = [synthetic_image(seed=0), synthetic_image(size=40, seed=1)]
 
     def run(device):
         attribution = inseq_mixing.load_model(model, method, processor=processor, device=device)
-        return [
-            seq.source_attributions for seq in attribution.attribute(images, show_progress=False).sequence_attributions
-        ]
+        out = attribution.attribute(images, texts, show_progress=False)
+        return [seq.source_attributions for seq in out.sequence_attributions]
 
     on_cpu = run("cpu")
     for actual, expected in zip(run("cuda"), on_cpu, strict=True):

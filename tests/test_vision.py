@@ -1,7 +1,8 @@
-"""Vision Transformers (ViT, DeiT; DINOv2 bare) through ``inseq_mixing.load_model``: every method on tiny random
-models, the logit methods against the model's own logit, value zeroing against a hook on the HF value projection, the
-spec (layer scales included) against the HF blocks, rows that sum to 1, a batch against each image alone, patch
-labels, and the errors a user meets."""
+"""Vision Transformers (ViT, DeiT, DINOv2, BEiT, Data2Vec-vision, CLIP's and SigLIP's image towers) through
+``inseq_mixing.load_model``: every method on tiny random models, the logit methods against the model's own logit
+(classifiers reading [CLS], pooled read-outs, CLIP's image–text similarity), value zeroing against a hook on the HF
+value projection, the spec (layer scales included) against the HF blocks, rows that sum to 1, a batch against each
+image alone, patch labels, and the errors a user meets."""
 
 import functools
 import subprocess
@@ -18,7 +19,7 @@ from inseq_mixing.methods.blocks import finish_layer
 from inseq_mixing.methods.norms import freeze_norm
 from inseq_mixing.methods.value_zeroing import value_zeroing
 from inseq_mixing.specs import UnsupportedModelError, get_spec
-from inseq_mixing.testing import BARE_VISION_FAMILIES, VISION_FAMILIES, image_processor, synthetic_image, tiny_vision
+from inseq_mixing.testing import VISION_FAMILIES, image_processor, synthetic_image, tiny_clip, tiny_vision
 from inseq_mixing.trace import ModelCall, trace_call
 
 from .reference import naive_alti_layer, naive_value_zeroing
@@ -47,20 +48,23 @@ def pixels(batch: list) -> torch.Tensor:
     return processor()(images=batch, return_tensors="pt")["pixel_values"]
 
 
-@pytest.fixture(params=[family for family in VISION_FAMILIES if family not in BARE_VISION_FAMILIES])
+#: Families whose blocks scale each branch by a learned vector (a layer scale).
+LAYER_SCALED = ("dinov2", "dinov2_with_registers", "beit", "data2vec-vision")
+#: The tokens before the patches, by family.
+LEADING = {"deit": 2, "dinov2_with_registers": 3, "siglip": 0}
+
+
+@pytest.fixture(params=VISION_FAMILIES)
 def family(request):
     return request.param
 
 
-@pytest.fixture(params=VISION_FAMILIES)
-def any_family(request):
-    return request.param
+any_family = family
 
 
 def trace_of(model, batch: list):
     spec = get_spec(model)
-    with torch.no_grad():
-        tokens = model.base_model.embeddings(pixels(batch)).shape[1]
+    tokens = LEADING.get(model.config.model_type, 1) + 9  # [CLS] and the like, then a 3 × 3 grid
     mask = torch.ones(len(batch), tokens, dtype=torch.long)
     return spec, trace_call(spec, ModelCall(model, {"pixel_values": pixels(batch)}, frame_masks={"decoder": mask}))
 
@@ -86,12 +90,14 @@ def test_the_spec_recomposes_every_block_and_norm_layer_scales_included(any_fami
             frozen = freeze_norm(norm, norm_input)
             shift = 0 if frozen.shift is None else frozen.shift
             torch.testing.assert_close(frozen.linear(norm_input) + shift, norm(norm_input), rtol=0, atol=2e-6)
-    assert (spec.decoder.layers[0].self_attn.out_norm is not None) == (any_family in BARE_VISION_FAMILIES)
+    assert (spec.decoder.layers[0].self_attn.out_norm is not None) == (any_family in LAYER_SCALED)
 
 
 def test_logit_methods_add_up_to_the_models_own_logit(family):
     """Patch scores plus the unattributed step scores equal the classifier's own logit (an independent forward pass),
-    for the predicted label and for a target against a foil."""
+    for the predicted label and for a target against a foil: classifiers reading [CLS] (ViT, DeiT, Data2Vec-vision),
+    [CLS] beside the mean of the patches (DINOv2, registers left out), the mean of the patches (BEiT through its
+    pooler's norm, CLIP) or of every token (SigLIP)."""
     model = classifier(family)
     with torch.no_grad():
         logits = model(pixel_values=pixels(images())).logits
@@ -113,7 +119,7 @@ def test_logit_methods_add_up_to_the_models_own_logit(family):
 
 def test_map_rows_sum_to_one_and_cover_every_token(any_family):
     model = classifier(any_family)
-    leading = {"deit": 2, "dinov2_with_registers": 3}.get(any_family, 1)  # [CLS], [DIST] or two registers
+    leading = LEADING.get(any_family, 1)  # [CLS], [DIST], two registers, or none (SigLIP)
     for method in MAP_METHODS:
         out = inseq_mixing.load_model(model, method, processor=processor()).attribute(images(), show_progress=False)
         for sequence in out.sequence_attributions:
@@ -207,13 +213,86 @@ def test_bad_inputs_get_errors_that_say_what_to_do(tmp_path):
         inseq_mixing.load_model(model, "alti")
 
 
-def test_classifiers_that_read_several_tokens_are_refused_with_what_to_load_instead():
+def test_deits_classifier_with_its_teacher_reads_cls_and_dist_and_adds_up():
+    """The average of the [CLS] head and the distillation head at [DIST]: a pooled read-out of two positions."""
     import transformers
 
-    with pytest.raises(UnsupportedModelError, match="DeiTForImageClassification"):
-        get_spec(transformers.DeiTForImageClassificationWithTeacher(classifier("deit").config))
-    with pytest.raises(UnsupportedModelError, match="load the bare encoder"):
-        get_spec(transformers.Dinov2ForImageClassification(classifier("dinov2").config))
+    from inseq_mixing.testing import randomize_weights
+
+    model = transformers.DeiTForImageClassificationWithTeacher(classifier("deit").config)
+    randomize_weights(model, 1)
+    model.eval()
+    with torch.no_grad():
+        logits = model(pixel_values=pixels(images())).logits
+    for method in LOGIT_METHODS:
+        out = inseq_mixing.load_model(model, method, processor=processor()).attribute(images(), show_progress=False)
+        for row, sequence in enumerate(out.sequence_attributions):
+            terms = sum(value for key, value in sequence.step_scores.items() if key.startswith("unattributed_"))
+            total = sequence.source_attributions.sum(0) + terms
+            torch.testing.assert_close(total, logits[row].max().reshape(1), atol=1e-5, rtol=1e-5, msg=method)
+            assert sequence.source_attributions[1].abs().sum() > 0  # [DIST] is read
+
+
+def test_a_pooled_read_out_sends_its_direction_back_to_the_positions_it_reads():
+    """``spread`` is the transpose of ``pooled``: ⟨spread(u), H⟩ = ⟨u, pooled(H)⟩ for every pooling, and nothing
+    reaches a position the pooling skips (DINOv2's registers)."""
+    from inseq_mixing.methods.head import spread
+    from inseq_mixing.specs.encoder_heads import pooled_head_spec
+
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 7, 5, generator=generator, dtype=torch.float64)
+    for pooling, start in (((0, "mean"), 3), (("mean",), 0), (("mean",), 1), ((0, 1), 2), ((1, "mean", 0), 2)):
+        head = pooled_head_spec(pooling, start, (torch.nn.Identity(),))
+        pooled = head.pooled(hidden)
+        direction = torch.randn(pooled.shape, generator=generator, dtype=torch.float64)
+        back = spread(head, direction, 7, 5)
+        torch.testing.assert_close((back * hidden).sum((1, 2)), (direction * pooled).sum((1, 2)))
+        read = {part for part in pooling if part != "mean"} | (set(range(start, 7)) if "mean" in pooling else set())
+        assert all(bool(back[:, position].abs().sum() == 0) == (position not in read) for position in range(7))
+
+
+def test_clip_explains_the_image_text_similarity_of_each_text():
+    """Patch scores plus the unattributed terms equal CLIPModel's own ``logits_per_image`` (its forward pass on the
+    image and the texts), for a text and for a text against a foil; the gradient baselines explain the same value;
+    map methods take no text; a missing text or a label index is refused before any work."""
+    model, both = tiny_clip()
+    texts = ["the cat sat", "a dog ran"]
+    with torch.no_grad():
+        own = model(**both(images=images(), text=texts, return_tensors="pt")).logits_per_image
+    for method in [*LOGIT_METHODS, "input_x_gradient"]:
+        attribution = inseq_mixing.load_model(model, method, processor=both)
+        for foils in (None, texts[::-1]):
+            out = attribution.attribute(images(), texts, foils, show_progress=False)
+            assert out.info["task"] == "image_text_similarity"
+            for row, sequence in enumerate(out.sequence_attributions):
+                expected = own[row, row] - (0 if foils is None else own[row, 1 - row])
+                assert [token.token for token in sequence.target] == [texts[row]]
+                steps = sequence.step_scores
+                own_name = "logit" if foils is None else "contrast_logits_diff"
+                torch.testing.assert_close(steps[own_name], expected.reshape(1), atol=1e-5, rtol=1e-5, msg=method)
+                if method != "input_x_gradient":
+                    terms = sum(value for key, value in steps.items() if key.startswith("unattributed_"))
+                    total = sequence.source_attributions.sum(0) + terms
+                    torch.testing.assert_close(total, expected.reshape(1), atol=1e-5, rtol=1e-5, msg=method)
+    maps = inseq_mixing.load_model(model, "alti", processor=both).attribute(images(), show_progress=False)
+    assert [token.token for token in maps.sequence_attributions[0].target] == ["[CLS]"]
+    logit = inseq_mixing.load_model(model, "alti_logit", processor=both)
+    for bad in (None, [1, 2]):
+        with pytest.raises(ValueError, match="give targets= a text per image"):
+            logit.attribute(images(), bad)
+    with pytest.raises(ValueError, match="with a tokenizer"):
+        inseq_mixing.load_model(model, "alti_logit", processor=processor())
+
+
+def test_what_cannot_be_explained_is_refused_with_the_reason():
+    import transformers
+
+    siglip = transformers.SiglipModel(classifier("siglip").config)
+    with pytest.raises(UnsupportedModelError, match="attention-pooling head"):
+        get_spec(siglip)
+    swin = transformers.SwinForImageClassification(transformers.SwinConfig(embed_dim=8, depths=[1], num_heads=[2]))
+    with pytest.raises(UnsupportedModelError, match="shifted windows and patch merging"):
+        inseq_mixing.load_model(swin, "alti")  # before asking for a processor
 
 
 def test_the_router_says_vision_and_what_does_not_take_images_yet(tmp_path):
@@ -299,11 +378,11 @@ def test_gradient_baselines_explain_the_same_logit_over_the_same_units(method):
             torch.testing.assert_close(sequence.source_attributions[:, 0], manual, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("vision_family", ["vit", "dinov2_with_registers"])
+@pytest.mark.parametrize("vision_family", ["vit", "dinov2_with_registers", "beit", "data2vec-vision", "siglip"])
 def test_alti_matches_the_definition_pair_by_pair(vision_family):
-    """ALTI of every layer against token pairs built from the HF value and output projections (DINOv2's layer scale,
-    the HF module itself, applied to every part where the spec places it; that placement is checked against the HF
-    blocks by the recomposition test)."""
+    """ALTI of every layer against token pairs built from the HF value and output projections (DINOv2's and BEiT's
+    layer scales applied to every part where the spec places them; that placement is checked against the HF blocks
+    by the recomposition test; BEiT's relative position bias is in the probabilities the HF module returns)."""
     from inseq_mixing.methods.alti import alti
 
     model = classifier(vision_family)
@@ -355,3 +434,19 @@ def test_a_caption_says_the_scale_its_figure_was_drawn_on(tmp_path):
     sequence.source_attributions[0] = -0.1  # [CLS]
     page = image_report(out, images()[0], tmp_path / "page.html")
     assert "red raises it, blue lowers it" in page and "0 to the largest score" not in page
+
+
+def test_show_save_and_aggregate_work_on_an_image_text_output(tmp_path):
+    import inseq
+
+    model, both = tiny_clip()
+    texts = ["the cat sat", "a dog ran"]
+    out = inseq_mixing.load_model(model, "alti_logit", processor=both).attribute(images(), texts, show_progress=False)
+    page = out.show(display=False, return_html=True)
+    assert "r2c2" in page and "the cat sat" in page and "a dog ran" in page
+    out.save(tmp_path / "out.json")
+    loaded = inseq.FeatureAttributionOutput.load(tmp_path / "out.json")
+    for before, after in zip(out.sequence_attributions, loaded.sequence_attributions, strict=True):
+        torch.testing.assert_close(after.source_attributions, before.source_attributions)
+        assert [token.token for token in after.target] == [token.token for token in before.target]
+    assert out.aggregate().sequence_attributions[0].source_attributions.ndim == 2

@@ -139,9 +139,15 @@ class Declaration:
         """``compute`` (its hot steps compiled when the options say ``compile=True``, :mod:`.methods.compiled`; its
         checks on device values read back together at the end, :mod:`inseq_mixing.deferred`), its result pooled onto
         the request's audio units when it has some (speech models: key frames summed per unit, query frames averaged;
-        see :mod:`inseq_mixing.methods.units`)."""
+        see :mod:`inseq_mixing.methods.units`); a pooled read-out's per-position shares of the logit summed
+        (:func:`~inseq_mixing.methods.head.pooled_scores`)."""
         with compiling(getattr(options, "compile", False)), one_read():
             result = self.compute(request, options)
+        head = request.spec.head
+        if head is not None and head.pooling and isinstance(result, LogitScores):
+            from ..methods.head import pooled_scores
+
+            result = pooled_scores(result)
         if request.units is None or self.pools_units:
             return result
         return request.units.pool(result)

@@ -120,7 +120,7 @@ class EncoderAttributionModel(FrontEndModel):
         self.spec = get_spec(model)
         if not self.spec.is_encoder_only:
             raise ValueError(f"{type(model).__name__} is not an encoder-only model: use inseq.load_model for it.")
-        self.task = model_task(model)
+        self.task = self.model_task()
         if method not in DECLARATIONS and method not in GRADIENT_METHODS:
             names = [*DECLARATIONS, *GRADIENT_METHODS]
             raise ValueError(f"Unknown method {method!r} for encoder-only models: use one of {names}.")
@@ -134,6 +134,10 @@ class EncoderAttributionModel(FrontEndModel):
             )
         if self.task == "masked_lm" and tokenizer.mask_token_id is None:
             raise ValueError("This tokenizer has no mask token: a masked LM explains its mask tokens.")
+
+    def model_task(self) -> str | None:
+        """The head's task (:func:`~inseq_mixing.specs.encoder_heads.model_task`), None for a bare encoder."""
+        return model_task(self.model)
 
     def check_options(self, options: dict) -> None:
         """Refuse unknown option names and wrong values before any work."""

@@ -8,7 +8,8 @@ Four kinds, each with its front end:
 - ``"encoder"``: encoder-only models of a supported family (masked LMs, classifiers, token classifiers, bare encoders):
   :class:`~.encoders.EncoderAttributionModel`;
 - ``"speech"``: Whisper, wav2vec 2.0 and HuBERT (with CTC heads or bare): :class:`~.speech.SpeechAttributionModel`;
-- ``"vision"``: ViT and DeiT (image classifiers or bare), DINOv2 (bare): :class:`~.vision.VisionAttributionModel`.
+- ``"vision"``: ViT, DeiT, DINOv2, BEiT, Data2Vec-vision, CLIP's and SigLIP's image towers (image classifiers, bare
+  encoders, CLIP's image–text similarity): :class:`~.vision.VisionAttributionModel`.
 
 :func:`identify` reads a name's or folder's config once and says its kind; :func:`load_model` takes what
 :func:`identify` found (or finds it) and builds the front end. The dataset runner, ``evaluate``, ``compare`` and the
@@ -27,7 +28,8 @@ GENERATION, ENCODER, SPEECH, VISION = "generation", "encoder", "speech", "vision
 #: The model types of the speech families.
 SPEECH_MODEL_TYPES = ("whisper", "wav2vec2", "hubert")
 #: The model types of the vision families.
-VISION_MODEL_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers")
+VISION_MODEL_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers", "beit", "data2vec-vision", "clip",
+                      "clip_vision_model", "siglip", "siglip_vision_model")  # fmt: skip
 
 #: Class-name endings of generation models (the head a config was saved with, or a model object's class).
 GENERATION_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
@@ -192,6 +194,7 @@ def load_model(
             again).
         kwargs: Passed to ``inseq.load_model`` for generation models.
     """
+    from ..specs import MIXING_OUTSIDE_ATTENTION, get_spec
     from .encoders import EncoderAttributionModel
     from .speech import SpeechAttributionModel
     from .vision import VisionAttributionModel
@@ -212,6 +215,8 @@ def load_model(
         return _generation_model(model, method, tokenizer, device, dtype, **kwargs)
     if isinstance(model, str | Path):
         model, tokenizer, processor = _load_front_end_model(str(model), found, tokenizer, processor)
+    if found.model_type in MIXING_OUTSIDE_ATTENTION:
+        get_spec(model)  # refused, with what mixes its tokens outside attention, before asking for anything else
     if (found.is_speech or found.is_vision) and processor is None:
         raise ValueError(f"Pass the processor of this {found.kind} model: load_model(model, method, processor=...).")
     if found.is_encoder and tokenizer is None:

@@ -35,16 +35,23 @@ import torch
 from torch import nn
 
 from ..declarations import Request
-from ..trace import ModelCall, trace_call
+from ..specs.clip import TextRows, tower
+from ..trace import ModelCall, head_logits, trace_call
 from .common import check_batch_size, plain
 from .encoders import EncoderAttributionModel, EncoderBatch, per_text, per_text_positions
 from .layout import token_list
 
 #: Extra tokens before the patches, by ``config.model_type``: their labels, in order (registers: see
-#: :func:`leading_tokens`).
-LEADING_TOKENS = {"vit": ("[CLS]",), "deit": ("[CLS]", "[DIST]"), "dinov2": ("[CLS]",)}
+#: :func:`leading_tokens`; SigLIP has none).
+LEADING_TOKENS = {
+    "vit": ("[CLS]",), "deit": ("[CLS]", "[DIST]"), "dinov2": ("[CLS]",), "beit": ("[CLS]",),
+    "data2vec-vision": ("[CLS]",), "clip": ("[CLS]",), "clip_vision_model": ("[CLS]",), "siglip": (),
+    "siglip_vision_model": (),
+}  # fmt: skip
 #: Families whose position embeddings the model interpolates to the image's grid (any size, in whole patches).
 INTERPOLATED_POSITIONS = ("dinov2", "dinov2_with_registers")
+#: What a pooled read-out reads, in words (:class:`~inseq_mixing.specs.HeadSpec`).
+POOLED_WORDS = {0: "[CLS]", 1: "[DIST]", "mean": "the mean of the patches"}
 
 
 def leading_tokens(config) -> tuple[str, ...]:
@@ -52,6 +59,11 @@ def leading_tokens(config) -> tuple[str, ...]:
     if config.model_type == "dinov2_with_registers":
         return ("[CLS]", *(f"[REG{index + 1}]" for index in range(config.num_register_tokens)))
     return LEADING_TOKENS[config.model_type]
+
+
+def vision_config(config):
+    """The image tower's config (CLIP's and SigLIP's are inside the model's)."""
+    return getattr(config, "vision_config", None) or config
 
 
 class ImageError(ValueError):
@@ -111,6 +123,11 @@ def read_image(image, name: str):
     return Image.fromarray(image.astype(np.uint8)).convert("RGB")
 
 
+def _one(value):
+    """A list of one text as the text."""
+    return value[0] if isinstance(value, list | tuple) and len(value) == 1 else value
+
+
 class VisionAttributionModel(EncoderAttributionModel):
     """A Vision Transformer with one attribution method (see the module docstring).
 
@@ -125,8 +142,23 @@ class VisionAttributionModel(EncoderAttributionModel):
             raise ValueError("Pass the image processor of this vision model: load_model(model, method, processor=).")
         super().__init__(model, tokenizer=None, method=method)
         self.processor = processor
-        self.leading = leading_tokens(model.config)
-        self.columns = model.config.image_size // model.config.patch_size  # patches per row (set per batch)
+        self.config = vision_config(model.config)
+        self.leading = leading_tokens(self.config)
+        self.columns = self.config.image_size // self.config.patch_size  # patches per row (set per batch)
+        head = self.spec.head
+        self.similarity = head is not None and isinstance(head.out_proj, TextRows)
+        self.runner = tower(model) if self.similarity else model  # what reads the pixels
+        self.texts: list[str] = []  # an image–text model's texts of the current call: the read-out's rows
+        if self.similarity and getattr(processor, "tokenizer", None) is None:
+            raise ValueError(
+                f"{type(model).__name__} explains an image–text similarity: pass its processor with a tokenizer "
+                "(CLIPProcessor), not the image processor alone."
+            )
+
+    def model_task(self) -> str | None:
+        """A read-out of one vector per image (a classifier, an image–text similarity): ``sequence_classification``;
+        a bare encoder: None."""
+        return None if self.spec.head is None else "sequence_classification"
 
     def attribute(
         self,
@@ -162,24 +194,51 @@ class VisionAttributionModel(EncoderAttributionModel):
         targets, steps = self.inseq_keywords(method_options, targets, foils is not None)
         items = self._items(images, targets, foils, positions)
         foils = [item.foil for item in items]
+        if self.similarity and self.texts:
+            self._set_texts()
         info = {
             "image_processor": type(self.processor).__name__,
             "input_images": [item.name for item in items],
-            "task": "image_classification" if self.task else "image_encoder",
-            "explained": (
-                "the classifier's logit for the label, read at [CLS]"
-                if self.declaration is None or self.declaration.explains_logit
-                else "the rows of the explained tokens ([CLS] by default) in the token-to-token maps; no logit"
-            ),
+            "task": self._task_name(),
+            "explained": self._explained_words(),
             "attributed_fn": self._explained_quantity(foils),
         }
         return self.attribute_items(items, batch_size=batch_size, show_progress=show_progress,
                                     method_options=method_options, info=info, step_scores=steps)  # fmt: skip
 
+    def _task_name(self) -> str:
+        if self.similarity:
+            return "image_text_similarity"
+        return "image_encoder" if self.task is None else "image_classification"
+
+    def _explained_words(self) -> str:
+        """What is explained, in words (``info["explained"]``)."""
+        leading = "([CLS] by default)" if self.leading else "(every token by default: no [CLS])"
+        if self.declaration is not None and not self.declaration.explains_logit or self.task is None:
+            return f"the rows of the explained tokens {leading} in the token-to-token maps; no logit"
+        head = self.spec.head
+        read = " beside ".join(POOLED_WORDS[name] for name in head.pooling) or "[CLS]"
+        if self.similarity:
+            return (f"the image–text similarity (logits_per_image: the scaled cosine of the projected {read} and the "
+                    "text's embedding) for the text")  # fmt: skip
+        return f"the classifier's logit for the label, read from {read}"
+
+    def _set_texts(self) -> None:
+        """An image–text model's read-out rows: the embeddings of the call's texts (the text tower, not explained)."""
+        tokenizer = self.processor.tokenizer
+        encoded = tokenizer(self.texts, padding=True, return_tensors="pt").to(self.device)
+        with torch.no_grad():
+            embeddings = self.model.get_text_features(**encoded)
+        embeddings = getattr(embeddings, "pooler_output", embeddings)
+        self.spec.head.out_proj.set_texts(embeddings.float())
+
     def _items(self, images: list, targets, foils, positions) -> list[_Image]:
         """Each image read (a bad one named before any work), with its target, foil and positions."""
         targets = per_text(plain(targets), len(images), "targets")
         foils = per_text(plain(foils), len(images), "foils")
+        if self.similarity:  # one image's text may come in a list of one (``["a photo of a cat"]``)
+            targets, foils = ([_one(value) for value in values] for values in (targets, foils))
+            self.texts = self._check_texts(targets, foils)
         positions = per_text_positions(plain(positions), len(images))
         names = [f"Image {index}" + (f" ({image})" if isinstance(image, str | Path) else "")
                  for index, image in enumerate(images)]  # fmt: skip
@@ -188,6 +247,24 @@ class VisionAttributionModel(EncoderAttributionModel):
                  for image, target, foil, chosen, name in rows]  # fmt: skip
         self._check(items)
         return items
+
+    def _check_texts(self, targets: list, foils: list) -> list[str]:
+        """An image–text model's texts (one per image, and its foil's): each a non-empty string."""
+        required = self.declaration is None or self.declaration.explains_logit  # map methods read no text
+        for what, values in (("targets", targets), ("foils", foils)):
+            for index, value in enumerate(values):
+                if (value is None and what == "targets" and required) or not isinstance(value, str | None):
+                    raise ValueError(
+                        f"Image {index}: {type(self.model).__name__} explains an image–text similarity: give "
+                        f"{what}= a text per image (e.g. 'a photo of a cat'), not {value!r}."
+                    )
+        return sorted({value for value in (*targets, *foils) if value is not None})
+
+    def output_index(self, value) -> int:
+        """A label's index, or an image–text model's text's row."""
+        if self.similarity:
+            return self.texts.index(value)
+        return super().output_index(value)
 
     def validate(self, images, targets=None, foils=None, positions=None, names=None) -> None:
         """Raise the error :meth:`attribute` would raise for these inputs, without running the model."""
@@ -214,10 +291,10 @@ class VisionAttributionModel(EncoderAttributionModel):
     def _grid(self, pixels: torch.Tensor) -> tuple[int, int]:
         """Patch rows and columns of processed images (a model with fixed position embeddings reads its own size
         only)."""
-        patch = self.model.config.patch_size
+        patch = self.config.patch_size
         height, width = pixels.shape[-2:]
-        size = self.model.config.image_size
-        if self.model.config.model_type in INTERPOLATED_POSITIONS:
+        size = self.config.image_size
+        if self.config.model_type in INTERPOLATED_POSITIONS:
             if height % patch or width % patch:
                 raise ImageError(
                     f"The image processor gives {height}×{width} pixels, not whole patches of {patch}: use the "
@@ -244,12 +321,13 @@ class VisionAttributionModel(EncoderAttributionModel):
         mask = torch.ones_like(ids)
         inputs = {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels}
         explained = self._explained(inputs, [item.positions for item in items], names)
-        call = ModelCall(self.model, {"pixel_values": pixels}, frame_masks={"decoder": mask})
+        call = ModelCall(self.runner, {"pixel_values": pixels}, frame_masks={"decoder": mask})
         trace = trace_call(self.spec, call)
         where = torch.zeros_like(mask, dtype=torch.bool)
         for row, cells in enumerate(explained):
             where[row, cells] = True
-        predictions = torch.zeros_like(ids) if trace.logits is None else trace.logits.argmax(-1)
+        no_rows = trace.logits is None or trace.logits.shape[-1] == 0  # a bare encoder; CLIP's maps, with no text
+        predictions = torch.zeros_like(ids) if no_rows else trace.logits.argmax(-1)
         target_ids, foil_ids = self._output_ids(ids, explained, targets, foils, predictions, names)
         batch = EncoderBatch(names, inputs, where, explained, target_ids, foil_ids, trace.logits)
         if self.declaration is not None:
@@ -260,12 +338,25 @@ class VisionAttributionModel(EncoderAttributionModel):
 
     def input_embeddings(self, batch: EncoderBatch) -> torch.Tensor:
         """What the gradient baselines attribute: the token embeddings the first block reads ``(B, T, D)``."""
-        with torch.no_grad():
-            return self.model.base_model.embeddings(batch.inputs["pixel_values"]).detach()
+        recorded = {}
+        first = self.spec.decoder.layers[0].module
+
+        def record(_module, args, kwargs):
+            recorded["input"] = (args[0] if args else kwargs["hidden_states"]).detach()
+
+        handle = first.register_forward_pre_hook(record, with_kwargs=True)
+        try:
+            with torch.no_grad():
+                self.runner(pixel_values=batch.inputs["pixel_values"])
+        finally:
+            handle.remove()
+        return recorded["input"]
 
     def explained_logit(self, batch: EncoderBatch, row: int, cell: int, target: int, foil: int | None) -> nn.Module:
         """The explained logit of one image as a module of its token embeddings (Captum's forward function)."""
-        return _EmbeddedLogit(self.model, batch.inputs["pixel_values"][row : row + 1], target, foil)
+        head = self.spec.head if self.similarity else None
+        pixels = batch.inputs["pixel_values"][row : row + 1]
+        return _EmbeddedLogit(self.runner, self.spec.decoder.layers[0].module, pixels, target, foil, head)
 
     def _baseline(self, baselines, embeds: torch.Tensor) -> torch.Tensor | None:
         if isinstance(baselines, str):
@@ -276,10 +367,11 @@ class VisionAttributionModel(EncoderAttributionModel):
         return super()._baseline(baselines, embeds)
 
     def _explained_positions(self, ids, mask, chosen, name: str) -> list[int]:
-        if self.task == "sequence_classification":
-            return [0]
+        explains_logit = self.declaration is None or self.declaration.explains_logit
+        if self.task == "sequence_classification" and explains_logit:
+            return [0]  # the logit's row (a pooled read-out's shares are summed there)
         if chosen is None:
-            return [0]
+            return [0] if self.leading else list(range(len(ids)))
         cells = [int(cell) for cell in chosen]
         bad = [cell for cell in cells if not 0 <= cell < len(ids)]
         if bad:
@@ -294,6 +386,15 @@ class VisionAttributionModel(EncoderAttributionModel):
                   for idx in ids]  # fmt: skip
         return token_list(labels, ids)
 
+    def _explained_tokens(self, batch: EncoderBatch, row: int, cells: list[int]) -> list:
+        """A logit's label (or an image–text model's text), or the explained tokens' own labels (map methods)."""
+        if self.declaration is not None and not self.declaration.explains_logit or self.task is None:
+            return self._tokens(batch.inputs["input_ids"][row, cells])
+        if self.similarity:
+            ids = batch.target_ids[row, cells].tolist()
+            return token_list([self.texts[idx] for idx in ids], ids)
+        return super()._explained_tokens(batch, row, cells)
+
     def source_words(self, sequence, text) -> list[int]:
         """Each token is its own unit."""
         return list(range(len(sequence.source)))
@@ -301,17 +402,31 @@ class VisionAttributionModel(EncoderAttributionModel):
 
 class _EmbeddedLogit(nn.Module):
     """The explained logit (minus the foil's) as a function of the token embeddings the first block reads: the model
-    runs on its pixels with its embedding module's output replaced (what Captum attributes)."""
+    runs on its pixels with that block's input replaced (what Captum attributes). An image–text model's similarity
+    is its read-out (``head``) applied to the tower's final [CLS] state."""
 
-    def __init__(self, model: nn.Module, pixels: torch.Tensor, target: int, foil: int | None):
+    def __init__(self, runner: nn.Module, first: nn.Module, pixels: torch.Tensor, target: int, foil: int | None,
+                 head=None):  # fmt: skip
         super().__init__()
-        self.model, self.pixels, self.target, self.foil = model, pixels, target, foil
+        self.runner, self.first, self.pixels, self.head = runner, first, pixels, head
+        self.target, self.foil = target, foil
 
     def forward(self, embeds: torch.Tensor) -> torch.Tensor:
         pixels = self.pixels.expand(embeds.shape[0], *self.pixels.shape[1:])
-        handle = self.model.base_model.embeddings.register_forward_hook(lambda _module, _args, _output: embeds)
+
+        def replace(_module, args, kwargs):
+            if args:
+                return (embeds, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": embeds}
+
+        handle = self.first.register_forward_pre_hook(replace, with_kwargs=True)
         try:
-            logits = self.model(pixel_values=pixels).logits
+            output = self.runner(pixel_values=pixels)
         finally:
             handle.remove()
+        logits = (
+            output.logits
+            if self.head is None
+            else head_logits(self.head, output.last_hidden_state, detach=False)[:, 0]
+        )
         return logits[:, self.target] - (0 if self.foil is None else logits[:, self.foil])

@@ -285,13 +285,14 @@ def lrp_of_call(
     logit = target.new_zeros(batch, length)
     capped = None if spec.logit_softcap is None else target.new_zeros(batch, length)
     chunk = _chunk_size(spec, length + sources, max_chunk_elements)
+    pooled = spec.head is not None and bool(spec.head.pooling)  # one copy per logit, its direction on every state
     with lrp_pass(model, spec) as recorded:
         for start in range(0, len(rows), chunk):
             copies, at = rows[start : start + chunk], columns[start : start + chunk]
             pair = (copies, at)
             copy_kwargs = {key: value[copies] if torch.is_tensor(value) else value for key, value in kwargs.items()}
             foils = None if foil_ids is None else foil_ids[pair]
-            copy_head = None if head is None else (head[0][pair], head[1][pair])
+            copy_head = None if head is None else (head[0][copies if pooled else pair], head[1][pair])
             relevance, explained, final = _relevance(
                 model, recorded, copy_kwargs, at, explained_ids[pair], foils, copy_head
             )
@@ -348,10 +349,12 @@ def _relevance(
     """One forward and backward pass of a chunk of copies inside :func:`lrp_pass`, copy ``c`` explaining position
     ``at[c]``: relevance of every token of each stack ``(copies, tokens)``, the explained logit (minus the foil's) and
     the model's final one (after a soft-cap), each ``(copies,)``. ``head``: each copy's frozen head direction
-    ``(copies, D)`` and constant ``(copies,)``: the relevance starts at the final hidden state of ``at[c]``."""
-    logits = model(**kwargs).logits
+    ``(copies, D)`` and constant ``(copies,)``: the relevance starts at the final hidden state of ``at[c]``; a pooled
+    read-out's direction on every final state ``(copies, T, D)`` (:func:`.head.spread`)."""
+    output = model(**kwargs)  # an encoder head's relevance starts at the recorded final states: its output unread
     copies = torch.arange(len(at), device=at.device)
     if head is None:
+        logits = output.logits
         refuse_non_finite_forward(model, logits.detach(), decoder_mask(kwargs))
 
         def difference(scores):
@@ -362,7 +365,8 @@ def _relevance(
         final = difference(logits.detach())
     else:
         direction, constant = head
-        objective = (recorded["final"][copies, at] * direction.to(recorded["final"].dtype)).sum(-1)
+        final = recorded["final"][copies] if direction.dim() == 3 else recorded["final"][copies, at]  # pooled: all
+        objective = (final * direction.to(final.dtype)).flatten(1).sum(-1)
         explained = final = objective.detach() + constant.to(objective.dtype)
     names = [name for name in ("decoder", "encoder") if name in recorded]
     grads = torch.autograd.grad(objective.sum(), [recorded[name] for name in names])

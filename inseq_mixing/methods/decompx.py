@@ -682,6 +682,14 @@ def through_head(stream: BlockedStream, trace: ModelTrace, ids: torch.Tensor, fo
     return scores, bias, weights
 
 
+def pooled_row(scores: torch.Tensor) -> torch.Tensor:
+    """A pooled read-out's scores ``(B, T, K)``: each position's share (:func:`.head.spread`) summed into position 0,
+    so that its bias is split by the whole logit's scores."""
+    pooled = torch.zeros_like(scores)
+    pooled[:, 0] = scores.sum(1)
+    return pooled
+
+
 def read_out(stream: BlockedStream, direction: torch.Tensor) -> torch.Tensor:
     """Scores ``(B, T, K)``: every component projected on the direction ``(B, T, D)`` of its position."""
     first = stream.blocks[0].stream.parts
@@ -810,7 +818,9 @@ def _decompose(trace, target_ids, foil_ids, options, keep_layers, per_head, unit
                                                 keep_layers=keep_layers, heads=heads, offset=offset,
                                                 first_row=first_row)  # fmt: skip
     weights = None
-    if spec.head is not None:  # encoder heads: the components go through the head's steps, biases split on the way
+    if spec.head is not None and spec.head.pooling:  # a pooled read-out: the shares summed before the bias split
+        scores = pooled_row(read_out(stream, unembedded))
+    elif spec.head is not None:  # encoder heads: the components go through the head's steps, biases split on the way
         scores, bias, weights = through_head(stream, trace, target_ids, foil_ids, options)
     else:
         scores = read_out(stream, unembedded * spec.logits_scale)

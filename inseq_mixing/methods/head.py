@@ -10,9 +10,21 @@ back from the output row :math:`W_w` (:math:`W_w - W_{foil}` for a contrast) and
 along the way. So every logit method explains a masked LM's or a classifier's logit exactly. Freezing the head is
 DecompX's own treatment; for ALTI-logit and AttnLRP it is our extension (for AttnLRP it is the same as its identity
 rule on activations and norms).
+
+A pooled read-out (an image classifier reading the mean of the patches' final states, or [CLS] beside it;
+:class:`~inseq_mixing.specs.HeadSpec`) is frozen at the pooled vector. Pooling is linear, so the logit is
+:math:`\sum_t u_t \cdot h_t + c`, with :math:`u_t` the direction on the pooled vector sent back to each position it
+reads (:func:`spread`): :math:`u/n` on each of the :math:`n` averaged states, the [CLS] part of :math:`u` on [CLS]
+(DeiT's distillation part on [DIST]).
+A logit method's per-position result along :math:`u_t` is position :math:`t`'s share of the logit; the shares summed
+(:func:`pooled_scores`) are the logit's decomposition, exactly, because every method is linear in the direction it
+starts from (**our extension**: the papers read one position).
 """
 
+import dataclasses
+
 import torch
+from torch import nn
 
 from ..specs.base import HeadSpec, is_norm
 from .blocks import upcast
@@ -31,7 +43,8 @@ class FrozenHead:
     def __init__(self, head: HeadSpec, hidden: torch.Tensor):
         self.head = head
         self.frozen = []  # per step before the last: ("linear", module) | ("norm", FrozenNorm) | ("slope", (B, T, n))
-        state = upcast(hidden)
+        self.length, self.width = hidden.shape[1], hidden.shape[-1]
+        state = upcast(head.pooled(hidden))
         for step in head.steps[:-1]:
             if isinstance(step, torch.nn.Linear):
                 self.frozen.append(("linear", step))
@@ -56,8 +69,12 @@ class FrozenHead:
             foil_ids: ``(B, T)`` contrast indices, or None.
 
         Returns:
-            ``u`` ``(B, T, D)`` and ``c`` ``(B, T)`` with ``logit = u · h + c`` at every position.
+            ``u`` ``(B, T, D)`` and ``c`` ``(B, T)`` with ``logit = u · h + c`` at every position; for a pooled
+            read-out, the logit of ``ids[:, 0]`` (the one the model gives) is ``(u · h).sum() + c[:, 0]``, with
+            ``u`` :func:`spread` over the positions it reads and ``c`` 0 beyond position 0.
         """
+        if self.head.pooling:
+            ids, foil_ids = ids[:, :1], None if foil_ids is None else foil_ids[:, :1]
         out_proj = self.head.out_proj
         weight, bias = upcast(out_proj.weight), _bias(out_proj)
         direction = weight[ids] - (0 if foil_ids is None else weight[foil_ids])
@@ -76,7 +93,47 @@ class FrozenHead:
                 direction = frozen.transpose(direction)
             else:
                 direction = direction * frozen
+        if self.head.pooling:
+            return spread(self.head, direction, self.length, self.width), nn.functional.pad(
+                constant, (0, self.length - 1)
+            )
         return direction, constant
+
+
+def spread(head: HeadSpec, direction: torch.Tensor, length: int, width: int) -> torch.Tensor:
+    """A direction on a pooled read-out's vector ``(B, 1, D · len(pooling))`` as directions on the final states of
+    the ``length`` positions ``(B, T, D)``: the transpose of :meth:`~inseq_mixing.specs.HeadSpec.pooled`."""
+    spread_out = direction.new_zeros(direction.shape[0], length, width)
+    for index, name in enumerate(head.pooling):
+        part = direction[:, 0, index * width : (index + 1) * width]
+        if name == "mean":
+            spread_out[:, head.pool_from :] += (part / (length - head.pool_from))[:, None]
+        else:
+            spread_out[:, name] += part
+    return spread_out
+
+
+def pooled_scores(result):
+    """A pooled read-out's :class:`~.results.LogitScores` from the per-position shares a logit method returns (see
+    the module docstring): every share summed into position 0, whose ``logit`` is the model's; the other rows 0.
+    Idempotent (a result already pooled is returned equal)."""
+
+    def to_first(scores: torch.Tensor | None, axis: int) -> torch.Tensor | None:
+        if scores is None:
+            return None
+        pooled = torch.zeros_like(scores)
+        pooled.narrow(axis, 0, 1).copy_(scores.sum(axis, keepdim=True))
+        return pooled
+
+    first_only = torch.zeros_like(result.logit)
+    first_only[:, 0] = result.logit[:, 0]
+    return dataclasses.replace(
+        result,
+        target=to_first(result.target, -2),
+        source=to_first(result.source, -2),
+        terms={name: to_first(term, -1) for name, term in result.terms.items()},
+        logit=first_only,
+    )
 
 
 def _bias(module) -> torch.Tensor | None:

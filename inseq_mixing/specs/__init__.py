@@ -24,6 +24,24 @@ _BUILDERS = {model_type: module.build for module in SPEC_MODULES for model_type 
 SUPPORTED_FAMILIES = {module.FAMILY: ", ".join(sorted(module.MODEL_TYPES)) for module in SPEC_MODULES}
 
 
+#: Vision architectures whose tokens mix outside attention, by ``config.model_type``: what mixes them. The methods
+#: measure mixing by attention; a decomposition through these steps would be a different method, so they are refused.
+MIXING_OUTSIDE_ATTENTION = {
+    "swin": "shifted windows and patch merging (neighbouring patches are concatenated between stages)",
+    "swinv2": "shifted windows and patch merging (neighbouring patches are concatenated between stages)",
+    "cvt": "convolutional token embeddings and convolutional projections inside every block",
+    "pvt": "spatial-reduction convolutions on the keys and values",
+    "pvt_v2": "spatial-reduction convolutions on the keys and values and a depth-wise convolution in the FFN",
+    "mobilevit": "convolutions inside the blocks (unfolding and folding patches)",
+    "mobilevitv2": "convolutions inside the blocks (unfolding and folding patches)",
+    "levit": "convolutions and attention that subsamples the tokens between stages",
+    "hiera": "pooling of the query tokens between stages",
+    "focalnet": "focal modulation (depth-wise convolutions), no attention",
+    "convnext": "convolutions, no attention",
+    "convnextv2": "convolutions, no attention",
+}
+
+
 def supported_model_types() -> list[str]:
     """The ``config.model_type`` values with a spec."""
     return sorted(_BUILDERS)
@@ -43,6 +61,12 @@ def get_spec(model: nn.Module) -> ModelSpec:
     if not isinstance(model, PreTrainedModel) and isinstance(getattr(model, "model", None), PreTrainedModel):
         model = model.model
     model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type in MIXING_OUTSIDE_ATTENTION:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} mixes its tokens outside attention: {MIXING_OUTSIDE_ATTENTION[model_type]}. "
+            "Every method here measures mixing through attention, so none applies to it: explain a plain Vision "
+            "Transformer instead (ViT, DeiT, BEiT, Data2Vec-vision, DINOv2, CLIP, SigLIP)."
+        )
     if model_type not in _BUILDERS:
         families = "; ".join(f"{name} ({types})" for name, types in SUPPORTED_FAMILIES.items())
         raise UnsupportedModelError(
@@ -65,6 +89,7 @@ __all__ = [
     "LayerSpec",
     "ModelSpec",
     "StackSpec",
+    "MIXING_OUTSIDE_ATTENTION",
     "SUPPORTED_FAMILIES",
     "UnsupportedModelError",
     "get_spec",

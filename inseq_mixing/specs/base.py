@@ -164,18 +164,36 @@ class HeadSpec:
     token (BERT's pooler, RoBERTa's and ELECTRA's classification heads, DistilBERT's pre-classifier): its logits are
     the steps at position 0. The last step is the linear map whose rows are the explained vocabulary or labels.
 
+    A pooled read-out (an image classifier reading the mean of the patches, DINOv2's [CLS] beside that mean, DeiT's
+    [CLS] and distillation heads) first concatenates, in the order of ``pooling``, the final states of given
+    positions (an ``int``) and the mean of the final states from ``pool_from`` on (``"mean"``), and applies the steps
+    to that one vector: its logits are position 0's.
+
     Attributes:
         task: One of :data:`HEAD_TASKS`.
         steps: The steps, in order.
+        pooling: ``()`` (position-wise), or the vectors concatenated into what the steps read.
+        pool_from: The first position the mean reads (after [CLS] and the registers).
     """
 
     task: str
     steps: tuple
+    pooling: tuple[int | str, ...] = ()
+    pool_from: int = 1
 
     @property
     def out_proj(self) -> nn.Linear:
         """The last linear map (unembedding or classifier)."""
         return self.steps[-1]
+
+    def pooled(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What a pooled read-out's steps read, ``(B, 1, D · len(pooling))``, from the final states ``(B, T, D)``
+        (the model's own computation); ``hidden`` itself for a position-wise head."""
+        if not self.pooling:
+            return hidden
+        parts = [hidden[:, self.pool_from :].mean(1, keepdim=True) if part == "mean" else hidden[:, part : part + 1]
+                 for part in self.pooling]  # fmt: skip
+        return torch.cat(parts, dim=-1)
 
 
 @dataclass(frozen=True)
@@ -278,7 +296,7 @@ def norm_params(module: nn.Module) -> NormParams:
         return NormParams("layer", module.weight, module.bias, module.eps)
     if type(module) in UNIT_OFFSET_RMS_NORMS:
         return NormParams("rms", 1 + module.weight, None, module.eps)
-    if isinstance(getattr(module, "lambda1", None), nn.Parameter):  # DINOv2's layer scale
+    if isinstance(getattr(module, "lambda1", None), nn.Parameter):  # DINOv2's layer scale, or a LayerScale's
         return NormParams("scale", module.lambda1, None, 0.0)
     eps = getattr(module, "variance_epsilon", None)  # the RMSNorms of T5/mT5/umT5 and Llama-style models
     if eps is not None:
@@ -286,6 +304,26 @@ def norm_params(module: nn.Module) -> NormParams:
     raise UnsupportedModelError(
         f"Unknown norm module {type(module).__name__}: inseq-mixing handles nn.LayerNorm and RMSNorm (T5, Llama)."
     )
+
+
+class LayerScale(nn.Module):
+    """A layer scale its block holds as a bare parameter (BEiT's ``lambda_1`` / ``lambda_2``), as a module the methods
+    apply: ``γ ⊙ z``. The model never calls it, so the trace records its input at ``input_module``'s output (the
+    module whose output the block multiplies by ``γ``).
+
+    Args:
+        scale: The block's per-channel factor ``γ`` (the model's own parameter, not a copy).
+        input_module: The module whose output is scaled, or None where the trace has that input already (an
+            attention's output).
+    """
+
+    def __init__(self, scale: nn.Parameter, input_module: nn.Module | None = None):
+        super().__init__()
+        self.lambda1 = scale
+        self.input_module = [input_module]  # in a list: not a submodule of this one
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lambda1 * hidden
 
 
 def is_norm(module) -> bool:

@@ -7,14 +7,17 @@ without statistics on the branch output (``out_norm``), where Gemma 2's sandwich
 to each part (**our extension** of the methods to layer-scaled blocks). The tokens are [CLS], the registers
 (``dinov2_with_registers``: ``num_register_tokens`` of them), then the patches, after the patch embedding and the
 position embeddings (interpolated by the model to the image's size). Bare encoders (``Dinov2Model``) take the map
-methods. Refused: the image classifier (it reads [CLS] and the mean of the patches, a read-out over many positions
-this package does not decompose yet) and the SwiGLU FFN variant (``use_swiglu_ffn``).
+methods. The SwiGLU FFN (``use_swiglu_ffn``: ``down_proj(silu(gate_proj(x)) ⊙ up_proj(x))``) is a gated FFN as
+Llama's. The image classifier (``Dinov2ForImageClassification``) reads [CLS] and the mean of the patches (registers
+left out) after the final norm, concatenated, through one linear ``classifier``: a pooled read-out
+(:class:`~.base.HeadSpec`), linear, so the logit methods stay complete.
 """
 
 from torch import nn
 
-from .base import FFNSpec, LayerSpec, ModelSpec, StackSpec, UnsupportedModelError
+from .base import FFNSpec, LayerSpec, ModelSpec, StackSpec
 from .base import attention as attn_spec
+from .encoder_heads import model_task, pooled_head_spec
 
 FAMILY = "DINOv2, DINOv2 with registers (vision)"
 MODEL_TYPES = {"dinov2", "dinov2_with_registers"}
@@ -25,21 +28,21 @@ def layer_spec(layer: nn.Module, config) -> LayerSpec:
     heads = (config.num_attention_heads, config.num_attention_heads, config.hidden_size // config.num_attention_heads)
     self_attn = attn_spec(attention, attention.v_proj, attention.o_proj, heads, layer.norm1, True,
                           out_norm=layer.layer_scale1)  # fmt: skip
-    ffn = FFNSpec(forward=mlp, norm=layer.norm2, pre_norm=True, w_in=mlp.fc1, w_out=mlp.fc2,
-                  activation=mlp.activation_fn, out_norm=layer.layer_scale2)  # fmt: skip
+    if getattr(config, "use_swiglu_ffn", False):
+        ffn = FFNSpec(forward=mlp, norm=layer.norm2, pre_norm=True, w_in=mlp.up_proj, w_out=mlp.down_proj,
+                      activation=mlp.act_fn, w_gate=mlp.gate_proj, out_norm=layer.layer_scale2)  # fmt: skip
+    else:
+        ffn = FFNSpec(forward=mlp, norm=layer.norm2, pre_norm=True, w_in=mlp.fc1, w_out=mlp.fc2,
+                      activation=mlp.activation_fn, out_norm=layer.layer_scale2)  # fmt: skip
     return LayerSpec(module=layer, self_attn=self_attn, ffn=ffn)
 
 
 def build(model: nn.Module) -> ModelSpec:
     config = model.config
-    if type(model).__name__.endswith("ForImageClassification"):
-        raise UnsupportedModelError(
-            f"{type(model).__name__} reads [CLS] and the mean of the patches, a read-out over many positions that "
-            "inseq-mixing does not decompose yet: load the bare encoder (Dinov2Model / Dinov2WithRegistersModel) for "
-            "the map methods."
-        )
-    if getattr(config, "use_swiglu_ffn", False):
-        raise UnsupportedModelError(f"{type(model).__name__} has a SwiGLU FFN (use_swiglu_ffn), not handled yet.")
+    head = None
+    if model_task(model) is not None:  # [CLS] beside the mean of the patches (after [CLS] and the registers)
+        patches_from = 1 + getattr(config, "num_register_tokens", 0)
+        head = pooled_head_spec((0, "mean"), patches_from, (model.classifier,))
     base = model.base_model
     return ModelSpec(
         family=config.model_type,
@@ -47,5 +50,5 @@ def build(model: nn.Module) -> ModelSpec:
             layers=[layer_spec(layer, config) for layer in base.encoder.layer], final_norm=base.layernorm
         ),
         causal=False,
-        head=None,
+        head=head,
     )

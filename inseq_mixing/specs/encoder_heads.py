@@ -64,3 +64,9 @@ def head_spec(model: nn.Module, paths: HeadPaths) -> HeadSpec | None:
     if task not in paths:
         raise UnsupportedModelError(f"{type(model).__name__}: inseq-mixing has no {task} head for this family.")
     return HeadSpec(task=task, steps=tuple(_resolve(model, step) for step in paths[task]))
+
+
+def pooled_head_spec(pooling: tuple[int | str, ...], pool_from: int, steps: tuple) -> HeadSpec:
+    """An image classifier's pooled read-out (see :class:`~.base.HeadSpec`): ``pooling`` of positions and
+    ``"mean"`` (the mean from position ``pool_from`` on), then ``steps``."""
+    return HeadSpec(task="sequence_classification", steps=tuple(steps), pooling=tuple(pooling), pool_from=pool_from)

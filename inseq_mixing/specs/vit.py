@@ -7,15 +7,17 @@ embeddings added. Decompositions start at the first block's input, after that. P
 (``fc1``, activation, ``fc2``), residual; a final ``layernorm``. ``...ForImageClassification`` reads [CLS] after
 the final norm through one linear ``classifier`` (a sequence classifier's head, position 0); the bare encoder
 (``ViTModel``, ``DeiTModel``) gives the map methods only. DeiT's classifier with its teacher
-(``DeiTForImageClassificationWithTeacher``) averages two heads on two tokens and is refused: load the checkpoint as
-``DeiTForImageClassification`` (its [CLS] head) instead.
+(``DeiTForImageClassificationWithTeacher``) averages a [CLS] head and a distillation head read at [DIST]: a pooled
+read-out of the two positions through one averaged linear map (:class:`AveragedHeads`), so the logit methods stay
+complete.
 """
 
+import torch
 from torch import nn
 
-from .base import FFNSpec, LayerSpec, ModelSpec, StackSpec, UnsupportedModelError
+from .base import FFNSpec, LayerSpec, ModelSpec, StackSpec
 from .base import attention as attn_spec
-from .encoder_heads import head_spec
+from .encoder_heads import head_spec, pooled_head_spec
 
 FAMILY = "ViT, DeiT (vision)"
 MODEL_TYPES = {"vit", "deit"}
@@ -40,17 +42,36 @@ def layer_spec(layer: nn.Module, config) -> LayerSpec:
     )
 
 
+class AveragedHeads(nn.Module):
+    """DeiT's classifier with its teacher as one linear map of [CLS] beside [DIST]: ``(W_cls h_0 + W_dist h_1) / 2``
+    (its weight and bias read from the model's two heads at every use)."""
+
+    def __init__(self, cls_head: nn.Linear, distillation_head: nn.Linear):
+        super().__init__()
+        self.heads = [cls_head, distillation_head]  # in a list: the model's modules, not this one's
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return torch.cat([head.weight for head in self.heads], dim=1) / 2
+
+    @property
+    def bias(self) -> torch.Tensor:
+        return (self.heads[0].bias + self.heads[1].bias) / 2
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(hidden, self.weight, self.bias)
+
+
 def build(model: nn.Module) -> ModelSpec:
-    if type(model).__name__.endswith("WithTeacher"):
-        raise UnsupportedModelError(
-            f"{type(model).__name__} averages a [CLS] head and a distillation head, read at two tokens: load the "
-            "checkpoint as DeiTForImageClassification (its [CLS] head) to explain it."
-        )
+    if type(model).__name__.endswith("WithTeacher"):  # [CLS] and [DIST], each through its own head, averaged
+        head = pooled_head_spec((0, 1), 2, (AveragedHeads(model.cls_classifier, model.distillation_classifier),))
+    else:
+        head = head_spec(model, HEADS)
     base = model.base_model
     layers = [layer_spec(layer, model.config) for layer in base.layers]
     return ModelSpec(
         family=model.config.model_type,
         decoder=StackSpec(layers=layers, final_norm=base.layernorm),
         causal=False,
-        head=head_spec(model, HEADS),
+        head=head,
     )
