@@ -133,7 +133,7 @@ def non_generation_refusal(name: str) -> str | None:
     elif found.is_speech:
         kind, commands = "a speech", "`inseq-mixing attribute-dataset` (rows of audio files) or `evaluate`"
     elif found.is_vision:
-        kind, commands = "a vision", "Python (the CLI does not take images yet)"
+        kind, commands = "a vision", "`inseq-mixing compare` (an image file), `attribute-dataset` or `evaluate`"
     else:
         return None
     return (
@@ -374,10 +374,17 @@ def run_evaluate(args: argparse.Namespace) -> int:
         columns = {role: getattr(args, f"{role}_column") for role in DEFAULT_COLUMNS}
         from inseq_mixing.frontends import identify
 
-        if identify(model).is_speech:
+        found = identify(model)
+        images = {}
+        if found.is_speech:
             columns.update({role: getattr(args, f"{role}_column") for role in ("audio", "words", "transcript")})
+        elif found.is_vision:
+            columns = {role: getattr(args, f"{role}_column") for role in ("image", "label", "box", "patches")}
+            images = {"replacement": args.replacement, "steps": args.steps, "random_draws": args.random_draws}
         elif args.protocol == "blankout" or args.random_baseline:
-            raise UserError("--protocol blankout and --random-baseline are for speech models.")
+            raise UserError("--protocol blankout and --random-baseline are for speech and image models.")
+        if args.protocol == "pointing" and not found.is_vision:
+            raise UserError("--protocol pointing is for image classifiers.")
         result = evaluate(
             model,
             args.methods,
@@ -389,6 +396,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             show_progress=True,
             target_tokens=args.target_tokens,
             random_baseline=args.random_baseline,
+            **images,
             **columns,
         )
     except (UserError, EvaluationInputError, RuntimeError, ValueError, OSError) as error:
@@ -537,18 +545,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="methods to evaluate (default: %(default)s)",
     )
     evaluate.add_argument("--protocol", default=None,
-                          choices=["evidence", "cue", "alignment", "faithfulness", "blankout"],
-                          help="blankout: speech models (Whisper) only; with --run: faithfulness")  # fmt: skip
+                          choices=["evidence", "cue", "alignment", "faithfulness", "blankout", "pointing"],
+                          help="blankout: speech models (Whisper) only; pointing: image classifiers only; with --run: "
+                          "faithfulness")  # fmt: skip
     evaluate.add_argument(
         "--random-baseline",
         action="store_true",
-        help="speech cue: also run every method on a randomly initialised copy of the model",
+        help="speech cue and image protocols: also run every method on a randomly initialised copy of the model",
     )
+    evaluate.add_argument("--replacement", choices=["mean", "blur"], default="mean",
+                          help="image faithfulness: a removed patch becomes the image's mean colour or its blur "
+                          "(default: %(default)s)")  # fmt: skip
+    evaluate.add_argument("--steps", type=int, default=10,
+                          help="image faithfulness: points of each deletion / insertion curve beyond 0 "
+                          "(default: %(default)s)")  # fmt: skip
+    evaluate.add_argument("--random-draws", type=int, default=3, dest="random_draws",
+                          help="image faithfulness: random rankings per image (default: %(default)s)")  # fmt: skip
     evaluate.add_argument("--out", default="evaluation.html", help="the HTML report (default: %(default)s)")
     evaluate.add_argument("--json", default=None, help="also write the metrics as JSON here")
     for role, default in (("source", "source"), ("prefix", "prefix"), ("target", "target"), ("foil", "foil"),
                           ("evidence", "evidence"), ("cues", "cues"), ("alignment", "alignment"), ("audio", "audio"),
-                          ("words", "words"), ("transcript", "transcript")):  # fmt: skip
+                          ("words", "words"), ("transcript", "transcript"), ("image", "image"), ("label", "label"),
+                          ("box", "box"), ("patches", "patches")):  # fmt: skip
         evaluate.add_argument(f"--{role}-column", default=default, dest=f"{role}_column")
     evaluate.add_argument("--batch-size", type=int, default=16, help="rows per batch (default: %(default)s)")
     evaluate.add_argument("--device", default=None, help="e.g. cpu or cuda (default: Inseq's choice)")

@@ -407,12 +407,16 @@ def synthetic_audio(seconds: float, seed: int = 0, tone_hz: float = 220.0) -> "n
     return signal.astype(numpy.float32)
 
 
-VISION_FAMILIES = ("vit", "deit", "dinov2", "dinov2_with_registers", "beit", "data2vec-vision", "clip", "siglip")
+VISION_FAMILIES = ("vit", "deit", "dinov2", "dinov2_with_registers", "beit", "data2vec-vision", "clip", "siglip",
+                   "siglip2")  # fmt: skip
 #: Tiny images: 24 pixels a side, patches of 8 (a 3 × 3 grid).
 TINY_IMAGE_SIZE, TINY_PATCH_SIZE = 24, 8
 #: Class-name stems of the vision families.
 _VISION_NAMES = {"vit": "ViT", "deit": "DeiT", "dinov2": "Dinov2", "dinov2_with_registers": "Dinov2WithRegisters",
-                 "beit": "Beit", "data2vec-vision": "Data2VecVision", "clip": "CLIP", "siglip": "Siglip"}  # fmt: skip
+                 "beit": "Beit", "data2vec-vision": "Data2VecVision", "clip": "CLIP", "siglip": "Siglip",
+                 "siglip2": "Siglip2"}  # fmt: skip
+#: SigLIP 2's tiny images: at most 16 patches of 8, each image at its own aspect ratio.
+TINY_MAX_PATCHES = 16
 
 
 def image_processor(size: int = TINY_IMAGE_SIZE):
@@ -421,13 +425,23 @@ def image_processor(size: int = TINY_IMAGE_SIZE):
     return processor(size={"height": size, "width": size}, do_resize=True, do_normalize=True)
 
 
+def vision_processor(family: str):
+    """The tiny image processor of ``family``: :func:`image_processor`, or SigLIP 2's (NaFlex: at most
+    :data:`TINY_MAX_PATCHES` patches of :data:`TINY_PATCH_SIZE`, the aspect ratio kept)."""
+    if family != "siglip2":
+        return image_processor()
+    processor = getattr(transformers, "Siglip2ImageProcessorPil", None) or transformers.Siglip2ImageProcessor
+    return processor(patch_size=TINY_PATCH_SIZE, max_num_patches=TINY_MAX_PATCHES)
+
+
 def _vision_config(family: str, d_model: int, layers: int, heads: int, ffn: int, image_size: int, patch_size: int):
     """The config of a tiny image encoder (CLIP's and SigLIP's: their vision config)."""
     stem = _VISION_NAMES[family]
-    name = f"{stem}VisionConfig" if family in ("clip", "siglip") else f"{stem}Config"
+    name = f"{stem}VisionConfig" if family in ("clip", "siglip", "siglip2") else f"{stem}Config"
+    size = {"num_patches": 9} if family == "siglip2" else {"image_size": image_size}  # SigLIP 2: a 3 × 3 table
     config = getattr(transformers, name)(
         hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=ffn,
-        image_size=image_size, patch_size=patch_size,
+        patch_size=patch_size, **size,
     )  # fmt: skip
     if family == "dinov2_with_registers":
         config.num_register_tokens, config.use_swiglu_ffn = 2, True
@@ -442,10 +456,11 @@ def tiny_vision(family: str, head: bool = True, d_model: int = 16, layers: int =
                 seed: int = 0, image_size: int = TINY_IMAGE_SIZE, patch_size: int = TINY_PATCH_SIZE,
                 labels: int = 3) -> torch.nn.Module:  # fmt: skip
     """A random vision model of ``family`` (:data:`VISION_FAMILIES`): ``...ForImageClassification`` with ``labels``
-    labels named from :data:`TINY_LABELS` (``head``), or the bare encoder (CLIP, SigLIP: ``...VisionModel``); eval
-    mode, eager attention. Layer scales are drawn at random too; DINOv2 with registers has two registers and the
-    SwiGLU FFN, BEiT a relative position bias per layer and its mean-pooling classifier, Data2Vec-vision a shared
-    relative position bias and its [CLS] classifier."""
+    labels named from :data:`TINY_LABELS` (``head``), or the bare encoder (CLIP, SigLIP, SigLIP 2:
+    ``...VisionModel``; SigLIP 2 reads :func:`vision_processor`'s flattened patches); eval mode, eager attention.
+    Layer scales are drawn at random too; DINOv2 with registers has two registers and the SwiGLU FFN, BEiT a relative
+    position bias per layer and its mean-pooling classifier, Data2Vec-vision a shared relative position bias and its
+    [CLS] classifier."""
     if family not in _VISION_NAMES:
         raise ValueError(f"No vision builder for {family!r}; known: {VISION_FAMILIES}")
     torch.manual_seed(seed)
@@ -455,7 +470,7 @@ def tiny_vision(family: str, head: bool = True, d_model: int = 16, layers: int =
     if head:
         label_names = {index: TINY_LABELS[index % len(TINY_LABELS)] + ("" if index < 3 else str(index))
                        for index in range(labels)}  # fmt: skip
-        if family in ("clip", "siglip"):
+        if family in ("clip", "siglip", "siglip2"):
             text = getattr(transformers, f"{stem}TextConfig")(
                 hidden_size=d_model, num_hidden_layers=1, num_attention_heads=heads, intermediate_size=ffn
             )
@@ -465,7 +480,7 @@ def tiny_vision(family: str, head: bool = True, d_model: int = 16, layers: int =
         config.label2id = {name: index for index, name in label_names.items()}
         config._attn_implementation = "eager"
         model = getattr(transformers, f"{stem}ForImageClassification")(config)
-    elif family in ("clip", "siglip"):
+    elif family in ("clip", "siglip", "siglip2"):
         model = getattr(transformers, f"{stem}VisionModel")(config)
     elif family in ("vit", "deit"):
         model = getattr(transformers, f"{stem}Model")(config, add_pooling_layer=False)

@@ -627,7 +627,7 @@ def trace_call(spec: ModelSpec, call: ModelCall, full_logits: bool = True) -> Mo
                 if own is not None and own.dim() == 3:  # masked LMs, token classifiers, CTC: the model's own
                     logits = own.detach()
                 elif spec.head is not None:  # a sequence classifier's own logits are its first position's only
-                    logits = head_logits(spec.head, final_hidden)
+                    logits = head_logits(spec.head, final_hidden, mask=call.decoder_mask)
             else:
                 logits = None if skip_head else output.logits.detach()
     if logits is not None:
@@ -682,13 +682,14 @@ def stack_output(stack_spec: StackSpec, stack: StackTrace) -> torch.Tensor:
     return stack_spec.final_norm(stack.final_norm_input)
 
 
-def head_logits(head: HeadSpec, hidden: torch.Tensor, detach: bool = True) -> torch.Tensor:
+def head_logits(head: HeadSpec, hidden: torch.Tensor, detach: bool = True, mask: torch.Tensor | None = None
+                ) -> torch.Tensor:  # fmt: skip
     """An encoder head's logits at every position ``(batch, positions, outputs)``: its steps, the model's own modules,
     applied to each position's final hidden state (a sequence classifier's logits are those of position 0); a pooled
     read-out's logits (:meth:`~.specs.HeadSpec.pooled`) at every position. ``detach=False`` keeps the graph (for
-    a gradient through the head)."""
+    a gradient through the head); ``mask``: the real positions a pooled mean reads (a padded batch)."""
     length = hidden.shape[1]
-    hidden = head.pooled(hidden)
+    hidden = head.pooled(hidden, mask)
     for step in head.steps:
         hidden = step(hidden)
     return (hidden.detach() if detach else hidden).expand(-1, length, -1)

@@ -110,29 +110,21 @@ def test_speech_on_cuda_equals_cpu(method, family):
     model.to("cpu")
 
 
-VISION_ON_DEVICE = (
-    "vit",
-    "deit",
-    "dinov2_with_registers",
-    "beit",
-    "data2vec-vision",
-    "clip",
-    "siglip",
-    "clip_similarity",
-)
+VISION_ON_DEVICE = ("vit", "deit", "dinov2_with_registers", "beit", "data2vec-vision", "clip", "siglip", "siglip2",
+                    "clip_similarity")  # fmt: skip
 
 
 @pytest.mark.parametrize("family", VISION_ON_DEVICE)
 @pytest.mark.parametrize("method", inseq_mixing.METHODS)
 def test_vision_on_cuda_equals_cpu(method, family):
     """Every vision family's classifier (pooled read-outs included) and CLIP's image–text similarity."""
-    from inseq_mixing.testing import image_processor, synthetic_image, tiny_clip, tiny_vision
+    from inseq_mixing.testing import synthetic_image, tiny_clip, tiny_vision, vision_processor
 
     if family == "clip_similarity":
         (model, processor), texts = tiny_clip(), ["the cat sat", "a dog ran"]
     else:
-        model, processor, texts = tiny_vision(family), image_processor(), None
-    images = [synthetic_image(seed=0), synthetic_image(size=40, seed=1)]
+        model, processor, texts = tiny_vision(family), vision_processor(family), None
+    images = [synthetic_image(seed=0), synthetic_image(size=40, seed=1)[:, :24]]  # SigLIP 2: two grids, padded
 
     def run(device):
         attribution = inseq_mixing.load_model(model, method, processor=processor, device=device)

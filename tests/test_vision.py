@@ -19,7 +19,14 @@ from inseq_mixing.methods.blocks import finish_layer
 from inseq_mixing.methods.norms import freeze_norm
 from inseq_mixing.methods.value_zeroing import value_zeroing
 from inseq_mixing.specs import UnsupportedModelError, get_spec
-from inseq_mixing.testing import VISION_FAMILIES, image_processor, synthetic_image, tiny_clip, tiny_vision
+from inseq_mixing.testing import (
+    VISION_FAMILIES,
+    image_processor,
+    synthetic_image,
+    tiny_clip,
+    tiny_vision,
+    vision_processor,
+)
 from inseq_mixing.trace import ModelCall, trace_call
 
 from .reference import naive_alti_layer, naive_value_zeroing
@@ -48,10 +55,23 @@ def pixels(batch: list) -> torch.Tensor:
     return processor()(images=batch, return_tensors="pt")["pixel_values"]
 
 
+def inputs_of(family: str, batch: list) -> dict:
+    """What a model of ``family`` reads of ``batch`` (SigLIP 2: flattened patches, their mask and grids)."""
+    return dict(vision_processor(family)(images=batch, return_tensors="pt"))
+
+
+def token_mask(family: str, batch: list) -> torch.Tensor:
+    """Which of the ``(B, T)`` tokens are real: [CLS] and the like, then a 3 × 3 grid; SigLIP 2: its patches."""
+    inputs = inputs_of(family, batch)
+    if "pixel_attention_mask" in inputs:
+        return inputs["pixel_attention_mask"].long()
+    return torch.ones(len(batch), LEADING.get(family, 1) + 9, dtype=torch.long)
+
+
 #: Families whose blocks scale each branch by a learned vector (a layer scale).
 LAYER_SCALED = ("dinov2", "dinov2_with_registers", "beit", "data2vec-vision")
 #: The tokens before the patches, by family.
-LEADING = {"deit": 2, "dinov2_with_registers": 3, "siglip": 0}
+LEADING = {"deit": 2, "dinov2_with_registers": 3, "siglip": 0, "siglip2": 0}
 
 
 @pytest.fixture(params=VISION_FAMILIES)
@@ -63,10 +83,9 @@ any_family = family
 
 
 def trace_of(model, batch: list):
-    spec = get_spec(model)
-    tokens = LEADING.get(model.config.model_type, 1) + 9  # [CLS] and the like, then a 3 × 3 grid
-    mask = torch.ones(len(batch), tokens, dtype=torch.long)
-    return spec, trace_call(spec, ModelCall(model, {"pixel_values": pixels(batch)}, frame_masks={"decoder": mask}))
+    spec, family = get_spec(model), model.config.model_type
+    mask = token_mask(family, batch)
+    return spec, trace_call(spec, ModelCall(model, inputs_of(family, batch), frame_masks={"decoder": mask}))
 
 
 def test_the_spec_recomposes_every_block_and_norm_layer_scales_included(any_family):
@@ -100,9 +119,9 @@ def test_logit_methods_add_up_to_the_models_own_logit(family):
     pooler's norm, CLIP) or of every token (SigLIP)."""
     model = classifier(family)
     with torch.no_grad():
-        logits = model(pixel_values=pixels(images())).logits
+        logits = model(**inputs_of(family, images())).logits
     for method in LOGIT_METHODS:
-        attribution = inseq_mixing.load_model(model, method, processor=processor())
+        attribution = inseq_mixing.load_model(model, method, processor=vision_processor(family))
         for targets, foils in ((None, None), (["positive", 0], ["negative", "neutral"])):
             out = attribution.attribute(images(), targets, foils, show_progress=False)
             for row, sequence in enumerate(out.sequence_attributions):
@@ -119,12 +138,13 @@ def test_logit_methods_add_up_to_the_models_own_logit(family):
 
 def test_map_rows_sum_to_one_and_cover_every_token(any_family):
     model = classifier(any_family)
-    leading = LEADING.get(any_family, 1)  # [CLS], [DIST], two registers, or none (SigLIP)
+    counts = token_mask(any_family, images()).sum(1).tolist()  # [CLS] and the like, then the patches
     for method in MAP_METHODS:
-        out = inseq_mixing.load_model(model, method, processor=processor()).attribute(images(), show_progress=False)
-        for sequence in out.sequence_attributions:
+        out = inseq_mixing.load_model(model, method, processor=vision_processor(any_family)).attribute(
+            images(), show_progress=False
+        )
+        for sequence, tokens in zip(out.sequence_attributions, counts, strict=True):
             maps = sequence.sequence_scores["encoder_self_scores"]
-            tokens = leading + 9  # and a 3 × 3 grid of patches
             assert len(sequence.source) == tokens and maps.shape[:2] == (tokens, tokens)
             assert torch.isfinite(sequence.source_attributions).all()
             if method in ROW_METHODS:
@@ -135,7 +155,7 @@ def test_value_zeroing_matches_zeroing_values_through_a_hook(any_family):
     """Zero token j's value vectors through a hook on the real value projection, re-run the block on its clean
     input, measure the cosine distance: every patch for every position."""
     model = classifier(any_family)
-    kwargs = {"pixel_values": pixels(images()[:1])}
+    kwargs = inputs_of(any_family, images()[:1])
     spec = get_spec(model)
     naive = naive_value_zeroing(model, spec, kwargs, "decoder", "self")
     mask = torch.ones(1, naive.shape[-1], dtype=torch.long)
@@ -144,14 +164,21 @@ def test_value_zeroing_matches_zeroing_values_through_a_hook(any_family):
     assert naive[0, 0, -1] > 0  # [CLS] mixes with the last patch
 
 
+@pytest.mark.parametrize("batch_family", ["deit", "siglip2"])
 @pytest.mark.parametrize("method", [*LOGIT_METHODS, *MAP_METHODS])
-def test_a_batch_equals_each_image_alone(method):
-    model = classifier("deit")
-    attribution = inseq_mixing.load_model(model, method, processor=processor())
-    together = attribution.attribute(images(), show_progress=False).sequence_attributions
-    for image, batched in zip(images(), together, strict=True):
+def test_a_batch_equals_each_image_alone(method, batch_family):
+    """SigLIP 2: a 4 × 4 image beside a 5 × 3 one, padded to 16 patches in the batch (and alone: its processor pads
+    every image); the patch labels follow each image's own grid."""
+    model = classifier(batch_family)
+    attribution = inseq_mixing.load_model(model, method, processor=vision_processor(batch_family))
+    pictures = [synthetic_image(32, seed=0), synthetic_image(40, seed=1)[:, :24]]
+    together = attribution.attribute(pictures, show_progress=False).sequence_attributions
+    for image, batched in zip(pictures, together, strict=True):
         alone = attribution.attribute(image, show_progress=False).sequence_attributions[0]
         torch.testing.assert_close(batched.source_attributions, alone.source_attributions, atol=1e-5, rtol=1e-4)
+        assert [token.token for token in batched.source] == [token.token for token in alone.source]
+    if batch_family == "siglip2":
+        assert [token.token for token in together[1].source][-2:] == ["r4c1", "r4c2"] and len(together[1].source) == 15
 
 
 def test_patches_are_labelled_by_row_and_column_and_bare_encoders_explain_positions():
@@ -295,7 +322,7 @@ def test_what_cannot_be_explained_is_refused_with_the_reason():
         inseq_mixing.load_model(swin, "alti")  # before asking for a processor
 
 
-def test_the_router_says_vision_and_what_does_not_take_images_yet(tmp_path):
+def test_the_router_says_vision_and_keeps_the_processor_across_methods():
     model = classifier("vit")
     assert identify(model).is_vision
     assert "inseq_mixing.load_model" in inseq_refusal(model, "alti")
@@ -303,8 +330,6 @@ def test_the_router_says_vision_and_what_does_not_take_images_yet(tmp_path):
     assert identify(attribution).is_vision
     other = inseq_mixing.load_model(attribution, "globenc")
     assert other.method == "globenc" and other.processor is attribution.processor
-    with pytest.raises(ValueError, match="does not take images yet"):
-        inseq_mixing.attribute_dataset(model, "alti", [{"source": "x.png"}], tmp_path / "run")
 
 
 def test_the_heatmap_puts_each_patch_score_on_its_cell_and_draws_over_the_image(tmp_path):
@@ -378,7 +403,7 @@ def test_gradient_baselines_explain_the_same_logit_over_the_same_units(method):
             torch.testing.assert_close(sequence.source_attributions[:, 0], manual, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("vision_family", ["vit", "dinov2_with_registers", "beit", "data2vec-vision", "siglip"])
+@pytest.mark.parametrize("vision_family", ["vit", "dinov2_with_registers", "beit", "data2vec-vision", "siglip2"])
 def test_alti_matches_the_definition_pair_by_pair(vision_family):
     """ALTI of every layer against token pairs built from the HF value and output projections (DINOv2's and BEiT's
     layer scales applied to every part where the spec places them; that placement is checked against the HF blocks
@@ -389,7 +414,7 @@ def test_alti_matches_the_definition_pair_by_pair(vision_family):
     spec, trace = trace_of(model, images()[:1])
     scores = alti(trace)
     for idx in range(len(spec.decoder.layers)):
-        naive = naive_alti_layer(model, spec, trace, {"pixel_values": pixels(images()[:1])}, "decoder", idx, "self")
+        naive = naive_alti_layer(model, spec, trace, inputs_of(vision_family, images()[:1]), "decoder", idx, "self")
         torch.testing.assert_close(scores.decoder[0, idx], naive, atol=1e-5, rtol=1e-4)
 
 

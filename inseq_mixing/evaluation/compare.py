@@ -6,7 +6,7 @@ from itertools import combinations
 import inseq
 from tqdm.auto import tqdm
 
-from ..frontends import as_front_end, identify, refuse_vision
+from ..frontends import as_front_end, identify
 from .comparison import (
     Comparison,
     candidate_scores,
@@ -32,6 +32,7 @@ def compare(
     show_progress: bool = False,
     max_new_tokens: int | None = None,
     attributed_fn: str | None = "logit",
+    processor=None,
 ) -> Comparison:
     """Run ``methods`` on the same inputs and forced targets and score them.
 
@@ -45,6 +46,10 @@ def compare(
             the masked word or the label, default the prediction; the first explained entry of each text is scored,
             by deleting tokens (:mod:`.encoders`).
         tokenizer: The tokenizer, when ``model`` is a model object.
+        processor: An image classifier's image processor, when ``model`` is a model object: ``inputs`` are then
+            images (paths, PIL images, arrays) and ``targets`` labels; each image's label is scored by AOPC with
+            patches replaced by the image's mean colour ([CLS] and the like never), and the methods' agreement is
+            over the patches (:func:`.vision.compare_vision`).
         replacement_token: The token that replaces perturbed context tokens (default: the unknown token, else pad).
         fractions: Shares of the candidate tokens removed (or kept) at each point of the perturbation curve.
         random_draws: Random rankings averaged for the baseline.
@@ -66,11 +71,18 @@ def compare(
         RuntimeError: Every method failed.
     """
     check_methods(methods)
-    inputs = [inputs] if isinstance(inputs, str) else list(inputs)
-    targets = [targets] if isinstance(targets, str) else targets
     method_kwargs = method_kwargs or {}
     found = identify(model)
-    refuse_vision(found, "compare")
+    if found.is_vision:
+        from .vision import compare_vision
+
+        model = as_front_end(model, methods[0], found, processor=processor)
+        images = list(inputs) if isinstance(inputs, list | tuple) else [inputs]
+        targets = targets if isinstance(targets, list | tuple) or targets is None else [targets]
+        return compare_vision(model, methods, images, targets, fractions, random_draws, method_kwargs, show_progress,
+                              attributed_fn)  # fmt: skip
+    inputs = [inputs] if isinstance(inputs, str) else list(inputs)
+    targets = [targets] if isinstance(targets, str) else targets
     if found.is_encoder:
         from .encoders import compare_encoder
 

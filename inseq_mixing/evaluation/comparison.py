@@ -29,12 +29,15 @@ class Comparison:
         agreement: One row per (sentence, generated token, pair of methods): Spearman rank correlation of their scores
             over the candidate context tokens.
         failed: Method name → the error it raised; the other methods are compared without it.
+        images: The images compared (an image classifier's comparison), which the report draws the scores over; else
+            None.
     """
 
     outputs: dict = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
     tokens: list[dict] = field(default_factory=list)
     agreement: list[dict] = field(default_factory=list)
+    images: list | None = None
 
     def summary(self) -> list[dict]:
         """Per method, the mean of every metric over all generated tokens, and the mean agreement with each other
@@ -165,3 +168,24 @@ def with_explained(method: str, options: dict, attributed_fn: str | None) -> dic
     if attributed_fn is None or maps or "attributed_fn" in options:
         return dict(options)
     return {**options, "attributed_fn": attributed_fn}
+
+
+def fill_one_entry(comparison: Comparison, done: dict, candidate_scores) -> Comparison:
+    """A comparison whose inputs each explain one entry (an encoder's mask or label, an image's label): each
+    method's output and per-input AOPC rows from ``done`` (method → ``(output, rows)``), and the Spearman agreement
+    of every two methods over the scores ``candidate_scores(sequence)`` of the items AOPC may remove."""
+    from itertools import combinations
+
+    from .faithfulness import rank_correlation
+
+    scores = {}
+    for method, (out, rows) in done.items():
+        comparison.outputs[method] = out
+        for sentence, row in enumerate(rows):
+            comparison.tokens.append({"method": method, "sentence": sentence, "position": 0, **row})
+        scores[method] = [candidate_scores(sequence) for sequence in out.sequence_attributions]
+    for first, second in combinations(scores, 2):
+        for sentence, (a, b) in enumerate(zip(scores[first], scores[second], strict=True)):
+            comparison.agreement.append({"sentence": sentence, "position": 0, "method_a": first, "method_b": second,
+                                         "spearman": rank_correlation(a, b)})  # fmt: skip
+    return comparison

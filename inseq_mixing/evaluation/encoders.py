@@ -142,12 +142,10 @@ def compare_encoder(attribution, methods, texts, targets, fractions, random_draw
     """:func:`~inseq_mixing.compare` on an encoder model: each method on the same texts, the first explained entry of
     each text (a mask, or the label) scored by AOPC with deletion (see the module docstring), and the Spearman
     agreement of every two methods over the candidate tokens."""
-    from itertools import combinations
     from types import SimpleNamespace
 
     from ..frontends import load_model
-    from .comparison import Comparison, each_method, with_explained
-    from .faithfulness import rank_correlation
+    from .comparison import Comparison, each_method, fill_one_entry, with_explained
 
     comparison = Comparison()
 
@@ -159,17 +157,7 @@ def compare_encoder(attribution, methods, texts, targets, fractions, random_draw
         return out, encoder_faithfulness(front, explained, fractions, random_draws)
 
     done = each_method(methods, attribute, comparison.failed, "compare", show_progress, "attributing", stacklevel=4)
-    candidates_scores = {}
-    for method, (out, rows) in done.items():
-        comparison.outputs[method] = out
-        for sentence, row in enumerate(rows):
-            comparison.tokens.append({"method": method, "sentence": sentence, "position": 0, **row})
-        candidates_scores[method] = [_candidate_scores(attribution, seq) for seq in out.sequence_attributions]
-    for first, second in combinations(candidates_scores, 2):
-        for sentence, (a, b) in enumerate(zip(candidates_scores[first], candidates_scores[second], strict=True)):
-            comparison.agreement.append({"sentence": sentence, "position": 0, "method_a": first, "method_b": second,
-                                         "spearman": rank_correlation(a, b)})  # fmt: skip
-    return comparison
+    return fill_one_entry(comparison, done, lambda sequence: _candidate_scores(attribution, sequence))
 
 
 def _candidate_scores(attribution, seq) -> torch.Tensor:

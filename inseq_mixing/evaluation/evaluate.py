@@ -3,7 +3,7 @@ intervals and paired tests between methods."""
 
 import torch
 
-from ..frontends import as_front_end, identify, load_model, refuse_vision
+from ..frontends import as_front_end, identify, load_model
 from .explain import Explanation, explain_items, is_per_layer
 from .items import EvaluationInputError, Item, read_items_skipping
 from .metrics import (
@@ -36,6 +36,8 @@ def evaluate(
     target_tokens: str = "first",
     random_baseline: bool = False,
     processor=None,
+    replacement: str = "mean",
+    steps: int = 10,
     **columns: str,
 ) -> Evaluation:
     """Evaluate ``methods`` on annotated ``data`` with one of the papers' protocols.
@@ -55,6 +57,9 @@ def evaluate(
     Speech models (Whisper, wav2vec 2.0 / HuBERT CTC) take the speech study's ``cue`` (audio and text cues, with
     ``random_baseline``) and ``blankout`` protocols (see :mod:`.speech` for their rows and metrics), and
     ``faithfulness`` with units silenced instead of tokens replaced (:mod:`.speech_faithfulness`, our extension).
+    Image classifiers take ``faithfulness`` by patches (deletion and insertion curves and AOPC, patches replaced by
+    the image's mean colour or its blur) and ``pointing`` (the pointing game and the share of the scores inside a
+    gold box or set of patches), with ``random_baseline`` (see :mod:`.vision`, our extension).
 
     Every metric comes with a percentile bootstrap 95% interval over the items and every two methods with a paired
     permutation test of the headline metric; an interval that cannot vary (one item, or every item alike) is reported
@@ -86,8 +91,11 @@ def evaluate(
         target_tokens: For ``evidence`` and ``cue``: explain the ``"first"`` token of ``" " + target`` (the
             ALTI-logit paper's convention for multi-token words), or the ``"whole"`` word (the sum over its tokens,
             which for logit methods is a sum of logits of different predictions, not a logit); see :mod:`.targets`.
-        random_baseline: Speech ``cue``: also run every method on a randomly initialised copy of the model.
-        processor: Speech models given as objects: their processor.
+        random_baseline: Speech ``cue`` and the image protocols: also run every method on a randomly initialised
+            copy of the model.
+        processor: Speech and vision models given as objects: their processor.
+        replacement: Image ``faithfulness``: what a removed patch becomes, ``"mean"`` or ``"blur"``.
+        steps: Image ``faithfulness``: the points of each curve beyond 0.
         **columns: Column names by role: ``source``, ``prefix``, ``target``, ``foil``, ``evidence``, ``cues``,
             ``alignment`` (e.g. ``prefix="one_prefix_prefix"``; ``prefix_column=...`` is accepted too); speech:
             ``audio``, ``words``, ``transcript``.
@@ -121,7 +129,13 @@ def evaluate(
         raise ValueError(f"target_tokens must be one of {TARGET_TOKENS}, not {target_tokens!r}.")
     columns = {role.removesuffix("_column"): name for role, name in columns.items()}
     found = identify(model)
-    refuse_vision(found, "evaluate")
+    if found.is_vision:
+        from .vision import evaluate_vision
+
+        model = as_front_end(model, methods[0], found, processor=processor, device=device)
+        return evaluate_vision(model, methods, data, protocol, method_kwargs=method_kwargs, replacement=replacement,
+                               steps=steps, random_draws=random_draws, random_baseline=random_baseline, draws=draws,
+                               seed=seed, examples=examples, show_progress=show_progress, columns=columns)  # fmt: skip
     if found.is_speech:
         from .speech import evaluate_speech
         from .speech_faithfulness import evaluate_speech_faithfulness
@@ -137,7 +151,7 @@ def evaluate(
                                random_baseline=random_baseline, draws=draws, seed=seed, show_progress=show_progress,
                                **columns)  # fmt: skip
     if protocol == "blankout" or random_baseline:
-        raise ValueError("The blankout protocol and random_baseline are for speech models.")
+        raise ValueError("The blankout protocol and random_baseline are for speech and image models.")
 
     if found.is_encoder:
         model = as_front_end(model, methods[0], found, tokenizer=tokenizer, device=device)

@@ -24,6 +24,7 @@ class Explanation:
     seq: object
     source_words: list[int] | None
     target_words: list[int]
+    image: object = None  # an image example's picture (the report draws the scores over it)
 
     def column(self, position: int) -> int:
         """Column of Inseq's attributions that explains the token at target ``position``."""

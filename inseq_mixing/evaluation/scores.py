@@ -21,7 +21,7 @@ METRICS = {
     "faithfulness": ("comprehensiveness_prob", "sufficiency_prob", "comprehensiveness_logit", "sufficiency_logit"),
 }
 #: Metrics where lower is better.
-LOWER_IS_BETTER = {"aer", "sufficiency_prob", "sufficiency_logit"}
+LOWER_IS_BETTER = {"aer", "sufficiency_prob", "sufficiency_logit", "deletion_auc"}
 
 
 @dataclass
@@ -54,6 +54,8 @@ class Evaluation:
         metric_names: The metrics when they are not the protocol's (speech evaluations, :mod:`.speech`).
         target_tokens: Which tokens of a target word were explained (``first`` or ``whole``, see
             :mod:`.targets`), for ``evidence`` and ``cue``.
+        description: What the metrics mean, in words, when the protocol's usual description does not say it (the
+            image protocols).
     """
 
     protocol: str
@@ -67,6 +69,7 @@ class Evaluation:
     unknown_words: dict[int, list[str]] = field(default_factory=dict)
     metric_names: tuple[str, ...] | None = None
     target_tokens: str | None = None
+    description: str | None = None
 
     def skipped_counts(self) -> dict[str, int]:
         """How many rows were skipped, by kind."""

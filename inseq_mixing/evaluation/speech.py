@@ -156,7 +156,7 @@ def evaluate_speech(
     method_kwargs = method_kwargs or {}
     copies = {"": model.model}
     if random_baseline:
-        copies[RANDOM_SUFFIX] = _random_copy(model.model, seed)
+        copies[RANDOM_SUFFIX] = random_copy(model.model, seed)
 
     def score(name: str):
         suffix = RANDOM_SUFFIX if name.endswith(RANDOM_SUFFIX) else ""
@@ -171,7 +171,7 @@ def evaluate_speech(
     return evaluation
 
 
-def _random_copy(model, seed: int):
+def random_copy(model, seed: int):
     """A randomly initialised model of the same configuration (transformers' own initialisation)."""
     torch.manual_seed(seed)
     copy = type(model)(model.config)

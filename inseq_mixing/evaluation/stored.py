@@ -10,6 +10,7 @@ are not the run's. The evidence, cue and alignment protocols (and the speech stu
 targets built from annotation columns the store does not hold: those are evaluated from the model.
 """
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 from ..frontends import as_front_end, identify
@@ -86,6 +87,12 @@ def evaluate_run(
         explained = [(sequence, *_stored_audio(front, run, example_id, sequence)) for example_id, sequence in
                      zip(ids, sequences, strict=True)]  # fmt: skip
         tokens = speech_faithfulness(front, explained, DEFAULT_FRACTIONS, random_draws, seed)
+    elif found.is_vision:
+        from .vision import image_faithfulness
+
+        explained = [(_stored_image(run, example_id), sequence) for example_id, sequence in
+                     zip(ids, sequences, strict=True)]  # fmt: skip
+        tokens = image_faithfulness(front, explained, DEFAULT_FRACTIONS, random_draws, seed)
     elif found.is_encoder:
         explained = [SimpleNamespace(seq=sequence) for sequence in sequences]
         tokens = encoder_faithfulness(front, explained, DEFAULT_FRACTIONS, random_draws, seed)
@@ -99,6 +106,9 @@ def evaluate_run(
     evaluation.results[method] = faithfulness_result(tokens)
     evaluation.baseline = faithfulness_baseline(tokens)
     evaluation.examples[method] = explanations(sequences[:examples])
+    if found.is_vision:  # the report draws the scores over each image
+        evaluation.examples[method] = [replace(shown, image=image) for shown, (image, _) in
+                                       zip(evaluation.examples[method], explained, strict=False)]  # fmt: skip
     return evaluation
 
 
@@ -122,3 +132,17 @@ def _stored_audio(front, run, example_id: str, sequence) -> tuple:
             "file changed since the run, or the run was stored before its word intervals were kept; run it again."
         )
     return signal, units
+
+
+def _stored_image(run, example_id: str):
+    """An image example, read again from the file its row names."""
+    from ..frontends.vision import ImageError, read_image
+
+    path = run.inputs(example_id)["source_text"]
+    try:
+        return read_image(path, f"Example {example_id!r}")
+    except ImageError as error:
+        raise EvaluationInputError(
+            f"{error} The faithfulness of an image run reads its image files again: evaluate it where they are (the "
+            "paths are the run's data's, relative ones from the folder the run was made in)."
+        ) from None

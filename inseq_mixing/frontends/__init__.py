@@ -22,7 +22,6 @@ from .router import (
     identify,
     is_front_end,
     load_model,
-    refuse_vision,
 )
 
 
@@ -48,7 +47,6 @@ __all__ = [
     "identify",
     "is_front_end",
     "load_model",
-    "refuse_vision",
     "SpeechAttributionModel",
     "VisionAttributionModel",
 ]

@@ -417,7 +417,7 @@ class EncoderAttributionModel(FrontEndModel):
         if not signed:
             sequence_scores["encoder_self_scores"] = tokens_first(result.target[row][..., :length, :length])
         return sequence_output(
-            self._tokens(batch.inputs["input_ids"][row, :length]),
+            self.row_tokens(batch, row, slice(length)),
             self._explained_tokens(batch, row, cells),
             tokens_first(result.target[row][..., cells, :length]),
             signed=signed,
@@ -432,6 +432,10 @@ class EncoderAttributionModel(FrontEndModel):
     def source_words(self, sequence, text: str) -> list[int]:
         """Each source token's word of ``text`` (the tokenizer's offsets: :func:`.words.token_words`)."""
         return token_words(self.tokenizer, text, [token.id for token in sequence.source])
+
+    def row_tokens(self, batch: EncoderBatch, row: int, cells) -> list:
+        """The tokens of one row's ``cells`` (a slice or indices)."""
+        return self._tokens(batch.inputs["input_ids"][row, cells])
 
     def _tokens(self, ids: torch.Tensor) -> list:
         ids = ids.tolist()
@@ -499,7 +503,7 @@ class EncoderAttributionModel(FrontEndModel):
                 steps["convergence_delta"] = torch.tensor(deltas)
             sequences.append(
                 sequence_output(
-                    self._tokens(inputs["input_ids"][row, :length]),
+                    self.row_tokens(batch, row, slice(length)),
                     self._explained_tokens(batch, row, cells),
                     torch.stack(columns, dim=1),
                     signed=True,

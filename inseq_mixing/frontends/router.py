@@ -29,7 +29,8 @@ GENERATION, ENCODER, SPEECH, VISION = "generation", "encoder", "speech", "vision
 SPEECH_MODEL_TYPES = ("whisper", "wav2vec2", "hubert")
 #: The model types of the vision families.
 VISION_MODEL_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers", "beit", "data2vec-vision", "clip",
-                      "clip_vision_model", "siglip", "siglip_vision_model")  # fmt: skip
+                      "clip_vision_model", "siglip", "siglip_vision_model", "siglip2",
+                      "siglip2_vision_model")  # fmt: skip
 
 #: Class-name endings of generation models (the head a config was saved with, or a model object's class).
 GENERATION_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
@@ -63,9 +64,12 @@ class ModelKind:
     @property
     def run_columns(self) -> tuple[str, str]:
         """A dataset run's default source and target columns: ``source`` / ``target``; speech models ``audio`` and
-        ``transcript`` (Whisper) or ``frames`` (CTC and bare encoders)."""
+        ``transcript`` (Whisper) or ``frames`` (CTC and bare encoders); vision models ``image`` and ``label`` (CLIP:
+        the text)."""
         if self.is_speech:
             return "audio", "transcript" if self.model_type == "whisper" else "frames"
+        if self.is_vision:
+            return "image", "label"
         return "source", "target"
 
     @property
@@ -111,15 +115,6 @@ def identify(model) -> ModelKind:
         if config is not None:
             return ModelKind(kind_of_config(config), getattr(config, "model_type", None), config)
     return ModelKind(GENERATION)
-
-
-def refuse_vision(found: ModelKind, what: str) -> None:
-    """Raise for a vision model where ``what`` (a dataset run, a protocol, a comparison) does not take images yet."""
-    if found.is_vision:
-        raise ValueError(
-            f"{what} does not take images yet: explain a vision model ({found.model_type}) in Python with "
-            "inseq_mixing.load_model(model, method, processor=...).attribute(images)."
-        )
 
 
 def inseq_refusal(model, method: str | None) -> str | None:
@@ -322,5 +317,4 @@ __all__ = [
     "kind_of_config",
     "load_model",
     "read_config",
-    "refuse_vision",
 ]

@@ -1,21 +1,26 @@
-"""The vision front end: Vision Transformer classifiers and bare image encoders, explained over image patches.
+"""The vision front end: Vision Transformer classifiers, bare image encoders and CLIP's image–text similarity,
+explained over image patches.
 
-:func:`inseq_mixing.load_model` gives a ViT or DeiT model (``...ForImageClassification`` or the bare ``ViTModel`` /
-``DeiTModel``) and a bare DINOv2 encoder (``Dinov2Model``, ``Dinov2WithRegistersModel``) a
-:class:`VisionAttributionModel` with the surface of the encoder front end
-(:class:`~.encoders.EncoderAttributionModel`, which it extends): ``.attribute(images, targets=None, foils=None, *,
-positions=None, batch_size=8, **options)`` returns ``inseq.FeatureAttributionOutput``.
+:func:`inseq_mixing.load_model` gives ViT, DeiT, DINOv2, BEiT, Data2Vec-vision, CLIP's, SigLIP's and SigLIP 2's image
+models (``...ForImageClassification``, the bare encoders, ``CLIPModel``) a :class:`VisionAttributionModel` with the
+surface of the encoder front end (:class:`~.encoders.EncoderAttributionModel`, which it extends):
+``.attribute(images, targets=None, foils=None, *, positions=None, batch_size=8, **options)`` returns
+``inseq.FeatureAttributionOutput``.
 
 - Inputs: a path (PNG, JPEG, anything Pillow reads), a PIL image, an array ``(H, W)``, ``(H, W, 3)`` or ``(H, W, 4)``
   (values in 0–255, or 0–1 for floats), a tensor ``(3, H, W)``, or a list of them. Greyscale and RGBA images are
   converted to RGB; the image processor resizes and normalises them to the checkpoint's size.
 - Units: the model's tokens, which are the image's units: ``[CLS]``, DeiT's ``[DIST]``, DINOv2's registers
-  ``[REG1]``, ..., then one per patch labelled
-  ``r{row}c{column}`` in reading order (nothing dropped). The decompositions start after the patch embedding and the
-  position embeddings (the patch convolution mixes the pixels of one patch only).
-- What is explained: a classifier's logit for the predicted label at [CLS] (``targets=`` a label index or name,
-  ``foils=`` another label), read through the final norm and the classifier as for a text classifier; a bare encoder:
-  the rows of ``positions=`` (default [CLS]) in the token-to-token maps (map methods only).
+  ``[REG1]``, ..., then one per patch labelled ``r{row}c{column}`` in reading order on the image's own grid (nothing
+  dropped; SigLIP has no [CLS]). The decompositions start at the first block's input, after the patch embedding and
+  the position embeddings (the patch convolution mixes the pixels of one patch only). SigLIP 2's processor gives
+  each image's patches flattened at its own aspect ratio, padded: the padding is masked as in a padded text batch.
+- What is explained: a classifier's logit for the predicted label (``targets=`` a label index or name, ``foils=``
+  another label), read at [CLS] through the final norm and the classifier as for a text classifier, or through a
+  pooled read-out (the mean of the patches, [CLS] beside it, DeiT's two heads: each read position's share summed,
+  :mod:`inseq_mixing.methods.head`); ``CLIPModel``: the image–text similarity of each image with its text
+  (``targets=`` a text per image, ``foils=`` another text); map methods: the rows of ``positions=`` (default [CLS];
+  SigLIP: every patch).
 
 The gradient baselines (``integrated_gradients``, ``deeplift``, ``saliency``, ``input_x_gradient``, Captum's) attribute
 the explained logit to the token embeddings the first block reads (patch embeddings with their position embeddings,
@@ -46,10 +51,14 @@ from .layout import token_list
 LEADING_TOKENS = {
     "vit": ("[CLS]",), "deit": ("[CLS]", "[DIST]"), "dinov2": ("[CLS]",), "beit": ("[CLS]",),
     "data2vec-vision": ("[CLS]",), "clip": ("[CLS]",), "clip_vision_model": ("[CLS]",), "siglip": (),
-    "siglip_vision_model": (),
+    "siglip_vision_model": (), "siglip2": (), "siglip2_vision_model": (),
 }  # fmt: skip
 #: Families whose position embeddings the model interpolates to the image's grid (any size, in whole patches).
 INTERPOLATED_POSITIONS = ("dinov2", "dinov2_with_registers")
+#: Families whose processor gives the patches flattened and padded, with each image's grid (SigLIP 2's NaFlex).
+PATCHIFIED = ("siglip2", "siglip2_vision_model")
+#: What a vision model reads, of a batch's inputs.
+MODEL_INPUTS = ("pixel_values", "pixel_attention_mask", "spatial_shapes")
 #: What a pooled read-out reads, in words (:class:`~inseq_mixing.specs.HeadSpec`).
 POOLED_WORDS = {0: "[CLS]", 1: "[DIST]", "mean": "the mean of the patches"}
 
@@ -144,7 +153,7 @@ class VisionAttributionModel(EncoderAttributionModel):
         self.processor = processor
         self.config = vision_config(model.config)
         self.leading = leading_tokens(self.config)
-        self.columns = self.config.image_size // self.config.patch_size  # patches per row (set per batch)
+        self.patchified = self.config.model_type in PATCHIFIED
         head = self.spec.head
         self.similarity = head is not None and isinstance(head.out_proj, TextRows)
         self.runner = tower(model) if self.similarity else model  # what reads the pixels
@@ -232,16 +241,17 @@ class VisionAttributionModel(EncoderAttributionModel):
         embeddings = getattr(embeddings, "pooler_output", embeddings)
         self.spec.head.out_proj.set_texts(embeddings.float())
 
-    def _items(self, images: list, targets, foils, positions) -> list[_Image]:
-        """Each image read (a bad one named before any work), with its target, foil and positions."""
+    def _items(self, images: list, targets, foils, positions, names: list[str] | None = None) -> list[_Image]:
+        """Each image read (a bad one named before any work, as ``names`` says), with its target, foil and
+        positions."""
         targets = per_text(plain(targets), len(images), "targets")
         foils = per_text(plain(foils), len(images), "foils")
         if self.similarity:  # one image's text may come in a list of one (``["a photo of a cat"]``)
             targets, foils = ([_one(value) for value in values] for values in (targets, foils))
             self.texts = self._check_texts(targets, foils)
         positions = per_text_positions(plain(positions), len(images))
-        names = [f"Image {index}" + (f" ({image})" if isinstance(image, str | Path) else "")
-                 for index, image in enumerate(images)]  # fmt: skip
+        names = names or [f"Image {index}" + (f" ({image})" if isinstance(image, str | Path) else "")
+                          for index, image in enumerate(images)]  # fmt: skip
         rows = zip(images, targets, foils, positions, names, strict=True)
         items = [_Image(read_image(image, name), target, foil, chosen, name)
                  for image, target, foil, chosen, name in rows]  # fmt: skip
@@ -269,28 +279,41 @@ class VisionAttributionModel(EncoderAttributionModel):
     def validate(self, images, targets=None, foils=None, positions=None, names=None) -> None:
         """Raise the error :meth:`attribute` would raise for these inputs, without running the model."""
         images = list(images) if isinstance(images, list | tuple) else [images]
-        self._items(images, targets, foils, positions)
+        self._items(images, targets, foils, positions, names)
 
     def _check(self, items: list[_Image]) -> None:
-        """Targets, foils and positions checked against the token grid, before any work."""
-        pixels = self._pixels([item.image for item in items[:1]])
-        tokens = self._token_count(pixels)
-        ids = torch.arange(tokens).expand(len(items), tokens)
-        mask = torch.ones_like(ids)
-        explained = self._explained({"input_ids": ids, "attention_mask": mask}, [item.positions for item in items],
-                                    [item.name for item in items])  # fmt: skip
+        """Targets, foils and positions checked against each image's tokens, before any work."""
+        _, mask, _ = self.encode([item.image for item in items])
+        ids = torch.arange(mask.shape[1]).expand(len(items), -1)
+        explained = self._explained({"input_ids": ids, "attention_mask": mask.cpu()},
+                                    [item.positions for item in items], [item.name for item in items])  # fmt: skip
         self._output_ids(ids, explained, [item.target for item in items], [item.foil for item in items],
                          torch.zeros_like(ids), [item.name for item in items])  # fmt: skip
 
-    def _pixels(self, images: list) -> torch.Tensor:
-        """The processor's pixel values ``(B, 3, H, W)`` on the model's device and in its precision."""
-        pixels = self.processor(images=images, return_tensors="pt")["pixel_values"]
+    def encode(self, images: list) -> tuple[dict, torch.Tensor, list[tuple[int, int]]]:
+        """What the model reads of ``images`` (the processor's output on the model's device, pixels in its
+        precision), which of the ``(B, T)`` tokens are real (SigLIP 2 pads its flattened patches), and each image's
+        patch grid ``(rows, columns)``."""
+        out = self.processor(images=images, return_tensors="pt")
         dtype = next(self.model.parameters()).dtype
-        return pixels.to(device=self.device, dtype=dtype)
+        pixels = out["pixel_values"].to(device=self.device, dtype=dtype)
+        if self.patchified:  # (B, patches, p·p·C), padded, with each image's grid
+            mask = out["pixel_attention_mask"].to(self.device).long()
+            shapes = out["spatial_shapes"].to(self.device)
+            inputs = {"pixel_values": pixels, "pixel_attention_mask": mask, "spatial_shapes": shapes}
+            return inputs, mask, [tuple(shape) for shape in out["spatial_shapes"].tolist()]
+        rows, columns = self.grid(pixels)
+        mask = torch.ones(len(images), len(self.leading) + rows * columns, dtype=torch.long, device=self.device)
+        return {"pixel_values": pixels}, mask, [(rows, columns)] * len(images)
 
-    def _grid(self, pixels: torch.Tensor) -> tuple[int, int]:
-        """Patch rows and columns of processed images (a model with fixed position embeddings reads its own size
-        only)."""
+    def pixels(self, images: list) -> torch.Tensor:
+        """The processor's pixel values on the model's device and in its precision: ``(B, 3, H, W)``, or SigLIP 2's
+        flattened patches ``(B, patches, p·p·C)``."""
+        return self.encode(images)[0]["pixel_values"]
+
+    def grid(self, pixels: torch.Tensor) -> tuple[int, int]:
+        """Patch rows and columns of processed images ``(B, 3, H, W)`` (a model with fixed position embeddings reads
+        its own size only)."""
         patch = self.config.patch_size
         height, width = pixels.shape[-2:]
         size = self.config.image_size
@@ -307,21 +330,52 @@ class VisionAttributionModel(EncoderAttributionModel):
             )
         return height // patch, width // patch
 
-    def _token_count(self, pixels: torch.Tensor) -> int:
-        rows, self.columns = self._grid(pixels)
-        return len(self.leading) + rows * self.columns
+    def replaced(self, inputs: dict, other: dict, kept: torch.Tensor, grid: tuple[int, int]) -> dict:
+        """One image's inputs ``n`` times, each with the patches not ``kept`` ``(n, patches)`` (reading order) taken
+        from ``other`` (the same image's inputs after a replacement: its mean colour, its blur)."""
+        pixels, replacement = inputs["pixel_values"], other["pixel_values"]
+        kept = kept.to(pixels.device)
+        if self.patchified:  # a patch is a row of the flattened pixels; padding rows stay as they are
+            rows = torch.ones(len(kept), pixels.shape[1], dtype=torch.bool, device=pixels.device)
+            rows[:, : kept.shape[1]] = kept
+            mixed = torch.where(rows[..., None], pixels, replacement)
+            return {**{name: value.expand(len(kept), *value.shape[1:]) for name, value in inputs.items()},
+                    "pixel_values": mixed}  # fmt: skip
+        patch = self.config.patch_size
+        mask = kept.reshape(-1, 1, *grid).repeat_interleave(patch, -2).repeat_interleave(patch, -1)
+        return {"pixel_values": torch.where(mask, pixels, replacement)}
+
+    def mean_colour(self, inputs: dict) -> dict:
+        """The inputs of an image of one colour, the image's mean per channel (after the processor's normalisation,
+        over its real patches)."""
+        pixels = inputs["pixel_values"]
+        if self.patchified:
+            channels = self.config.num_channels
+            real = inputs["pixel_attention_mask"][..., None, None].to(pixels.dtype)
+            per_pixel = pixels.reshape(*pixels.shape[:2], -1, channels)  # the processor's (p, p, C) order
+            mean = (per_pixel * real).sum((1, 2)) / (real.sum((1, 2)) * per_pixel.shape[2])
+            return {**inputs, "pixel_values": mean[:, None, None, :].expand_as(per_pixel).reshape(pixels.shape)}
+        return {"pixel_values": pixels.mean((-2, -1), keepdim=True).expand_as(pixels)}
+
+    def patch_shares(self, inputs: dict, other: dict, grid: tuple[int, int]) -> torch.Tensor:
+        """Per patch (reading order), the share of its pixels where two images' inputs differ."""
+        first, second = inputs["pixel_values"][0], other["pixel_values"][0]
+        if self.patchified:
+            differs = (first != second).reshape(first.shape[0], -1, self.config.num_channels).any(-1).float()
+            return differs.mean(-1)[: grid[0] * grid[1]]
+        patch = self.config.patch_size
+        differs = (first != second).any(0).float()
+        return differs.reshape(grid[0], patch, grid[1], patch).mean((1, 3)).flatten()
 
     def prepare(self, items: list[_Image], settings=None) -> EncoderBatch:
         """A batch of images processed and traced, the explained tokens and outputs found, and the method's request."""
         names = [item.name for item in items]
         targets, foils = [item.target for item in items], [item.foil for item in items]
-        pixels = self._pixels([item.image for item in items])
-        tokens = self._token_count(pixels)
-        ids = torch.arange(tokens, device=self.device).expand(len(items), tokens).contiguous()
-        mask = torch.ones_like(ids)
-        inputs = {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels}
+        model_inputs, mask, grids = self.encode([item.image for item in items])
+        ids = torch.arange(mask.shape[1], device=self.device).expand(len(items), -1).contiguous()
+        inputs = {"input_ids": ids, "attention_mask": mask, **model_inputs, "grids": grids}
         explained = self._explained(inputs, [item.positions for item in items], names)
-        call = ModelCall(self.runner, {"pixel_values": pixels}, frame_masks={"decoder": mask})
+        call = ModelCall(self.runner, model_inputs, frame_masks={"decoder": mask})
         trace = trace_call(self.spec, call)
         where = torch.zeros_like(mask, dtype=torch.bool)
         for row, cells in enumerate(explained):
@@ -336,6 +390,10 @@ class VisionAttributionModel(EncoderAttributionModel):
                                     positions=where, tracer=lambda: trace, caller=lambda: call)  # fmt: skip
         return batch
 
+    def model_inputs(self, batch: EncoderBatch, rows: slice = slice(None)) -> dict:
+        """What the model reads of a batch's images (of ``rows``)."""
+        return {name: batch.inputs[name][rows] for name in MODEL_INPUTS if name in batch.inputs}
+
     def input_embeddings(self, batch: EncoderBatch) -> torch.Tensor:
         """What the gradient baselines attribute: the token embeddings the first block reads ``(B, T, D)``."""
         recorded = {}
@@ -347,7 +405,7 @@ class VisionAttributionModel(EncoderAttributionModel):
         handle = first.register_forward_pre_hook(record, with_kwargs=True)
         try:
             with torch.no_grad():
-                self.runner(pixel_values=batch.inputs["pixel_values"])
+                self.runner(**self.model_inputs(batch))
         finally:
             handle.remove()
         return recorded["input"]
@@ -355,8 +413,8 @@ class VisionAttributionModel(EncoderAttributionModel):
     def explained_logit(self, batch: EncoderBatch, row: int, cell: int, target: int, foil: int | None) -> nn.Module:
         """The explained logit of one image as a module of its token embeddings (Captum's forward function)."""
         head = self.spec.head if self.similarity else None
-        pixels = batch.inputs["pixel_values"][row : row + 1]
-        return _EmbeddedLogit(self.runner, self.spec.decoder.layers[0].module, pixels, target, foil, head)
+        inputs = self.model_inputs(batch, slice(row, row + 1))
+        return _EmbeddedLogit(self.runner, self.spec.decoder.layers[0].module, inputs, target, foil, head)
 
     def _baseline(self, baselines, embeds: torch.Tensor) -> torch.Tensor | None:
         if isinstance(baselines, str):
@@ -370,17 +428,20 @@ class VisionAttributionModel(EncoderAttributionModel):
         explains_logit = self.declaration is None or self.declaration.explains_logit
         if self.task == "sequence_classification" and explains_logit:
             return [0]  # the logit's row (a pooled read-out's shares are summed there)
+        length = int(mask.sum())  # SigLIP 2's padding after the patches is not a token
         if chosen is None:
-            return [0] if self.leading else list(range(len(ids)))
+            return [0] if self.leading else list(range(length))
         cells = [int(cell) for cell in chosen]
-        bad = [cell for cell in cells if not 0 <= cell < len(ids)]
+        bad = [cell for cell in cells if not 0 <= cell < length]
         if bad:
-            raise ValueError(f"{name} has {len(ids)} tokens ([CLS] and the patches): positions {bad} are outside it.")
+            what = "[CLS] and the like, then the patches" if self.leading else "its patches"
+            raise ValueError(f"{name} has {length} tokens ({what}): positions {bad} are outside it.")
         return cells
 
-    def _tokens(self, ids: torch.Tensor) -> list:
-        """Token labels: the leading tokens, then ``r{row}c{column}`` per patch."""
-        ids, columns = ids.tolist(), self.columns
+    def row_tokens(self, batch: EncoderBatch, row: int, cells) -> list:
+        """Token labels of one image's ``cells``: the leading tokens, then ``r{row}c{column}`` per patch of its
+        grid."""
+        ids, columns = batch.inputs["input_ids"][row, cells].tolist(), batch.inputs["grids"][row][1]
         lead = len(self.leading)
         labels = [self.leading[idx] if idx < lead else f"r{(idx - lead) // columns}c{(idx - lead) % columns}"
                   for idx in ids]  # fmt: skip
@@ -389,7 +450,7 @@ class VisionAttributionModel(EncoderAttributionModel):
     def _explained_tokens(self, batch: EncoderBatch, row: int, cells: list[int]) -> list:
         """A logit's label (or an image–text model's text), or the explained tokens' own labels (map methods)."""
         if self.declaration is not None and not self.declaration.explains_logit or self.task is None:
-            return self._tokens(batch.inputs["input_ids"][row, cells])
+            return self.row_tokens(batch, row, cells)
         if self.similarity:
             ids = batch.target_ids[row, cells].tolist()
             return token_list([self.texts[idx] for idx in ids], ids)
@@ -405,14 +466,14 @@ class _EmbeddedLogit(nn.Module):
     runs on its pixels with that block's input replaced (what Captum attributes). An image–text model's similarity
     is its read-out (``head``) applied to the tower's final [CLS] state."""
 
-    def __init__(self, runner: nn.Module, first: nn.Module, pixels: torch.Tensor, target: int, foil: int | None,
+    def __init__(self, runner: nn.Module, first: nn.Module, inputs: dict, target: int, foil: int | None,
                  head=None):  # fmt: skip
         super().__init__()
-        self.runner, self.first, self.pixels, self.head = runner, first, pixels, head
+        self.runner, self.first, self.inputs, self.head = runner, first, inputs, head
         self.target, self.foil = target, foil
 
     def forward(self, embeds: torch.Tensor) -> torch.Tensor:
-        pixels = self.pixels.expand(embeds.shape[0], *self.pixels.shape[1:])
+        inputs = {name: value.expand(embeds.shape[0], *value.shape[1:]) for name, value in self.inputs.items()}
 
         def replace(_module, args, kwargs):
             if args:
@@ -421,7 +482,7 @@ class _EmbeddedLogit(nn.Module):
 
         handle = self.first.register_forward_pre_hook(replace, with_kwargs=True)
         try:
-            output = self.runner(pixel_values=pixels)
+            output = self.runner(**inputs)
         finally:
             handle.remove()
         logits = (

@@ -40,11 +40,11 @@ class FrozenHead:
     """
 
     @torch.no_grad()
-    def __init__(self, head: HeadSpec, hidden: torch.Tensor):
-        self.head = head
+    def __init__(self, head: HeadSpec, hidden: torch.Tensor, mask: torch.Tensor | None = None):
+        self.head, self.mask = head, mask
         self.frozen = []  # per step before the last: ("linear", module) | ("norm", FrozenNorm) | ("slope", (B, T, n))
         self.length, self.width = hidden.shape[1], hidden.shape[-1]
-        state = upcast(head.pooled(hidden))
+        state = upcast(head.pooled(hidden, mask))
         for step in head.steps[:-1]:
             if isinstance(step, torch.nn.Linear):
                 self.frozen.append(("linear", step))
@@ -94,20 +94,22 @@ class FrozenHead:
             else:
                 direction = direction * frozen
         if self.head.pooling:
-            return spread(self.head, direction, self.length, self.width), nn.functional.pad(
-                constant, (0, self.length - 1)
-            )
+            spread_out = spread(self.head, direction, self.length, self.width, self.mask)
+            return spread_out, nn.functional.pad(constant, (0, self.length - 1))
         return direction, constant
 
 
-def spread(head: HeadSpec, direction: torch.Tensor, length: int, width: int) -> torch.Tensor:
+def spread(head: HeadSpec, direction: torch.Tensor, length: int, width: int, mask: torch.Tensor | None = None
+           ) -> torch.Tensor:  # fmt: skip
     """A direction on a pooled read-out's vector ``(B, 1, D · len(pooling))`` as directions on the final states of
-    the ``length`` positions ``(B, T, D)``: the transpose of :meth:`~inseq_mixing.specs.HeadSpec.pooled`."""
+    the ``length`` positions ``(B, T, D)`` (``mask``: the real ones, in a padded batch): the transpose of
+    :meth:`~inseq_mixing.specs.HeadSpec.pooled`."""
     spread_out = direction.new_zeros(direction.shape[0], length, width)
+    weights = head.mean_weights((direction.shape[0], length), mask, direction.device).to(direction.dtype)
     for index, name in enumerate(head.pooling):
         part = direction[:, 0, index * width : (index + 1) * width]
         if name == "mean":
-            spread_out[:, head.pool_from :] += (part / (length - head.pool_from))[:, None]
+            spread_out += weights[..., None] * part[:, None]
         else:
             spread_out[:, name] += part
     return spread_out

@@ -46,7 +46,7 @@ def readout(trace: ModelTrace, ids: torch.Tensor, foil_ids: torch.Tensor | None)
     encoder's frozen head (:class:`~.head.FrozenHead`)."""
     spec = trace.spec
     if spec.head is not None:
-        return FrozenHead(spec.head, trace.final_hidden).readout(ids, foil_ids)
+        return FrozenHead(spec.head, trace.final_hidden, trace.decoder.mask).readout(ids, foil_ids)
     return unembedding_direction(spec, ids, foil_ids), logit_bias(spec, ids, foil_ids)
 
 

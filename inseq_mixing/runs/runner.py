@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..declarations import DECLARATIONS
-from ..frontends import identify, is_front_end, refuse_vision
+from ..frontends import identify, is_front_end
 from .data import DatasetInputError, Example, fingerprint_examples, read_examples
 from .store import FORMAT, RunStore, RunStoreError, ShardScan, Writer, sequence_to_row
 
@@ -158,7 +158,6 @@ def attribute_dataset(
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}.")
     found = identify(model)  # the one config read of a name or folder
-    refuse_vision(found, "A dataset run")
     source_column = source_column or found.run_columns[0]
     target_column = target_column or found.run_columns[1]
     examples = read_examples(

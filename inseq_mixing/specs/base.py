@@ -186,14 +186,24 @@ class HeadSpec:
         """The last linear map (unembedding or classifier)."""
         return self.steps[-1]
 
-    def pooled(self, hidden: torch.Tensor) -> torch.Tensor:
+    def pooled(self, hidden: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """What a pooled read-out's steps read, ``(B, 1, D · len(pooling))``, from the final states ``(B, T, D)``
-        (the model's own computation); ``hidden`` itself for a position-wise head."""
+        (the model's own computation; the mean over the real positions of ``mask`` ``(B, T)`` where the batch is
+        padded, as SigLIP 2's classifier reads its patches); ``hidden`` itself for a position-wise head."""
         if not self.pooling:
             return hidden
-        parts = [hidden[:, self.pool_from :].mean(1, keepdim=True) if part == "mean" else hidden[:, part : part + 1]
+        weights = self.mean_weights(hidden.shape[:2], mask, hidden.device).to(hidden.dtype)
+        parts = [(weights[..., None] * hidden).sum(1, keepdim=True) if part == "mean" else hidden[:, part : part + 1]
                  for part in self.pooling]  # fmt: skip
         return torch.cat(parts, dim=-1)
+
+    def mean_weights(self, shape, mask: torch.Tensor | None, device) -> torch.Tensor:
+        """Each position's weight ``(B, T)`` in a pooled read-out's mean: ``1/n`` on the ``n`` real positions from
+        ``pool_from`` on, 0 elsewhere."""
+        weights = torch.ones(shape, device=device) if mask is None else mask.to(device=device, dtype=torch.float32)
+        weights = weights.clone()
+        weights[:, : self.pool_from] = 0
+        return weights / weights.sum(1, keepdim=True)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ import html
 from pathlib import Path
 
 from .figures import figure_png_base64, plt
+from .images import image_figures
 from .report import STYLE, sequence_heatmaps
 from .tables import p_value_text
 
@@ -117,6 +118,12 @@ def example_heatmaps(evaluation) -> str:
             continue
         parts.append(f"<h3>{html.escape(method)}</h3>")
         for index, explanation in enumerate(explanations):
+            if explanation.image is not None:  # an image's scores over the image
+                name = html.escape(explanation.item.prefix or f"row {explanation.item.row}")
+                parts.append(
+                    f"<p>row {explanation.item.row}</p>{image_figures(explanation.seq, explanation.image, name)}"
+                )
+                continue
             heatmaps = sequence_heatmaps(explanation.seq, method, index, **example_view(explanation, evaluation))
             parts.append(
                 f"<p>row {explanation.item.row}{gold_words(explanation.item, evaluation.protocol)}</p>{heatmaps}"
@@ -180,7 +187,8 @@ def render_evaluation_report(evaluation, title: str = "inseq-mixing evaluation")
     return (
         f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
         f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
-        f"<p>Protocol: <b>{html.escape(evaluation.protocol)}</b>. {html.escape(DESCRIPTIONS[evaluation.protocol])} "
+        f"<p>Protocol: <b>{html.escape(evaluation.protocol)}</b>. "
+        f"{html.escape(evaluation.description or DESCRIPTIONS[evaluation.protocol])} "
         f"Intervals: percentile bootstrap over the items ({evaluation.draws} resamples).{_explained(evaluation)}</p>"
         f"<h2>Metrics</h2>{metrics_table(evaluation)}{cue_figure(evaluation)}"
         f"{section('Paired tests', pairs_table(evaluation) if evaluation.pairs() else '')}{failed}"

@@ -170,8 +170,6 @@ def image_report(output, images, path, title: str = "Context mixing over image p
     import html
     from pathlib import Path
 
-    from .figures import figure_png_base64
-
     sequences = output.sequence_attributions
     images = list(images) if isinstance(images, list | tuple) else [images]
     if len(images) != len(sequences):
@@ -180,17 +178,7 @@ def image_report(output, images, path, title: str = "Context mixing over image p
     sections = []
     for number, (sequence, image) in enumerate(zip(sequences, images, strict=True)):
         name = html.escape(str(image) if isinstance(image, str | Path) else f"image {number}")
-        figures = []
-        for entry in range(len(sequence.target)):
-            figure = image_heatmap(sequence, image, entry=entry)
-            signed = _entry_scale(sequence, entry, None, None)[2][3]  # the scale the figure was drawn on
-            figures.append(_figure_html(figure_png_base64(figure), f"{name}, explained: "
-                                        f"{html.escape(sequence.target[entry].token)}", _caption(signed)))  # fmt: skip
-        if sequence.source_attributions.dim() == 3:
-            figure = layer_image_grid(sequence, image)
-            figures.append(_figure_html(figure_png_base64(figure), f"{name}, layer by layer (from layer 0)",
-                                        "one colour scale for every layer"))  # fmt: skip
-        sections.append(f"<section><h2>{name}</h2>{''.join(figures)}</section>")
+        sections.append(f"<section><h2>{name}</h2>{image_figures(sequence, image, name)}</section>")
     page = (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><style>"
         "body{{font-family:sans-serif;max-width:1200px;margin:1em auto;padding:0 1em}}"
@@ -201,6 +189,26 @@ def image_report(output, images, path, title: str = "Context mixing over image p
     ).format(title=html.escape(title), method=html.escape(method), sections="".join(sections))
     Path(path).write_text(page, encoding="utf-8")
     return page
+
+
+def image_figures(sequence, image, name: str) -> str:
+    """HTML figures of one image's sequence: its heatmap over the image for every explained entry and, for a
+    per-layer output, the grid of layers, each captioned with its colour scale in words (``name``: HTML-escaped)."""
+    import html
+
+    from .figures import figure_png_base64
+
+    figures = []
+    for entry in range(len(sequence.target)):
+        figure = image_heatmap(sequence, image, entry=entry)
+        signed = _entry_scale(sequence, entry, None, None)[2][3]  # the scale the figure was drawn on
+        figures.append(_figure_html(figure_png_base64(figure), f"{name}, explained: "
+                                    f"{html.escape(sequence.target[entry].token)}", _caption(signed)))  # fmt: skip
+    if sequence.source_attributions.dim() == 3:
+        figure = layer_image_grid(sequence, image)
+        figures.append(_figure_html(figure_png_base64(figure), f"{name}, layer by layer (from layer 0)",
+                                    "one colour scale for every layer"))  # fmt: skip
+    return "".join(figures)
 
 
 def _figure_html(png: str, alt: str, caption: str) -> str:

@@ -13,6 +13,7 @@ import torch
 
 from ..evaluation.comparison import METRICS, Comparison, token_level_scores
 from .figures import figure_png_base64, layer_figure
+from .images import image_figures
 
 STYLE = """
 body { font-family: sans-serif; margin: 1.5em; color: #222; }
@@ -171,14 +172,19 @@ def sequence_heatmaps(seq, method: str, index: int, columns: list[int] | None = 
     return f'<div class="heatmaps">{"".join(tables)}</div>'
 
 
-def method_section(method: str, out, examples: int | None = None) -> str:
+def method_section(method: str, out, examples: int | None = None, images: list | None = None) -> str:
     """Each sentence's caption, its source and target heatmaps side by side, then per-layer panels where the method
-    has them (the first ``examples`` sentences, or all)."""
+    has them (the first ``examples`` sentences, or all); with ``images`` (an image classifier's comparison), each
+    image's scores drawn over it instead, every figure captioned with its colour scale."""
     sequences = out.sequence_attributions
     shown = sequences if examples is None else sequences[:examples]
     parts = [f'<section class="method" id="method-{html.escape(method)}"><h2>{html.escape(method)}</h2>']
     if len(shown) < len(sequences):
         parts.append(f"<p>The first {len(shown)} of {len(sequences)} sentences.</p>")
+    if images is not None:
+        parts += [image_figures(seq, image, f"image {index + 1}") for index, (seq, image) in
+                  enumerate(zip(shown, images, strict=False))]  # fmt: skip
+        return "".join([*parts, "</section>"])
     for index, seq in enumerate(shown):
         parts.append(f'<p class="example">{html.escape(example_caption(seq, index))}</p>')
         parts.append(sequence_heatmaps(seq, method, index))
@@ -197,7 +203,8 @@ def example_caption(seq, index: int) -> str:
 def render_report(comparison: Comparison, title: str = "inseq-mixing report", notes: str = "",
                   examples: int | None = None) -> str:  # fmt: skip
     """The whole report as one HTML string (``examples``: sentences shown per method, default all)."""
-    sections = "".join(method_section(method, out, examples) for method, out in comparison.outputs.items())
+    sections = "".join(method_section(method, out, examples, comparison.images)
+                       for method, out in comparison.outputs.items())  # fmt: skip
     summary = comparison.summary()  # one pass over the token and agreement rows, for both tables
     if comparison.failed:
         failures = "".join(
