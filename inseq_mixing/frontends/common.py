@@ -49,6 +49,9 @@ class FrontEndModel:
     #: Keyword arguments of ``attribute`` a dataset run passes on besides the method's options.
     RUN_ARGUMENTS: tuple[str, ...] = ()
 
+    #: What one input is called in the progress bar (``"text"``, ``"utterance"``, ``"image"``).
+    item_name = "example"
+
     def run_arguments(self, kwargs: dict, max_new_tokens: int | None = None) -> tuple[dict, dict]:
         """``kwargs`` split into this front end's own arguments (:data:`RUN_ARGUMENTS`) and the method's options,
         both checked (an unknown name raises ``ValueError`` listing the known ones); ``max_new_tokens`` caps what the
@@ -130,7 +133,8 @@ class FrontEndModel:
         Args:
             items: One entry per input, in order.
             batch_size: Items per forward pass.
-            show_progress: Show a progress bar over batches.
+            show_progress: Show a progress bar: it counts inputs (moving by a batch at a time) and says what is being
+                done (the traced forward pass, the method).
             method_options: The method's options as the user gave them (checked here, before any work).
             info: The front end's own entries of the output's ``info`` (the method, the model and the options are
                 added here).
@@ -140,21 +144,26 @@ class FrontEndModel:
         Returns:
             ``inseq.FeatureAttributionOutput``, one sequence per item.
         """
-        import inseq
         from tqdm.auto import tqdm
+
+        from .output import ExplainedOutput
 
         self.check_options(method_options)
         options = self.make_options(method_options)
         sequences, axis = [], None
-        starts = range(0, len(items), batch_size)
-        with eval_mode(self.model):
-            for start in tqdm(starts, disable=not show_progress, desc=f"Attributing with {self.method}"):
-                batch = self.prepare(items[start : start + batch_size], settings)
+        bar = tqdm(total=len(items), disable=not show_progress, desc=self.method, unit=self.item_name)
+        with eval_mode(self.model), bar:
+            for start in range(0, len(items), batch_size):
+                chunk = items[start : start + batch_size]
+                bar.set_postfix_str("forward pass, traced")
+                batch = self.prepare(chunk, settings)
+                bar.set_postfix_str(f"{self.method} on {len(chunk)} {self.item_name}(s)")
                 batch_sequences, batch_axis = self.explain(batch, options)
                 if step_scores:
                     self.add_step_scores(batch, batch_sequences, step_scores)
                 sequences += batch_sequences
                 axis = batch_axis if batch_axis is not None else axis
+                bar.update(len(chunk))
         info = {
             "attribution_method": self.method,
             "model_name": self.model_name,
@@ -165,7 +174,7 @@ class FrontEndModel:
         }
         if axis is not None:
             info["score_axis"] = list(axis)
-        return inseq.FeatureAttributionOutput(sequence_attributions=sequences, step_attributions=None, info=info)
+        return ExplainedOutput(sequence_attributions=sequences, step_attributions=None, info=info)
 
     def prepare(self, items: list, settings) -> PreparedBatch:
         """One batch of items made ready: inputs encoded, the model traced, what is explained found."""

@@ -115,6 +115,8 @@ class EncoderAttributionModel(FrontEndModel):
         method: The method's name.
     """
 
+    item_name = "text"
+
     def __init__(self, model: nn.Module, tokenizer, method: str):
         self.model, self.tokenizer, self.method = model, tokenizer, method
         self.spec = get_spec(model)

@@ -119,6 +119,8 @@ class SpeechAttributionModel(FrontEndModel):
         method: One of this package's methods.
     """
 
+    item_name = "utterance"
+
     def __init__(self, model: nn.Module, processor, method: str):
         if method not in DECLARATIONS:
             raise ValueError(

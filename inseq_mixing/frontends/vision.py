@@ -146,6 +146,8 @@ class VisionAttributionModel(EncoderAttributionModel):
         method: The method's name.
     """
 
+    item_name = "image"
+
     def __init__(self, model: nn.Module, processor, method: str):
         if processor is None:
             raise ValueError("Pass the image processor of this vision model: load_model(model, method, processor=).")

@@ -12,6 +12,27 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 
+def layer_panels_grid(layers: int, panel: tuple[float, float], max_columns: int = 4, extra: tuple = (0.0, 0.0)):
+    """The one layout of every per-layer figure: up to ``max_columns`` panels of ``panel`` inches per row, layer
+    ``i`` (counted from 0, as ``info["score_axis"]`` and ``model.layers[i]``) in reading order and titled so, the
+    panels left over switched off; ``extra`` inches for a colour bar and a caption.
+
+    Returns:
+        The figure and the ``layers`` axes, in layer order.
+    """
+    columns = min(max_columns, layers)
+    rows = math.ceil(layers / columns)
+    size = (panel[0] * columns + extra[0], panel[1] * rows + extra[1])
+    figure, axes = plt.subplots(rows, columns, figsize=size, squeeze=False)
+    flat = list(axes.flat)
+    for index, axis in enumerate(flat):
+        if index >= layers:
+            axis.axis("off")
+        else:
+            axis.set_title(f"layer {index}", fontsize=9)
+    return figure, flat[:layers]
+
+
 def layer_figure(
     scores: torch.Tensor, row_tokens: list[str], column_tokens: list[str], title: str = "", max_columns: int = 4
 ):
@@ -30,20 +51,13 @@ def layer_figure(
     """
     if scores.ndim != 3:
         raise ValueError(f"Expected (rows, columns, layers) scores, got shape {tuple(scores.shape)}.")
-    num_layers = scores.shape[-1]
-    columns = min(max_columns, num_layers)
-    rows = math.ceil(num_layers / columns)
-    size = (2.2 + 0.28 * len(column_tokens), 1.6 + 0.28 * len(row_tokens))
-    figure, axes = plt.subplots(rows, columns, figsize=(size[0] * columns, size[1] * rows), squeeze=False)
+    panel = (2.2 + 0.28 * len(column_tokens), 1.6 + 0.28 * len(row_tokens))
+    figure, axes = layer_panels_grid(scores.shape[-1], panel, max_columns)
     values = scores.float().nan_to_num(nan=float("nan")).numpy()
     finite = scores[torch.isfinite(scores)]
     vmax = float(finite.abs().max()) if finite.numel() else 1.0
     signed = bool((finite < -1e-6 * vmax).any()) if finite.numel() else False  # not float noise
-    for layer in range(rows * columns):
-        axis = axes[layer // columns][layer % columns]
-        if layer >= num_layers:
-            axis.axis("off")
-            continue
+    for layer, axis in enumerate(axes):
         image = axis.imshow(
             values[..., layer],
             cmap="RdBu_r" if signed else "Reds",
@@ -51,10 +65,9 @@ def layer_figure(
             vmax=vmax,
             aspect="auto",
         )
-        axis.set_title(f"layer {layer}", fontsize=9)  # from 0, as info["score_axis"] and model.layers[i]
         axis.set_xticks(range(len(column_tokens)), column_tokens, rotation=90, fontsize=7)
         axis.set_yticks(range(len(row_tokens)), row_tokens, fontsize=7)
-    figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6)
+    figure.colorbar(image, ax=axes, shrink=0.6)
     if title:
         figure.suptitle(title)
     return figure

@@ -10,15 +10,11 @@ the explained one) a sequential one from 0. The caption says which.
 
 from __future__ import annotations
 
-import math
 import re
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")  # figures are rendered to files and HTML, never to a window
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from .figures import figure_png_base64, layer_panels_grid, plt
 
 _PATCH = re.compile(r"^r(\d+)c(\d+)$")
 
@@ -131,22 +127,16 @@ def layer_image_grid(sequence, image, *, entry: int = 0, signed: bool | None = N
     layers = scores.shape[-1]
     grids = [patch_grid(sequence, entry, layer)[0] for layer in range(layers)]
     cmap, low, high, signed = _scale(np.stack(grids), signed)
-    columns = min(max_columns, layers)
-    rows = math.ceil(layers / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(2.4 * columns + 0.8, 2.4 * rows + 0.6), squeeze=False)
+    figure, axes = layer_panels_grid(layers, (2.4, 2.4), max_columns, extra=(0.8, 0.6))
     height, width = picture.shape[:2]
     shown = None
-    for index, axis in enumerate(axes.flat):
+    for index, axis in enumerate(axes):
         axis.set_xticks([])
         axis.set_yticks([])
-        if index >= layers:
-            axis.axis("off")
-            continue
         axis.imshow(picture)
         shown = axis.imshow(grids[index], cmap=cmap, vmin=low, vmax=high, alpha=alpha, extent=(0, width, height, 0),
                             interpolation="nearest")  # fmt: skip
-        axis.set_title(f"layer {index}", fontsize=9)
-    figure.colorbar(shown, ax=axes.ravel().tolist(), fraction=0.03, pad=0.02)
+    figure.colorbar(shown, ax=axes, fraction=0.03, pad=0.02)
     explained = sequence.target[entry].token if sequence.target else str(entry)
     figure.text(0.02, 0.02, f"explained: {explained}; colour: {_caption(signed)}", fontsize=8)
     if path is not None:
@@ -195,8 +185,6 @@ def image_figures(sequence, image, name: str) -> str:
     """HTML figures of one image's sequence: its heatmap over the image for every explained entry and, for a
     per-layer output, the grid of layers, each captioned with its colour scale in words (``name``: HTML-escaped)."""
     import html
-
-    from .figures import figure_png_base64
 
     figures = []
     for entry in range(len(sequence.target)):
