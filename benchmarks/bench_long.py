@@ -6,7 +6,9 @@ Models are full-size with random weights (nothing is downloaded): a GPT-2-small-
 12 heads, FFN 3072, learned positions for 4,096 tokens) and a Llama-style one of the same width (12 layers, 12 query
 heads sharing 4 key/value heads (GQA), RoPE, SwiGLU FFN 2048, RMSNorm). An input of ``L`` tokens is a prompt of
 ``L - 100`` words and an answer of 100 words (the word tokenizer: one token a word); the method explains the answer's
-100 tokens, each on its own, as it does today (no span yet). The request is captured from a dataset run of that one
+100 tokens, each on its own, as it does today, and ``attn_lrp_span`` explains them as one quantity (their summed
+logit) in one backward pass (:func:`~inseq_mixing.methods.attn_lrp.span_lrp_of_call`, equal to the sum of the
+per-token relevances). The request is captured from a dataset run of that one
 row and the method's ``run`` is timed alone (the traced forward pass and the method's math), the best of
 ``--repeats``, each method taking turns with the forward pass. On a CUDA device the peak of PyTorch's allocations
 above what the model and the input hold is reported too.
@@ -28,9 +30,11 @@ from bench_methods import device_arguments, synchronize
 
 import inseq_mixing
 from inseq_mixing.declarations import DECLARATIONS, Declaration
+from inseq_mixing.methods.attn_lrp import span_lrp_of_call
 from inseq_mixing.testing import WORDS, randomize_weights, word_tokenizer
 
-METHODS = ["alti_logit", "decompx", "attn_lrp", "value_zeroing", "alti", "globenc", "attention_rollout"]
+METHODS = ["alti_logit", "attn_lrp_span", "decompx", "attn_lrp", "value_zeroing", "alti", "globenc",
+           "attention_rollout"]  # fmt: skip
 ANSWER = 100
 
 
@@ -98,14 +102,24 @@ def timed(function, device: str) -> tuple[float, int]:
 
 
 def measure(model, request, options, method: str, repeats: int, device: str) -> dict:
-    """The best time of the method's run and of the plain forward pass of the same input, in turns."""
-    declaration = DECLARATIONS[method]
+    """The best time of the method's run and of the plain forward pass of the same input, in turns
+    (``attn_lrp_span``: the answer's 100 tokens as one quantity, one backward pass: :func:`span_lrp_of_call`)."""
     ids = request.input_ids if request.target_ids is None else request.target_ids
+    if method == "attn_lrp_span":
+
+        def run():
+            span_lrp_of_call(request.spec, request.model_call(), request.predicted_ids, request.foil_ids,
+                             request.positions, options.max_chunk_elements)  # fmt: skip
+    else:
+
+        def run():
+            DECLARATIONS[method].run(dataclasses.replace(request), options)
+
     forward, runs, peaks = [], [], []
     for _ in range(repeats):
         with torch.no_grad():
             forward.append(timed(lambda: model(input_ids=ids), device)[0])
-        seconds, peak = timed(lambda: declaration.run(dataclasses.replace(request), options), device)
+        seconds, peak = timed(run, device)
         runs.append(seconds)
         peaks.append(peak)
     return {"forward_s": min(forward), "method_s": min(runs), "peak_gb": max(peaks) / 2**30}
@@ -136,7 +150,8 @@ def main() -> None:
             cells, times = [], []
             for length in args.lengths:
                 try:
-                    request, options = captured_request(model, tokenizer, method, length - ANSWER - 1, ANSWER)
+                    declared = "attn_lrp" if method == "attn_lrp_span" else method
+                    request, options = captured_request(model, tokenizer, declared, length - ANSWER - 1, ANSWER)
                     found = measure(model, request, options, method, args.repeats, args.device)
                 except torch.OutOfMemoryError:
                     cells.append(f"{'out of memory':>22}")

@@ -170,3 +170,34 @@ def test_inseqs_path_runs_attn_lrp_without_a_trace(family, monkeypatch):
     torch.testing.assert_close(untraced.target_attributions, traced.target_attributions, equal_nan=True)
     if traced.source_attributions is not None:
         torch.testing.assert_close(untraced.source_attributions, traced.source_attributions)
+
+
+def test_a_span_in_one_backward_pass_equals_the_sum_of_its_tokens(family):
+    """Our extension (one pass per span, after FlashTrace): the relevance of a span's summed logit equals the sum of
+    its positions' relevances explained one by one (the rules pass relevance linearly), token relevances plus the
+    absorbed part add up to the sum of the model's own logits (before a soft-cap), and each sentence's span is its
+    own (two sentences, two different spans)."""
+    from inseq_mixing.methods.attn_lrp import lrp_of_call, span_lrp_of_call
+    from inseq_mixing.trace import ModelCall, forward_arguments
+
+    model = tiny_model(family)
+    spec = get_spec(model)
+    kwargs = example_kwargs(family, batch=2)
+    ids = next_tokens(kwargs)
+    foils = (ids + 7) % 60 + 4
+    positions = torch.zeros(ids.shape, dtype=torch.bool)
+    positions[0, 1:4] = True
+    positions[1, 2:] = True
+    arguments = forward_arguments(model, spec, kwargs["input_ids"], kwargs.get("attention_mask"),
+                                  kwargs.get("decoder_input_ids"), kwargs.get("decoder_attention_mask"))  # fmt: skip
+    call = ModelCall(model, arguments)
+    for foil_ids in (None, foils):
+        each = lrp_of_call(spec, call, ids, foil_ids, positions, max_chunk_elements=2**26)
+        span = span_lrp_of_call(spec, call, ids, foil_ids, positions)
+        torch.testing.assert_close(span.target, each.target.sum(1), atol=1e-5, rtol=1e-4)
+        if span.source is not None:
+            torch.testing.assert_close(span.source, each.source.sum(1), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(span.logit, each.logit.sum(1), atol=1e-5, rtol=1e-5)
+        total = span.target.sum(-1) + (0 if span.source is None else span.source.sum(-1)) + span.absorbed
+        torch.testing.assert_close(total, span.logit, atol=1e-5, rtol=1e-5)
+        assert span.target.abs().sum() > 0

@@ -37,7 +37,10 @@ relevance with its own gradient (≈ 1 for scores well below the cap) instead of
 (our extension; the paper covers decoder-only and encoder-only models) propagate through cross-attention with the same
 rules, source relevance read at the encoder's first block; encoder-only models (the paper treats them) start from the
 final hidden state along the direction of their head frozen at the forward pass (:mod:`.head`: the identity rule on the
-head's activations and norms is that frozen map), the head's biases and norm shifts absorbed.
+head's activations and norms is that frozen map), the head's biases and norm shifts absorbed. A span of generated
+tokens may be explained as one quantity, its summed logit, in one backward pass (:func:`span_lrp_of_call`; our
+extension, after FlashTrace): the rules are linear in the relevance they pass down, so it equals the sum of the
+tokens' own relevances.
 """
 
 from collections.abc import Iterator
@@ -311,6 +314,75 @@ def lrp_of_call(
         absorbed=(logit - attributed) * positions,
         logit_after_softcap=None if capped is None else capped * positions,
     )
+
+
+@dataclass
+class AttnLrpSpanScores:
+    """AttnLRP relevances for a span: the sum of the logits explained at each sentence's positions, as one quantity.
+
+    Attributes:
+        target: ``(B, T)``: relevance of each target-prefix token (decoder-only: any token) for the span's logit.
+        source: ``(B, S)``: relevance of each source token (encoder–decoders), else None.
+        logit: ``(B,)``: the span's logit, the sum of its positions' logits (minus their foils'), before a soft-cap.
+        absorbed: ``(B,)``: ``logit`` minus all token relevances.
+    """
+
+    target: torch.Tensor
+    source: torch.Tensor | None
+    logit: torch.Tensor
+    absorbed: torch.Tensor
+
+
+def span_lrp_of_call(
+    spec: ModelSpec,
+    call: ModelCall,
+    explained_ids: torch.Tensor,
+    foil_ids: torch.Tensor | None,
+    positions: torch.Tensor,
+    max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> AttnLrpSpanScores:
+    r"""AttnLRP of a span in one forward and one backward pass per sentence (**our extension**, after FlashTrace's
+    one pass per target span): the relevance starts at :math:`\sum_{t \in \text{span}} z_t`, the sum of the logits
+    explained at the sentence's ``positions`` ``(B, T)``, instead of at each :math:`z_t` in a copy of its own. Every
+    rule passes relevance linearly (the real backward pass, its gradients scaled by factors of the forward pass alone),
+    so the result is the sum of the positions' own relevances, for the cost of one position. Generation models only
+    (an encoder's head explains one entry per row already)."""
+    if spec.head is not None:
+        raise ValueError("A span is a run of generated tokens: explain an encoder's entries one by one.")
+    model, kwargs = call.model, call.kwargs
+    mask = call.decoder_mask.bool()
+    positions = positions.bool() & mask
+    batch, length = mask.shape
+    dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
+    target = torch.zeros(batch, length, dtype=dtype, device=mask.device)
+    sources = call.encoder_mask.shape[1] if spec.is_encoder_decoder else 0
+    source = target.new_zeros(batch, sources) if spec.is_encoder_decoder else None
+    logit = target.new_zeros(batch)
+    rows = positions.any(1).nonzero().flatten()
+    chunk = _chunk_size(spec, length + sources, max_chunk_elements)
+    with lrp_pass(model, spec) as recorded:
+        for start in range(0, len(rows), chunk):
+            copies = rows[start : start + chunk]
+            copy_kwargs = {key: value[copies] if torch.is_tensor(value) else value for key, value in kwargs.items()}
+            output = model(**copy_kwargs)
+            refuse_non_finite_forward(model, output.logits.detach(), decoder_mask(copy_kwargs))
+            logits = recorded.get("logits", output.logits)  # before a final soft-cap
+            chosen = logits.gather(-1, explained_ids[copies][..., None])[..., 0]
+            if foil_ids is not None:
+                chosen = chosen - logits.gather(-1, foil_ids[copies][..., None])[..., 0]
+            objective = (chosen * positions[copies]).sum(-1)
+            names = [name for name in ("decoder", "encoder") if name in recorded]
+            grads = torch.autograd.grad(objective.sum(), [recorded[name] for name in names])
+            relevance = {
+                name: (recorded[name] * grad).sum(-1).detach() for name, grad in zip(names, grads, strict=True)
+            }
+            target[copies] = relevance["decoder"].to(dtype)
+            if source is not None:
+                source[copies] = relevance["encoder"].to(dtype)
+            logit[copies] = objective.detach().to(dtype)
+    refuse_non_finite("AttnLRP", target, source)
+    attributed = target.sum(-1) + (0 if source is None else source.sum(-1))
+    return AttnLrpSpanScores(target=target, source=source, logit=logit, absorbed=logit - attributed)
 
 
 @contextmanager
