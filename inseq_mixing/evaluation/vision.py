@@ -251,7 +251,7 @@ def _curves(front, row: dict, sequence, replacement: str, steps: int, random_dra
     inputs, _, (grid,) = front.encode([row["image"]])
     scores = _patch_scores(sequence, len(front.leading), grid)
     label = int(sequence.target[0].id)
-    read = patch_reader(front, inputs, _replacement(front, row["image"], inputs, replacement), grid, label)
+    read = patch_reader(front, inputs, _replacement(front, row["image"], inputs, grid, replacement), grid, label)
     patches = grid[0] * grid[1]
     result = ranking_metrics(read, torch.argsort(scores, descending=True, stable=True), patches, steps)
     draws = [ranking_metrics(read, torch.randperm(patches, generator=generator), patches, steps)
@@ -283,13 +283,12 @@ def ranking_metrics(read, ranking: torch.Tensor, patches: int, steps: int) -> di
     }
 
 
-def _replacement(front, image, inputs: dict, replacement: str) -> dict:
+def _replacement(front, image, inputs: dict, grid: tuple[int, int], replacement: str) -> dict:
     """What a removed patch's pixels become: the image's mean colour, or the image blurred (its inputs)."""
     if replacement == "mean":
         return front.mean_colour(inputs)
     from PIL import ImageFilter
 
-    grid = front.encode([image])[2][0]
     radius = image.width / grid[1]  # one patch's width, in the image's own pixels
     return front.encode([image.filter(ImageFilter.GaussianBlur(radius))])[0]
 

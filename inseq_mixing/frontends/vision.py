@@ -284,8 +284,11 @@ class VisionAttributionModel(EncoderAttributionModel):
         self._items(images, targets, foils, positions, names)
 
     def _check(self, items: list[_Image]) -> None:
-        """Targets, foils and positions checked against each image's tokens, before any work."""
-        _, mask, _ = self.encode([item.image for item in items])
+        """Targets, foils and positions checked against each image's tokens, before any work (one image processed
+        where the processor gives every image the same size; SigLIP 2's, each at its own)."""
+        checked = items if self.patchified else items[:1]
+        _, mask, _ = self.encode([item.image for item in checked])
+        mask = mask.expand(len(items), -1)
         ids = torch.arange(mask.shape[1]).expand(len(items), -1)
         explained = self._explained({"input_ids": ids, "attention_mask": mask.cpu()},
                                     [item.positions for item in items], [item.name for item in items])  # fmt: skip
@@ -307,11 +310,6 @@ class VisionAttributionModel(EncoderAttributionModel):
         rows, columns = self.grid(pixels)
         mask = torch.ones(len(images), len(self.leading) + rows * columns, dtype=torch.long, device=self.device)
         return {"pixel_values": pixels}, mask, [(rows, columns)] * len(images)
-
-    def pixels(self, images: list) -> torch.Tensor:
-        """The processor's pixel values on the model's device and in its precision: ``(B, 3, H, W)``, or SigLIP 2's
-        flattened patches ``(B, patches, p·p·C)``."""
-        return self.encode(images)[0]["pixel_values"]
 
     def grid(self, pixels: torch.Tensor) -> tuple[int, int]:
         """Patch rows and columns of processed images ``(B, 3, H, W)`` (a model with fixed position embeddings reads

@@ -371,11 +371,7 @@ def span_lrp_of_call(
             if foil_ids is not None:
                 chosen = chosen - logits.gather(-1, foil_ids[copies][..., None])[..., 0]
             objective = (chosen * positions[copies]).sum(-1)
-            names = [name for name in ("decoder", "encoder") if name in recorded]
-            grads = torch.autograd.grad(objective.sum(), [recorded[name] for name in names])
-            relevance = {
-                name: (recorded[name] * grad).sum(-1).detach() for name, grad in zip(names, grads, strict=True)
-            }
+            relevance = input_relevance(recorded, objective)
             target[copies] = relevance["decoder"].to(dtype)
             if source is not None:
                 source[copies] = relevance["encoder"].to(dtype)
@@ -440,7 +436,12 @@ def _relevance(
         final = recorded["final"][copies] if direction.dim() == 3 else recorded["final"][copies, at]  # pooled: all
         objective = (final * direction.to(final.dtype)).flatten(1).sum(-1)
         explained = final = objective.detach() + constant.to(objective.dtype)
+    return input_relevance(recorded, objective), explained, final
+
+
+def input_relevance(recorded: dict[str, torch.Tensor], objective: torch.Tensor) -> dict[str, torch.Tensor]:
+    r"""One backward pass from ``objective`` ``(copies,)`` inside :func:`lrp_pass`: each stack's token relevances
+    ``(copies, tokens)``, :math:`h^0_j \cdot \tilde g_j` at its first block's input."""
     names = [name for name in ("decoder", "encoder") if name in recorded]
     grads = torch.autograd.grad(objective.sum(), [recorded[name] for name in names])
-    relevance = {name: (recorded[name] * grad).sum(-1).detach() for name, grad in zip(names, grads, strict=True)}
-    return relevance, explained, final
+    return {name: (recorded[name] * grad).sum(-1).detach() for name, grad in zip(names, grads, strict=True)}

@@ -57,7 +57,7 @@ from .decompx_plan import (  # the memory plan: how the stream is stored and cut
     slab_key_parts,
     slab_targets,
 )
-from .head import FrozenHead
+from .head import FrozenHead, summed_into_first
 from .norms import FrozenNorm, freeze_norm
 from .options import (  # the choices are re-exported: the options live in .options so that listing them needs no torch
     BIAS_SPLITS,  # noqa: F401
@@ -682,14 +682,6 @@ def through_head(stream: BlockedStream, trace: ModelTrace, ids: torch.Tensor, fo
     return scores, bias, weights
 
 
-def pooled_row(scores: torch.Tensor) -> torch.Tensor:
-    """A pooled read-out's scores ``(B, T, K)``: each position's share (:func:`.head.spread`) summed into position 0,
-    so that its bias is split by the whole logit's scores."""
-    pooled = torch.zeros_like(scores)
-    pooled[:, 0] = scores.sum(1)
-    return pooled
-
-
 def read_out(stream: BlockedStream, direction: torch.Tensor) -> torch.Tensor:
     """Scores ``(B, T, K)``: every component projected on the direction ``(B, T, D)`` of its position."""
     first = stream.blocks[0].stream.parts
@@ -819,7 +811,7 @@ def _decompose(trace, target_ids, foil_ids, options, keep_layers, per_head, unit
                                                 first_row=first_row)  # fmt: skip
     weights = None
     if spec.head is not None and spec.head.pooling:  # a pooled read-out: the shares summed before the bias split
-        scores = pooled_row(read_out(stream, unembedded))
+        scores = summed_into_first(read_out(stream, unembedded), 1)
     elif spec.head is not None:  # encoder heads: the components go through the head's steps, biases split on the way
         scores, bias, weights = through_head(stream, trace, target_ids, foil_ids, options)
     else:

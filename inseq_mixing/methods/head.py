@@ -115,25 +115,27 @@ def spread(head: HeadSpec, direction: torch.Tensor, length: int, width: int, mas
     return spread_out
 
 
+def summed_into_first(scores: torch.Tensor | None, axis: int) -> torch.Tensor | None:
+    """A pooled read-out's per-position shares ``scores`` summed along the positions ``axis`` into position 0, the
+    other positions 0 (None stays None)."""
+    if scores is None:
+        return None
+    pooled = torch.zeros_like(scores)
+    pooled.narrow(axis, 0, 1).copy_(scores.sum(axis, keepdim=True))
+    return pooled
+
+
 def pooled_scores(result):
     """A pooled read-out's :class:`~.results.LogitScores` from the per-position shares a logit method returns (see
     the module docstring): every share summed into position 0, whose ``logit`` is the model's; the other rows 0.
     Idempotent (a result already pooled is returned equal)."""
-
-    def to_first(scores: torch.Tensor | None, axis: int) -> torch.Tensor | None:
-        if scores is None:
-            return None
-        pooled = torch.zeros_like(scores)
-        pooled.narrow(axis, 0, 1).copy_(scores.sum(axis, keepdim=True))
-        return pooled
-
     first_only = torch.zeros_like(result.logit)
     first_only[:, 0] = result.logit[:, 0]
     return dataclasses.replace(
         result,
-        target=to_first(result.target, -2),
-        source=to_first(result.source, -2),
-        terms={name: to_first(term, -1) for name, term in result.terms.items()},
+        target=summed_into_first(result.target, -2),
+        source=summed_into_first(result.source, -2),
+        terms={name: summed_into_first(term, -1) for name, term in result.terms.items()},
         logit=first_only,
     )
 
