@@ -209,30 +209,49 @@ class EncoderAttributionModel(FrontEndModel):
             ``inseq.FeatureAttributionOutput``, one sequence per text.
         """
         texts = [texts] if isinstance(texts, str) else list(texts)
-        if not texts:
-            raise ValueError("Give at least one text.")
-        check_batch_size(batch_size)
         if self.spec.float64_padding_nan and next(self.model.parameters()).dtype == torch.float64:
             batch_size = 1  # transformers' float64 masking of padded rows would put NaN into real tokens
+        return self.attribute_inputs(texts, targets, foils, positions, batch_size, show_progress, method_options)
+
+    def attribute_inputs(self, inputs: list, targets, foils, positions, batch_size: int, show_progress: bool,
+                         method_options: dict):  # fmt: skip
+        """What ``attribute`` does once its inputs are a list (the vision front end shares it): the batch size, the
+        foils and Inseq's keywords checked, one item per input (:meth:`_items`), the work announced
+        (:meth:`before_work`), the batches attributed with the output's ``info`` (:meth:`_info`)."""
+        if not inputs:
+            raise ValueError(f"Give at least one {self.item_name}.")
+        check_batch_size(batch_size)
         foils = self._foils(plain(foils), method_options)
         targets, steps = self.inseq_keywords(method_options, targets, foils is not None)
+        items = self._items(inputs, targets, foils, positions)
+        self.before_work(items)
+        return self.attribute_items(items, batch_size=batch_size, show_progress=show_progress,
+                                    method_options=method_options, info=self._info(items),
+                                    step_scores=steps)  # fmt: skip
+
+    def _items(self, texts: list[str], targets, foils, positions) -> list[_Text]:
+        """One item per text, with its target, foil and positions."""
         targets, foils = per_text(plain(targets), len(texts), "targets"), per_text(foils, len(texts), "foils")
         positions = per_text_positions(plain(positions), len(texts))
-        items = [_Text(text, target, foil, chosen, f"Text {index}")
-                 for index, (text, target, foil, chosen) in enumerate(zip(texts, targets, foils, positions,
-                                                                          strict=True))]  # fmt: skip
-        info = {
+        return [_Text(text, target, foil, chosen, f"Text {index}")
+                for index, (text, target, foil, chosen) in enumerate(zip(texts, targets, foils, positions,
+                                                                         strict=True))]  # fmt: skip
+
+    def before_work(self, items: list) -> None:
+        """What the front end readies once the inputs are checked, before the first batch (nothing here)."""
+
+    def _info(self, items: list[_Text]) -> dict:
+        """The front end's entries of the output's ``info``."""
+        return {
             "tokenizer_name": getattr(self.tokenizer, "name_or_path", ""),
             "tokenizer_class": type(self.tokenizer).__name__,
-            "input_texts": texts,
+            "input_texts": [item.text for item in items],
             "task": self.task or "encoder",
             "explained": (
                 EXPLAINED if self.declaration is None or self.declaration.explains_logit else EXPLAINED_BY_MAPS
             )[self.task],  # fmt: skip
-            "attributed_fn": self._explained_quantity(foils),
+            "attributed_fn": self._explained_quantity([item.foil for item in items]),
         }
-        return self.attribute_items(items, batch_size=batch_size, show_progress=show_progress,
-                                    method_options=method_options, info=info, step_scores=steps)  # fmt: skip
 
     def _foils(self, foils, options: dict):
         """The foils, from ``foils=`` or Inseq's name for them, ``contrast_targets=`` (taken out of ``options``);

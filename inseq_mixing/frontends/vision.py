@@ -42,7 +42,7 @@ from torch import nn
 from ..declarations import Request
 from ..specs.clip import TextRows, tower
 from ..trace import ModelCall, head_logits, trace_call
-from .common import check_batch_size, plain
+from .common import plain
 from .encoders import EncoderAttributionModel, EncoderBatch, per_text, per_text_positions
 from .layout import token_list
 
@@ -198,24 +198,21 @@ class VisionAttributionModel(EncoderAttributionModel):
             ``inseq.FeatureAttributionOutput``, one sequence per image.
         """
         images = list(images) if isinstance(images, list | tuple) else [images]
-        if not images:
-            raise ValueError("Give at least one image.")
-        check_batch_size(batch_size)
-        foils = self._foils(plain(foils), method_options)
-        targets, steps = self.inseq_keywords(method_options, targets, foils is not None)
-        items = self._items(images, targets, foils, positions)
-        foils = [item.foil for item in items]
+        return self.attribute_inputs(images, targets, foils, positions, batch_size, show_progress, method_options)
+
+    def before_work(self, items: list[_Image]) -> None:
+        """An image–text model's read-out rows: the embeddings of the call's texts."""
         if self.similarity and self.texts:
             self._set_texts()
-        info = {
+
+    def _info(self, items: list[_Image]) -> dict:
+        return {
             "image_processor": type(self.processor).__name__,
             "input_images": [item.name for item in items],
             "task": self._task_name(),
             "explained": self._explained_words(),
-            "attributed_fn": self._explained_quantity(foils),
+            "attributed_fn": self._explained_quantity([item.foil for item in items]),
         }
-        return self.attribute_items(items, batch_size=batch_size, show_progress=show_progress,
-                                    method_options=method_options, info=info, step_scores=steps)  # fmt: skip
 
     def _task_name(self) -> str:
         if self.similarity:
