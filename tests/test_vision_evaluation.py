@@ -132,11 +132,15 @@ def test_evaluate_runs_both_protocols_on_images_with_their_controls(tmp_path):
     assert [skip.row for skip in faithful.skipped] == [3, 4]
     assert "no image file" in faithful.skipped[0].reason and "Unknown label 'cat'" in faithful.skipped[1].reason
     assert all(0 <= faithful.method_summary(name)["insertion_auc"] <= 1 for name in faithful.results)
-    from inseq_mixing.views.eval_report import render_evaluation_report
+    from inseq_mixing.views.eval_report import write_evaluation_report
 
-    page = render_evaluation_report(faithful)
+    from .test_report import browser, page_width
+
+    report = write_evaluation_report(faithful, tmp_path / "evaluation.html")
+    page = report.read_text()
     assert page.count("data:image/png;base64,") == 2 * 4  # two examples per method, drawn over their images
     assert "deletion_lerf_auc: the least relevant removed first" in page and "mean colour" in page
+    assert "red raises it, blue lowers it" in page and page_width(browser(), report) <= 1280
     pointed = inseq_mixing.evaluate(model, ["alti"], rows, "pointing", **settings)
     assert pointed.method_summary("alti")["n"] == 2 and [skip.row for skip in pointed.skipped] == [2, 3, 4]
     assert math.isfinite(pointed.baseline["gold_share"])
@@ -148,7 +152,7 @@ def test_evaluate_runs_both_protocols_on_images_with_their_controls(tmp_path):
     assert np.isfinite(faithful.to_dict()["methods"]["alti_logit"]["deletion_auc"])
 
 
-def test_compare_puts_the_methods_and_gradient_baselines_side_by_side_on_images():
+def test_compare_puts_the_methods_and_gradient_baselines_side_by_side_on_images(tmp_path):
     images = [synthetic_image(48, seed=0), synthetic_image(40, seed=1)]
     methods = ["alti_logit", "integrated_gradients", "alti"]
     options = {"integrated_gradients": {"n_steps": 8}}
@@ -160,11 +164,15 @@ def test_compare_puts_the_methods_and_gradient_baselines_side_by_side_on_images(
     assert len(comparison.agreement) == 3 * 2  # every pair of methods, on each image, over its 9 patches
     assert all(-1 <= row["spearman"] <= 1 for row in comparison.agreement)
     assert summary["alti"]["explains"] == "map" and summary["integrated_gradients"]["explains"] == "logit"
-    from inseq_mixing.views.report import render_report
+    from inseq_mixing.views.report import write_report
 
-    page = render_report(comparison)
+    from .test_report import browser, page_width
+
+    path = write_report(comparison, tmp_path / "compare.html")
+    page = path.read_text()
     assert page.count("data:image/png;base64,") == 3 * 2  # every method's scores drawn over each image
     assert "red raises it, blue lowers it" in page and "0 to the largest score" in page
+    assert page_width(browser(), path) <= 1280
 
 
 def test_a_dataset_run_of_images_stores_what_attribute_gives_and_is_evaluated_from_its_store(tmp_path):
