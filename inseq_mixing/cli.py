@@ -375,14 +375,19 @@ def run_evaluate(args: argparse.Namespace) -> int:
         from inseq_mixing.frontends import identify
 
         found = identify(model)
-        images = {}
+        extra = {}
         if found.is_speech:
             columns.update({role: getattr(args, f"{role}_column") for role in ("audio", "words", "transcript")})
         elif found.is_vision:
             columns = {role: getattr(args, f"{role}_column") for role in ("image", "label", "box", "patches")}
-            images = {"replacement": args.replacement, "steps": args.steps, "random_draws": args.random_draws}
+            extra = {"replacement": args.replacement, "steps": args.steps, "random_draws": args.random_draws}
         elif args.protocol == "blankout" or args.random_baseline:
             raise UserError("--protocol blankout and --random-baseline are for speech and image models.")
+        elif args.protocol == "context":
+            columns = {role: getattr(args, f"{role}_column") for role in ("passages", "question", "answer", "gold")}
+            extra = {"hops": args.hops}
+        if args.hops and args.protocol != "context":
+            raise UserError("--hops is for --protocol context.")
         if args.protocol == "pointing" and not found.is_vision:
             raise UserError("--protocol pointing is for image classifiers.")
         result = evaluate(
@@ -396,7 +401,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             show_progress=True,
             target_tokens=args.target_tokens,
             random_baseline=args.random_baseline,
-            **images,
+            **extra,
             **columns,
         )
     except (UserError, EvaluationInputError, RuntimeError, ValueError, OSError) as error:
@@ -437,7 +442,10 @@ def run_demo_data(args: argparse.Namespace) -> int:
     return 0
 
 
-MODEL_HELP = "a Hugging Face model name or local folder, or demo (the embedded demo model, offline)"
+MODEL_HELP = (
+    "a Hugging Face model name or local folder, or demo (the embedded demo model, offline), or demo-retrieval "
+    "(the embedded retrieval model of the context protocol)"
+)
 PROCESSOR_HELP = "a speech model's processor (name or folder), when the model's own folder has none"
 MAX_NEW_TOKENS_HELP = (
     "longest generated target where none is given (default: the model's generation config; without one, "
@@ -545,9 +553,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="methods to evaluate (default: %(default)s)",
     )
     evaluate.add_argument("--protocol", default=None,
-                          choices=["evidence", "cue", "alignment", "faithfulness", "blankout", "pointing"],
-                          help="blankout: speech models (Whisper) only; pointing: image classifiers only; with --run: "
+                          choices=["evidence", "cue", "alignment", "faithfulness", "blankout", "pointing", "context"],
+                          help="blankout: speech models (Whisper) only; pointing: image classifiers only; context: "
+                          "generation models, rows of passages, question, answer and gold passage(s); with --run: "
                           "faithfulness")  # fmt: skip
+    evaluate.add_argument("--hops", type=int, default=0,
+                          help="context: hops through the answer's own tokens (default: %(default)s)")  # fmt: skip
     evaluate.add_argument(
         "--random-baseline",
         action="store_true",
@@ -566,7 +577,8 @@ def build_parser() -> argparse.ArgumentParser:
     for role, default in (("source", "source"), ("prefix", "prefix"), ("target", "target"), ("foil", "foil"),
                           ("evidence", "evidence"), ("cues", "cues"), ("alignment", "alignment"), ("audio", "audio"),
                           ("words", "words"), ("transcript", "transcript"), ("image", "image"), ("label", "label"),
-                          ("box", "box"), ("patches", "patches")):  # fmt: skip
+                          ("box", "box"), ("patches", "patches"), ("passages", "passages"),
+                          ("question", "question"), ("answer", "answer"), ("gold", "gold")):  # fmt: skip
         evaluate.add_argument(f"--{role}-column", default=default, dest=f"{role}_column")
     evaluate.add_argument("--batch-size", type=int, default=16, help="rows per batch (default: %(default)s)")
     evaluate.add_argument("--device", default=None, help="e.g. cpu or cuda (default: Inseq's choice)")

@@ -25,6 +25,25 @@ def compute(request: Request, options: AttnLrpOptions) -> LogitScores:
                        scores.logit_after_softcap)  # fmt: skip
 
 
+def compute_span(request: Request, options: AttnLrpOptions, spans) -> LogitScores:
+    """One backward pass per span from its summed logit (:func:`~inseq_mixing.methods.attn_lrp.span_lrp_of_call`)."""
+    import torch
+
+    from ..methods.attn_lrp import span_lrp_of_call
+
+    call = request.model_call()
+    parts = [
+        span_lrp_of_call(
+            request.spec, call, request.predicted_ids, request.foil_ids, members > 0, options.max_chunk_elements
+        )  # fmt: skip
+        for members in spans.members.unbind(1)
+    ]
+    source = None if parts[0].source is None else torch.stack([part.source for part in parts], 1)
+    return LogitScores(torch.stack([part.target for part in parts], 1), source,
+                       torch.stack([part.logit for part in parts], 1),
+                       {"unattributed_absorbed": torch.stack([part.absorbed for part in parts], 1)})  # fmt: skip
+
+
 DECLARATION = Declaration(
     name="attn_lrp",
     rank=3,
@@ -44,5 +63,6 @@ DECLARATION = Declaration(
     ),
     options=AttnLrpOptions,
     compute=compute,
+    compute_span=compute_span,
     explains_logit=True,
 )

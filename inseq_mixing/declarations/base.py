@@ -29,6 +29,7 @@ from ..methods.results import LayerMaps, LogitScores
 if TYPE_CHECKING:  # reading declarations (the CLI's listing) needs no torch; computing imports it
     import torch
 
+    from ..methods.spans import SpanRows
     from ..methods.units import FrameUnits
     from ..specs import ModelSpec
     from ..trace import ModelCall, ModelTrace
@@ -116,6 +117,9 @@ class Declaration:
         class_stem: Its Inseq class's name before ``Attribution`` (default: the name in capitalised words,
             ``value_zeroing`` → ``ValueZeroing``).
         in_demo: Whether the demo report compares it.
+        compute_span: ``compute_span(request, options, spans) -> LogitScores`` with one row per span, for a method
+            that explains a span in fewer passes than its tokens one by one (AttnLRP: one backward pass per span);
+            None: :meth:`run_spans` sums (or averages) the per-position rows of one :meth:`run`.
     """
 
     name: str
@@ -128,6 +132,7 @@ class Declaration:
     rank: int = 100
     class_stem: str | None = None
     in_demo: bool = True
+    compute_span: Callable[[Request, Any, SpanRows], LogitScores] | None = None
 
     @property
     def class_name(self) -> str:
@@ -151,6 +156,14 @@ class Declaration:
         if request.units is None or self.pools_units:
             return result
         return request.units.pool(result)
+
+    def run_spans(self, request: Request, options, spans: SpanRows) -> LayerMaps | LogitScores:
+        """The result with one row per span of ``spans`` (:mod:`inseq_mixing.methods.spans`): the method's own span
+        computation where it has one, else :meth:`run` on the spans' positions, its rows reduced per span."""
+        if self.compute_span is not None:
+            with compiling(getattr(options, "compile", False)), one_read():
+                return self.compute_span(request, options, spans)
+        return spans.reduce(self.run(dataclasses.replace(request, positions=spans.positions), options))
 
     def option_fields(self) -> list[dataclasses.Field]:
         """The option fields, the method's own first, then those of the shared pieces it inherits."""

@@ -1,6 +1,7 @@
 """The embedded demo: a small encoder–decoder trained on a synthetic grammar with known alignments (see
 :mod:`.grammar` and ``scripts/train_demo_model.py``), shipped as package data, and its fixed examples. The report
-comparing every method on it is :mod:`inseq_mixing.views.demo`'s."""
+comparing every method on it is :mod:`inseq_mixing.views.demo`'s. A second small model, trained on retrieval-style
+prompts (:mod:`.retrieval`), is the offline demo of the ``context`` protocol."""
 
 import random
 from importlib.resources import files
@@ -9,6 +10,9 @@ from pathlib import Path
 from .grammar import Example, sample
 
 MODEL_DIR = files("inseq_mixing") / "demo_model"
+#: The retrieval demo model (:mod:`.retrieval`, ``scripts/train_retrieval_model.py``): load it by the name
+#: ``"demo-retrieval"`` (``inseq_mixing.load_model``, the command line) or from this folder.
+RETRIEVAL_MODEL_DIR = files("inseq_mixing") / "demo_retrieval_model"
 
 
 def load_demo_model():

@@ -10,6 +10,8 @@ Files (JSONL, one object per line; context word indices count the source words f
   it agrees with: in the source, and in the prefix when it is already there);
 * ``alignment.jsonl``: ``source``, ``target``, ``alignment`` (Pharaoh ``source-target`` word links);
 * ``faithfulness.jsonl``: ``source``, ``target``;
+* ``context.jsonl``: another task, for the retrieval demo model (``--model demo-retrieval``): ``passages``,
+  ``question``, ``answer``, ``gold`` (:mod:`.retrieval`);
 * ``evidence_alti_logit_layout.csv``: the evidence rows in the column layout of the ALTI-logit paper's released
   CSVs (``one_prefix_prefix``, ``one_prefix_word_good``, ``one_prefix_word_bad``, and ``target`` holding the evidence
   word), plus ``source``; rows whose evidence word occurs twice in the context are left out.
@@ -92,6 +94,10 @@ def export_evaluation_data(folder: str | Path, count: int = 40, seed: int = 11) 
         path.write_text(
             "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows[protocol]), encoding="utf-8"
         )
+    from .retrieval import rows as retrieval_rows
+
+    path = paths["context"] = folder / "context.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in retrieval_rows(count, seed)), encoding="utf-8")
     path = paths["alti_logit_layout"] = folder / "evidence_alti_logit_layout.csv"
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows["alti_logit_layout"][0]))

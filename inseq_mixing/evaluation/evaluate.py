@@ -38,6 +38,8 @@ def evaluate(
     processor=None,
     replacement: str = "mean",
     steps: int = 10,
+    hops: int = 0,
+    separator: str = "\n\n",
     **columns: str,
 ) -> Evaluation:
     """Evaluate ``methods`` on annotated ``data`` with one of the papers' protocols.
@@ -53,6 +55,9 @@ def evaluate(
       against gold Pharaoh alignments (ALTI+ paper); encoder–decoders only.
     * ``faithfulness``: AOPC comprehensiveness and sufficiency of every generated token (:mod:`.faithfulness`),
       with random rankings as the baseline.
+    * ``context``: generation models: the rank of the gold passage among the passages of a retrieval-style prompt
+      when the whole answer is explained as one span (``mrr``, ``recall_at_1``) and the answer's probability drop
+      without the top-ranked passage, against a random ranking; per hop with ``hops`` (:mod:`.context`, our protocol).
 
     Speech models (Whisper, wav2vec 2.0 / HuBERT CTC) take the speech study's ``cue`` (audio and text cues, with
     ``random_baseline``) and ``blankout`` protocols (see :mod:`.speech` for their rows and metrics), and
@@ -96,9 +101,12 @@ def evaluate(
         processor: Speech and vision models given as objects: their processor.
         replacement: Image ``faithfulness``: what a removed patch becomes, ``"mean"`` or ``"blur"``.
         steps: Image ``faithfulness``: the points of each curve beyond 0.
+        hops: ``context``: hops through the answer's own tokens (:mod:`inseq_mixing.methods.spans`).
+        separator: ``context``: what joins the passages and the question (and cuts a passages text).
         **columns: Column names by role: ``source``, ``prefix``, ``target``, ``foil``, ``evidence``, ``cues``,
-            ``alignment`` (e.g. ``prefix="one_prefix_prefix"``; ``prefix_column=...`` is accepted too); speech:
-            ``audio``, ``words``, ``transcript``.
+            ``alignment``; ``context``: ``passages``, ``question``, ``answer``, ``gold`` (e.g.
+            ``prefix="one_prefix_prefix"``; ``prefix_column=...`` is accepted too); speech: ``audio``, ``words``,
+            ``transcript``.
 
     Returns:
         An :class:`Evaluation` (``to_json``, ``summary_rows``); ``views.eval_report.write_evaluation_report`` writes
@@ -129,6 +137,16 @@ def evaluate(
         raise ValueError(f"target_tokens must be one of {TARGET_TOKENS}, not {target_tokens!r}.")
     columns = {role.removesuffix("_column"): name for role, name in columns.items()}
     found = identify(model)
+    if protocol == "context":
+        from .context import evaluate_context
+
+        if not found.is_generation:
+            raise ValueError("The context protocol explains the answer of a generation model (decoder-only or "
+                             "encoder–decoder), not of this model.")  # fmt: skip
+        base = as_front_end(model, methods[0], found, tokenizer=tokenizer, device=device)
+        return evaluate_context(base, methods, data, method_kwargs=method_kwargs, hops=hops, separator=separator,
+                                batch_size=batch_size, draws=draws, seed=seed, examples=examples,
+                                show_progress=show_progress, columns=columns)  # fmt: skip
     if found.is_vision:
         from .vision import evaluate_vision
 

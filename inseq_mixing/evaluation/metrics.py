@@ -27,7 +27,7 @@ def tied_ranks(scores: torch.Tensor) -> torch.Tensor:
     scores = scores.double()
     higher = (scores[None, :] > scores[:, None]).sum(1)
     equal = (scores[None, :] == scores[:, None]).sum(1)
-    return higher + (equal + 1) / 2
+    return higher + (equal + 1).double() / 2
 
 
 def reciprocal_rank(scores: torch.Tensor, evidence: list[int]) -> float:

@@ -209,6 +209,30 @@ def answer_step_scores(attribution_model) -> None:
     attribution_model.step_scores_answered = True
 
 
+def explain_spans(attribution_model) -> None:
+    """Send ``model.attribute(..., spans=/units=/hops=...)`` to the span front end
+    (:class:`~.spans.SpanAttributionModel`): Inseq 0.7 explains one generated token per column over tokens, and has
+    no argument for a span of the generation or for units of the prompt. Calls without those keywords go to Inseq
+    unchanged. Installed once per model."""
+    if getattr(attribution_model, "explains_spans", False):
+        return
+    attribute = attribution_model.attribute
+
+    def attribute_spans(input_texts, generated_texts=None, method=None, *args, **kwargs):
+        from .spans import SPAN_KEYWORDS, SpanAttributionModel
+
+        if not any(name in kwargs for name in SPAN_KEYWORDS):
+            return attribute(input_texts, generated_texts, method, *args, **kwargs)
+        loaded = attribution_model.attribution_method.method_name
+        if args or (method is not None and method != loaded):
+            raise ValueError(f"spans=, units= and hops= explain with the method the model was loaded with "
+                             f"({loaded!r}): pass them by keyword, without another method.")  # fmt: skip
+        return SpanAttributionModel(attribution_model).attribute(input_texts, generated_texts, **kwargs)
+
+    attribution_model.attribute = attribute_spans
+    attribution_model.explains_spans = True
+
+
 def tokens_from_host_ids(attribution_model) -> None:
     """Make an Inseq model turn token ids into strings from one host copy per batch tensor: its tokenizer would
     otherwise read a device tensor one element at a time (a host–device synchronisation per token), and Inseq converts

@@ -3,8 +3,8 @@
 Four kinds, each with its front end:
 
 - ``"generation"``: encoder–decoders and decoder-only models (``...ForConditionalGeneration``, ``...ForCausalLM``,
-  ``...LMHeadModel``, and ``"demo"``, the embedded demo model): Inseq's own ``AttributionModel`` with this package's
-  method classes (:mod:`.inseq_adapter`);
+  ``...LMHeadModel``, ``"demo"``, the embedded demo model, and ``"demo-retrieval"``, the retrieval demo model): Inseq's
+  own ``AttributionModel`` with this package's method classes (:mod:`.inseq_adapter`);
 - ``"encoder"``: encoder-only models of a supported family (masked LMs, classifiers, token classifiers, bare encoders):
   :class:`~.encoders.EncoderAttributionModel`;
 - ``"speech"``: Whisper, wav2vec 2.0 and HuBERT (with CTC heads or bare): :class:`~.speech.SpeechAttributionModel`;
@@ -111,7 +111,7 @@ def identify(model) -> ModelKind:
             return ModelKind(GENERATION)
         return ModelKind(kind_of_config(config, type(model).__name__), getattr(config, "model_type", None), config)
     if isinstance(model, str | Path) and str(model) != "demo":
-        config = read_config(str(model))
+        config = read_config(demo_folder(str(model)))
         if config is not None:
             return ModelKind(kind_of_config(config), getattr(config, "model_type", None), config)
     return ModelKind(GENERATION)
@@ -227,6 +227,16 @@ def load_model(
     return EncoderAttributionModel(model, tokenizer, method)
 
 
+def demo_folder(name: str) -> str:
+    """``"demo-retrieval"``: the folder of the embedded retrieval demo model (:mod:`inseq_mixing.demo.retrieval`);
+    any other name as it is."""
+    if name == "demo-retrieval":
+        from ..demo import RETRIEVAL_MODEL_DIR
+
+        return str(RETRIEVAL_MODEL_DIR)
+    return name
+
+
 def is_front_end(model) -> bool:
     """Whether ``model`` is a front end already: an Inseq model, or one of this package's front ends (not a Hugging
     Face model, nor a name)."""
@@ -256,8 +266,8 @@ def _generation_model(model, method: str, tokenizer, device, dtype, **kwargs):
         from ..demo import load_demo_model
 
         model, tokenizer = load_demo_model()
-    elif isinstance(model, Path):
-        model = str(model)
+    elif isinstance(model, Path | str):
+        model = demo_folder(str(model))
     attribution_model = inseq.load_model(model, method, tokenizer=tokenizer, device=device, **kwargs)
     if dtype is not None:
         attribution_model.model.to(dtype)

@@ -27,6 +27,9 @@ logger = logging.getLogger(__name__)
 
 #: Arguments of Inseq's ``model.attribute`` that a dataset run accepts besides the method's own options.
 INSEQ_ARGUMENTS = ("attribute_target", "attributed_fn", "attr_pos_start", "attr_pos_end", "skip_special_tokens")
+#: Arguments that explain spans of each generation over context units (:mod:`inseq_mixing.frontends.spans`), the
+#: same for every row: kind names (``spans="sentences"``, ``units="passages"``) or one list for all rows.
+SPAN_ARGUMENTS = ("spans", "units", "hops", "separator", "language")
 #: Contrastive explanations need a foil text per example, which a dataset run does not take (yet).
 PER_EXAMPLE_ARGUMENTS = ("contrast_targets", "contrast_targets_alignments")
 #: Manifest entries that must match for a run to resume in a store.
@@ -139,7 +142,9 @@ def attribute_dataset(
         show_progress: Show a progress bar (main process only).
         **method_kwargs: The method's options (as for ``model.attribute``) and ``attribute_target`` (default True
             for encoder–decoders), ``attributed_fn``, ``attr_pos_start``, ``attr_pos_end``, ``skip_special_tokens``;
-            speech models: ``window_s`` and ``prompt_ids`` (as for their ``.attribute``).
+            or, to explain spans of each generation over context units, ``spans``, ``units``, ``hops``,
+            ``separator``, ``language`` (as for ``model.attribute``; the same for every row); speech models:
+            ``window_s`` and ``prompt_ids`` (as for their ``.attribute``).
 
     Missing targets are generated in batches that give each example exactly what ``model.generate`` gives it alone
     (attention mask on padded encoder inputs; decoder-only prompts grouped by length, so none is padded). A
@@ -292,12 +297,23 @@ def split_arguments(attribution_model, kwargs: dict, max_new_tokens: int | None 
     if not is_declared(attribution_model):
         return _split_inseq_arguments(attribution_model, kwargs)
     known = method.method.option_names()
-    unknown = sorted(set(kwargs) - set(known) - set(INSEQ_ARGUMENTS))
+    unknown = sorted(set(kwargs) - set(known) - set(INSEQ_ARGUMENTS) - set(SPAN_ARGUMENTS))
     if unknown:
         raise ValueError(
             f"Unknown option(s) {unknown} for {method.method_name}; its options are {known}, and a dataset run "
-            f"also takes {list(INSEQ_ARGUMENTS)}."
+            f"also takes {list(INSEQ_ARGUMENTS)} (or, for spans of each generation, {list(SPAN_ARGUMENTS)})."
         )
+    spans = {name: kwargs[name] for name in SPAN_ARGUMENTS if name in kwargs}
+    if spans:
+        mixed = sorted(set(kwargs) & set(INSEQ_ARGUMENTS))
+        if mixed:
+            raise ValueError(f"{mixed} are not taken with {sorted(spans)}: spans= says what is explained.")
+        from ..frontends.spans import check_span_arguments
+
+        check_span_arguments(**spans)
+        options = {name: value for name, value in kwargs.items() if name in known}
+        method.method.check_options(options)
+        return spans, options
     per_example = sorted(set(kwargs) & set(PER_EXAMPLE_ARGUMENTS))
     if per_example:
         raise ValueError(f"{per_example} take one text per call: use model.attribute for contrastive explanations.")
@@ -465,7 +481,16 @@ def attribute_batch(
         generated = generate_targets(attribution_model, [sources[idx] for idx in missing], length)
         for idx, text in zip(missing, generated, strict=True):
             targets[idx] = text
-    if is_declared(attribution_model):
+    if any(name in inseq_args for name in SPAN_ARGUMENTS):  # spans over units: the span front end, one call
+        from ..frontends.spans import SpanAttributionModel
+
+        progress.doing("attributing spans")
+        sequences = (
+            SpanAttributionModel(attribution_model)
+            .attribute(sources, targets, batch_size=len(sources), show_progress=False, **inseq_args, **options)
+            .sequence_attributions
+        )
+    elif is_declared(attribution_model):
         sequences = attribute_texts(attribution_model, sources, targets, inseq_args, options).sequence_attributions
     else:  # Inseq's own methods, through Inseq's loop: each example exactly as model.attribute gives it
         progress.doing("attributing")

@@ -20,7 +20,7 @@ from ...methods.blocks import upcast
 from ...specs import get_spec
 from ...trace import ModelCall, ModelTrace, eval_mode, forward_arguments, trace_model
 from ..layout import inseq_layout, logit_step_scores
-from ..patches import answer_step_scores, record_requested_fn, tokens_from_host_ids
+from ..patches import answer_step_scores, explain_spans, record_requested_fn, tokens_from_host_ids
 from ..sequences import MixingSequenceOutput, MixingStepOutput, SignedMixingSequenceOutput
 
 # The output classes stay names of this module too: outputs Inseq saved with an earlier version name them here.
@@ -141,6 +141,7 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         self._kept_from: list[int] | None = None
         record_requested_fn(attribution_model)
         answer_step_scores(attribution_model)
+        explain_spans(attribution_model)
         tokens_from_host_ids(attribution_model)
         self.hook(**kwargs)
 

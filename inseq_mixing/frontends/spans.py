@@ -1,0 +1,462 @@
+"""Spans of a generation explained over context units: which passages of a long prompt an answer used.
+
+``model.attribute(prompt, generated, spans=..., units=..., hops=...)`` on a generation model loaded with one of this
+package's methods (Inseq's ``model``; any of the keywords sends the call here) explains each **span** of the
+generated text as one quantity (its summed logit, or its mean row for map methods; the math and its conventions are
+:mod:`inseq_mixing.methods.spans`'s) over **context units** of the text (tokens, sentences, passages, given
+documents or character spans), optionally after **hops** through the generated tokens before the span.
+
+- ``spans``: ``"answer"`` (default: the generated text's tokens, special tokens such as an end-of-sequence left
+  out), ``"sentences"`` (the generated text's sentences), or a list of character spans ``(start, end)`` of the
+  generated text, or of strings found in it in order.
+- ``units``: ``"tokens"`` (default), ``"sentences"`` (the prompt's, found by ``sentencex``), ``"passages"`` (the
+  prompt cut at ``separator``, a blank line by default), or a list of documents (strings found in the prompt in
+  order) or of character spans ``(start, end)`` of the prompt. Whatever no unit covers (special tokens, the text
+  between documents) is one more unit, ``"(rest of the text)"``; the generated text's own tokens are units too,
+  its sentences unless ``units="tokens"``. Units partition the tokens: nothing is dropped.
+- ``hops``: how many times a span's score on generated tokens is passed back through their own explanations.
+
+The output is Inseq's (``show()``, ``save()``, ``aggregate()``): one sequence per input, ``source`` the units,
+``target`` the spans, ``source_attributions`` ``(units, spans[, slots])``; logit methods put each span's summed
+``logit`` and terms in the step scores; with hops, ``sequence_scores["hops"]`` ``(units, spans, hops + 1)`` holds each
+hop's part. ``info`` names the full texts of the units (``units``) and spans (``spans``), each unit's tokens
+(``unit_keys``: indices into the decoder's tokens, which for a decoder-only model are the whole text's, then, after
+them, into an encoder–decoder's source tokens) and each span's (``span_tokens``, the decoder tokens it explains). No
+math here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..declarations import DECLARATIONS, Request
+from ..methods.results import LogitScores
+from ..methods.spans import SpanRows, hop_weights, hopped, keys_of, unit_scores
+from ..trace import ModelCall, forward_arguments, trace_model
+from .common import FrontEndModel, check_batch_size
+from .layout import logit_step_scores, sequence_output, token_list, tokens_first
+
+#: The keywords of ``model.attribute`` that send a call here.
+SPAN_KEYWORDS = ("spans", "units", "hops")
+#: How a unit or span label is shortened for the heatmap (its whole text is in ``info``).
+LABEL_CHARACTERS = 40
+REST = "(rest of the text)"
+UNIT_KINDS = ("tokens", "sentences", "passages")
+SPAN_KINDS = ("answer", "sentences")
+
+
+@dataclass
+class SpanItem:
+    """One input made ready: token ids, and which tokens make each span and each unit.
+
+    ``ids`` are the decoder's tokens (decoder-only: the whole text; encoder–decoders: the start token and the
+    target), ``source_ids`` an encoder–decoder's source. Keys are the decoder's tokens, then the source's.
+    """
+
+    name: str
+    ids: list[int]
+    source_ids: list[int] | None
+    generated: list[bool]  # per key
+    span_tokens: list[list[int]]  # per span, its decoder tokens
+    span_texts: list[str]
+    unit_keys: list[list[int]]  # per unit, its keys
+    unit_texts: list[str]
+
+
+@dataclass
+class SpanBatch:
+    items: list[SpanItem]
+    request: Request
+    spans: SpanRows
+    units: torch.Tensor  # (B, U, K)
+    generated: torch.Tensor  # (B, K)
+    offset: list[int]  # per item, the left padding of its decoder tokens
+    hops: int
+
+    @property
+    def size(self) -> int:
+        return len(self.items)
+
+
+class SpanAttributionModel(FrontEndModel):
+    """A generation model (Inseq's ``AttributionModel`` with one of this package's methods) explaining spans over
+    context units (see the module docstring)."""
+
+    item_name = "text"
+
+    def __init__(self, inseq_model):
+        self.inseq_model = inseq_model
+        self.model = inseq_model.model
+        self.tokenizer = inseq_model.tokenizer
+        self.method = inseq_model.attribution_method.method_name
+        self.declaration = DECLARATIONS.get(self.method)
+        if self.declaration is None:
+            raise ValueError(
+                f"spans=, units= and hops= are options of this package's methods, not of {self.method!r}."
+            )
+        self.spec = inseq_model.attribution_method.spec
+        if not getattr(self.tokenizer, "is_fast", False):
+            raise ValueError("Spans and units are found by character offsets: load a fast tokenizer (use_fast=True).")
+
+    def attribute(
+        self,
+        input_texts: str | list[str],
+        generated_texts: str | list[str] | None = None,
+        *,
+        spans="answer",
+        units="tokens",
+        hops: int = 0,
+        separator: str = "\n\n",
+        language: str = "en",
+        batch_size: int = 1,
+        show_progress: bool = True,
+        generation_args: dict | None = None,
+        **options,
+    ):
+        """Explain spans of each generation over context units (see the module docstring).
+
+        Args:
+            input_texts: The prompts (encoder–decoders: the sources).
+            generated_texts: Decoder-only: each prompt followed by its generation (Inseq's convention);
+                encoder–decoders: the targets. None: generated by the model (``generation_args``).
+            spans: What is explained (see the module docstring); a list of lists gives each input its own.
+            units: What the scores are over (see the module docstring); a list of lists gives each input its own.
+            hops: Hops through the generated tokens (0: none).
+            separator: What cuts the prompt into passages (``units="passages"``).
+            language: The language code ``sentencex`` splits sentences by.
+            batch_size: Inputs per forward pass.
+            show_progress: Show a progress bar.
+            generation_args: Keyword arguments of the generation when ``generated_texts`` is None.
+            **options: The method's options (contrastive foils are not offered with spans).
+
+        Returns:
+            ``inseq.FeatureAttributionOutput``: per input, the units as ``source``, the spans as ``target``.
+        """
+        check_batch_size(batch_size)
+        check_span_arguments(spans, units, hops)
+        for name in ("contrast_targets", "contrast_targets_alignments"):
+            if options.get(name) is not None:
+                raise ValueError(f"{name}: a span is explained for its own tokens; contrast one token at a time.")
+        for name in ("attr_pos_start", "attr_pos_end", "attributed_fn", "step_scores"):
+            if options.pop(name, None) is not None:
+                raise ValueError(f"{name} is not taken with spans=: spans= says what is explained.")
+        self.check_options(options)
+        prompts = [input_texts] if isinstance(input_texts, str) else list(input_texts)
+        if generated_texts is None:
+            generated_texts = self.inseq_model.generate(prompts, **(generation_args or {}))
+        generated = [generated_texts] if isinstance(generated_texts, str) else list(generated_texts)
+        if len(generated) != len(prompts):
+            raise ValueError(f"{len(prompts)} input text(s) but {len(generated)} generated text(s): give one each.")
+        per_row_spans = _per_row(spans, len(prompts), "spans")
+        per_row_units = _per_row(units, len(prompts), "units")
+        settings = (separator, language)
+        items = [
+            self._item(f"Input {index}", prompt, text, row_spans, row_units, settings)
+            for index, (prompt, text, row_spans, row_units) in enumerate(
+                zip(prompts, generated, per_row_spans, per_row_units, strict=True)
+            )
+        ]
+        info = {
+            "explained": "spans of the generated text: each span's summed logit (map methods: its mean row), over "
+            "context units" + (f", after {hops} hop(s) through the generated tokens" if hops else ""),
+            "input_texts": prompts,
+            "generated_texts": generated,
+            "spans": [item.span_texts for item in items],
+            "units": [item.unit_texts for item in items],
+            "unit_keys": [item.unit_keys for item in items],
+            "span_tokens": [item.span_tokens for item in items],
+            "hops": hops,
+        }
+        return self.attribute_items(items, batch_size=batch_size, show_progress=show_progress,
+                                    method_options=options, info=info, settings=hops)  # fmt: skip
+
+    # ----- inputs -----
+
+    def _item(self, name: str, prompt: str, text: str, spans, units, settings) -> SpanItem:
+        """One input's tokens, spans and units, every error naming the input."""
+        try:
+            return self._make_item(name, prompt, text, spans, units, settings)
+        except ValueError as error:
+            raise ValueError(f"{name}: {error}") from None
+
+    def _make_item(self, name, prompt, text, spans, units, settings) -> SpanItem:
+        separator, language = settings
+        tokenizer = self.tokenizer
+        if self.spec.is_encoder_decoder:
+            source = tokenizer(prompt, return_offsets_mapping=True)
+            target = tokenizer(text_target=text, return_offsets_mapping=True)
+            start = self.model.config.decoder_start_token_id
+            ids = [start, *target["input_ids"]]
+            answer_offsets = [(0, 0), *target["offset_mapping"]]
+            source_ids, source_offsets = list(source["input_ids"]), list(source["offset_mapping"])
+            first_generated, answer = 1, text
+            keys = len(ids) + len(source_ids)
+            generated = [index >= 1 for index in range(len(ids))] + [False] * len(source_ids)
+            prompt_keys = [(len(ids) + index, offset) for index, offset in enumerate(source_offsets)]
+            answer_keys = [(index, offset) for index, offset in enumerate(answer_offsets) if index >= 1]
+        else:
+            if not text.startswith(prompt):
+                raise ValueError("the generated text must start with its prompt (Inseq's convention for "
+                                 "decoder-only models): give the prompt followed by its generation.")  # fmt: skip
+            encoded = tokenizer(text, return_offsets_mapping=True)
+            ids, offsets = list(encoded["input_ids"]), list(encoded["offset_mapping"])
+            first_generated = next((index for index, (begin, end) in enumerate(offsets)
+                                    if end > begin and begin >= len(prompt)), len(ids))  # fmt: skip
+            source_ids, answer, keys = None, text[len(prompt) :], len(ids)
+            generated = [index >= first_generated for index in range(len(ids))]
+            prompt_keys = [(index, offsets[index]) for index in range(first_generated)]
+            answer_keys = [(index, (begin - len(prompt), end - len(prompt)))
+                           for index, (begin, end) in enumerate(offsets) if index >= first_generated]  # fmt: skip
+        if first_generated >= len(ids):
+            raise ValueError("the generated text adds no token to the prompt: there is nothing to explain.")
+        special = set(tokenizer.all_special_ids)
+        key_ids = ids + (source_ids or [])
+        answer_tokens = [(key, offset) for key, offset in answer_keys if key_ids[key] not in special]
+        span_texts, span_tokens = [], []
+        for begin, end in _span_ranges(spans, answer, language):
+            tokens = [key for key, (first, last) in answer_tokens if first < end and begin < last]
+            if not tokens:
+                raise ValueError(f"the span {answer[begin:end]!r} ({begin}, {end}) covers no generated token.")
+            span_texts.append(answer[begin:end])
+            span_tokens.append(tokens)
+        unit_keys, unit_texts = self._units(units, prompt, answer, prompt_keys, answer_tokens, key_ids,
+                                            (separator, language))  # fmt: skip
+        covered = {key for members in unit_keys for key in members}
+        rest = [key for key in range(keys) if key not in covered]
+        if rest:
+            unit_keys.append(rest)
+            unit_texts.append(REST)
+        return SpanItem(name, ids, source_ids, generated, span_tokens, span_texts, unit_keys, unit_texts)
+
+    def _units(self, units, prompt, answer, prompt_keys, answer_tokens, key_ids, settings):
+        """Each unit's keys and text: the prompt's units, then the generated text's."""
+        separator, language = settings
+        special = set(self.tokenizer.all_special_ids)
+        if units == "tokens":
+            chosen = [(key,) for key, _ in prompt_keys if key_ids[key] not in special]
+            chosen += [(key,) for key, _ in answer_tokens]
+            labels = self.tokenizer.convert_ids_to_tokens([key_ids[keys[0]] for keys in chosen])
+            return [list(keys) for keys in chosen], list(labels)
+        ranges = _unit_ranges(units, prompt, separator, language)
+        unit_keys, unit_texts, taken = [], [], set()
+        for begin, end in ranges:
+            members = [key for key, (first, last) in prompt_keys
+                       if last > first and first < end and begin < last and key not in taken
+                       and key_ids[key] not in special]  # fmt: skip
+            taken.update(members)
+            if members:
+                unit_keys.append(members)
+                unit_texts.append(prompt[begin:end])
+        for begin, end in _sentences(answer, language):
+            members = [
+                key for key, (first, last) in answer_tokens if first < end and begin < last and key not in taken
+            ]
+            taken.update(members)
+            if members:
+                unit_keys.append(members)
+                unit_texts.append(f"(generated) {answer[begin:end].strip()}")
+        return unit_keys, unit_texts
+
+    # ----- batches -----
+
+    def prepare(self, items: list[SpanItem], hops: int) -> SpanBatch:
+        """A batch of inputs padded (decoder-only on the left, as Inseq does; encoder–decoders on the right), its
+        request, its spans' rows, its units' keys."""
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        device = next(self.model.parameters()).device
+        length = max(len(item.ids) for item in items)
+        left = not self.spec.is_encoder_decoder
+        offset = [length - len(item.ids) if left else 0 for item in items]
+        ids = torch.full((len(items), length), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, item in enumerate(items):
+            cells = slice(offset[row], offset[row] + len(item.ids))
+            ids[row, cells], mask[row, cells] = torch.tensor(item.ids), 1
+        predicted = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], pad)], 1)
+        source = source_mask = None
+        sources = 0
+        if self.spec.is_encoder_decoder:
+            sources = max(len(item.source_ids) for item in items)
+            source = torch.full((len(items), sources), pad, dtype=torch.long)
+            source_mask = torch.zeros_like(source)
+            for row, item in enumerate(items):
+                source[row, : len(item.source_ids)], source_mask[row, : len(item.source_ids)] = (
+                    torch.tensor(item.source_ids), 1)  # fmt: skip
+
+        def key(row: int, index: int) -> int:  # an item's key as a batch key (padding moves the decoder's tokens)
+            count = len(items[row].ids)
+            return index + offset[row] if index < count else length + index - count
+
+        spans_count = max(len(item.span_tokens) for item in items)
+        units_count = max(len(item.unit_keys) for item in items)
+        members = torch.zeros(len(items), spans_count, length)
+        units = torch.zeros(len(items), units_count, length + sources)
+        generated = torch.zeros(len(items), length + sources, dtype=torch.bool)
+        for row, item in enumerate(items):
+            for span, tokens in enumerate(item.span_tokens):
+                members[row, span, [key(row, token) - 1 for token in tokens]] = 1  # predicted one position earlier
+            for unit, keys in enumerate(item.unit_keys):
+                units[row, unit, [key(row, index) for index in keys]] = 1
+            generated[row, [key(row, index) for index, flag in enumerate(item.generated) if flag]] = True
+        ids, mask, predicted, members, units, generated = (
+            value.to(device) for value in (ids, mask, predicted, members, units, generated))  # fmt: skip
+        spans = SpanRows(members)
+        positions = spans.positions
+        if hops:
+            positions = positions | (generated[:, :length].roll(-1, 1) & mask.bool())  # the rows predicting them
+        if source is not None:
+            source, source_mask = source.to(device), source_mask.to(device)
+            input_ids, input_mask, target_ids, target_mask = source, source_mask, ids, mask
+        else:
+            input_ids, input_mask, target_ids, target_mask = ids, mask, None, None
+        model, spec = self.model, self.spec
+        request = Request(
+            spec=spec,
+            model=model,
+            input_ids=input_ids,
+            attention_mask=input_mask,
+            target_ids=target_ids,
+            target_mask=target_mask,
+            predicted_ids=predicted,
+            foil_ids=None,
+            positions=positions,
+            tracer=lambda: trace_model(model, input_ids, input_mask, target_ids, target_mask, spec=spec),
+            caller=lambda: ModelCall(
+                model, forward_arguments(model, spec, input_ids, input_mask, target_ids, target_mask)
+            ),  # fmt: skip
+        )
+        return SpanBatch(items, request, spans, units, generated, offset, hops)
+
+    def explain(self, batch: SpanBatch, options) -> tuple[list, list[str] | None]:
+        """The spans' scores over keys (one pass where the method has one, else the per-position rows reduced), hops
+        through the generated keys, units summed; one sequence per input."""
+        declaration, request = self.declaration, batch.request
+        hops = None
+        if batch.hops:
+            result = declaration.run(request, options)
+            rows = keys_of(result)
+            if rows.dim() != 3:
+                raise ValueError(
+                    f"hops pass a span's score through each generated token's one row; {self.method} gave "
+                    f"{len(result.axis or [])} slots per row ({(result.axis or ['?'])[0]}, ...): ask for one map per "
+                    "token (rollout=True, or per_head=False)."
+                )
+            predicted_at = torch.arange(rows.shape[-1], device=rows.device).expand_as(batch.generated) - 1
+            weights = hop_weights(rows, batch.generated, predicted_at)
+            result = batch.spans.reduce(result)
+            hops = hopped(keys_of(result), weights, batch.generated, batch.hops)
+            scores = hops.sum(-1)
+        else:
+            result = declaration.run_spans(request, options, batch.spans)
+            scores = keys_of(result)
+        units = unit_scores(scores, batch.units)
+        hop_units = None if hops is None else unit_scores(hops.transpose(-1, -2), batch.units)
+        return [self.present(batch, result, units, hop_units, row) for row in range(batch.size)], result.axis
+
+    def present(self, batch: SpanBatch, result, units: torch.Tensor, hop_units: torch.Tensor | None, row: int):
+        """One input's sequence: units as ``source``, spans as ``target``."""
+        item = batch.items[row]
+        count, span_count = len(item.unit_keys), len(item.span_tokens)
+        signed = isinstance(result, LogitScores)
+        steps = {}
+        if signed:
+            steps = {name: value[row, :span_count].detach().float().cpu() for name, value in
+                     logit_step_scores(result, False).items()}  # fmt: skip
+        sequence_scores = {}
+        if hop_units is not None:  # (B, N, hops + 1, U) → (U, N, hops + 1)
+            sequence_scores["hops"] = hop_units[row, :span_count, :, :count].permute(2, 0, 1).detach().float().cpu()
+        return sequence_output(
+            token_list([_label(text) for text in item.unit_texts], [-1] * count),
+            token_list([_label(text) for text in item.span_texts], [-1] * span_count),
+            tokens_first(units[row][..., :span_count, :count]),
+            signed=signed,
+            step_scores=steps,
+            sequence_scores=sequence_scores,
+        )
+
+
+def check_span_arguments(spans="answer", units="tokens", hops: int = 0, **_) -> None:
+    """Refuse, before any work, a kind of span or unit that does not exist and hops that are not a count."""
+    if isinstance(hops, bool) or not isinstance(hops, int) or hops < 0:
+        raise ValueError(f"hops takes a whole number ≥ 0, not {hops!r}.")
+    for name, value, kinds, what in (("spans", spans, SPAN_KINDS, "spans of the generated text"),
+                                     ("units", units, UNIT_KINDS, "documents of the prompt")):  # fmt: skip
+        if isinstance(value, str) and value not in kinds:
+            raise ValueError(f"{name}={value!r}: use one of {list(kinds)}, or a list of {what}.")
+        if not isinstance(value, str) and not isinstance(value, list | tuple):
+            raise ValueError(f"{name}={value!r}: use one of {list(kinds)}, or a list of {what}.")
+
+
+def _per_row(value, rows: int, name: str) -> list:
+    """One argument for every input: a kind name or one list for all, or a list of lists (one per input)."""
+    if isinstance(value, str) or value is None:
+        return [value] * rows
+    value = list(value)
+    if value and all(isinstance(entry, list) for entry in value):
+        if len(value) != rows:
+            raise ValueError(f"{name} gives {len(value)} lists for {rows} input(s): give one list per input.")
+        return value
+    return [value] * rows
+
+
+def _ranges(value, text: str, what: str) -> list[tuple[int, int]]:
+    """Character ranges from ``(start, end)`` pairs or from strings found in ``text`` in order."""
+    ranges, position = [], 0
+    for entry in value:
+        if isinstance(entry, str):
+            found = text.find(entry, position)
+            if found < 0:
+                raise ValueError(f"{what} {entry[:60]!r} is not in the text (after position {position}).")
+            ranges.append((found, found + len(entry)))
+            position = found + len(entry)
+        elif isinstance(entry, tuple | list) and len(entry) == 2 and all(isinstance(bound, int) for bound in entry):
+            begin, end = entry
+            if not 0 <= begin < end <= len(text):
+                raise ValueError(f"{what} {tuple(entry)} is outside the text's characters 0..{len(text)}.")
+            ranges.append((begin, end))
+        else:
+            raise ValueError(f"{what} {entry!r}: give a string found in the text or a (start, end) character pair.")
+    return ranges
+
+
+def _span_ranges(spans, answer: str, language: str) -> list[tuple[int, int]]:
+    if spans == "answer":
+        return [(0, len(answer))]
+    if spans == "sentences":
+        return _sentences(answer, language)
+    if isinstance(spans, str):
+        raise ValueError(f"spans={spans!r}: use one of {list(SPAN_KINDS)}, or a list of spans of the generated text.")
+    return _ranges(spans, answer, "the span")
+
+
+def _unit_ranges(units, prompt: str, separator: str, language: str) -> list[tuple[int, int]]:
+    if units == "sentences":
+        return _sentences(prompt, language)
+    if units == "passages":
+        if not separator:
+            raise ValueError("units='passages' cuts the prompt at separator=, which is empty.")
+        ranges, position = [], 0
+        for part in prompt.split(separator):
+            if part.strip():
+                ranges.append((position, position + len(part)))
+            position += len(part) + len(separator)
+        return ranges
+    if isinstance(units, str):
+        raise ValueError(f"units={units!r}: use one of {list(UNIT_KINDS)}, or a list of documents of the prompt.")
+    return _ranges(units, prompt, "the unit")
+
+
+def _sentences(text: str, language: str) -> list[tuple[int, int]]:
+    """Character ranges of the sentences of ``text`` (``sentencex``), blank runs left out."""
+    from sentencex import get_sentence_boundaries
+
+    bounds = get_sentence_boundaries(language, text) if text.strip() else []
+    return [(part["start_index"], part["end_index"]) for part in bounds
+            if text[part["start_index"] : part["end_index"]].strip()]  # fmt: skip
+
+
+def _label(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= LABEL_CHARACTERS else text[: LABEL_CHARACTERS - 1] + "…"
