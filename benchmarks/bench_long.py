@@ -1,23 +1,27 @@
-"""Long contexts, measured before spans (issue 38): each method explaining the last 100 tokens of a long decoder-only
-input, and every token of a 1,000-token generation, against the plain forward pass of the same input, with a growth
+"""Long contexts: each method explaining the last 100 tokens of a long decoder-only input token by token and as one
+span, and every token of a 1,000-token generation, against the plain forward pass of the same input, with a growth
 exponent fitted over the lengths.
 
 Models are full-size with random weights (nothing is downloaded): a GPT-2-small-sized model (d_model 768, 12 layers,
 12 heads, FFN 3072, learned positions for 4,096 tokens) and a Llama-style one of the same width (12 layers, 12 query
 heads sharing 4 key/value heads (GQA), RoPE, SwiGLU FFN 2048, RMSNorm). An input of ``L`` tokens is a prompt of
-``L - 100`` words and an answer of 100 words (the word tokenizer: one token a word); the method explains the answer's
-100 tokens, each on its own, as it does today, and ``attn_lrp_span`` explains them as one quantity (their summed
-logit) in one backward pass (:func:`~inseq_mixing.methods.attn_lrp.span_lrp_of_call`, equal to the sum of the
-per-token relevances). The request is captured from a dataset run of that one
-row and the method's ``run`` is timed alone (the traced forward pass and the method's math), the best of
-``--repeats``, each method taking turns with the forward pass. On a CUDA device the peak of PyTorch's allocations
-above what the model and the input hold is reported too.
+``L - 100`` words and an answer of 100 words (the word tokenizer: one token a word). A method is named with how it
+explains the answer: ``METHOD`` (its 100 tokens, each on its own, as ``model.attribute`` does without spans),
+``METHOD:span`` (the 100 tokens as one quantity, :meth:`Declaration.run_spans`: AttnLRP's one backward pass, the
+others' rows summed or averaged) or ``decompx:units`` (the span over 10 passages of the prompt plus the answer,
+decomposed over those units from the first block: ``unit_components=True``). The request is captured from a dataset
+run of that one row and the method's ``run`` is timed alone (the traced forward pass and the method's math), the best
+of ``--repeats``, each method taking turns with the forward pass. The peak memory above what was held before the call
+is reported: PyTorch's allocations on CUDA; on the CPU the process's resident high-water mark, reset before each call
+(``/proc/self/clear_refs``, after ``malloc_trim`` gave freed memory back), so it counts what the call held at once,
+the traced pass included.
 
-    python benchmarks/bench_long.py [--models gpt2 llama] [--lengths 512 1024 2048 4096] [--methods alti_logit ...]
-        [--generation 1000] [--repeats 2] [--device cuda]
+    python benchmarks/bench_long.py [--models gpt2 llama] [--lengths 512 1024 2048 4096]
+        [--methods alti_logit:span ...] [--generation 1000] [--repeats 2] [--device cuda]
 """
 
 import argparse
+import ctypes
 import dataclasses
 import math
 import shutil
@@ -26,16 +30,20 @@ import time
 
 import torch
 import transformers
-from bench_methods import device_arguments, synchronize
+from bench_methods import device_arguments, process_status_gb, synchronize
 
 import inseq_mixing
 from inseq_mixing.declarations import DECLARATIONS, Declaration
-from inseq_mixing.methods.attn_lrp import span_lrp_of_call
+from inseq_mixing.methods.spans import SpanRows
+from inseq_mixing.methods.units import FrameUnits
 from inseq_mixing.testing import WORDS, randomize_weights, word_tokenizer
 
-METHODS = ["alti_logit", "attn_lrp_span", "decompx", "attn_lrp", "value_zeroing", "alti", "globenc",
-           "attention_rollout"]  # fmt: skip
+METHODS = ["alti_logit", "alti_logit:span", "attn_lrp", "attn_lrp:span", "decompx", "decompx:span",
+           "decompx:units", "value_zeroing", "value_zeroing:span", "alti", "alti:span", "globenc:span",
+           "attention_rollout:span"]  # fmt: skip
 ANSWER = 100
+#: Passages of the prompt in ``decompx:units`` (equal runs of words; the answer is one more unit).
+PASSAGES = 10
 
 
 def model_of(family: str, length: int, dtype: torch.dtype, device: str):
@@ -87,33 +95,43 @@ class _Captured(Exception):
     """Stops the dataset run once its request is captured."""
 
 
-def timed(function, device: str) -> tuple[float, int]:
-    """Seconds and, on CUDA, the peak bytes allocated above what was allocated before the call."""
+def timed(function, device: str) -> tuple[float, float]:
+    """Seconds and the peak GB held above what was held before the call (CUDA: PyTorch's allocations; CPU: the
+    resident high-water mark, reset before the call)."""
     synchronize(device)
-    before = torch.cuda.memory_allocated() if device.startswith("cuda") else 0
     if device.startswith("cuda"):
+        before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
+    else:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed memory back to the system: resident = what is alive
+        with open("/proc/self/clear_refs", "w") as refs:  # the high-water mark starts again from the resident size
+            refs.write("5")
+        before = process_status_gb("VmRSS:") * 2**30
     start = time.perf_counter()
     function()
     synchronize(device)
     seconds = time.perf_counter() - start
-    peak = torch.cuda.max_memory_allocated() - before if device.startswith("cuda") else 0
-    return seconds, peak
+    peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else process_status_gb("VmHWM:") * 2**30
+    return seconds, (peak - before) / 2**30
 
 
-def measure(model, request, options, method: str, repeats: int, device: str) -> dict:
-    """The best time of the method's run and of the plain forward pass of the same input, in turns
-    (``attn_lrp_span``: the answer's 100 tokens as one quantity, one backward pass: :func:`span_lrp_of_call`)."""
+def measure(model, request, options, name: str, repeats: int, device: str) -> dict:
+    """The best time of the method's run and of the plain forward pass of the same input, in turns (see the module
+    docstring for ``METHOD:span`` and ``decompx:units``)."""
     ids = request.input_ids if request.target_ids is None else request.target_ids
-    if method == "attn_lrp_span":
+    method, _, mode = name.partition(":")
+    declaration = DECLARATIONS[method]
+    spans = SpanRows(request.positions.float()[:, None, :])
+    if mode == "units":
+        options = dataclasses.replace(options, unit_components=True)
+        request = dataclasses.replace(request, units=passage_units(request))
 
-        def run():
-            span_lrp_of_call(request.spec, request.model_call(), request.predicted_ids, request.foil_ids,
-                             request.positions, options.max_chunk_elements)  # fmt: skip
-    else:
-
-        def run():
-            DECLARATIONS[method].run(dataclasses.replace(request), options)
+    def run():
+        fresh = dataclasses.replace(request)  # a request traces once: every repeat traces again
+        if mode:
+            declaration.run_spans(fresh, options, spans)
+        else:
+            declaration.run(fresh, options)
 
     forward, runs, peaks = [], [], []
     for _ in range(repeats):
@@ -122,7 +140,16 @@ def measure(model, request, options, method: str, repeats: int, device: str) -> 
         seconds, peak = timed(run, device)
         runs.append(seconds)
         peaks.append(peak)
-    return {"forward_s": min(forward), "method_s": min(runs), "peak_gb": max(peaks) / 2**30}
+    return {"forward_s": min(forward), "method_s": min(runs), "peak_gb": max(peaks)}
+
+
+def passage_units(request) -> FrameUnits:
+    """The prompt cut into :data:`PASSAGES` equal runs of tokens, the answer one more unit."""
+    length = request.input_ids.shape[1]
+    prompt = length - ANSWER
+    owner = torch.cat([torch.arange(prompt) * PASSAGES // prompt, torch.full((ANSWER,), PASSAGES)])
+    members = torch.nn.functional.one_hot(owner, PASSAGES + 1).T[None].float()
+    return FrameUnits(members.to(request.input_ids.device), "decoder")
 
 
 def exponent(lengths: list[int], seconds: list[float]) -> float:
@@ -132,6 +159,30 @@ def exponent(lengths: list[int], seconds: list[float]) -> float:
     return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sum((x - mean_x) ** 2 for x in xs)
 
 
+def trace_bytes(model, tokenizer, length: int) -> dict[str, float]:
+    """GB of the tensors one trace of ``length`` tokens records, by kind (a memory profile of the maps' and
+    ALTI-logit's input: what every method that reads a trace holds at once)."""
+    from inseq_mixing.trace import trace_model
+
+    ids = torch.tensor([tokenizer(words(length - 1, 1))["input_ids"]], device=next(model.parameters()).device)
+    with torch.no_grad():
+        trace = trace_model(model, ids, torch.ones_like(ids))
+    sizes: dict[str, float] = {}
+
+    def visit(value, name: str) -> None:
+        if torch.is_tensor(value):
+            sizes[name] = sizes.get(name, 0.0) + value.numel() * value.element_size() / 2**30
+        elif dataclasses.is_dataclass(value):
+            for item in dataclasses.fields(value):
+                visit(getattr(value, item.name), item.name)
+        elif isinstance(value, list | tuple):
+            for entry in value:
+                visit(entry, name)
+
+    visit(trace.decoder, "decoder")
+    return dict(sorted(sizes.items(), key=lambda entry: -entry[1]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["gpt2", "llama"], choices=["gpt2", "llama"])
@@ -139,37 +190,45 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=METHODS)
     parser.add_argument("--generation", type=int, default=1000, help="tokens of the every-token case (0: skip)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--trace-bytes", type=int, default=None, metavar="L",
+                        help="print what one trace of L tokens records, by kind, and stop")  # fmt: skip
     args = device_arguments(parser)
     torch.manual_seed(0)
+    if args.trace_bytes:
+        for family in args.models:
+            model, tokenizer = model_of(family, args.trace_bytes, args.torch_dtype, args.device)
+            found = trace_bytes(model, tokenizer, args.trace_bytes)
+            print(f"{family}, one trace of {args.trace_bytes} tokens: {sum(found.values()):.2f} GB: "
+                  + ", ".join(f"{name} {size:.2f} GB" for name, size in found.items()))  # fmt: skip
+        return
     for family in args.models:
         model, tokenizer = model_of(family, max(args.lengths + [args.generation + 24]), args.torch_dtype, args.device)
-        print(f"\n{family}: explaining the last {ANSWER} tokens of L (time / forward pass of the same input; peak GB "
-              "above the model on CUDA)")  # fmt: skip
-        print(f"{'method':>18} " + " ".join(f"{length:>22}" for length in args.lengths) + "   exponent")
+        print(f"\n{family}: explaining the last {ANSWER} tokens of L (time, time / forward pass of the same input, "
+              "peak GB above what was held before)")  # fmt: skip
+        print(f"{'method':>22} " + " ".join(f"{length:>24}" for length in args.lengths) + "   exponent")
         for method in args.methods:
             cells, times = [], []
             for length in args.lengths:
                 try:
-                    declared = "attn_lrp" if method == "attn_lrp_span" else method
+                    declared = method.partition(":")[0]
                     request, options = captured_request(model, tokenizer, declared, length - ANSWER - 1, ANSWER)
                     found = measure(model, request, options, method, args.repeats, args.device)
                 except torch.OutOfMemoryError:
-                    cells.append(f"{'out of memory':>22}")
+                    cells.append(f"{'out of memory':>24}")
                     continue
                 times.append((length, found["method_s"]))
-                memory = f" {found['peak_gb']:.2f}GB" if args.device.startswith("cuda") else ""
                 ratio = found["method_s"] / found["forward_s"]
-                cells.append(f"{found['method_s']:8.2f}s {ratio:6.1f}x{memory}".rjust(22))
+                cells.append(f"{found['method_s']:7.2f}s {ratio:6.1f}x {found['peak_gb']:5.2f}GB".rjust(24))
                 if args.device.startswith("cuda"):
                     torch.cuda.empty_cache()
             slope = exponent(*zip(*times, strict=True)) if len(times) > 1 else float("nan")
-            print(f"{method:>18} " + " ".join(cells) + f"   {slope:8.2f}", flush=True)
+            print(f"{method:>22} " + " ".join(cells) + f"   {slope:8.2f}", flush=True)
         if args.generation and "alti_logit" in args.methods:
             request, options = captured_request(model, tokenizer, "alti_logit", 24, args.generation)
             found = measure(model, request, options, "alti_logit", args.repeats, args.device)
             print(f"every token of a {args.generation}-token generation after a 24-token prompt, alti_logit: "
                   f"{found['method_s']:.2f}s, {found['method_s'] / found['forward_s']:.1f}x the forward pass "
-                  f"({found['forward_s']:.3f}s)", flush=True)  # fmt: skip
+                  f"({found['forward_s']:.3f}s), {found['peak_gb']:.2f} GB", flush=True)  # fmt: skip
         del model
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import inseq_mixing  # noqa: F401  (registers the methods)
-from inseq_mixing.testing import ALL_FAMILIES, is_seq2seq, tiny_model, word_tokenizer
+from inseq_mixing.testing import ALL_FAMILIES, DECODER_FAMILIES, is_seq2seq, tiny_model, word_tokenizer
 
 PROMPT = "the cat sat on the mat . the dog sat on it ."
 ANSWERS = {False: " she read a book . they sat .", True: "le chat assis sur tapis . il lus ."}
@@ -93,8 +93,12 @@ def test_a_span_is_the_sum_of_its_tokens_and_complete(family, method):
         torch.testing.assert_close(scores[:, span].sum() + terms, own, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "bart", "t5"])
-@pytest.mark.parametrize("method", ["alti", "value_zeroing", "attention_rollout"])
+@pytest.mark.parametrize(
+    ("family", "method"),
+    [(family, "alti") for family in ALL_FAMILIES]
+    + [(family, method) for family in ("gpt2", "llama", "bart", "t5") for method in ("value_zeroing",
+                                                                                     "attention_rollout")],
+)  # fmt: skip
 def test_a_map_span_is_the_mean_of_its_rows(family, method):
     """Map methods give a span the mean of its tokens' rows (every slot of per-layer maps too)."""
     model = loaded(family, method)
@@ -107,7 +111,7 @@ def test_a_map_span_is_the_mean_of_its_rows(family, method):
     torch.testing.assert_close(sequence.source_attributions[:, 0].double(), expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("family", ["gpt2", "qwen2", "marian"])
+@pytest.mark.parametrize("family", ALL_FAMILIES)
 def test_units_are_the_sum_of_their_tokens_and_partition_the_text(family):
     """Sentences, passages and given documents: each unit's score is the sum of its tokens' scores, units cover every
     token once (the rest is its own unit), and their labels name them."""
@@ -138,8 +142,11 @@ def test_units_are_the_sum_of_their_tokens_and_partition_the_text(family):
                                                          "she read a book ."]  # fmt: skip
 
 
-@pytest.mark.parametrize("method", ["alti_logit", "attn_lrp", "alti"])
-@pytest.mark.parametrize("family", ["gpt2", "gemma2", "bart", "t5"])
+@pytest.mark.parametrize(
+    ("family", "method"),
+    [(family, "alti_logit") for family in ALL_FAMILIES]
+    + [(family, method) for family in ("gpt2", "gemma2", "bart", "t5") for method in ("attn_lrp", "alti")],
+)
 def test_a_batch_is_each_input_alone(family, method):
     """Two inputs of different lengths in one padded batch give what each gives alone."""
     model = loaded(family, method)
@@ -179,8 +186,12 @@ def naive_hops(keys: torch.Tensor, columns: list[int], generated: list[int], spa
     return sum(parts), parts
 
 
-@pytest.mark.parametrize("hops", [1, 2, 8])
-@pytest.mark.parametrize(("family", "method"), [("gpt2", "alti_logit"), ("llama", "alti"), ("bart", "alti_logit")])
+@pytest.mark.parametrize(
+    ("family", "method", "hops"),
+    [(family, "alti_logit", 2) for family in ALL_FAMILIES]
+    + [(family, method, hops) for family, method in (("gpt2", "alti_logit"), ("llama", "alti"), ("bart", "alti_logit"))
+       for hops in (1, 8)],
+)  # fmt: skip
 def test_hops_against_a_token_by_token_recursion(family, method, hops):
     """Hops through the answer's own tokens equal the recursion written token by token; each hop's part is stored;
     enough hops leave nothing on generated tokens (the answer is then explained by the prompt alone)."""
@@ -284,3 +295,27 @@ def test_a_dataset_run_stores_what_model_attribute_gives_each_row(family, tmp_pa
     for row in rows:
         torch.testing.assert_close(cli_run[row["id"]].source_attributions, run[row["id"]].source_attributions,
                                    rtol=1e-4, atol=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("family", DECODER_FAMILIES)
+def test_decompx_over_context_units_equals_its_tokens_summed(family):
+    """``unit_components=True``: DecompX decomposes the text over its units from the first block (one component per
+    unit, the rest unit holding the first token); with ``bias="separate"`` it equals the token decomposition summed
+    per unit, in a padded batch of two too; encoder–decoders and hops are refused."""
+    model = loaded(family, "decompx")
+    first, second = texts(family), texts(family, "the dog sat . she read a book .")
+    arguments = {"spans": "sentences", "units": "sentences", "bias": "separate", "batch_size": 2,
+                 "show_progress": False}  # fmt: skip
+    pairs = ([first[0], second[0]], [first[1], second[1]])
+    # sentences; and one document in the middle of each prompt (the rest, a unit listed last, holds the first token)
+    for units in ("sentences", [["the dog sat on it ."], ["she read a book ."]]):
+        arguments["units"] = units
+        tokens = model.attribute(*pairs, **arguments)
+        by_units = model.attribute(*pairs, unit_components=True, **arguments)
+        assert by_units.info["units"][0][-1] == "(rest of the text)" or units == "sentences"
+        for mine, expected in zip(by_units.sequence_attributions, tokens.sequence_attributions, strict=True):
+            torch.testing.assert_close(mine.source_attributions, expected.source_attributions, rtol=1e-4, atol=1e-5)
+            for name, value in expected.step_scores.items():
+                torch.testing.assert_close(mine.step_scores[name], value, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="nor with hops"):
+        model.attribute(*first, units="sentences", unit_components=True, hops=1, show_progress=False)

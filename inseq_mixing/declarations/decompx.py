@@ -13,9 +13,10 @@ from .base import Contrast, Declaration, Heads, Request, logit_scores, option
 class DecompXMethodOptions(DecompXOptions, Contrast, Heads):
     unit_components: bool = option(
         False,
-        "Speech models: decompose over the audio units from the first block (one component per unit) instead of over "
-        "frames summed per unit afterwards: frames/units times less work and memory. Equal with bias='separate'; "
-        "with the other splits a unit's component takes its bias shares as a whole (our extension).",
+        "Speech models, and a decoder-only model's context units (units= of model.attribute with spans): decompose "
+        "over the units from the first block (one component per unit) instead of over frames or tokens summed per "
+        "unit afterwards: frames (tokens) / units times less work and memory. Equal with bias='separate'; with the "
+        "other splits a unit's component takes its bias shares as a whole (our extension).",
     )
 
 

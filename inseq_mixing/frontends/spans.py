@@ -27,13 +27,14 @@ math here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from ..declarations import DECLARATIONS, Request
 from ..methods.results import LogitScores
 from ..methods.spans import SpanRows, hop_weights, hopped, keys_of, unit_scores
+from ..methods.units import FrameUnits
 from ..trace import ModelCall, forward_arguments, trace_model
 from .common import FrontEndModel, check_batch_size
 from .layout import logit_step_scores, sequence_output, token_list, tokens_first
@@ -334,6 +335,8 @@ class SpanAttributionModel(FrontEndModel):
         through the generated keys, units summed; one sequence per input."""
         declaration, request = self.declaration, batch.request
         hops = None
+        if getattr(options, "unit_components", False):
+            return self._unit_components(batch, options)
         if batch.hops:
             result = declaration.run(request, options)
             rows = keys_of(result)
@@ -354,6 +357,27 @@ class SpanAttributionModel(FrontEndModel):
         units = unit_scores(scores, batch.units)
         hop_units = None if hops is None else unit_scores(hops.transpose(-1, -2), batch.units)
         return [self.present(batch, result, units, hop_units, row) for row in range(batch.size)], result.axis
+
+    def _unit_components(self, batch: SpanBatch, options) -> tuple[list, list[str] | None]:
+        """DecompX over the context units from the first block (``unit_components=True``): one component per unit
+        instead of per token, the scores put back in the units' own order. The units go in the order of their first
+        token: a causal stack counts component ``u`` as present from position ``u`` on (what a bias split other than
+        ``"separate"`` shares over), which is then never before the unit's first token."""
+        if self.spec.is_encoder_decoder or batch.hops:
+            raise ValueError("unit_components=True decomposes a decoder-only model's text over its units from the "
+                             "first block: not with an encoder–decoder's two stacks, nor with hops (which need "
+                             "each token's row); leave it False.")  # fmt: skip
+        members = batch.units
+        keys = torch.arange(members.shape[-1], device=members.device)
+        first = torch.where(members > 0, keys, members.shape[-1]).amin(-1)  # (B, U); empty units last
+        order = first.argsort(-1)
+        ordered = members.gather(1, order[..., None].expand_as(members))
+        request = replace(batch.request, units=FrameUnits(ordered, "decoder"))
+        result = self.declaration.run_spans(request, options, batch.spans)
+        scores = keys_of(result)  # (B, [slots,] N, U) in the units' first-token order
+        index = order.view(order.shape[0], *[1] * (scores.dim() - 2), order.shape[1]).expand_as(scores)
+        units = torch.empty_like(scores).scatter_(-1, index, scores)
+        return [self.present(batch, result, units, None, row) for row in range(batch.size)], result.axis
 
     def present(self, batch: SpanBatch, result, units: torch.Tensor, hop_units: torch.Tensor | None, row: int):
         """One input's sequence: units as ``source``, spans as ``target``."""
