@@ -229,7 +229,8 @@ def test_bad_spans_and_units_are_refused_before_any_work():
         ({"units": "chapters"}, "use one of ['tokens', 'sentences', 'passages']"),
         ({"hops": -1}, "hops takes a whole number"),
         ({"spans": [(0, 999)]}, "outside the text's characters"),
-        ({"spans": "answer", "contrast_targets": "x"}, "contrast one token at a time"),
+        ({"spans": "answer", "contrast_targets": "x"}, "the contrast text must start with the prompt"),
+        ({"spans": "answer", "contrast_targets": PROMPT + " x", "hops": 1}, "use contrast_targets without hops"),
         ({"spans": "answer", "magic": 1}, "Unknown option(s) ['magic']"),
     ]
     for kwargs, message in cases:
@@ -319,3 +320,51 @@ def test_decompx_over_context_units_equals_its_tokens_summed(family):
                 torch.testing.assert_close(mine.step_scores[name], value, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="nor with hops"):
         model.attribute(*first, units="sentences", unit_components=True, hops=1, show_progress=False)
+
+
+FOILS = {False: " she read a dog . they sat .", True: "le chien assis sur tapis . il lus ."}
+
+
+@pytest.mark.parametrize("method", LOGIT_METHODS)
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2", "bart", "t5"])
+def test_a_contrastive_span_is_the_sum_of_its_tokens_differences(family, method):
+    """``contrast_targets=`` with spans: each span explains the sum of its tokens' logit differences (target minus
+    foil, the foil text one to one with the generated one): unit scores equal the per-token contrastive columns of
+    ``model.attribute(..., contrast_targets=...)`` summed, ``contrast_logits_diff`` the model's own differences."""
+    model = loaded(family, method)
+    prompt, generated = texts(family)
+    seq2seq = is_seq2seq(family)
+    foil = FOILS[True] if seq2seq else prompt + FOILS[False]
+    out = model.attribute(prompt, generated, spans="sentences", units="tokens", contrast_targets=foil,
+                          show_progress=False)  # fmt: skip
+    sequence, info = out.sequence_attributions[0], out.info
+    extra = {"attribute_target": True} if seq2seq else {}
+    per_token = model.attribute(prompt, generated, contrast_targets=foil, show_progress=False, **extra)
+    per_token = per_token.sequence_attributions[0]
+    keys = per_token.target_attributions
+    if seq2seq:
+        keys = torch.cat([keys, per_token.source_attributions], 0)
+    keys = keys.nan_to_num(0.0).double()
+    columns = list(range(per_token.attr_pos_start, per_token.attr_pos_end))
+    logits, ids = model_logits(model, family, prompt, generated)
+    tokenizer, net = model.tokenizer, model.model
+    foil_ids = ([net.config.decoder_start_token_id, *tokenizer(text_target=foil)["input_ids"]] if seq2seq
+                else tokenizer(foil)["input_ids"])  # fmt: skip
+    with torch.no_grad():
+        if seq2seq:
+            source = torch.tensor([tokenizer(prompt)["input_ids"]])
+            raw = net(input_ids=source, decoder_input_ids=torch.tensor([ids])).logits[0].double()
+        else:
+            raw = net(input_ids=torch.tensor([ids])).logits[0].double()
+    cap = getattr(net.config, "final_logit_softcapping", None)
+    raw = cap * torch.atanh(raw / cap) if cap else raw
+    assert sequence.step_scores.keys() >= {"contrast_logits_diff"}
+    for span, tokens in enumerate(info["span_tokens"][0]):
+        cells = [columns.index(token) for token in tokens]
+        expected = torch.stack([keys[unit_keys][:, cells].sum() for unit_keys in info["unit_keys"][0]])
+        torch.testing.assert_close(sequence.source_attributions[:, span].double(), expected, rtol=1e-4,
+                                   atol=1e-4 * float(keys.abs().max()))  # fmt: skip
+        difference = sum(raw[token - 1, ids[token]] - raw[token - 1, foil_ids[token]] for token in tokens)
+        torch.testing.assert_close(sequence.step_scores["contrast_logits_diff"][span].double(), difference,
+                                   rtol=1e-4, atol=1e-4)  # fmt: skip
+    assert float(sequence.step_scores["contrast_logits_diff"][0].abs()) > 0  # the first sentence differs: book/dog

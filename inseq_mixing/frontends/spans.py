@@ -64,6 +64,7 @@ class SpanItem:
     span_texts: list[str]
     unit_keys: list[list[int]]  # per unit, its keys
     unit_texts: list[str]
+    foil_ids: list[int] | None = None  # the decoder tokens of a contrast text, as long as ``ids``
 
 
 @dataclass
@@ -130,16 +131,22 @@ class SpanAttributionModel(FrontEndModel):
             batch_size: Inputs per forward pass.
             show_progress: Show a progress bar.
             generation_args: Keyword arguments of the generation when ``generated_texts`` is None.
-            **options: The method's options (contrastive foils are not offered with spans).
+            **options: The method's options; ``contrast_targets=`` (logit methods): a contrast text per input, as
+                long as the generated text in tokens (decoder-only: with the same prompt): a span then explains
+                the sum over its tokens of the target's logit minus the foil's.
 
         Returns:
             ``inseq.FeatureAttributionOutput``: per input, the units as ``source``, the spans as ``target``.
         """
         check_batch_size(batch_size)
         check_span_arguments(spans, units, hops)
-        for name in ("contrast_targets", "contrast_targets_alignments"):
-            if options.get(name) is not None:
-                raise ValueError(f"{name}: a span is explained for its own tokens; contrast one token at a time.")
+        if options.pop("contrast_targets_alignments", None) is not None:
+            raise ValueError("contrast_targets_alignments: a span's foil is a contrast text as long as the generated "
+                             "text in tokens, aligned one to one; give contrast_targets only.")  # fmt: skip
+        foils = options.pop("contrast_targets", None)
+        if foils is not None and hops:
+            raise ValueError("hops pass a span's score through each generated token's own explanation, which is not "
+                             "contrastive: use contrast_targets without hops.")  # fmt: skip
         for name in ("attr_pos_start", "attr_pos_end", "attributed_fn", "step_scores"):
             if options.pop(name, None) is not None:
                 raise ValueError(f"{name} is not taken with spans=: spans= says what is explained.")
@@ -150,18 +157,26 @@ class SpanAttributionModel(FrontEndModel):
         generated = [generated_texts] if isinstance(generated_texts, str) else list(generated_texts)
         if len(generated) != len(prompts):
             raise ValueError(f"{len(prompts)} input text(s) but {len(generated)} generated text(s): give one each.")
+        foils = [foils] if isinstance(foils, str) else foils
+        if foils is not None and not self.declaration.explains_logit:
+            raise ValueError(f"contrast_targets: {self.method} explains no logit, so no logit difference.")
+        if foils is not None and len(foils) != len(prompts):
+            raise ValueError(f"contrast_targets gives {len(foils)} text(s) for {len(prompts)} input(s): one each.")
         per_row_spans = _per_row(spans, len(prompts), "spans")
         per_row_units = _per_row(units, len(prompts), "units")
         settings = (separator, language)
         items = [
-            self._item(f"Input {index}", prompt, text, row_spans, row_units, settings)
+            self._item(f"Input {index}", prompt, text, row_spans, row_units, settings, None if foils is None else
+                       foils[index])
             for index, (prompt, text, row_spans, row_units) in enumerate(
                 zip(prompts, generated, per_row_spans, per_row_units, strict=True)
             )
-        ]
+        ]  # fmt: skip
         info = {
-            "explained": "spans of the generated text: each span's summed logit (map methods: its mean row), over "
-            "context units" + (f", after {hops} hop(s) through the generated tokens" if hops else ""),
+            "explained": "spans of the generated text: each span's summed logit"
+            + (" minus its contrast text's" if foils is not None else "")
+            + " (map methods: its mean row), over context units"
+            + (f", after {hops} hop(s) through the generated tokens" if hops else ""),
             "input_texts": prompts,
             "generated_texts": generated,
             "spans": [item.span_texts for item in items],
@@ -170,17 +185,36 @@ class SpanAttributionModel(FrontEndModel):
             "span_tokens": [item.span_tokens for item in items],
             "hops": hops,
         }
-        return self.attribute_items(items, batch_size=batch_size, show_progress=show_progress,
-                                    method_options=options, info=info, settings=hops)  # fmt: skip
+        out = self.attribute_items(items, batch_size=batch_size, show_progress=show_progress,
+                                   method_options=options, info=info, settings=hops)  # fmt: skip
+        if foils is not None:
+            out.info["attribution_args"]["contrast_targets"] = foils
+        return out
 
     # ----- inputs -----
 
-    def _item(self, name: str, prompt: str, text: str, spans, units, settings) -> SpanItem:
-        """One input's tokens, spans and units, every error naming the input."""
+    def _item(self, name: str, prompt: str, text: str, spans, units, settings, foil: str | None) -> SpanItem:
+        """One input's tokens, spans, units and contrast tokens, every error naming the input."""
         try:
-            return self._make_item(name, prompt, text, spans, units, settings)
+            item = self._make_item(name, prompt, text, spans, units, settings)
+            if foil is not None:
+                item.foil_ids = self._foil_ids(prompt, foil, item)
+            return item
         except ValueError as error:
             raise ValueError(f"{name}: {error}") from None
+
+    def _foil_ids(self, prompt: str, foil: str, item: SpanItem) -> list[int]:
+        """The decoder tokens of a contrast text, checked one to one against the generated text's."""
+        if self.spec.is_encoder_decoder:
+            ids = [self.model.config.decoder_start_token_id, *self.tokenizer(text_target=foil)["input_ids"]]
+        else:
+            if not foil.startswith(prompt):
+                raise ValueError("the contrast text must start with the prompt, as the generated text does.")
+            ids = list(self.tokenizer(foil)["input_ids"])
+        if len(ids) != len(item.ids):
+            raise ValueError(f"the contrast text has {len(ids)} tokens and the generated text {len(item.ids)}: a "
+                             "span's foil is aligned one to one; give a contrast text as long.")  # fmt: skip
+        return ids
 
     def _make_item(self, name, prompt, text, spans, units, settings) -> SpanItem:
         separator, language = settings
@@ -276,6 +310,12 @@ class SpanAttributionModel(FrontEndModel):
             cells = slice(offset[row], offset[row] + len(item.ids))
             ids[row, cells], mask[row, cells] = torch.tensor(item.ids), 1
         predicted = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], pad)], 1)
+        foils = None
+        if items[0].foil_ids is not None:
+            foils = ids.clone()
+            for row, item in enumerate(items):
+                foils[row, offset[row] : offset[row] + len(item.ids)] = torch.tensor(item.foil_ids)
+            foils = torch.cat([foils[:, 1:], torch.full_like(foils[:, :1], pad)], 1).to(device)
         source = source_mask = None
         sources = 0
         if self.spec.is_encoder_decoder:
@@ -321,7 +361,7 @@ class SpanAttributionModel(FrontEndModel):
             target_ids=target_ids,
             target_mask=target_mask,
             predicted_ids=predicted,
-            foil_ids=None,
+            foil_ids=foils,
             positions=positions,
             tracer=lambda: trace_model(model, input_ids, input_mask, target_ids, target_mask, spec=spec),
             caller=lambda: ModelCall(
@@ -386,8 +426,9 @@ class SpanAttributionModel(FrontEndModel):
         signed = isinstance(result, LogitScores)
         steps = {}
         if signed:
+            contrastive = batch.request.foil_ids is not None
             steps = {name: value[row, :span_count].detach().float().cpu() for name, value in
-                     logit_step_scores(result, False).items()}  # fmt: skip
+                     logit_step_scores(result, contrastive).items()}  # fmt: skip
         sequence_scores = {}
         if hop_units is not None:  # (B, N, hops + 1, U) → (U, N, hops + 1)
             sequence_scores["hops"] = hop_units[row, :span_count, :, :count].permute(2, 0, 1).detach().float().cpu()
