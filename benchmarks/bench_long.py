@@ -143,6 +143,13 @@ def measure(model, request, options, name: str, repeats: int, device: str) -> di
     return {"forward_s": min(forward), "method_s": min(runs), "peak_gb": max(peaks)}
 
 
+def profiled(model, request, options, name: str) -> str:
+    """torch.profiler's table of the operators that took the most self CPU time in one more call of the method."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        measure(model, request, options, name, 1, "cpu")
+    return profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)
+
+
 def passage_units(request) -> FrameUnits:
     """The prompt cut into :data:`PASSAGES` equal runs of tokens, the answer one more unit."""
     length = request.input_ids.shape[1]
@@ -190,6 +197,11 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=METHODS)
     parser.add_argument("--generation", type=int, default=1000, help="tokens of the every-token case (0: skip)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also print torch.profiler's top operators (self CPU time) of each method's last call",
+    )
     parser.add_argument("--trace-bytes", type=int, default=None, metavar="L",
                         help="print what one trace of L tokens records, by kind, and stop")  # fmt: skip
     args = device_arguments(parser)
@@ -213,6 +225,8 @@ def main() -> None:
                     declared = method.partition(":")[0]
                     request, options = captured_request(model, tokenizer, declared, length - ANSWER - 1, ANSWER)
                     found = measure(model, request, options, method, args.repeats, args.device)
+                    if args.profile:
+                        print(f"{method} at {length} tokens:\n" + profiled(model, request, options, method))
                 except torch.OutOfMemoryError:
                     cells.append(f"{'out of memory':>24}")
                     continue
