@@ -240,6 +240,19 @@ def test_bad_spans_and_units_are_refused_before_any_work():
         model.attribute(prompt, "something else entirely", spans="answer", show_progress=False)
     with pytest.raises(ValueError, match="rollout=True"):
         loaded("gpt2", "value_zeroing").attribute(prompt, generated, hops=1, show_progress=False)
+    with pytest.raises(ValueError, match="adds no token to the prompt"):
+        model.attribute(prompt, prompt, spans="answer", show_progress=False)
+    with pytest.raises(ValueError, match="explains no logit"):
+        loaded("gpt2", "alti").attribute(prompt, generated, spans="answer", contrast_targets=generated,
+                                         show_progress=False)  # fmt: skip
+    with pytest.raises(ValueError, match="as long"):
+        model.attribute(
+            prompt, generated, spans="answer", contrast_targets=prompt + " she read .", show_progress=False
+        )
+    source, target = texts("bart")
+    with pytest.raises(ValueError, match="not with an encoder–decoder"):
+        loaded("bart", "decompx").attribute(source, target, units="sentences", unit_components=True,
+                                            show_progress=False)  # fmt: skip
 
 
 def test_span_output_shows_saves_and_loads(tmp_path):
