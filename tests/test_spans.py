@@ -238,8 +238,10 @@ def test_bad_spans_and_units_are_refused_before_any_work():
             model.attribute(prompt, generated, show_progress=False, **kwargs)
     with pytest.raises(ValueError, match="must start with its prompt"):
         model.attribute(prompt, "something else entirely", spans="answer", show_progress=False)
-    with pytest.raises(ValueError, match="rollout=True"):
+    with pytest.raises(ValueError, match="value_zeroing gives one per layer or head with these options"):
         loaded("gpt2", "value_zeroing").attribute(prompt, generated, hops=1, show_progress=False)
+    with pytest.raises(ValueError, match="attention_norm gave 2 slots per row"):  # known only once it ran
+        loaded("gpt2", "attention_norm").attribute(prompt, generated, hops=1, show_progress=False)
     with pytest.raises(ValueError, match="adds no token to the prompt"):
         model.attribute(prompt, prompt, spans="answer", show_progress=False)
     with pytest.raises(ValueError, match="explains no logit"):
@@ -381,3 +383,23 @@ def test_a_contrastive_span_is_the_sum_of_its_tokens_differences(family, method)
         torch.testing.assert_close(sequence.step_scores["contrast_logits_diff"][span].double(), difference,
                                    rtol=1e-4, atol=1e-4)  # fmt: skip
     assert float(sequence.step_scores["contrast_logits_diff"][0].abs()) > 0  # the first sentence differs: book/dog
+
+
+@pytest.mark.parametrize("family", ["gpt2", "marian"])
+def test_without_a_generated_text_the_models_own_generation_is_explained(family):
+    """``generated_texts`` left out: the model's greedy generation (the prompt kept as written, blank lines included)
+    is explained, as if it had been given."""
+    model = loaded(family, "alti_logit")
+    prompt = "the cat sat on the mat .\n\nthe dog sat on it ."
+    out = model.attribute(prompt, units="passages", generation_args={"max_new_tokens": 3}, show_progress=False)
+    generated = out.info["generated_texts"][0]
+    assert is_seq2seq(family) or (generated.startswith(prompt) and len(generated) > len(prompt))
+    tokenizer = model.tokenizer
+    if not is_seq2seq(family):  # the explained tokens are the model's own greedy continuation
+        ids = torch.tensor([tokenizer(prompt)["input_ids"]])
+        greedy = model.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False)
+        assert tokenizer(generated)["input_ids"] == greedy[0].tolist()
+    given = model.attribute(prompt, generated, units="passages", show_progress=False)
+    assert given.info["units"] == out.info["units"] and out.info["units"][0][:2] == prompt.split("\n\n")
+    torch.testing.assert_close(out.sequence_attributions[0].source_attributions,
+                               given.sequence_attributions[0].source_attributions)  # fmt: skip

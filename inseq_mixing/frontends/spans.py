@@ -153,7 +153,7 @@ class SpanAttributionModel(FrontEndModel):
         self.check_options(options)
         prompts = [input_texts] if isinstance(input_texts, str) else list(input_texts)
         if generated_texts is None:
-            generated_texts = self.inseq_model.generate(prompts, **(generation_args or {}))
+            generated_texts = self._generate(prompts, generation_args or {})
         generated = [generated_texts] if isinstance(generated_texts, str) else list(generated_texts)
         if len(generated) != len(prompts):
             raise ValueError(f"{len(prompts)} input text(s) but {len(generated)} generated text(s): give one each.")
@@ -192,6 +192,20 @@ class SpanAttributionModel(FrontEndModel):
         return out
 
     # ----- inputs -----
+
+    def _generate(self, prompts: list[str], generation_args: dict) -> list[str]:
+        """The model's generations: encoder–decoders' targets; decoder-only models' prompts followed by their
+        continuations (the prompt kept as written, its blank lines included; a space between the two where neither
+        has one, as a word-level tokenizer decodes without one)."""
+        generated = self.inseq_model.generate(prompts, skip_special_tokens=True, output_generated_only=True,
+                                              **generation_args)  # fmt: skip
+        if self.spec.is_encoder_decoder:
+            return list(generated)
+        joined = []
+        for prompt, continuation in zip(prompts, generated, strict=True):
+            glue = "" if not continuation or continuation[0].isspace() or prompt[-1:].isspace() else " "
+            joined.append(prompt + glue + continuation)
+        return joined
 
     def _item(self, name: str, prompt: str, text: str, spans, units, settings, foil: str | None) -> SpanItem:
         """One input's tokens, spans, units and contrast tokens, every error naming the input."""
@@ -378,14 +392,16 @@ class SpanAttributionModel(FrontEndModel):
         if getattr(options, "unit_components", False):
             return self._unit_components(batch, options)
         if batch.hops:
+            refusal = ("hops pass a span's score through each generated token's one row; {what}: ask for one map per "
+                       "token (rollout=True, per_head=False), or use a method that rolls out (alti, globenc, "
+                       "attention_rollout) or a logit method.")  # fmt: skip
+            if getattr(options, "per_head", False) or not getattr(options, "rollout", True):  # known before the work
+                raise ValueError(refusal.format(what=f"{self.method} gives one per layer or head with these options"))
             result = declaration.run(request, options)
             rows = keys_of(result)
             if rows.dim() != 3:
-                raise ValueError(
-                    f"hops pass a span's score through each generated token's one row; {self.method} gave "
-                    f"{len(result.axis or [])} slots per row ({(result.axis or ['?'])[0]}, ...): ask for one map per "
-                    "token (rollout=True, or per_head=False)."
-                )
+                slots = f"{len(result.axis or [])} slots per row ({(result.axis or ['?'])[0]}, ...)"
+                raise ValueError(refusal.format(what=f"{self.method} gave {slots}"))
             predicted_at = torch.arange(rows.shape[-1], device=rows.device).expand_as(batch.generated) - 1
             weights = hop_weights(rows, batch.generated, predicted_at)
             result = batch.spans.reduce(result)
