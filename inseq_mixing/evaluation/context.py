@@ -152,7 +152,7 @@ def row_metrics(row: dict, sequence, drops: torch.Tensor, hops: int) -> dict:
 
 def ranking_metrics(scores: torch.Tensor, gold: list[int]) -> dict:
     """``mrr`` and ``recall_at_1`` of the gold passages under ``scores`` (higher first)."""
-    ranks = tied_ranks(scores.double())[gold]
+    ranks = tied_ranks(scores)[gold]
     return {"mrr": float(1 / ranks.min()), "recall_at_1": float(ranks.min() == 1)}
 
 
@@ -161,10 +161,9 @@ def passage_drops(model, tokenizer, row: dict, separator: str, encoder_decoder: 
     """``(1 + passages,)``: the answer's probability with every passage, then for each passage how much lower it is
     when that passage is taken out of the prompt (one padded forward pass)."""
     passages = row["passages"]
-    prompts = [row["prompt"]] + [
-        separator.join([*passages[:index], *passages[index + 1 :], *([row["question"]] if row["question"] else [])])
-        for index in range(len(passages))
-    ]
+    without = [prompt_of(passages[:index] + passages[index + 1 :], row["question"], separator)
+               for index in range(len(passages))]  # fmt: skip
+    prompts = [row["prompt"], *without]
     probabilities = answer_probabilities(model, tokenizer, prompts, row["answer"], encoder_decoder)
     return torch.cat([probabilities[:1], probabilities[0] - probabilities[1:]])
 
@@ -236,9 +235,13 @@ def _context_row(index: int, raw: dict, names: dict, separator: str) -> dict:
     question = raw.get(names["question"]) or ""
     answer = raw.get(names["answer"])
     answer = None if answer is None or (isinstance(answer, float) and answer != answer) or answer == "" else answer
-    prompt = separator.join([*passages, *([question] if question else [])])
-    return {"row": index, "passages": passages, "question": question, "prompt": prompt, "answer": answer,
-            "gold": sorted(set(gold))}  # fmt: skip
+    return {"row": index, "passages": passages, "question": question, "answer": answer, "gold": sorted(set(gold)),
+            "prompt": prompt_of(passages, question, separator)}  # fmt: skip
+
+
+def prompt_of(passages: list[str], question: str, separator: str) -> str:
+    """The prompt: the passages, then the question if there is one, joined by ``separator``."""
+    return separator.join([*passages, *([question] if question else [])])
 
 
 def _listed(value):

@@ -32,12 +32,13 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..declarations import DECLARATIONS, Request
+from ..methods.blocks import upcast
 from ..methods.results import LogitScores
 from ..methods.spans import SpanRows, hop_weights, hopped, keys_of, unit_scores
 from ..methods.units import FrameUnits
 from ..trace import ModelCall, forward_arguments, trace_model
 from .common import FrontEndModel, check_batch_size
-from .layout import logit_step_scores, sequence_output, token_list, tokens_first
+from .layout import logit_step_scores, row_steps, sequence_output, token_list, tokens_first
 
 #: The keywords of ``model.attribute`` that send a call here.
 SPAN_KEYWORDS = ("spans", "units", "hops")
@@ -74,7 +75,6 @@ class SpanBatch:
     spans: SpanRows
     units: torch.Tensor  # (B, U, K)
     generated: torch.Tensor  # (B, K)
-    offset: list[int]  # per item, the left padding of its decoder tokens
     hops: int
 
     @property
@@ -270,7 +270,7 @@ class SpanAttributionModel(FrontEndModel):
                 raise ValueError(f"the span {answer[begin:end]!r} ({begin}, {end}) covers no generated token.")
             span_texts.append(answer[begin:end])
             span_tokens.append(tokens)
-        unit_keys, unit_texts = self._units(units, prompt, answer, prompt_keys, answer_tokens, key_ids,
+        unit_keys, unit_texts = self._units(units, prompt, answer, prompt_keys, answer_tokens, key_ids, special,
                                             (separator, language))  # fmt: skip
         covered = {key for members in unit_keys for key in members}
         rest = [key for key in range(keys) if key not in covered]
@@ -279,33 +279,26 @@ class SpanAttributionModel(FrontEndModel):
             unit_texts.append(REST)
         return SpanItem(name, ids, source_ids, generated, span_tokens, span_texts, unit_keys, unit_texts)
 
-    def _units(self, units, prompt, answer, prompt_keys, answer_tokens, key_ids, settings):
-        """Each unit's keys and text: the prompt's units, then the generated text's."""
+    def _units(self, units, prompt, answer, prompt_keys, answer_tokens, key_ids, special, settings):
+        """Each unit's keys and text: the prompt's units, then the generated text's sentences; a token belongs to the
+        first unit it overlaps."""
         separator, language = settings
-        special = set(self.tokenizer.all_special_ids)
         if units == "tokens":
-            chosen = [(key,) for key, _ in prompt_keys if key_ids[key] not in special]
-            chosen += [(key,) for key, _ in answer_tokens]
-            labels = self.tokenizer.convert_ids_to_tokens([key_ids[keys[0]] for keys in chosen])
-            return [list(keys) for keys in chosen], list(labels)
-        ranges = _unit_ranges(units, prompt, separator, language)
+            chosen = [key for key, _ in prompt_keys if key_ids[key] not in special] + [key for key, _ in answer_tokens]
+            return [[key] for key in chosen], list(self.tokenizer.convert_ids_to_tokens([key_ids[k] for k in chosen]))
+        prompt_tokens = [(key, (first, last)) for key, (first, last) in prompt_keys
+                         if last > first and key_ids[key] not in special]  # fmt: skip
         unit_keys, unit_texts, taken = [], [], set()
-        for begin, end in ranges:
-            members = [key for key, (first, last) in prompt_keys
-                       if last > first and first < end and begin < last and key not in taken
-                       and key_ids[key] not in special]  # fmt: skip
-            taken.update(members)
-            if members:
-                unit_keys.append(members)
-                unit_texts.append(prompt[begin:end])
-        for begin, end in _sentences(answer, language):
-            members = [
-                key for key, (first, last) in answer_tokens if first < end and begin < last and key not in taken
-            ]
-            taken.update(members)
-            if members:
-                unit_keys.append(members)
-                unit_texts.append(f"(generated) {answer[begin:end].strip()}")
+        for tokens, texts in (
+            (prompt_tokens, [(prompt[b:e], (b, e)) for b, e in _unit_ranges(units, prompt, separator, language)]),
+            (answer_tokens, [(f"(generated) {answer[b:e].strip()}", (b, e)) for b, e in _sentences(answer, language)]),
+        ):
+            for text, (begin, end) in texts:
+                members = [key for key, (first, last) in tokens if first < end and begin < last and key not in taken]
+                taken.update(members)
+                if members:
+                    unit_keys.append(members)
+                    unit_texts.append(text)
         return unit_keys, unit_texts
 
     # ----- batches -----
@@ -382,7 +375,7 @@ class SpanAttributionModel(FrontEndModel):
                 model, forward_arguments(model, spec, input_ids, input_mask, target_ids, target_mask)
             ),  # fmt: skip
         )
-        return SpanBatch(items, request, spans, units, generated, offset, hops)
+        return SpanBatch(items, request, spans, units, generated, hops)
 
     def explain(self, batch: SpanBatch, options) -> tuple[list, list[str] | None]:
         """The spans' scores over keys (one pass where the method has one, else the per-position rows reduced), hops
@@ -402,8 +395,7 @@ class SpanAttributionModel(FrontEndModel):
             if rows.dim() != 3:
                 slots = f"{len(result.axis or [])} slots per row ({(result.axis or ['?'])[0]}, ...)"
                 raise ValueError(refusal.format(what=f"{self.method} gave {slots}"))
-            predicted_at = torch.arange(rows.shape[-1], device=rows.device).expand_as(batch.generated) - 1
-            weights = hop_weights(rows, batch.generated, predicted_at)
+            weights = hop_weights(rows, batch.generated)
             result = batch.spans.reduce(result)
             hops = hopped(keys_of(result), weights, batch.generated, batch.hops)
             scores = hops.sum(-1)
@@ -442,12 +434,10 @@ class SpanAttributionModel(FrontEndModel):
         signed = isinstance(result, LogitScores)
         steps = {}
         if signed:
-            contrastive = batch.request.foil_ids is not None
-            steps = {name: value[row, :span_count].detach().float().cpu() for name, value in
-                     logit_step_scores(result, contrastive).items()}  # fmt: skip
+            steps = row_steps(logit_step_scores(result, batch.request.foil_ids is not None), row, slice(span_count))
         sequence_scores = {}
         if hop_units is not None:  # (B, N, hops + 1, U) → (U, N, hops + 1)
-            sequence_scores["hops"] = hop_units[row, :span_count, :, :count].permute(2, 0, 1).detach().float().cpu()
+            sequence_scores["hops"] = upcast(hop_units[row, :span_count, :, :count].permute(2, 0, 1).detach()).cpu()
         return sequence_output(
             token_list([_label(text) for text in item.unit_texts], [-1] * count),
             token_list([_label(text) for text in item.span_texts], [-1] * span_count),
@@ -464,9 +454,7 @@ def check_span_arguments(spans="answer", units="tokens", hops: int = 0, **_) -> 
         raise ValueError(f"hops takes a whole number ≥ 0, not {hops!r}.")
     for name, value, kinds, what in (("spans", spans, SPAN_KINDS, "spans of the generated text"),
                                      ("units", units, UNIT_KINDS, "documents of the prompt")):  # fmt: skip
-        if isinstance(value, str) and value not in kinds:
-            raise ValueError(f"{name}={value!r}: use one of {list(kinds)}, or a list of {what}.")
-        if not isinstance(value, str) and not isinstance(value, list | tuple):
+        if value not in kinds if isinstance(value, str) else not isinstance(value, list | tuple):
             raise ValueError(f"{name}={value!r}: use one of {list(kinds)}, or a list of {what}.")
 
 
@@ -503,16 +491,17 @@ def _ranges(value, text: str, what: str) -> list[tuple[int, int]]:
 
 
 def _span_ranges(spans, answer: str, language: str) -> list[tuple[int, int]]:
+    """Character ranges of the spans (a kind is known: :func:`check_span_arguments` ran)."""
     if spans == "answer":
         return [(0, len(answer))]
     if spans == "sentences":
         return _sentences(answer, language)
-    if isinstance(spans, str):
-        raise ValueError(f"spans={spans!r}: use one of {list(SPAN_KINDS)}, or a list of spans of the generated text.")
     return _ranges(spans, answer, "the span")
 
 
 def _unit_ranges(units, prompt: str, separator: str, language: str) -> list[tuple[int, int]]:
+    """Character ranges of the prompt's units (not ``"tokens"``; a kind is known: :func:`check_span_arguments`
+    ran)."""
     if units == "sentences":
         return _sentences(prompt, language)
     if units == "passages":
@@ -524,8 +513,6 @@ def _unit_ranges(units, prompt: str, separator: str, language: str) -> list[tupl
                 ranges.append((position, position + len(part)))
             position += len(part) + len(separator)
         return ranges
-    if isinstance(units, str):
-        raise ValueError(f"units={units!r}: use one of {list(UNIT_KINDS)}, or a list of documents of the prompt.")
     return _ranges(units, prompt, "the unit")
 
 

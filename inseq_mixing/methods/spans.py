@@ -95,17 +95,16 @@ def keys_of(result: LayerMaps | LogitScores) -> torch.Tensor:
     return result.target if result.source is None else torch.cat([result.target, result.source], dim=-1)
 
 
-def hop_weights(rows: torch.Tensor, generated: torch.Tensor, predicted_at: torch.Tensor) -> torch.Tensor:
+def hop_weights(rows: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
     """The matrix :math:`GW` of the module docstring, ``(B, K, K)``: row ``g`` of a generated key is the L1-normalised
-    row of the position that predicts it; every other row is 0.
+    row of the position that predicts it, ``g - 1`` (the keys are the decoder's tokens first); every other row is 0.
 
     Args:
         rows: ``(B, T, K)``: each decoder position's scores over the keys.
-        generated: ``(B, K)`` booleans: the generated keys.
-        predicted_at: ``(B, K)``: for each generated key, the decoder position that predicts it (any value elsewhere).
+        generated: ``(B, K)`` booleans: the generated keys (decoder tokens after the first).
     """
-    index = predicted_at.clamp(min=0, max=rows.shape[1] - 1)
-    picked = rows.gather(1, index[..., None].expand(-1, -1, rows.shape[-1]))  # (B, K, K)
+    length, keys = rows.shape[1:]
+    picked = torch.nn.functional.pad(rows[:, :-1], (0, 0, 1, keys - length))  # key g: row g - 1; source keys: 0
     norm = picked.abs().sum(-1, keepdim=True)
     weights = torch.where(norm > 0, picked / norm.clamp(min=torch.finfo(rows.dtype).tiny), torch.zeros_like(picked))
     return weights * generated[..., None].to(rows.dtype)
