@@ -9,7 +9,7 @@ import inseq
 import pytest
 import torch
 
-import inseq_mixing  # noqa: F401  (registers the methods)
+import inseq_mixing
 from inseq_mixing.demo.retrieval import rows as retrieval_rows
 from inseq_mixing.demo.retrieval import vocabulary
 from inseq_mixing.evaluation import evaluate
@@ -125,3 +125,28 @@ def test_cli_context_protocol_writes_a_report_with_the_passages(tmp_path):
     page = out.read_text()
     assert rows[0]["passages"][0] in page and "mrr_hop1" in page
     assert json.loads((tmp_path / "m.json").read_text())["protocol"] == "context"
+
+
+def test_a_row_without_an_answer_is_explained_for_the_models_own_greedy_answer():
+    """A row without ``answer``: the model's greedy continuation of the prompt as written (blank lines kept) is the
+    answer: the protocol's metrics equal those of the same row given that answer (the retrieval demo model, whose
+    greedy answers hold no special token)."""
+    model = inseq_mixing.load_model("demo-retrieval", "alti_logit")
+    rows = retrieval_rows(2, seed=5)
+    tokenizer = model.tokenizer
+    for row in rows:
+        row.pop("answer")
+    evaluation = evaluate(model, ["alti_logit"], rows, "context", draws=10)
+    given = []
+    for row in rows:
+        prompt = "\n\n".join([*row["passages"], row["question"]])
+        ids = torch.tensor([tokenizer(prompt)["input_ids"]])
+        greedy = model.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False)[0, ids.shape[1] :]
+        answer = " " + tokenizer.decode(greedy, skip_special_tokens=True)
+        assert tokenizer(prompt + answer)["input_ids"][ids.shape[1] :] == greedy.tolist()
+        given.append({**row, "answer": answer})
+    expected = evaluate(model, ["alti_logit"], given, "context", draws=10)
+    for metric in expected.metrics:
+        assert float(evaluation.results["alti_logit"].statistics[metric].value()) == pytest.approx(
+            float(expected.results["alti_logit"].statistics[metric].value())
+        )

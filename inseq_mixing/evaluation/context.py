@@ -82,7 +82,7 @@ def evaluate_context(
     """
     import inseq
 
-    from ..frontends.spans import check_span_arguments
+    from ..frontends.spans import check_span_arguments, generated_continuations
 
     check_span_arguments(hops=hops)
     rows, skipped = read_context_rows(data, columns or {}, separator)
@@ -92,9 +92,9 @@ def evaluate_context(
     encoder_decoder = base.is_encoder_decoder
     missing = [row for row in rows if row["answer"] is None]
     if missing:
-        generated = base.generate([row["prompt"] for row in missing], skip_special_tokens=True)
+        generated = generated_continuations(base, [row["prompt"] for row in missing], {})
         for row, text in zip(missing, generated, strict=True):
-            row["answer"] = text if encoder_decoder else text[len(row["prompt"]) :]
+            row["answer"] = text
     drops = [passage_drops(base.model, base.tokenizer, row, separator, encoder_decoder) for row in rows]
     evaluation = Evaluation("context", draws=draws, seed=seed, skipped=skipped)
     per_hop = [f"{metric}_hop{hop}" for hop in range(hops + 1) for metric in ("mrr", "recall_at_1")] if hops else []

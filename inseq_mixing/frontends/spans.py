@@ -153,7 +153,11 @@ class SpanAttributionModel(FrontEndModel):
         self.check_options(options)
         prompts = [input_texts] if isinstance(input_texts, str) else list(input_texts)
         if generated_texts is None:
-            generated_texts = self._generate(prompts, generation_args or {})
+            continuations = generated_continuations(self.inseq_model, prompts, generation_args or {})
+            generated_texts = [prompt + continuation for prompt, continuation in zip(prompts, continuations,
+                                                                                     strict=True)]  # fmt: skip
+            if self.spec.is_encoder_decoder:
+                generated_texts = continuations
         generated = [generated_texts] if isinstance(generated_texts, str) else list(generated_texts)
         if len(generated) != len(prompts):
             raise ValueError(f"{len(prompts)} input text(s) but {len(generated)} generated text(s): give one each.")
@@ -192,20 +196,6 @@ class SpanAttributionModel(FrontEndModel):
         return out
 
     # ----- inputs -----
-
-    def _generate(self, prompts: list[str], generation_args: dict) -> list[str]:
-        """The model's generations: encoder–decoders' targets; decoder-only models' prompts followed by their
-        continuations (the prompt kept as written, its blank lines included; a space between the two where neither
-        has one, as a word-level tokenizer decodes without one)."""
-        generated = self.inseq_model.generate(prompts, skip_special_tokens=True, output_generated_only=True,
-                                              **generation_args)  # fmt: skip
-        if self.spec.is_encoder_decoder:
-            return list(generated)
-        joined = []
-        for prompt, continuation in zip(prompts, generated, strict=True):
-            glue = "" if not continuation or continuation[0].isspace() or prompt[-1:].isspace() else " "
-            joined.append(prompt + glue + continuation)
-        return joined
 
     def _item(self, name: str, prompt: str, text: str, spans, units, settings, foil: str | None) -> SpanItem:
         """One input's tokens, spans, units and contrast tokens, every error naming the input."""
@@ -446,6 +436,17 @@ class SpanAttributionModel(FrontEndModel):
             step_scores=steps,
             sequence_scores=sequence_scores,
         )
+
+
+def generated_continuations(inseq_model, prompts: list[str], generation_args: dict) -> list[str]:
+    """The model's greedy generations: an encoder–decoder's targets; what follows each prompt for a decoder-only model,
+    to be appended to the prompt as written (Inseq's generated text would normalise its blank lines away): the new
+    tokens' text, after a space where neither it nor the prompt has one (a word-level tokenizer decodes without)."""
+    generated = inseq_model.generate(prompts, skip_special_tokens=True, output_generated_only=True, **generation_args)
+    if inseq_model.is_encoder_decoder:
+        return list(generated)
+    return [("" if not text or text[0].isspace() or prompt[-1:].isspace() else " ") + text
+            for prompt, text in zip(prompts, generated, strict=True)]  # fmt: skip
 
 
 def check_span_arguments(spans="answer", units="tokens", hops: int = 0, **_) -> None:
