@@ -150,3 +150,23 @@ def test_a_row_without_an_answer_is_explained_for_the_models_own_greedy_answer()
         assert float(evaluation.results["alti_logit"].statistics[metric].value()) == pytest.approx(
             float(expected.results["alti_logit"].statistics[metric].value())
         )
+
+
+def test_the_context_report_explains_its_colours_and_fits_1280_pixels(tmp_path):
+    """The report of the context protocol (per-hop columns, each example's units against its answer) explains its
+    colours and fits a 1,280 px window, measured in headless Chromium."""
+    import re
+
+    from inseq_mixing.views.eval_report import write_evaluation_report
+
+    from .test_report import browser, page_width
+
+    model = inseq_mixing.load_model("demo-retrieval", "alti_logit")
+    methods = ["alti_logit", "decompx", "attn_lrp", "value_zeroing", "alti", "globenc"]
+    evaluation = evaluate(model, methods, retrieval_rows(6, seed=2), "context", hops=2, draws=10)
+    path = write_evaluation_report(evaluation, tmp_path / "context.html")
+    page = path.read_text()
+    captions = re.findall(r'<table class="heatmap" id="[^"]+"><caption>([^<]*)</caption>', page)
+    assert captions and all("full colour at the largest |score| of this table" in text for text in captions)
+    assert "mrr_hop2" in page and "lives in" in page
+    assert page_width(browser(), path) <= 1280
