@@ -36,6 +36,8 @@ _LAZY = {
     "attribute_dataset": "runs",
     "load_run": "runs",
     "load_model": "frontends",
+    "explore": "views.explorer",
+    "explore_model": "views.explorer",
     "EncoderAttributionModel": "frontends",
     "SpeechAttributionModel": "frontends",
     "BUILTIN_VALUE_ZEROING_NAME": "frontends.patches",
@@ -45,19 +47,21 @@ _LAZY = {
 def register() -> list[str]:
     """Register the plugin's methods inside Inseq (idempotent): Inseq's built-in value zeroing is renamed, Inseq's
     heatmap colours are repaired, ``inseq.load_model`` names :func:`load_model` for encoder-only and speech models,
-    and one Inseq method class per declaration is generated
+    outputs get ``explore()`` (the explorer page), and one Inseq method class per declaration is generated
     (:mod:`inseq_mixing.frontends.patches`, where every change to Inseq's behaviour is kept). Called by
     ``import inseq_mixing`` (at once, or when Inseq is imported); imports Inseq.
 
     Returns:
         The names of the plugin's methods.
     """
-    from .frontends.patches import guide_other_kinds
+    from .frontends.patches import add_explore, guide_other_kinds
     from .frontends.patches import register as apply_patches
     from .frontends.router import inseq_refusal
+    from .views.explorer import explore
 
     names = apply_patches()
     guide_other_kinds(inseq_refusal)
+    add_explore(explore)
     return names
 
 
@@ -134,6 +138,8 @@ __all__ = [
     "compare",
     "evaluate",
     "evaluate_run",
+    "explore",
+    "explore_model",
     "SUPPORTED_FAMILIES",
     "UnsupportedModelError",
     "get_spec",

@@ -434,6 +434,47 @@ def report_evaluation(result, args: argparse.Namespace, title: str) -> int:
     return 1 if result.failed else 0
 
 
+def run_explore(args: argparse.Namespace) -> int:
+    """``inseq-mixing explore``: the explorer page of a model's methods on one input, or of saved outputs."""
+    from inseq_mixing.views.explorer import DEFAULT_METHODS, explore, explore_model
+
+    try:
+        args.out = available_path(args.out, args.overwrite)
+        check_writable(args.out)
+        if args.saved:
+            if args.model or args.input:
+                raise UserError("give either --saved outputs or a model and an input, not both")
+            import inseq
+
+            outputs = []
+            for path in args.saved:
+                try:
+                    outputs.append(inseq.FeatureAttributionOutput.load(path))
+                except Exception as error:
+                    reason = f"{type(error).__name__}: {error}"
+                    raise UserError(f"could not read {path} as a saved output: {reason}") from error
+            explore(outputs, args.out, title="inseq-mixing explorer")
+        else:
+            if not args.model or args.input is None:
+                raise UserError("give --model and an input (or --saved outputs)")
+            methods = args.methods or list(DEFAULT_METHODS)
+            check_methods_known(methods)
+            options = {name: dict(DEFAULT_METHODS.get(name, {})) if args.methods is None else {} for name in methods}
+            for name, values in method_options(args.option).items():
+                if name not in options:
+                    raise UserError(f"--option {name}:...: {name!r} is not among the methods {methods}")
+                options[name].update(values)
+            graphs = False if args.no_graphs else {"threshold": args.threshold, "heads": True}
+            model = load_model(args.model, methods[0], args.device, args.processor)
+            explore_model(model, args.input, args.target, args.out, methods=options, contribution_graphs=graphs,
+                          title=f"inseq-mixing explorer: {args.model}")  # fmt: skip
+    except (UserError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"explorer written to {args.out}")
+    return 0
+
+
 def run_demo_data(args: argparse.Namespace) -> int:
     from inseq_mixing.demo.evaluation_data import export_evaluation_data
 
@@ -592,6 +633,40 @@ def build_parser() -> argparse.ArgumentParser:
         "every token (scores summed)",
     )
     evaluate.add_argument("--option", action="append", default=[], metavar="METHOD:KEY=VALUE", help="a method option")
+    explore = commands.add_parser("explore", help="write the interactive explorer page: methods side by side, layer "
+                                  "by layer, with the contribution graph of the clicked entry")  # fmt: skip
+    explore.add_argument("input", nargs="?", default=None,
+                         help="the text or prompt (generation and encoder models), or an image or audio file path "
+                         "(vision and speech models)")  # fmt: skip
+    explore.add_argument("--model", default=None, help=MODEL_HELP)
+    explore.add_argument("--processor", default=None, help=PROCESSOR_HELP)
+    explore.add_argument("--target", default=None,
+                         help="target text, label or transcript (default: the model's own; decoder-only models: the "
+                         "whole text)")  # fmt: skip
+    explore.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        help="methods side by side (default: alti with per_head=true, value_zeroing, alti_logit)",
+    )
+    explore.add_argument("--option", action="append", default=[], metavar="METHOD:KEY=VALUE", help="a method option")
+    explore.add_argument(
+        "--threshold",
+        type=float,
+        default=0.04,
+        help="contribution graphs: keep edges above this importance (default: %(default)s)",
+    )
+    explore.add_argument("--no-graphs", action="store_true", help="leave out the contribution graphs")
+    explore.add_argument(
+        "--saved",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="instead of a model: outputs saved with out.save(), shown side by side",
+    )
+    explore.add_argument("--device", default=None, help="e.g. cpu or cuda (default: Inseq's choice)")
+    explore.add_argument("--out", default="explorer.html", help="the HTML page (default: %(default)s)")
+    explore.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     demo_data = commands.add_parser("demo-data", help="export the demo grammar's annotated data for every protocol")
     demo_data.add_argument("out", help="folder to write the files into")
     demo_data.add_argument("--count", type=int, default=40, help="sentence pairs to draw")
@@ -636,6 +711,8 @@ def run_command(argv: list[str] | None = None) -> int:
         return run_evaluate(args)
     if args.command == "demo-data":
         return run_demo_data(args)
+    if args.command == "explore":
+        return run_explore(args)
     return run_compare(args)
 
 

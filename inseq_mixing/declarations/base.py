@@ -25,6 +25,7 @@ from ..deferred import one_read
 from ..methods.compiled import compiling
 from ..methods.options import Chunking, Compiling, Contrast, EncoderMaps, Heads, option
 from ..methods.results import LayerMaps, LogitScores
+from .graphs import record_graphs
 
 if TYPE_CHECKING:  # reading declarations (the CLI's listing) needs no torch; computing imports it
     import torch
@@ -148,6 +149,7 @@ class Declaration:
         (:func:`~inseq_mixing.methods.head.pooled_scores`)."""
         with compiling(getattr(options, "compile", False)), one_read():
             result = self.compute(request, options)
+        record_graphs(request)
         head = request.spec.head
         if head is not None and head.pooling and isinstance(result, LogitScores):
             from ..methods.head import pooled_scores
@@ -162,7 +164,9 @@ class Declaration:
         computation where it has one, else :meth:`run` on the spans' positions, its rows reduced per span."""
         if self.compute_span is not None:
             with compiling(getattr(options, "compile", False)), one_read():
-                return self.compute_span(request, options, spans)
+                result = self.compute_span(request, options, spans)
+            record_graphs(request, spans.positions)
+            return result
         return spans.reduce(self.run(dataclasses.replace(request, positions=spans.positions), options))
 
     def option_fields(self) -> list[dataclasses.Field]:

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from ..declarations.graphs import GRAPH_KEYWORD, collecting_graphs, graph_settings, store_graphs
 from ..methods.blocks import upcast
 from ..trace import eval_mode
 
@@ -148,11 +149,13 @@ class FrontEndModel:
 
         from .output import ExplainedOutput
 
+        method_options = dict(method_options)
+        graphs = graph_settings(method_options.pop(GRAPH_KEYWORD, None))
         self.check_options(method_options)
         options = self.make_options(method_options)
         sequences, axis = [], None
         bar = tqdm(total=len(items), disable=not show_progress, desc=self.method, unit=self.item_name)
-        with eval_mode(self.model), bar:
+        with eval_mode(self.model), bar, collecting_graphs(graphs) as collector:
             for start in range(0, len(items), batch_size):
                 chunk = items[start : start + batch_size]
                 bar.set_postfix_str("forward pass, traced")
@@ -174,6 +177,7 @@ class FrontEndModel:
         }
         if axis is not None:
             info["score_axis"] = list(axis)
+        store_graphs(info, collector)
         return ExplainedOutput(sequence_attributions=sequences, step_attributions=None, info=info)
 
     def prepare(self, items: list, settings) -> PreparedBatch:

@@ -3,6 +3,8 @@
 Each is idempotent and applied by :func:`register` (called by ``import inseq_mixing``, at once when Inseq is already
 imported, otherwise right after Inseq's import):
 
+- **Outputs get ``explore()``** (:func:`add_explore`, installed by :func:`inseq_mixing.register` with the view that
+  writes the page): the explorer page of an output, with others side by side.
 - **Inseq's built-in value zeroing is renamed** ``inseq_value_zeroing`` (Inseq picks among same-named methods at
   random, so its ``value_zeroing`` must give up the name) **and guarded** so that a failure restores the model
   (:mod:`.inseq_adapter.builtin`).
@@ -103,6 +105,29 @@ def register() -> list[str]:
     from ..declarations import DECLARATIONS
 
     return list(DECLARATIONS)
+
+
+def add_explore(write_page) -> None:
+    """Give Inseq's ``FeatureAttributionOutput`` (and so every output of this package, whose class derives from it)
+    an ``explore()`` method that writes the explorer page with ``write_page`` (installed by
+    :func:`inseq_mixing.register` with :func:`inseq_mixing.views.explorer.explore`: views sit above the front ends).
+    Inseq 0.7 has no method of that name; an Inseq that adds one keeps its own (idempotent)."""
+    import inseq
+
+    if hasattr(inseq.FeatureAttributionOutput, "explore"):
+        return
+
+    def explore(self, path="explorer.html", others=(), **kwargs):
+        """Write the explorer page of this output (and of ``others``, outputs of other methods on the same inputs,
+        shown side by side) to ``path``; ``kwargs``: ``images=``, ``audio=``, ``sampling_rate=``, ``title=`` (see
+        :func:`inseq_mixing.views.explorer.explore`). Returns the path written."""
+        from pathlib import Path
+
+        others = list(others) if isinstance(others, list | tuple) else [others]
+        write_page([self, *others], path, **kwargs)
+        return Path(path)
+
+    inseq.FeatureAttributionOutput.explore = explore
 
 
 def guide_other_kinds(refusal) -> None:
@@ -212,17 +237,23 @@ def answer_step_scores(attribution_model) -> None:
 def explain_spans(attribution_model) -> None:
     """Send ``model.attribute(..., spans=/units=/hops=...)`` to the span front end
     (:class:`~.spans.SpanAttributionModel`): Inseq 0.7 explains one generated token per column over tokens, and has
-    no argument for a span of the generation or for units of the prompt. Calls without those keywords go to Inseq
-    unchanged. Installed once per model."""
+    no argument for a span of the generation or for units of the prompt. Calls without those keywords go to Inseq,
+    with one keyword of this package's taken out first: ``contribution_graphs=`` (the routes of every explained
+    prediction, :mod:`inseq_mixing.declarations.graphs`, put in the output's ``info``). Installed once per model."""
     if getattr(attribution_model, "explains_spans", False):
         return
     attribute = attribution_model.attribute
 
     def attribute_spans(input_texts, generated_texts=None, method=None, *args, **kwargs):
+        from ..declarations.graphs import GRAPH_KEYWORD, collecting_graphs, graph_settings, store_graphs
         from .spans import SPAN_KEYWORDS, SpanAttributionModel
 
         if not any(name in kwargs for name in SPAN_KEYWORDS):
-            return attribute(input_texts, generated_texts, method, *args, **kwargs)
+            graphs = graph_settings(kwargs.pop(GRAPH_KEYWORD, None))
+            with collecting_graphs(graphs) as collector:
+                out = attribute(input_texts, generated_texts, method, *args, **kwargs)
+            store_graphs(out.info, collector)
+            return out
         loaded = attribution_model.attribution_method.method_name
         if args or (method is not None and method != loaded):
             raise ValueError(f"spans=, units= and hops= explain with the method the model was loaded with "

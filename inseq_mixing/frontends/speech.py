@@ -220,6 +220,11 @@ class SpeechAttributionModel(FrontEndModel):
             "frame_seconds": self.frame_seconds,
             "units": "words" if any(entry is not None for entry in words) else f"windows of {window_s} s",
             "attributed_fn": "logit" if self.declaration.explains_logit else f"{self.method} map",
+            # each source unit's interval, per utterance (the explorer places the units on the waveform)
+            "unit_seconds": [
+                [[unit.start_s, unit.end_s] for unit in self.units(u.signal, u.words, window_s, u.name)]
+                for u in utterances
+            ],
         }
         return self.attribute_items(utterances, batch_size=batch_size, show_progress=show_progress,
                                     method_options=method_options, info=info, step_scores=steps,

@@ -1,0 +1,340 @@
+"""The explorer: one self-contained HTML page (no network assets, no script library) to look at outputs layer by layer.
+
+``explore(outputs)`` (and ``out.explore()`` on any output, :mod:`inseq_mixing.frontends.patches`) reads outputs of
+one or more methods on the same inputs, of any front end (generation models through Inseq, encoder-only, speech,
+vision, spans), and writes a page with, per input:
+
+- each method's map of input units (rows) × explained entries (columns), side by side, at the layer a slider picks
+  (outputs with a layer axis; the others show their one map on every layer), and per head or the residual where the
+  output has (layer, head) slots (a selector; "sum" adds the layer's slots);
+- click an explained entry (a column) to list what it mixes from, per method, with the values; click an input unit (a
+  row) to list what it mixes into;
+- the contribution graph (Ferrando & Voita 2024) of the clicked entry, where the output was made with
+  ``contribution_graphs=True``, drawn layer by layer (edge width: importance);
+- the image with the clicked entry's patch scores over it (``images=``), or the audio's waveform with its units
+  shaded (``audio=``).
+
+The page is made from :data:`TEMPLATE` (``explorer_template.html`` beside this module): its one script reads the
+page's JSON data. Values are written with 6 significant digits and shown with 4.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+TEMPLATE = Path(__file__).with_name("explorer_template.html")
+
+_AXIS = re.compile(r"^(?:(?P<stack>self-attention|cross-attention|decoder|encoder) )?layer (?P<layer>\d+)"
+                   r"(?: (?P<slot>head \d+|residual))?$")  # fmt: skip
+#: The slot of a whole layer: the only one of an output without heads, the sum of the slots of one with heads.
+ALL = "all (sum of the slots)"
+_PATCH = re.compile(r"^r(\d+)c(\d+)$")
+_TIMED = re.compile(r"(\d+(?:\.\d+)?)-\d+(?:\.\d+)?s\]?$")  # a unit's start: "0.50-0.98s", "[sil 0.5-0.9s]"
+
+
+def explore(outputs, path=None, *, images=None, audio=None, sampling_rate: int = 16_000, title: str | None = None):
+    """Write the explorer page of ``outputs`` (see the module docstring).
+
+    Args:
+        outputs: One output (``inseq.FeatureAttributionOutput``), a list of outputs of different methods on the same
+            inputs, or a dictionary ``{name: output}`` (names default to each output's method).
+        path: Where to write the page (None: only return it).
+        images: The images a vision output explains, one per sequence (paths, PIL images, arrays or tensors).
+        audio: The waveforms a speech output explains, one per sequence (1-D arrays at ``sampling_rate``).
+        sampling_rate: The waveforms' sampling rate.
+        title: The page's title.
+
+    Returns:
+        The page's HTML.
+
+    Raises:
+        ValueError: Outputs of different inputs (their sequence counts or explained entries differ), or a number of
+            images or waveforms that is not one per sequence.
+    """
+    named = _named_outputs(outputs)
+    first = next(iter(named.values()))
+    count = len(first.sequence_attributions)
+    for name, output in named.items():
+        if len(output.sequence_attributions) != count:
+            raise ValueError(f"Output {name!r} has {len(output.sequence_attributions)} sequence(s), the first has "
+                             f"{count}: give outputs of the same inputs.")  # fmt: skip
+    media = [None] * count
+    if images is not None:
+        media = [_image_media(image) for image in _one_per_sequence(images, count, "image")]
+    elif audio is not None:
+        media = [_audio_media(wave, sampling_rate) for wave in _one_per_sequence(audio, count, "waveform")]
+    sequences = []
+    for index in range(count):
+        methods = [_method_data(name, output, index) for name, output in named.items()]
+        units, columns = methods[0].pop("units"), methods[0].pop("columns")
+        for name, method in zip(list(named)[1:], methods[1:], strict=True):
+            other, other_units = method.pop("columns"), method.pop("units")
+            if len(other) != len(columns) or len(other_units) != len(units):
+                raise ValueError(f"Output {name!r} explains {len(other)} entries over {len(other_units)} units in "
+                                 f"sequence {index}, the first {len(columns)} over {len(units)}: give outputs of the "
+                                 "same inputs.")  # fmt: skip
+            # a map method names an explained token ([CLS]) where a logit method names its label: keep both
+            columns = [c if c == o else f"{c} / {o}" for c, o in zip(columns, other, strict=True)]
+        graphs = _graphs(named.values(), index, units)
+        seconds = (first.info or {}).get("unit_seconds")
+        seconds = seconds[index] if isinstance(seconds, list) and index < len(seconds) else None
+        sequence = {"name": _sequence_name(first, index), "units": units, "columns": columns, "methods": methods,
+                    "graphs": graphs, "media": _place_units(media[index], units, seconds)}  # fmt: skip
+        sequences.append(sequence)
+    data = {"title": title or "Context mixing explorer", "sequences": sequences,
+            "note": next((o.info.get("contribution_graphs_note") for o in named.values()
+                          if (o.info or {}).get("contribution_graphs_note")), None)}  # fmt: skip
+    page = TEMPLATE.read_text(encoding="utf-8")
+    page = page.replace("__TITLE__", html.escape(data["title"]))
+    page = page.replace("__DATA__", json.dumps(data, allow_nan=False).replace("</", "<\\/"))
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(page, encoding="utf-8")
+    return page
+
+
+#: The methods the explorer compares by default, with the options that give them a layer axis (per-layer maps,
+#: (layer, head) slots): value zeroing per layer, ALTI per layer and head, and ALTI-logit's logit scores.
+DEFAULT_METHODS = {"alti": {"per_head": True}, "value_zeroing": {}, "alti_logit": {}}
+
+
+def explore_model(
+    model,
+    inputs,
+    targets=None,
+    path=None,
+    *,
+    methods: dict[str, dict] | list[str] | None = None,
+    contribution_graphs: bool | dict = True,
+    title: str | None = None,
+    **load_kwargs,
+):
+    """Run several methods on the same inputs and write their explorer page (what ``inseq-mixing explore`` does).
+
+    Args:
+        model: Anything :func:`inseq_mixing.load_model` takes: a name or folder, ``"demo"``, a model object (with
+            ``tokenizer=`` or ``processor=`` in ``load_kwargs``), an Inseq model or a front end.
+        inputs: What the model's ``attribute`` takes: a text or prompt, an image, a waveform or audio file path (or
+            a list of them).
+        targets: The target texts, labels or transcripts (None: the model's own).
+        path: Where to write the page (None: only return it).
+        methods: Method names, or ``{name: options}`` (default :data:`DEFAULT_METHODS`).
+        contribution_graphs: The routes of every explained entry (drawn for the clicked one), computed with the
+            first method: ``True``, ``False`` or ``{"threshold": τ, "heads": bool}``.
+        title: The page's title.
+        load_kwargs: Passed to :func:`inseq_mixing.load_model` (``tokenizer=``, ``processor=``, ``device=``).
+
+    Returns:
+        The page's HTML.
+    """
+    from ..frontends import identify, load_model
+
+    methods = dict(DEFAULT_METHODS) if methods is None else methods
+    methods = {name: {} for name in methods} if isinstance(methods, list | tuple) else dict(methods)
+    if not methods:
+        raise ValueError("Give at least one method to explore.")
+    found = identify(model)
+    first = load_model(model, next(iter(methods)), found=found, **load_kwargs)
+    outputs = {}
+    for index, (method, options) in enumerate(methods.items()):
+        front = first if index == 0 else load_model(first, method)
+        extra = {"contribution_graphs": contribution_graphs} if index == 0 and contribution_graphs else {}
+        if found.is_generation:
+            extra["attribute_target"] = True
+        args = (inputs,) if targets is None else (inputs, targets)
+        outputs[method] = front.attribute(*args, show_progress=False, **options, **extra)
+    media = {}
+    if found.is_vision:
+        media["images"] = inputs
+    elif found.is_speech:
+        from ..frontends.audio import read_audio
+
+        rate = first.sampling_rate
+        listed = inputs if isinstance(inputs, list | tuple) else [inputs]
+        media.update(audio=[read_audio(item, rate, f"Audio {i}") for i, item in enumerate(listed)], sampling_rate=rate)
+    return explore(outputs, path, title=title, **media)
+
+
+def _named_outputs(outputs) -> dict:
+    if isinstance(outputs, dict):
+        named = dict(outputs)
+    else:
+        listed = list(outputs) if isinstance(outputs, list | tuple) else [outputs]
+        named = {}
+        for output in listed:
+            name = (output.info or {}).get("attribution_method") or f"output {len(named)}"
+            while name in named:
+                name += "'"
+            named[name] = output
+    if not named:
+        raise ValueError("Give at least one output to explore.")
+    return named
+
+
+def _one_per_sequence(items, count: int, what: str) -> list:
+    items = list(items) if isinstance(items, list | tuple) else [items]
+    if len(items) != count:
+        raise ValueError(f"The outputs explain {count} sequence(s), but {len(items)} {what}(s) were given: one each.")
+    return items
+
+
+def _sequence_name(output, index: int) -> str:
+    info = output.info or {}
+    for key in ("input_images", "input_texts", "input_audio"):
+        names = info.get(key)
+        if isinstance(names, list) and index < len(names):
+            return str(names[index])[:120]
+    return f"Sequence {index}"
+
+
+def _rounded(values: np.ndarray) -> list:
+    """Values with 6 significant digits, NaN (a future token) as None."""
+    flat = [None if not math.isfinite(v) else float(f"{v:.6g}") for v in values.reshape(-1).tolist()]
+    return np.array(flat, dtype=object).reshape(values.shape).tolist()
+
+
+def _method_data(name: str, output, index: int) -> dict:
+    """One method's units, columns and values ``[layer][slot][unit][column]`` for sequence ``index``."""
+    sequence = output.sequence_attributions[index]
+    blocks, units = [], []
+    if sequence.source_attributions is not None:
+        blocks.append(sequence.source_attributions)
+        units += [{"token": t.token, "group": "source"} for t in sequence.source]
+    if sequence.target_attributions is not None:
+        blocks.append(sequence.target_attributions)
+        units += [{"token": t.token, "group": "target"} for t in sequence.target]
+    if not blocks:
+        raise ValueError(f"Output {name!r}, sequence {index}, has no scores to explore.")
+    scores = np.concatenate([block.detach().double().cpu().numpy() for block in blocks], axis=0)  # (U, C[, A])
+    columns = [t.token for t in sequence.target[sequence.attr_pos_start : sequence.attr_pos_end]]
+    if len(columns) != scores.shape[1]:
+        columns = [f"entry {column}" for column in range(scores.shape[1])]
+    axis = (output.info or {}).get("score_axis")
+    layers, slots, grid = _layer_slots(scores, axis)
+    finite = scores[np.isfinite(scores)]
+    return {
+        "name": name,
+        "units": units,
+        "columns": columns,
+        "layers": layers,
+        "slots": slots,
+        "signed": bool(finite.size and finite.min() < 0),
+        "values": _rounded(grid),
+    }
+
+
+def _layer_slots(scores: np.ndarray, axis: list[str] | None) -> tuple[list[str], list[str], np.ndarray]:
+    """The extra axis as (layer labels, slot labels, ``(layers, slots, U, C)``): per-layer outputs one slot per layer,
+    (layer, head) outputs one slot per head and residual (encoder–decoders: self- and cross-attention's, named) after
+    a first slot, :data:`ALL`, the sum of the layer's slots; outputs without an axis one layer."""
+    if scores.ndim == 2:
+        return ["all layers"], [ALL], scores[None, None]
+    parsed = [_AXIS.match(label) for label in axis] if axis and len(axis) == scores.shape[-1] else []
+    if not parsed or not all(parsed):
+        labels = list(axis) if axis and len(axis) == scores.shape[-1] else [str(i) for i in range(scores.shape[-1])]
+        return labels, [ALL], np.moveaxis(scores, -1, 0)[:, None]
+    layers = sorted({int(match["layer"]) for match in parsed})
+    slot_names = []
+    for match in parsed:
+        if match["slot"] is None:
+            continue
+        prefix = f"{match['stack']} " if match["stack"] in ("self-attention", "cross-attention") else ""
+        label = prefix + match["slot"]
+        if label not in slot_names:
+            slot_names.append(label)
+    if not slot_names:
+        grid = np.full((len(layers), 1, *scores.shape[:2]), np.nan)
+        for position, match in enumerate(parsed):
+            grid[layers.index(int(match["layer"])), 0] = scores[..., position]
+        return [f"layer {layer}" for layer in layers], [ALL], grid
+    grid = np.zeros((len(layers), len(slot_names) + 1, *scores.shape[:2]))
+    for position, match in enumerate(parsed):
+        prefix = f"{match['stack']} " if match["stack"] in ("self-attention", "cross-attention") else ""
+        grid[layers.index(int(match["layer"])), 1 + slot_names.index(prefix + match["slot"])] = scores[..., position]
+    grid[:, 0] = np.nansum(grid[:, 1:], axis=1)
+    future = np.isnan(scores).all(-1)  # cells no slot scores (future tokens) stay empty in the sum
+    grid[:, 0][:, future] = np.nan
+    return [f"layer {layer}" for layer in layers], [ALL, *slot_names], grid
+
+
+def _graphs(outputs, index: int, units: list[dict]) -> list | None:
+    """The routes of sequence ``index`` (from the first output that has them), their nodes labelled with the
+    output's tokens where the stacks' lengths match (the encoder: the source units; the decoder: the target units,
+    or the only ones)."""
+    for output in outputs:
+        graphs = (output.info or {}).get("contribution_graphs")
+        if graphs is not None and index < len(graphs):
+            groups = {"source": [], "target": []}
+            for unit in units:
+                groups[unit["group"]].append(unit["token"])
+            labels = {"encoder": groups["source"], "decoder": groups["target"] or groups["source"]}
+            labelled = []
+            for graph in graphs[index]:
+                widths = {}
+                for node in graph["nodes"]:
+                    widths[node["stack"]] = max(widths.get(node["stack"], 0), node["position"] + 1)
+                tokens = {stack: labels[stack] for stack, width in widths.items() if width <= len(labels[stack])}
+                labelled.append({**graph, "tokens": {**tokens, **graph.get("tokens", {})}})
+            return labelled
+    return None
+
+
+def _image_media(image) -> dict:
+    from PIL import Image
+
+    from ..frontends.vision import read_image
+
+    picture = read_image(image, "The image")
+    picture = picture if isinstance(picture, Image.Image) else Image.fromarray(np.asarray(picture))
+    picture = picture.convert("RGB")
+    picture.thumbnail((320, 320))
+    if max(picture.size) < 240:  # a small image (a tiny model's input) drawn large enough to see its patches
+        factor = math.ceil(240 / max(picture.size))
+        picture = picture.resize((picture.width * factor, picture.height * factor), Image.Resampling.NEAREST)
+    buffer = io.BytesIO()
+    picture.save(buffer, format="PNG")
+    return {"kind": "image", "src": "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode(),
+            "width": picture.width, "height": picture.height}  # fmt: skip
+
+
+def _audio_media(wave, sampling_rate: int) -> dict:
+    """The waveform as an envelope of 400 points (its peak per slice) and its length in seconds."""
+    samples = np.asarray(wave, dtype=np.float64).reshape(-1)
+    if not samples.size:
+        raise ValueError("An empty waveform: give the audio the output explains.")
+    slices = np.array_split(np.abs(samples), min(400, samples.size))
+    peak = float(np.abs(samples).max()) or 1.0
+    return {"kind": "audio", "envelope": [round(float(s.max()) / peak, 4) for s in slices],
+            "seconds": samples.size / sampling_rate}  # fmt: skip
+
+
+def _place_units(media: dict | None, units: list[dict], seconds: list | None = None) -> dict | None:
+    """Where each unit sits on the media: an image's patches (``r{row}c{column}``) on their grid, an audio unit at
+    its start time (the speech output's ``info["unit_seconds"]``, else read from a label like ``0.50-0.98s``)."""
+    if media is None:
+        return None
+    places = {}
+    if media["kind"] == "image":
+        cells = {index: _PATCH.match(unit["token"]) for index, unit in enumerate(units)}
+        cells = {index: (int(m[1]), int(m[2])) for index, m in cells.items() if m}
+        if cells:
+            rows = 1 + max(r for r, _ in cells.values())
+            cols = 1 + max(c for _, c in cells.values())
+            media = {**media, "grid": [rows, cols]}
+            places = {str(index): list(cell) for index, cell in cells.items()}
+    else:
+        sources = [index for index, unit in enumerate(units) if unit["group"] == "source"]
+        if seconds is not None and len(seconds) == len(sources):
+            places = {str(index): float(interval[0]) for index, interval in zip(sources, seconds, strict=True)}
+        else:
+            found = {index: _TIMED.search(units[index]["token"]) for index in sources}
+            places = {str(index): float(match[1]) for index, match in found.items() if match}
+    return {**media, "places": places}
