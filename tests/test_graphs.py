@@ -8,6 +8,7 @@ import networkx as nx
 import pytest
 import torch
 
+import inseq_mixing
 from inseq_mixing.methods.graph import ContributionGraph, Node, contribution_graph, graph_edges
 from inseq_mixing.testing import load_tiny, tiny_encoder, tiny_model
 from inseq_mixing.trace import trace_model
@@ -237,13 +238,18 @@ def test_attribute_returns_the_graph_of_every_explained_token():
     model = load_tiny("gpt2", "value_zeroing")
     out = model.attribute("the cat", "the cat sat on the", show_progress=False, contribution_graphs=True)
     sequence = out.sequence_attributions[0]
-    graphs = [ContributionGraph.from_dict(data) for data in out.info["contribution_graphs"][0]]
+    graphs = inseq_mixing.contribution_graphs(out)
+    assert graphs[0].to_dict() | {"tokens": {}} == out.info["contribution_graphs"][0][0] | {"tokens": {}}
+    assert graphs[0].tokens["decoder"] == [token.token for token in sequence.target]
+    assert graphs[-1].label(graphs[-1].explained) == sequence.target[sequence.attr_pos_end - 2].token
     assert len(graphs) == sequence.attr_pos_end - sequence.attr_pos_start
     # the column of generated token t is explained by the state at t - 1
     predicting = range(sequence.attr_pos_start - 1, sequence.attr_pos_end - 1)
     assert [graph.explained.position for graph in graphs] == list(predicting)
     plain = model.attribute("the cat", "the cat sat on the", show_progress=False)
     assert "contribution_graphs" not in plain.info
+    with pytest.raises(ValueError, match="no contribution graphs: make it with"):
+        inseq_mixing.contribution_graphs(plain)
     torch.testing.assert_close(plain.sequence_attributions[0].target_attributions, sequence.target_attributions,
                                equal_nan=True)  # fmt: skip
     with pytest.raises(ValueError, match="contribution_graphs=.*'threshold'"):

@@ -163,6 +163,27 @@ def explore_model(
     return explore(outputs, path, title=title, **media)
 
 
+def contribution_graphs(output, sequence: int = 0) -> list:
+    """The routes an output made with ``contribution_graphs=True`` holds for one sequence, as
+    :class:`~inseq_mixing.methods.graph.ContributionGraph` objects (one per explained entry, in order), their nodes
+    labelled with the output's tokens where the stacks' lengths match.
+
+    Raises:
+        ValueError: The output holds no graphs (made without ``contribution_graphs=True``), or no such sequence.
+    """
+    from ..methods.graph import ContributionGraph
+
+    if "contribution_graphs" not in (output.info or {}):
+        note = (output.info or {}).get("contribution_graphs_note")
+        raise ValueError(note or "This output holds no contribution graphs: make it with model.attribute(..., "
+                         "contribution_graphs=True).")  # fmt: skip
+    count = len(output.sequence_attributions)
+    if not 0 <= sequence < count:
+        raise ValueError(f"sequence={sequence}: the output has {count} sequence(s).")
+    units = _method_data("output", output, sequence)["units"]
+    return [ContributionGraph.from_dict(graph) for graph in _graphs([output], sequence, units)]
+
+
 def _named_outputs(outputs) -> dict:
     if isinstance(outputs, dict):
         named = dict(outputs)
