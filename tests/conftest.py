@@ -1,4 +1,5 @@
 import os
+import shutil
 import warnings
 from dataclasses import dataclass
 
@@ -142,3 +143,28 @@ def padded_case(model, family: str, lengths=((6, 5), (3, 2)), seed: int = 3) -> 
     width = ids.shape[1]
     spans = [(slice(width - s, width),) * 2 for s, _ in lengths]
     return PaddedCase(trace_model(model, ids, mask), [trace_model(model, s[None]) for s in sources], spans, sources)
+
+
+# ----- a real browser (the explorer's and the guide's tests): Playwright driving Debian's chromium -----
+
+
+@pytest.fixture(scope="session")
+def playwright():
+    if os.environ.get("INSEQ_MIXING_REQUIRE_BROWSER"):  # CI: a missing driver fails, it does not skip
+        from playwright import sync_api
+    else:
+        sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def browser(playwright):
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        if os.environ.get("INSEQ_MIXING_REQUIRE_BROWSER"):
+            pytest.fail("No chromium found, but INSEQ_MIXING_REQUIRE_BROWSER is set (CI installs it).")
+        pytest.skip("chromium is not installed here (.ci/run installs it)")
+    launched = playwright.chromium.launch(executable_path=found, args=["--no-sandbox"])
+    yield launched
+    launched.close()

@@ -5,9 +5,7 @@ tensors, for a generation, an encoder, a speech and a vision output; each page f
 
 import json
 import math
-import os
 import re
-import shutil
 
 import pytest
 import torch
@@ -111,28 +109,6 @@ def test_mismatched_outputs_and_media_are_refused(generation, encoder, vision):
 
 
 # ----- in the browser -----
-
-
-@pytest.fixture(scope="module")
-def playwright():
-    if os.environ.get("INSEQ_MIXING_REQUIRE_BROWSER"):  # CI: a missing driver fails, it does not skip
-        from playwright import sync_api
-    else:
-        sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def browser(playwright):
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        if os.environ.get("INSEQ_MIXING_REQUIRE_BROWSER"):
-            pytest.fail("No chromium found, but INSEQ_MIXING_REQUIRE_BROWSER is set (CI installs it).")
-        pytest.skip("chromium is not installed here (.ci/run installs it)")
-    launched = playwright.chromium.launch(executable_path=found, args=["--no-sandbox"])
-    yield launched
-    launched.close()
 
 
 @pytest.fixture
