@@ -191,6 +191,9 @@ def test_speech_page_in_chromium(page, speech, tmp_path):
     (alti,), audio = speech
     path = alti.explore(tmp_path / "speech.html", audio=[audio])
     drive(page, path, tmp_path, "speech", column=0, unit=1)
+    graph = alti.info["contribution_graphs"][0][0]
+    assert graph["lengths"]["decoder"] > len(alti.sequence_attributions[0].source)  # frames, not units
+    assert page.locator("#graph-svg text.token").count() == 0  # so its nodes are not labelled with units
     expected = scores(alti)[:, 0, 1]
     assert_shown(shown(page, "#from .item[data-method='0']"), expected)
     segments = page.eval_on_selector_all("#media rect.segment", "rs => rs.map(r => r.textContent)")

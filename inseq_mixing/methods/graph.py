@@ -148,7 +148,8 @@ class Edge:
 @dataclass
 class ContributionGraph:
     """The route of one prediction (see the module docstring): its nodes, its edges, the explained node, the
-    threshold, and labels of each stack's positions (``tokens``, filled in by the front end where it knows them)."""
+    threshold, the number of layers and of real positions of each stack (``num_layers``, ``lengths``), and labels of
+    each stack's positions (``tokens``, filled in where the output's tokens are the stack's positions)."""
 
     explained: Node
     nodes: list[Node]
@@ -156,6 +157,7 @@ class ContributionGraph:
     threshold: float
     heads: bool
     num_layers: dict[str, int]
+    lengths: dict[str, int] = field(default_factory=dict)
     tokens: dict[str, list[str]] = field(default_factory=dict)
 
     def incoming(self, node: Node) -> list[Edge]:
@@ -197,6 +199,7 @@ class ContributionGraph:
             "threshold": self.threshold,
             "heads": self.heads,
             "num_layers": self.num_layers,
+            "lengths": self.lengths,
             "tokens": self.tokens,
         }
 
@@ -215,6 +218,7 @@ class ContributionGraph:
         ]
         return cls(explained=Node(**data["explained"]), nodes=[Node(**node) for node in data["nodes"]], edges=edges,
                    threshold=data["threshold"], heads=data["heads"], num_layers=dict(data["num_layers"]),
+                   lengths=dict(data.get("lengths", {})),
                    tokens={key: list(value) for key, value in data.get("tokens", {}).items()})  # fmt: skip
 
 
@@ -262,8 +266,9 @@ def contribution_graph(
         nodes.update((edge.source, edge.target))
     stage_order = {"embedding": -1, **{stage: index for index, stage in enumerate(STAGES)}}
     order = sorted(nodes, key=lambda n: (n.stack != "encoder", n.layer, stage_order[n.stage], n.position))
+    lengths = {name: int(mask.sum()) for name, mask in real.items()}
     return ContributionGraph(explained=top, nodes=order, edges=route.found, threshold=threshold, heads=heads,
-                             num_layers=num_layers)  # fmt: skip
+                             num_layers=num_layers, lengths=lengths)  # fmt: skip
 
 
 @dataclass

@@ -288,8 +288,9 @@ def _layer_slots(scores: np.ndarray, axis: list[str] | None) -> tuple[list[str],
 
 def _graphs(outputs, index: int, units: list[dict]) -> list | None:
     """The routes of sequence ``index`` (from the first output that has them), their nodes labelled with the
-    output's tokens where the stacks' lengths match (the encoder: the source units; the decoder: the target units,
-    or the only ones)."""
+    output's tokens where a stack has no more real positions than the output has units for it (the encoder: the
+    source units; the decoder: the target units, or the only ones, of which a decoder's trace may leave out the last);
+    a speech model's frames, more than its units, stay unlabelled."""
     for output in outputs:
         graphs = (output.info or {}).get("contribution_graphs")
         if graphs is not None and index < len(graphs):
@@ -298,11 +299,9 @@ def _graphs(outputs, index: int, units: list[dict]) -> list | None:
                 groups[unit["group"]].append(unit["token"])
             labels = {"encoder": groups["source"], "decoder": groups["target"] or groups["source"]}
             labelled = []
-            for graph in graphs[index]:
-                widths = {}
-                for node in graph["nodes"]:
-                    widths[node["stack"]] = max(widths.get(node["stack"], 0), node["position"] + 1)
-                tokens = {stack: labels[stack] for stack, width in widths.items() if width <= len(labels[stack])}
+            for graph in graphs[index]:  # a stack of frames (speech) has more positions than the output has units
+                lengths = graph.get("lengths", {})
+                tokens = {stack: labels[stack] for stack, length in lengths.items() if length <= len(labels[stack])}
                 labelled.append({**graph, "tokens": {**tokens, **graph.get("tokens", {})}})
             return labelled
     return None
