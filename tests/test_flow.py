@@ -150,11 +150,28 @@ def test_attention_flow_is_an_inseq_method():
 
 def test_too_many_flows_are_refused_before_solving():
     model = load_tiny("gpt2", "attention_flow")
-    with pytest.raises(ValueError, match=r"needs (\d+) maximum flows.*max_flows=1:.*attention_rollout") as refused:
-        model.attribute("the cat", "the cat sat on the", show_progress=False, max_flows=1)
-    needed = int(re.search(r"needs (\d+)", str(refused.value))[1])
     positions = 4  # the traced positions: the text's 5 tokens but the last, which predicts nothing explained
-    assert needed == 2 * positions * positions  # 2 layers × positions × tokens
-    with pytest.raises(ValueError, match=f"max_flows={needed - 1}"):
-        model.attribute("the cat", "the cat sat on the", show_progress=False, max_flows=needed - 1)
-    model.attribute("the cat", "the cat sat on the", show_progress=False, max_flows=needed)
+    for every_layer, layers in ((True, 2), (False, 1)):  # every layer's flows, or the last layer's alone
+
+        def attribute(max_flows, every_layer=every_layer):
+            model.attribute("the cat", "the cat sat on the", show_progress=False, max_flows=max_flows,
+                            every_layer=every_layer)  # fmt: skip
+
+        with pytest.raises(ValueError, match=r"needs (\d+) maximum flows.*max_flows=1:.*attention_rollout") as refused:
+            attribute(1)
+        needed = int(re.search(r"needs (\d+)", str(refused.value))[1])
+        assert needed == layers * positions * positions  # layers × positions × tokens
+        with pytest.raises(ValueError, match=f"max_flows={needed - 1}"):
+            attribute(needed - 1)
+        attribute(needed)
+
+
+def test_the_last_layer_alone_is_every_layers_last():
+    """Solving only the last layer's flows (the default) gives what every layer's flows give there."""
+    model = tiny_model("marian")
+    ids, target = torch.tensor([[5, 9, 14, 7, 1]]), torch.tensor([[0, 8, 12]])
+    last = run_flow(model, ids, every_layer=False, decoder_input_ids=target)
+    every = run_flow(model, ids, every_layer=True, decoder_input_ids=target)
+    torch.testing.assert_close(last.target, every.target[:, -1], rtol=0, atol=0)
+    torch.testing.assert_close(last.source, every.source[:, -1], rtol=0, atol=0)
+    torch.testing.assert_close(last.encoder, every.encoder, rtol=0, atol=0)

@@ -14,18 +14,19 @@ class AttentionFlowOptions(EncoderMaps):
     )
     max_flows: int = option(
         200_000,
-        "Refuse, before solving, a batch that needs more maximum flows than this (layers × positions × tokens per "
-        "text; about 1 ms each at 100 tokens on a 2-core CPU): raise it to wait longer.",
+        "Refuse, before solving, a batch that needs more maximum flows than this (positions × tokens per text, "
+        "× layers with every_layer=True; about 1 ms each at 100 tokens on a 2-core CPU): raise it to wait longer.",
     )
 
 
 def compute(request: Request, options: AttentionFlowOptions):
     from ..methods.flow import attention_flow, flow_count
 
-    count = flow_count(request.trace)
+    count = flow_count(request.trace, options.every_layer)
     if count > options.max_flows:
         raise ValueError(
-            f"attention_flow: this batch needs {count:,} maximum flows (layers × positions × tokens), more than "
+            f"attention_flow: this batch needs {count:,} maximum flows (positions × tokens, × layers for every "
+            f"layer), more than "
             f"max_flows={options.max_flows:,}: give fewer or shorter texts, raise max_flows to wait for them, or use "
             "attention_rollout (the same graph, multiplied through)."
         )
@@ -48,8 +49,8 @@ DECLARATION = Declaration(
         "normalised to 1 as in the authors' code. Solved exactly, one maximum flow per (position, token) pair, with "
         "SciPy's compiled solver (capacities scaled by 2^29 and rounded: each flow within E/2^30 of the exact "
         "value, E the edges of a cut). Encoder–decoders (our extension): the graph the joint rollout multiplies "
-        "through, source and target flows of a row normalised together. Cost: layers × positions × tokens maximum "
-        "flows: seconds for a sentence, not meant for long contexts."
+        "through, source and target flows of a row normalised together. Cost: positions × tokens maximum flows "
+        "(× layers with every_layer=True): seconds for a sentence, not meant for long contexts."
     ),
     options=AttentionFlowOptions,
     compute=compute,

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ..trace import ModelTrace
-from .alti import AltiScores, joint_layer_blocks
+from .alti import joint_layer_blocks
 from .results import LayerMaps
 
 #: Capacities are scaled by this before rounding to the integers SciPy's solver takes (residual capacities stay below
@@ -59,9 +59,10 @@ class FlowGraph:
         return self.layers[0].shape[0]
 
 
-def solve_flows(graph: FlowGraph, causal: bool) -> np.ndarray:
+def solve_flows(graph: FlowGraph, causal: bool, last_only: bool = False) -> np.ndarray:
     """Raw maximum flows ``(L, T, T[+S])``: from each position after each layer to each input token (the decoder's
-    tokens, then the source's for encoder–decoders), float64, on the host."""
+    tokens, then the source's for encoder–decoders), float64, on the host; with ``last_only``, from the positions
+    after the last layer alone, ``(1, T, T[+S])`` (the lower layers' flows are not solved)."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import maximum_flow
 
@@ -73,11 +74,14 @@ def solve_flows(graph: FlowGraph, causal: bool) -> np.ndarray:
     if encoder is not None:
         for layer, capacity in enumerate(encoder.layers, start=1):
             pieces.append(_edges(capacity, layer * enc_width, (layer - 1) * enc_width, enc_width, top_encoder))
-    flows = np.zeros((len(graph.layers), width, width + enc_width))
+    solved = [len(graph.layers)] if last_only else range(1, len(graph.layers) + 1)
+    flows = np.zeros((len(solved), width, width + enc_width))
     sinks = [enc_nodes + j for j in range(width)] + list(range(enc_width))  # the input tokens: decoder's, source's
     for layer, capacity in enumerate(graph.layers, start=1):
         first = enc_nodes + layer * width
         pieces.append(_edges(capacity, first, first - width, width, top_encoder))
+        if layer not in solved:
+            continue
         sources, targets, caps = (np.concatenate(part) for part in zip(*pieces, strict=True))
         size = first + width
         matrix = coo_matrix((caps, (sources, targets)), shape=(size, size)).tocsr()
@@ -85,7 +89,7 @@ def solve_flows(graph: FlowGraph, causal: bool) -> np.ndarray:
         for i in range(width):
             for index, sink in enumerate(sinks):
                 if live[i] and not (causal and i < index < width):
-                    flows[layer - 1, i, index] = maximum_flow(matrix, first + i, sink).flow_value
+                    flows[solved.index(layer), i, index] = maximum_flow(matrix, first + i, sink).flow_value
     return flows / CAPACITY_SCALE
 
 
@@ -98,15 +102,15 @@ def _edges(capacity: np.ndarray, first: int, below: int, width: int, top_encoder
     return first + rows, targets, scaled[rows, cols].astype(np.int32)
 
 
-def flow_count(trace: ModelTrace) -> int:
+def flow_count(trace: ModelTrace, every_layer: bool = False) -> int:
     """How many maximum flows :func:`attention_flow` solves for a traced batch (an upper bound: padding and a causal
     model's future tokens are skipped), from the shapes alone."""
     dec, enc = trace.decoder, trace.encoder
     batch, width = dec.mask.shape
     sinks = width + (0 if enc is None else enc.mask.shape[1])
-    count = batch * len(dec.layers) * width * sinks
-    if enc is not None:
-        count += batch * len(enc.layers) * enc.mask.shape[1] ** 2
+    count = batch * (len(dec.layers) if every_layer else 1) * width * sinks
+    if enc is not None:  # the encoder's last layer
+        count += batch * enc.mask.shape[1] ** 2
     return count
 
 
@@ -123,13 +127,10 @@ def attention_flow(trace: ModelTrace, every_layer: bool = False) -> LayerMaps:
         (decoder positions to source tokens; a row's source and target flows sum to 1 together) and ``encoder``
         (the encoder's last layer to its input tokens).
     """
-    from .norm_based import rollout_layer_maps
+    from .norm_based import rollout_scores
 
-    spec, dec, enc = trace.spec, trace.decoder, trace.encoder
-    scores = AltiScores(decoder=rollout_layer_maps(dec, "self", dec.mask))
-    if spec.is_encoder_decoder:
-        scores.cross = rollout_layer_maps(dec, "cross", enc.mask)
-        scores.encoder = rollout_layer_maps(enc, "self", enc.mask)
+    scores = rollout_scores(trace, "attention_flow")
+    if scores.cross is not None:
         source_blocks, target_blocks = joint_layer_blocks(scores)
         decoder_layers = torch.cat([target_blocks, source_blocks], dim=-1)
     else:
@@ -142,20 +143,19 @@ def attention_flow(trace: ModelTrace, every_layer: bool = False) -> LayerMaps:
     for row in range(decoder_host.shape[0]):
         encoder_graph = None if encoder_host is None else FlowGraph(layers=list(encoder_host[row]))
         graph = FlowGraph(layers=list(decoder_host[row]), encoder=encoder_graph)
-        flows = _normalised(solve_flows(graph, causal=dec.causal))
+        flows = _normalised(solve_flows(graph, causal=trace.decoder.causal, last_only=not every_layer))
+        flows = flows if every_layer else flows[0]
         target.append(flows[..., :width])
         if encoder_graph is not None:
             source.append(flows[..., width:])
-            encoder.append(_normalised(solve_flows(encoder_graph, causal=False))[-1])
+            encoder.append(_normalised(solve_flows(encoder_graph, causal=False, last_only=True))[0])
 
-    def back(arrays: list[np.ndarray], per_layer: bool = True) -> torch.Tensor:  # to the device, in the maps' dtype
-        flows = torch.from_numpy(np.stack(arrays)).to(decoder_layers.device, decoder_layers.dtype)
-        return flows if every_layer or not per_layer else flows[:, -1]
+    def back(arrays: list[np.ndarray]) -> torch.Tensor:  # to the model's device, in the maps' dtype
+        return torch.from_numpy(np.stack(arrays)).to(decoder_layers.device, decoder_layers.dtype)
 
     maps = LayerMaps(target=back(target))
     if source:
-        maps.source = back(source)
-        maps.encoder = back(encoder, per_layer=False)
+        maps.source, maps.encoder = back(source), back(encoder)
     return maps
 
 

@@ -156,13 +156,19 @@ def rollout_layer_maps(stack: StackTrace, sub_block: str, key_mask: torch.Tensor
     return _normalised(maps.masked_fill(~valid[:, None], 0.0), stack)
 
 
-@torch.no_grad()
-def attention_rollout(trace: ModelTrace) -> LayerMaps:
-    """Attention rollout through all layers: ``target`` (and ``source``, ``encoder`` for encoder–decoders)."""
+def rollout_scores(trace: ModelTrace, method: str = "attention_rollout") -> AltiScores:
+    """Abnar & Zuidema's layer maps of every attention sub-block of a traced model (the graph attention rollout
+    multiplies through and attention flow solves on), non-finite maps refused in ``method``'s name."""
     spec, dec, enc = trace.spec, trace.decoder, trace.encoder
     scores = AltiScores(decoder=rollout_layer_maps(dec, "self", dec.mask))
     if spec.is_encoder_decoder:
         scores.cross = rollout_layer_maps(dec, "cross", enc.mask)
         scores.encoder = rollout_layer_maps(enc, "self", enc.mask)
-    refuse_non_finite("attention_rollout", scores.decoder, scores.cross, scores.encoder)
-    return alti_maps(scores, rollout=True)
+    refuse_non_finite(method, scores.decoder, scores.cross, scores.encoder)
+    return scores
+
+
+@torch.no_grad()
+def attention_rollout(trace: ModelTrace) -> LayerMaps:
+    """Attention rollout through all layers: ``target`` (and ``source``, ``encoder`` for encoder–decoders)."""
+    return alti_maps(rollout_scores(trace), rollout=True)
