@@ -45,7 +45,7 @@ class GraphCollector:
             self.notes.append(POOLED_NOTE)
             return
         trace = request.trace
-        edges = graph_edges(trace)
+        edges = graph_edges(trace).cpu()  # one host copy for all the routes of the batch
         masks = {"decoder": trace.decoder.mask}
         if trace.encoder is not None:
             masks["encoder"] = trace.encoder.mask

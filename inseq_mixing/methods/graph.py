@@ -69,6 +69,9 @@ class StackEdges:
     ffn: torch.Tensor
     cross: torch.Tensor | None = None
 
+    def cpu(self) -> StackEdges:
+        return StackEdges(*(None if t is None else t.cpu() for t in (self.attention, self.ffn, self.cross)))
+
 
 @dataclass
 class GraphEdges:
@@ -76,6 +79,10 @@ class GraphEdges:
 
     decoder: StackEdges
     encoder: StackEdges | None = None
+
+    def cpu(self) -> GraphEdges:
+        """On the host, where routes are walked (a no-op for host tensors)."""
+        return GraphEdges(self.decoder.cpu(), None if self.encoder is None else self.encoder.cpu())
 
 
 def ffn_edges(stack_spec, stack: StackTrace) -> torch.Tensor:
@@ -246,6 +253,7 @@ def contribution_graph(
     """
     if not 0 <= threshold < 1:
         raise ValueError(f"threshold={threshold}: give an importance in [0, 1) (edges above it are kept).")
+    edges = edges.cpu()
     real = {name: mask[row].bool().cpu() for name, mask in masks.items()}
     if not 0 <= position < real["decoder"].shape[0] or not real["decoder"][position]:
         raise ValueError(f"Position {position} of row {row} is not a real token: explain one of its tokens.")
@@ -292,25 +300,26 @@ class _Route:
         for layer in reversed(range(edges.ffn.shape[1])):
             below = (layer - 1, "ffn") if layer > 0 else (-1, "embedding")
             mid = "cross" if edges.cross is not None else "attention"
-            ffn = edges.ffn[row, layer].cpu()
+            ffn = edges.ffn[row, layer]
             kept = (ffn > self.threshold) & front[:, None]
             for pos, slot in kept.nonzero().tolist():
                 self.found.append(Edge(self.node(stack, layer, mid, pos), self.node(stack, layer, "ffn", pos),
                                        ("ffn", "residual")[slot], float(ffn[pos, slot])))  # fmt: skip
             front = kept.any(-1)
             if edges.cross is not None:
-                front, keys = self.attention(stack, edges.cross[row, layer].cpu(), front, layer, "cross",
-                                             (layer, "attention"), source="encoder")  # fmt: skip
+                front, keys = self.attention(stack, edges.cross[row, layer], front, layer, "cross",
+                                             (layer, "attention"))  # fmt: skip
                 reached |= keys
-            front, _ = self.attention(stack, edges.attention[row, layer].cpu(), front, layer, "attention", below)
+            front, _ = self.attention(stack, edges.attention[row, layer], front, layer, "attention", below)
         return reached
 
-    def attention(self, stack, weights, front, layer, stage, below, source=None):
-        """The edges of one attention stage into the states at ``front`` (``weights`` ``(H + 1, Q, K[+1])``, index
-        ``H`` the residual: on the diagonal, or in the last column for cross-attention); returns the positions of
-        this stack reached below, and the keys the heads reached."""
+    def attention(self, stack, weights, front, layer, stage, below):
+        """The edges of one attention stage (``stage``, also the edges' kind: ``"attention"`` or ``"cross"``) into
+        the states at ``front`` (``weights`` ``(H + 1, Q, K[+1])``, index ``H`` the residual: on the diagonal, or in
+        the last column for cross-attention, whose heads come from the encoder's last states); returns the positions
+        of this stack reached below, and the keys the heads reached."""
         num_heads = weights.shape[0] - 1
-        cross = source is not None
+        cross = stage == "cross"
         num_keys = weights.shape[-1] - int(cross)
         positions = torch.arange(weights.shape[1])
         residual = weights[num_heads, positions, num_keys] if cross else weights[num_heads].diagonal()
@@ -321,11 +330,9 @@ class _Route:
         parts = weights[:num_heads, :, :num_keys]
         scores = parts if self.heads else parts.sum(0, keepdim=True)
         kept = (scores > self.threshold) & front[None, :, None]
-        kind = "cross" if cross else "attention"
         for head, pos, key in kept.nonzero().tolist():
-            origin = (Node("encoder", self.encoder_top, "ffn", self.numbers["encoder"][key]) if cross
-                      else self.node(stack, *below, key))  # fmt: skip
-            self.found.append(Edge(origin, self.node(stack, layer, stage, pos), kind, float(scores[head, pos, key]),
+            origin = self.node("encoder", self.encoder_top, "ffn", key) if cross else self.node(stack, *below, key)
+            self.found.append(Edge(origin, self.node(stack, layer, stage, pos), stage, float(scores[head, pos, key]),
                                    head if self.heads else None))  # fmt: skip
         keys = kept.any(0).any(0)
         return kept_residual | (torch.zeros_like(front) if cross else keys), keys

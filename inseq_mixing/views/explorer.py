@@ -36,7 +36,6 @@ _AXIS = re.compile(r"^(?:(?P<stack>self-attention|cross-attention|decoder|encode
                    r"(?: (?P<slot>head \d+|residual))?$")  # fmt: skip
 #: The slot of a whole layer: the only one of an output without heads, the sum of the slots of one with heads.
 ALL = "all (sum of the slots)"
-_PATCH = re.compile(r"^r(\d+)c(\d+)$")
 _TIMED = re.compile(r"(\d+(?:\.\d+)?)-\d+(?:\.\d+)?s\]?$")  # a unit's start: "0.50-0.98s", "[sil 0.5-0.9s]"
 
 
@@ -180,7 +179,7 @@ def contribution_graphs(output, sequence: int = 0) -> list:
     count = len(output.sequence_attributions)
     if not 0 <= sequence < count:
         raise ValueError(f"sequence={sequence}: the output has {count} sequence(s).")
-    units = _method_data("output", output, sequence)["units"]
+    units = _units(output.sequence_attributions[sequence])
     return [ContributionGraph.from_dict(graph) for graph in _graphs([output], sequence, units)]
 
 
@@ -225,13 +224,8 @@ def _rounded(values: np.ndarray) -> list:
 def _method_data(name: str, output, index: int) -> dict:
     """One method's units, columns and values ``[layer][slot][unit][column]`` for sequence ``index``."""
     sequence = output.sequence_attributions[index]
-    blocks, units = [], []
-    if sequence.source_attributions is not None:
-        blocks.append(sequence.source_attributions)
-        units += [{"token": t.token, "group": "source"} for t in sequence.source]
-    if sequence.target_attributions is not None:
-        blocks.append(sequence.target_attributions)
-        units += [{"token": t.token, "group": "target"} for t in sequence.target]
+    blocks = [block for block in (sequence.source_attributions, sequence.target_attributions) if block is not None]
+    units = _units(sequence)
     if not blocks:
         raise ValueError(f"Output {name!r}, sequence {index}, has no scores to explore.")
     scores = np.concatenate([block.detach().double().cpu().numpy() for block in blocks], axis=0)  # (U, C[, A])
@@ -252,6 +246,17 @@ def _method_data(name: str, output, index: int) -> dict:
     }
 
 
+def _units(sequence) -> list[dict]:
+    """The input units of a sequence's scores, in the page's order: the source tokens (where the sequence has source
+    scores), then the target tokens (where it has target scores)."""
+    units = []
+    if sequence.source_attributions is not None:
+        units += [{"token": t.token, "group": "source"} for t in sequence.source]
+    if sequence.target_attributions is not None:
+        units += [{"token": t.token, "group": "target"} for t in sequence.target]
+    return units
+
+
 def _layer_slots(scores: np.ndarray, axis: list[str] | None) -> tuple[list[str], list[str], np.ndarray]:
     """The extra axis as (layer labels, slot labels, ``(layers, slots, U, C)``): per-layer outputs one slot per layer,
     (layer, head) outputs one slot per head and residual (encoder–decoders: self- and cross-attention's, named) after
@@ -262,28 +267,31 @@ def _layer_slots(scores: np.ndarray, axis: list[str] | None) -> tuple[list[str],
     if not parsed or not all(parsed):
         labels = list(axis) if axis and len(axis) == scores.shape[-1] else [str(i) for i in range(scores.shape[-1])]
         return labels, [ALL], np.moveaxis(scores, -1, 0)[:, None]
-    layers = sorted({int(match["layer"]) for match in parsed})
-    slot_names = []
-    for match in parsed:
-        if match["slot"] is None:
-            continue
-        prefix = f"{match['stack']} " if match["stack"] in ("self-attention", "cross-attention") else ""
-        label = prefix + match["slot"]
-        if label not in slot_names:
-            slot_names.append(label)
+    # each entry's layer and slot (a head or the residual, named with its attention stack in encoder–decoders)
+    entries = [(int(match["layer"]), _slot_label(match)) for match in parsed]
+    layers = sorted({layer for layer, _ in entries})
+    slot_names = list(dict.fromkeys(slot for _, slot in entries if slot is not None))
     if not slot_names:
         grid = np.full((len(layers), 1, *scores.shape[:2]), np.nan)
-        for position, match in enumerate(parsed):
-            grid[layers.index(int(match["layer"])), 0] = scores[..., position]
+        for position, (layer, _) in enumerate(entries):
+            grid[layers.index(layer), 0] = scores[..., position]
         return [f"layer {layer}" for layer in layers], [ALL], grid
     grid = np.zeros((len(layers), len(slot_names) + 1, *scores.shape[:2]))
-    for position, match in enumerate(parsed):
-        prefix = f"{match['stack']} " if match["stack"] in ("self-attention", "cross-attention") else ""
-        grid[layers.index(int(match["layer"])), 1 + slot_names.index(prefix + match["slot"])] = scores[..., position]
+    for position, (layer, slot) in enumerate(entries):
+        grid[layers.index(layer), 1 + slot_names.index(slot)] = scores[..., position]
     grid[:, 0] = np.nansum(grid[:, 1:], axis=1)
     future = np.isnan(scores).all(-1)  # cells no slot scores (future tokens) stay empty in the sum
     grid[:, 0][:, future] = np.nan
     return [f"layer {layer}" for layer in layers], [ALL, *slot_names], grid
+
+
+def _slot_label(match: re.Match) -> str | None:
+    """A score axis entry's slot (None for a whole layer): ``head 3``, ``residual``, or for encoder–decoders
+    ``self-attention head 3`` / ``cross-attention residual``."""
+    if match["slot"] is None:
+        return None
+    named = match["stack"] in ("self-attention", "cross-attention")
+    return f"{match['stack']} {match['slot']}" if named else match["slot"]
 
 
 def _graphs(outputs, index: int, units: list[dict]) -> list | None:
@@ -343,7 +351,9 @@ def _place_units(media: dict | None, units: list[dict], seconds: list | None = N
         return None
     places = {}
     if media["kind"] == "image":
-        cells = {index: _PATCH.match(unit["token"]) for index, unit in enumerate(units)}
+        from .images import PATCH_LABEL
+
+        cells = {index: PATCH_LABEL.match(unit["token"]) for index, unit in enumerate(units)}
         cells = {index: (int(m[1]), int(m[2])) for index, m in cells.items() if m}
         if cells:
             rows = 1 + max(r for r, _ in cells.values())

@@ -16,7 +16,8 @@ import numpy as np
 
 from .figures import figure_png_base64, layer_panels_grid, plt
 
-_PATCH = re.compile(r"^r(\d+)c(\d+)$")
+#: A patch token's label, ``r{row}c{column}`` (what the vision front end names its patches).
+PATCH_LABEL = re.compile(r"^r(\d+)c(\d+)$")
 
 
 def patch_grid(sequence, entry: int = 0, layer: int | None = None) -> tuple[np.ndarray, dict[str, float]]:
@@ -35,7 +36,7 @@ def patch_grid(sequence, entry: int = 0, layer: int | None = None) -> tuple[np.n
         column = column[:, -1 if layer is None else layer]
     cells, others = {}, {}
     for token, value in zip(sequence.source, column.float().tolist(), strict=True):
-        found = _PATCH.match(token.token)
+        found = PATCH_LABEL.match(token.token)
         if found:
             cells[(int(found[1]), int(found[2]))] = value
         else:
