@@ -85,8 +85,10 @@ def graph_settings(value: Any) -> dict | None:
 
 
 @contextlib.contextmanager
-def collecting_graphs(settings: dict | None) -> Iterator[GraphCollector | None]:
-    """Collect the graphs of every request run inside (no-op for ``settings=None``)."""
+def collecting_graphs(value: Any) -> Iterator[GraphCollector | None]:
+    """Collect the graphs of every request run inside, as the ``contribution_graphs`` keyword's ``value`` asks
+    (checked by :func:`graph_settings` before anything runs; no-op for None or False)."""
+    settings = graph_settings(value)
     if settings is None:
         yield None
         return

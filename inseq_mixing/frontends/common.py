@@ -9,7 +9,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from ..declarations.graphs import GRAPH_KEYWORD, collecting_graphs, graph_settings, store_graphs
+from ..declarations.graphs import GRAPH_KEYWORD, collecting_graphs, store_graphs
 from ..methods.blocks import upcast
 from ..trace import eval_mode
 
@@ -150,7 +150,7 @@ class FrontEndModel:
         from .output import ExplainedOutput
 
         method_options = dict(method_options)
-        graphs = graph_settings(method_options.pop(GRAPH_KEYWORD, None))
+        graphs = method_options.pop(GRAPH_KEYWORD, None)
         self.check_options(method_options)
         options = self.make_options(method_options)
         sequences, axis = [], None

@@ -245,12 +245,11 @@ def explain_spans(attribution_model) -> None:
     attribute = attribution_model.attribute
 
     def attribute_spans(input_texts, generated_texts=None, method=None, *args, **kwargs):
-        from ..declarations.graphs import GRAPH_KEYWORD, collecting_graphs, graph_settings, store_graphs
+        from ..declarations.graphs import GRAPH_KEYWORD, collecting_graphs, store_graphs
         from .spans import SPAN_KEYWORDS, SpanAttributionModel
 
         if not any(name in kwargs for name in SPAN_KEYWORDS):
-            graphs = graph_settings(kwargs.pop(GRAPH_KEYWORD, None))
-            with collecting_graphs(graphs) as collector:
+            with collecting_graphs(kwargs.pop(GRAPH_KEYWORD, None)) as collector:
                 out = attribute(input_texts, generated_texts, method, *args, **kwargs)
             store_graphs(out.info, collector)
             return out
