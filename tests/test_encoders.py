@@ -30,7 +30,7 @@ from .reference import (
 )
 
 LOGIT_METHODS = ("alti_logit", "decompx", "attn_lrp")
-MAP_METHODS = ("alti", "value_zeroing", "attention_rollout", "attention_norm", "globenc")
+MAP_METHODS = ("alti", "value_zeroing", "attention_rollout", "attention_flow", "attention_norm", "globenc")
 TEXTS = ["the dog [MASK] the cat on the mat", "a [MASK] sat"]
 PAIR = ("the books were read", "by many people")
 

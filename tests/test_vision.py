@@ -34,7 +34,7 @@ from .reference import naive_alti_layer, naive_value_zeroing
 LOGIT_METHODS = ("alti_logit", "decompx", "attn_lrp")
 #: Map methods whose rows are normalised to 1 (value zeroing's and the attention norm's rows are not).
 ROW_METHODS = ("alti", "attention_rollout", "globenc")
-MAP_METHODS = ("alti", "value_zeroing", "attention_rollout", "attention_norm", "globenc")
+MAP_METHODS = ("alti", "value_zeroing", "attention_rollout", "attention_flow", "attention_norm", "globenc")
 
 
 @functools.cache
