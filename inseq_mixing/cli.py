@@ -236,8 +236,8 @@ def run_compare(args: argparse.Namespace) -> int:
             max_new_tokens=args.max_new_tokens,
             attributed_fn=None if args.attributed_fn == "own" else args.attributed_fn,
         )
-    except (UserError, RuntimeError) as error:  # RuntimeError: every method failed
-        print(f"error: {error}", file=sys.stderr)
+    except (UserError, RuntimeError, ValueError, OSError) as error:  # RuntimeError: every method failed; ValueError:
+        print(f"error: {error}", file=sys.stderr)  # an input refused (a missing image or audio file, a bad label)
         return 2
     path = write_report(result, args.out, title=f"inseq-mixing: {args.model}")
     if args.json:
@@ -444,12 +444,12 @@ def run_explore(args: argparse.Namespace) -> int:
         if args.saved:
             if args.model or args.input:
                 raise UserError("give either --saved outputs or a model and an input, not both")
-            import inseq
+            from inseq_mixing.frontends.output import load_output
 
             outputs = []
             for path in args.saved:
                 try:
-                    outputs.append(inseq.FeatureAttributionOutput.load(path))
+                    outputs.append(load_output(path))  # through the allow-list of output classes
                 except Exception as error:
                     reason = f"{type(error).__name__}: {error}"
                     raise UserError(f"could not read {path} as a saved output: {reason}") from error

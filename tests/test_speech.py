@@ -693,3 +693,63 @@ def test_the_speech_example_runs_end_to_end(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "ALTI-logit parts add up to the logit: True" in printed
     assert (tmp_path / "speech.html").stat().st_size > 1000
+
+
+def test_the_speech_studys_conventions_on_request_against_hidden_states_zeroed_through_hooks():
+    """``convention="reference"`` reproduces the speech study's code: a word's frames are ``ceil(50·start)`` to
+    ``ceil(50·end)`` inclusive (here "dog" and "sat" share frame 10), and a layer is read from transformers' hidden
+    states, whose last entry has the decoder's final norm. Both written here with hooks on the real modules, the whole
+    model run once per (layer, unit or token) with that layer's values zeroed."""
+    model, processor = speech("whisper")
+    row = 1
+    out = attribution_model("whisper", "value_zeroing").attribute(
+        AUDIO[row], TEXTS[row], words=WORDS[row], show_progress=False, convention="reference"
+    )
+    seq = out.sequence_attributions[0]
+    real = int(np.ceil(len(AUDIO[row]) / SAMPLING_RATE / 0.02 - 1e-9))
+    words = [range(int(np.ceil(50 * start)), int(np.ceil(50 * end)) + 1) for _, start, end in WORDS[row]]
+    covered = {frame for frames in words for frame in frames}
+    silences = [frame for frame in range(real) if frame not in covered]
+    assert silences == [0, 1, 2, 21, 22] and words[0][-1] == words[1][0] == 10  # the shared frame
+    units = [[0, 1, 2], list(words[0]), list(words[1]), [21, 22], list(range(real, 50))]  # as the output lists them
+    assert [token.token for token in seq.source][1:3] == ["dog", "sat"]
+    features = processor.feature_extractor(AUDIO[row], sampling_rate=SAMPLING_RATE, return_tensors="pt")
+    ids = torch.tensor([[token.id for token in seq.target]])
+    kwargs = {"input_features": features.input_features, "decoder_input_ids": ids[:, :-1],
+              "output_hidden_states": True}  # fmt: skip
+
+    def hidden(index: int, value_proj, zeroed: list[int]) -> torch.Tensor:
+        def zero(_module, _args, output):
+            output = output.clone()
+            output[:, zeroed] = 0
+            return output
+
+        handle = value_proj.register_forward_hook(zero)
+        try:
+            with torch.no_grad():
+                return model(**kwargs).decoder_hidden_states[index + 1][0]  # the last one after the final norm
+        finally:
+            handle.remove()
+
+    first, last = seq.attr_pos_start - 1, seq.attr_pos_end - 1
+    layers = model.model.decoder.layers
+    for index, layer in enumerate(layers):
+        clean = hidden(index, layer.encoder_attn.v_proj, [])
+        cross = torch.stack([cosine_distance(hidden(index, layer.encoder_attn.v_proj, frames), clean)
+                             for frames in units], dim=-1)[first:last]  # fmt: skip
+        torch.testing.assert_close(seq.source_attributions[..., index].T.double(), cross / cross.sum(-1, keepdim=True),
+                                   rtol=2e-4, atol=2e-5)  # fmt: skip
+        tokens = ids.shape[1] - 1
+        own = torch.stack([cosine_distance(hidden(index, layer.self_attn.v_proj, [token]), clean)
+                           for token in range(tokens)], dim=-1)[first:last].tril(first)  # fmt: skip
+        torch.testing.assert_close(seq.target_attributions[:tokens, :, index].T.double().nan_to_num(),
+                                   own / own.sum(-1, keepdim=True), rtol=2e-4, atol=2e-5)  # fmt: skip
+    paper = (
+        attribution_model("whisper", "value_zeroing")
+        .attribute(AUDIO[row], TEXTS[row], words=WORDS[row], show_progress=False)
+        .sequence_attributions[0]
+    )
+    assert [token.token for token in paper.source] != [token.token for token in seq.source]  # other frames
+    with pytest.raises(AssertionError):  # the last layer read without the final norm differs
+        torch.testing.assert_close(paper.target_attributions[..., -1], seq.target_attributions[..., -1],
+                                   rtol=2e-4, atol=2e-5, equal_nan=True)  # fmt: skip

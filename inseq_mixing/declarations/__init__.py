@@ -9,7 +9,7 @@ Adding a method is two files: its math under :mod:`inseq_mixing.methods`, and it
 import importlib
 import pkgutil
 
-from .base import Declaration, Request
+from .base import Declaration, InputSize, Request
 
 
 def _discover() -> dict[str, Declaration]:
@@ -39,4 +39,4 @@ def get_declaration(name: str) -> Declaration:
     return DECLARATIONS[name]
 
 
-__all__ = ["DECLARATIONS", "Declaration", "Request", "get_declaration"]
+__all__ = ["DECLARATIONS", "Declaration", "InputSize", "Request", "get_declaration"]

@@ -3,7 +3,7 @@
 
 from dataclasses import dataclass
 
-from .base import Declaration, EncoderMaps, Request, layer_axis, option
+from .base import Declaration, EncoderMaps, InputSize, Request, layer_axis, option
 
 
 @dataclass(frozen=True)
@@ -14,23 +14,37 @@ class AttentionFlowOptions(EncoderMaps):
     )
     max_flows: int = option(
         200_000,
-        "Refuse, before solving, a batch that needs more maximum flows than this (positions × tokens per text, "
-        "× layers with every_layer=True; about 1 ms each at 100 tokens on a 2-core CPU): raise it to wait longer.",
+        "Refuse, before solving anything, a call in which one input needs more maximum flows than this (its "
+        "positions × tokens, × layers with every_layer=True; about 1 ms each at 100 tokens on a 2-core CPU): raise "
+        "it to wait longer.",
+    )
+
+
+def too_many_flows(size: InputSize, layers: int, options: AttentionFlowOptions) -> str | None:
+    """Why one input of ``size`` needs more flows than ``max_flows`` allows (the count and what to change), or None."""
+    from ..methods.flow import flow_count
+
+    count = flow_count(size.decoder, size.encoder, layers, options.every_layer)
+    if count <= options.max_flows:
+        return None
+    return (
+        f"attention_flow needs {count:,} maximum flows for it (positions × tokens, × layers for every layer), more "
+        f"than max_flows={options.max_flows:,}: give a shorter input, raise max_flows to wait for it, or use "
+        "attention_rollout (the same graph, multiplied through)."
     )
 
 
 def compute(request: Request, options: AttentionFlowOptions):
-    from ..methods.flow import attention_flow, flow_count
+    from ..methods.flow import attention_flow
 
-    count = flow_count(request.trace, options.every_layer)
-    if count > options.max_flows:
-        raise ValueError(
-            f"attention_flow: this batch needs {count:,} maximum flows (positions × tokens, × layers for every "
-            f"layer), more than "
-            f"max_flows={options.max_flows:,}: give fewer or shorter texts, raise max_flows to wait for them, or use "
-            "attention_rollout (the same graph, multiplied through)."
-        )
-    maps = attention_flow(request.trace, every_layer=options.every_layer)
+    layers = len(request.trace.decoder.layers)
+
+    def check_row(row: int, positions: int, sources: int) -> None:  # the front ends checked every input before any
+        reason = too_many_flows(InputSize(positions, sources), layers, options)  # work; a direct call: here
+        if reason is not None:
+            raise ValueError(f"Row {row} of the batch: {reason}")
+
+    maps = attention_flow(request.trace, every_layer=options.every_layer, check_row=check_row)
     if options.every_layer:
         maps.axis = layer_axis(maps.target.shape[1])
     if not options.output_encoder_self_scores:
@@ -55,4 +69,5 @@ DECLARATION = Declaration(
     options=AttentionFlowOptions,
     compute=compute,
     in_demo=False,
+    size_check=too_many_flows,
 )

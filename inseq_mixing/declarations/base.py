@@ -101,6 +101,20 @@ class Request:
 
 
 @dataclass(frozen=True)
+class InputSize:
+    """How many positions one input gives each stack of the model (its real tokens, frames or patches, padding left
+    out): what a declaration's :attr:`Declaration.size_check` reads before any work.
+
+    Attributes:
+        decoder: The positions of the decoder (decoder-only, encoder-only and vision models: their one stack).
+        encoder: An encoder–decoder's source positions (Whisper: its audio frames), else 0.
+    """
+
+    decoder: int
+    encoder: int = 0
+
+
+@dataclass(frozen=True)
 class Declaration:
     """One method.
 
@@ -121,6 +135,13 @@ class Declaration:
         compute_span: ``compute_span(request, options, spans) -> LogitScores`` with one row per span, for a method
             that explains a span in fewer passes than its tokens one by one (AttnLRP: one backward pass per span);
             None: :meth:`run_spans` sums (or averages) the per-position rows of one :meth:`run`.
+        reference_word_frames: With ``convention="reference"`` on a speech model, a word's frames are those of its
+            authors' speech study's code, ``ceil(r · start)`` to ``ceil(r · end)`` inclusive (``r`` frames per second;
+            neighbouring words may share a frame), instead of the frames whose centre lies in the word.
+        size_check: ``size_check(size, layers, options) -> str | None``: why one input of this size cannot be
+            explained with these options (the estimate and what to change), or None; every front end asks it of
+            every input of a call (:meth:`check_sizes`) before any work, so that a refusal never comes after part
+            of the call was computed.
     """
 
     name: str
@@ -134,6 +155,23 @@ class Declaration:
     class_stem: str | None = None
     in_demo: bool = True
     compute_span: Callable[[Request, Any, SpanRows], LogitScores] | None = None
+    reference_word_frames: bool = False
+    size_check: Callable[[InputSize, int, Any], str | None] | None = None
+
+    def word_frames(self, options: dict) -> str:
+        """How a speech front end gives a word its frames for these options (as the user gave them): ``"reference"``
+        (:attr:`reference_word_frames` with ``convention="reference"``) or ``"centre"``."""
+        return "reference" if self.reference_word_frames and options.get("convention") == "reference" else "centre"
+
+    def check_sizes(self, sizes: list[InputSize], names: list[str], layers: int, options) -> None:
+        """Refuse, before any work, a call one of whose inputs :attr:`size_check` refuses (``ValueError`` naming the
+        first such input by ``names``); ``layers``: the model's decoder layers."""
+        if self.size_check is None:
+            return
+        for size, name in zip(sizes, names, strict=True):
+            reason = self.size_check(size, layers, options)
+            if reason is not None:
+                raise ValueError(f"{name}: {reason}")
 
     @property
     def class_name(self) -> str:
@@ -287,4 +325,14 @@ def self_and_cross_axis(spec: ModelSpec, layers: int, heads: int, residual: bool
     return head_axis(layers, heads, residual, "self-attention ") + cross
 
 
-__all__ = ["Chunking", "Compiling", "Contrast", "Declaration", "EncoderMaps", "Heads", "Request", "option"]
+__all__ = [
+    "Chunking",
+    "Compiling",
+    "Contrast",
+    "Declaration",
+    "EncoderMaps",
+    "Heads",
+    "InputSize",
+    "Request",
+    "option",
+]

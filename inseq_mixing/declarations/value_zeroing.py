@@ -7,7 +7,7 @@ through the rest of that block (:mod:`inseq_mixing.methods.value_zeroing`). A ch
 
 from dataclasses import dataclass
 
-from ..methods.options import NORMALIZATIONS, SIMILARITY_METRICS, UNIT_ROWS
+from ..methods.options import CONVENTIONS, NORMALIZATIONS, SIMILARITY_METRICS, UNIT_ROWS
 from .base import Chunking, Compiling, Declaration, EncoderMaps, Request, layer_axis, option
 
 
@@ -30,6 +30,14 @@ class ValueZeroingOptions(EncoderMaps, Chunking, Compiling):
         "mean", "Speech models: a query unit's row is the mean (the speech study's) or max of its frames' rows.",
         UNIT_ROWS,
     )  # fmt: skip
+    convention: str = option(
+        "paper",
+        "'paper': every layer's own output, and on speech models a word's frames are those whose centre lies in "
+        "it; 'reference': the speech study's code (Mohebbi et al., EMNLP 2023), which compares transformers' hidden "
+        "states: each stack's last layer is measured after the stack's final norm, and a word's frames are "
+        "ceil(50·start) to ceil(50·end) inclusive (20 ms frames; neighbouring words may share one).",
+        CONVENTIONS,
+    )
 
 
 def compute(request: Request, options: ValueZeroingOptions):
@@ -42,8 +50,9 @@ def compute(request: Request, options: ValueZeroingOptions):
     encoder = options.output_encoder_self_scores or options.rollout
     first_row = 0 if options.rollout or units is not None else request.first_explained_row()
     scores = value_zeroing(
-        request.trace, options.similarity_metric, encoder, options.max_chunk_elements, units, first_row
-    )
+        request.trace, options.similarity_metric, encoder, options.max_chunk_elements, units, first_row,
+        final_norms=options.convention == "reference",
+    )  # fmt: skip
     unit_map = None
     if units is not None:  # audio units are zeroed whole; a query unit's row reduces its frames' rows
         if units.stack == "encoder" and scores.encoder is not None:
@@ -83,10 +92,14 @@ DECLARATION = Declaration(
         "map is rolled out through the layers below the last, and the explained frames' rows of the last layer "
         "(over units) are multiplied by it (our extension; Whisper rolls out its encoder's unit map and enters it "
         "through cross-attention).\n\n"
+        "convention='reference' reproduces the speech study's code (Mohebbi et al., EMNLP 2023): each stack's last "
+        "layer measured after its final norm (transformers' last hidden state), and a word's frames ceil(50·start) "
+        "to ceil(50·end) inclusive; on text models only the first rule applies (our extension of it).\n\n"
         "This method replaces Inseq's built-in value_zeroing, which import inseq_mixing renames to "
         "inseq_value_zeroing."
     ),
     options=ValueZeroingOptions,
     compute=compute,
     pools_units=True,
+    reference_word_frames=True,
 )

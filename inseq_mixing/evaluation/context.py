@@ -29,7 +29,7 @@ import json
 
 import torch
 
-from ..runs.data import read_rows
+from ..runs.data import cell_value, read_rows
 from .explain import Explanation
 from .items import EvaluationInputError, Item, Skipped
 from .metrics import mean_statistic, nan_mean, random_reciprocal_rank, tied_ranks
@@ -95,6 +95,10 @@ def evaluate_context(
         generated = generated_continuations(base, [row["prompt"] for row in missing], {})
         for row, text in zip(missing, generated, strict=True):
             row["answer"] = text
+    rows = _explainable_rows(base, methods, rows, skipped, separator)
+    if not rows:
+        reasons = "; ".join(skip.reason for skip in skipped[:3])
+        raise EvaluationInputError(f"No row of the data can be explained: {reasons}.")
     drops = [passage_drops(base.model, base.tokenizer, row, separator, encoder_decoder) for row in rows]
     evaluation = Evaluation("context", draws=draws, seed=seed, skipped=skipped)
     per_hop = [f"{metric}_hop{hop}" for hop in range(hops + 1) for metric in ("mrr", "recall_at_1")] if hops else []
@@ -112,10 +116,7 @@ def evaluate_context(
                                   units=[row["passages"] for row in chunk], hops=hops, batch_size=len(chunk),
                                   separator=separator, show_progress=False,
                                   **method_kwargs.get(method, {}))  # fmt: skip
-            for row, sequence, units in zip(chunk, out.sequence_attributions, out.info["units"], strict=True):
-                if units[: len(row["passages"])] != row["passages"]:
-                    raise ValueError(f"Row {row['row']}: a passage has no token of its own: {row['passages']!r}.")
-                sequences.append(sequence)
+            sequences += out.sequence_attributions
         found = [row_metrics(row, sequence, drop, hops) for row, sequence, drop in zip(rows, sequences, drops,
                                                                                         strict=True)]  # fmt: skip
         statistics = {metric: mean_statistic([value[metric] for value in found]) for metric in evaluation.metrics}
@@ -132,6 +133,38 @@ def evaluate_context(
         evaluation.baseline[f"mrr_hop{hop}"] = evaluation.baseline["mrr"]
         evaluation.baseline[f"recall_at_1_hop{hop}"] = evaluation.baseline["recall_at_1"]
     return evaluation
+
+
+def _explainable_rows(base, methods: list[str], rows: list[dict], skipped: list[Skipped], separator: str) -> list:
+    """The rows whose answer and passages the span front end takes (found from their tokens, before the model runs):
+    an answer without a token, or a passage without a token of its own (its tokens all shared with a neighbour), is
+    skipped with its reason."""
+    import inseq
+
+    from ..declarations import DECLARATIONS
+    from ..frontends.spans import SpanAttributionModel
+
+    ours = [method for method in methods if method in DECLARATIONS]
+    if not ours:  # no method of this package: each one fails with its own error
+        return rows
+    front = SpanAttributionModel(inseq.load_model(base.model, ours[0], tokenizer=base.tokenizer))
+    kept = []
+    for row in rows:
+        text = row["answer"] if base.is_encoder_decoder else row["prompt"] + row["answer"]
+        name = f"Row {row['row']}"
+        try:
+            item = front.item_of(name, row["prompt"], text, units=row["passages"], separator=separator)
+            if item.unit_texts[: len(row["passages"])] != row["passages"]:
+                lost = [passage for passage in row["passages"] if passage not in item.unit_texts]
+                raise ValueError(
+                    f"{name}: the passage(s) {lost!r} have no token of their own (each of their tokens "
+                    "is shared with a neighbour): join them to a neighbour or cut them elsewhere."
+                )
+        except ValueError as error:
+            skipped.append(Skipped(row["row"], str(error), "not explainable"))
+            continue
+        kept.append(row)
+    return kept
 
 
 def row_metrics(row: dict, sequence, drops: torch.Tensor, hops: int) -> dict:
@@ -171,9 +204,12 @@ def passage_drops(model, tokenizer, row: dict, separator: str, encoder_decoder: 
 @torch.no_grad()
 def answer_probabilities(model, tokenizer, prompts: list[str], answer: str, encoder_decoder: bool) -> torch.Tensor:
     """``(prompts,)``: the probability of ``answer`` after each prompt, teacher-forced: the product over the answer's
-    tokens that are not special (those a span explains) of their probabilities, in one right-padded forward pass."""
+    tokens that are not markup (those a span explains: an unknown word's token is one) of their probabilities, in one
+    right-padded forward pass."""
+    from ..frontends.words import markup_ids
+
     device = next(model.parameters()).device
-    special = set(tokenizer.all_special_ids)
+    special = markup_ids(tokenizer)
     rows, chosen = [], []
     if encoder_decoder:
         target = list(tokenizer(text_target=answer)["input_ids"])
@@ -226,8 +262,8 @@ def _context_row(index: int, raw: dict, names: dict, separator: str) -> dict:
     if not isinstance(passages, list) or len(passages) < 2 or not all(isinstance(p, str) and p.strip()
                                                                        for p in passages):  # fmt: skip
         raise ValueError("passages must be at least two non-empty texts (a list, or one text cut at the separator).")
-    gold = _listed(raw.get(names["gold"]))
-    gold = [gold] if isinstance(gold, int) and not isinstance(gold, bool) else gold
+    gold = cell_value(raw.get(names["gold"]))  # "1" or "[0, 2]" in a CSV cell, 1.0 in a column with a gap
+    gold = [cell_value(g) for g in gold] if isinstance(gold, list) else [gold] if isinstance(gold, int) else gold
     whole = isinstance(gold, list) and all(isinstance(g, int) and not isinstance(g, bool) for g in gold)
     if not whole or not gold or not all(0 <= g < len(passages) for g in gold):
         raise ValueError(f"gold must be the index (or a list of indices) of passages 0..{len(passages) - 1}, "

@@ -90,8 +90,8 @@ def evaluate_run(
     elif found.is_vision:
         from .vision import image_faithfulness
 
-        explained = [(_stored_image(run, example_id), sequence) for example_id, sequence in
-                     zip(ids, sequences, strict=True)]  # fmt: skip
+        explained = [(_stored_image(run, example_id), sequence, _stored_label(front, run, example_id))
+                     for example_id, sequence in zip(ids, sequences, strict=True)]  # fmt: skip
         tokens = image_faithfulness(front, explained, DEFAULT_FRACTIONS, random_draws, seed)
     elif found.is_encoder:
         explained = [SimpleNamespace(seq=sequence) for sequence in sequences]
@@ -107,7 +107,7 @@ def evaluate_run(
     evaluation.baseline = faithfulness_baseline(tokens)
     evaluation.examples[method] = explanations(sequences[:examples])
     if found.is_vision:  # the report draws the scores over each image
-        evaluation.examples[method] = [replace(shown, image=image) for shown, (image, _) in
+        evaluation.examples[method] = [replace(shown, image=image) for shown, (image, *_) in
                                        zip(evaluation.examples[method], explained, strict=False)]  # fmt: skip
     return evaluation
 
@@ -119,7 +119,9 @@ def _stored_audio(front, run, example_id: str, sequence) -> tuple:
     name = f"Example {example_id!r}"
     try:
         signal = front.check_length(read_audio(inputs["source_text"], front.sampling_rate, name), name)
-        units = front.units(signal, inputs["words"], run.manifest["options"].get("window_s", DEFAULT_WINDOW_S), name)
+        options = run.manifest["options"]
+        rule = front.declaration.word_frames(options)  # the run's convention gave its words their frames
+        units = front.units(signal, inputs["words"], options.get("window_s", DEFAULT_WINDOW_S), name, rule)
     except AudioError as error:
         raise EvaluationInputError(
             f"{error} The faithfulness of a speech run reads its audio files again: evaluate it where they are (the "
@@ -146,3 +148,15 @@ def _stored_image(run, example_id: str):
             f"{error} The faithfulness of an image run reads its image files again: evaluate it where they are (the "
             "paths are the run's data's, relative ones from the folder the run was made in)."
         ) from None
+
+
+def _stored_label(front, run, example_id: str):
+    """The label an image example's scores are read for: the stored target when it is one of the model's labels (the
+    row's, or a logit method's prediction), else None, the model's prediction (a map method stores the explained
+    token, [CLS])."""
+    text = run.inputs(example_id)["target_text"]
+    try:
+        front.output_index(text)
+    except (ValueError, TypeError):
+        return None
+    return text

@@ -15,8 +15,10 @@ processor's resizing and cropping apply to it alike). For the patches ranked by 
 
 - ``deletion_auc``: area under the label's probability as the top ``f`` of the ranking is removed (most relevant
   first; lower is better), ``insertion_auc``: the same as the top ``f`` is put back into the image with every patch
-  replaced (higher is better), ``deletion_lerf_auc``: the least relevant removed first (higher is better); the
-  probabilities are the model's, not normalised by the original's (the original is the curve's first point);
+  replaced (higher is better); the probabilities are the model's, not normalised by the original's (the original is
+  the curve's first point). Deleting the least relevant first (LeRF) is not reported: at fraction ``f`` it keeps the
+  top ``1 − f``, the image the insertion curve reads at ``1 − f``, so its area is ``insertion_auc``'s (the same curve
+  read backwards);
 - ``comprehensiveness_prob`` and ``sufficiency_prob``: ERASER's AOPC (as for text, :mod:`.faithfulness`) on the same
   curves: the mean drop of the probability from the original at the fractions strictly between 0 and 1, with the
   top removed, and with only the top kept.
@@ -36,14 +38,15 @@ whose scores hardly change reads the image, not the model).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..frontends.common import plain
+from ..frontends.encoders import per_text
 from ..frontends.vision import ImageError, read_image
-from ..runs.data import read_rows
+from ..runs.data import cell_value, read_rows
 from .explain import Explanation
 from .items import EvaluationInputError, Item, Skipped
 from .metrics import Statistic, nan_mean
@@ -51,8 +54,7 @@ from .scores import Evaluation, MethodResult, score_methods
 from .speech import RANDOM_SUFFIX, random_copy
 
 VISION_PROTOCOLS = ("faithfulness", "pointing")
-FAITHFULNESS_METRICS = ("deletion_auc", "insertion_auc", "deletion_lerf_auc", "comprehensiveness_prob",
-                        "sufficiency_prob")  # fmt: skip
+FAITHFULNESS_METRICS = ("deletion_auc", "insertion_auc", "comprehensiveness_prob", "sufficiency_prob")
 POINTING_METRICS = ("pointing_game", "gold_share")
 REPLACEMENTS = ("mean", "blur")
 #: What the metrics of each protocol mean (the report's words).
@@ -60,7 +62,8 @@ DESCRIPTIONS = {
     "faithfulness": "Image classifiers: patches ranked by the label's scores are replaced by {replacement} in the "
     "processed image. deletion_auc: area under the label's probability as the most relevant patches are removed "
     "(lower is better); insertion_auc: as they are put back into the image with every patch replaced (higher is "
-    "better); deletion_lerf_auc: the least relevant removed first (higher is better); comprehensiveness_prob and "
+    "better; deleting the least relevant first gives the same curve read backwards, so the same area: not "
+    "repeated); comprehensiveness_prob and "
     "sufficiency_prob: ERASER's AOPC on the same curves (higher, and lower, is better). Random rankings of the "
     "patches are the baseline; '(random init)' marks a randomly initialised copy of the model.",
     "pointing": "Image classifiers: pointing_game, 1 when the highest-scored patch is inside the gold region; "
@@ -190,7 +193,11 @@ def _read_rows(front, data, columns: dict[str, str], need_region: bool) -> tuple
             skipped.append(Skipped(index, "missing image"))
             continue
         label = raw.get(names["label"])
-        label = None if label in (None, "") or (isinstance(label, float) and np.isnan(label)) else label
+        if names["label"] in raw and not _given(label):  # an empty cell of a label column: not the prediction
+            skipped.append(Skipped(index, f"{name} has no label: give one, or leave the column {names['label']!r} "
+                                          "out to explain the model's predictions"))  # fmt: skip
+            continue
+        label = label if _given(label) else None
         try:
             image = read_image(value, name)  # a path (or, from Python, a PIL image or an array)
             front.validate([image], [label], names=[name])
@@ -207,8 +214,8 @@ def _read_rows(front, data, columns: dict[str, str], need_region: bool) -> tuple
 
 def gold_region(front, image, box, patches, name: str) -> torch.Tensor | None:
     """The gold region as a bool mask over the image's patches (reading order), or None without one."""
-    box = json.loads(box) if isinstance(box, str) and box.strip() else box
-    patches = json.loads(patches) if isinstance(patches, str) and patches.strip().startswith("[") else patches
+    box, patches = cell_value(box), cell_value(patches)  # a CSV cell as a JSONL row gives it
+    patches = [cell_value(value) for value in patches] if isinstance(patches, list) else patches
     inputs, _, (grid,) = front.encode([image])
     if _given(patches):
         labels = [f"r{row}c{column}" for row in range(grid[0]) for column in range(grid[1])]
@@ -250,7 +257,7 @@ def _curves(front, row: dict, sequence, replacement: str, steps: int, random_dra
     """One image's curves and AOPC for the method's ranking and for ``random_draws`` random rankings."""
     inputs, _, (grid,) = front.encode([row["image"]])
     scores = _patch_scores(sequence, len(front.leading), grid)
-    label = int(sequence.target[0].id)
+    label = explained_label(front, inputs, row["label"])
     read = patch_reader(front, inputs, _replacement(front, row["image"], inputs, grid, replacement), grid, label)
     patches = grid[0] * grid[1]
     result = ranking_metrics(read, torch.argsort(scores, descending=True, stable=True), patches, steps)
@@ -260,24 +267,35 @@ def _curves(front, row: dict, sequence, replacement: str, steps: int, random_dra
     return result
 
 
+def explained_label(front, inputs: dict, label) -> int:
+    """The label whose probability an image's curves read: the row's label (a name or an index), or the model's
+    prediction, whatever the method (a map method's explained entry is [CLS], whose id is its position, not a
+    label; a label in a list of one is the label)."""
+    if isinstance(label, list | tuple) and len(label) == 1:
+        label = label[0]
+    if label is not None:
+        return front.output_index(label)
+    with torch.no_grad():
+        return int(front.model(**inputs).logits[0].float().argmax())
+
+
 def ranking_metrics(read, ranking: torch.Tensor, patches: int, steps: int) -> dict:
     """The curves of one ranking of the patches (highest first) and the metrics read from them."""
     counts = [round(patches * step / steps) for step in range(steps + 1)]
     masks = []  # per curve point: the patches kept
-    for order, inserted in ((ranking, False), (ranking, True), (ranking.flip(0), False)):  # deletion, insertion, LeRF
+    for inserted in (False, True):  # deletion, insertion
         for count in counts:
             kept = torch.full((patches,), not inserted)  # deletion starts from the image, insertion from none of it
-            kept[order[:count]] = inserted
+            kept[ranking[:count]] = inserted
             masks.append(kept)
-    probability = read(torch.stack(masks))[0].reshape(3, len(counts))
+    probability = read(torch.stack(masks))[0].reshape(2, len(counts))
     fractions = torch.tensor(counts, dtype=torch.float64) / patches
-    deletion, insertion, lerf = probability.double()
+    deletion, insertion = probability.double()
     original = deletion[0]
     inner = slice(1, steps)  # the fractions strictly between 0 and 1
     return {
         "deletion_auc": float(torch.trapezoid(deletion, fractions)),
         "insertion_auc": float(torch.trapezoid(insertion, fractions)),
-        "deletion_lerf_auc": float(torch.trapezoid(lerf, fractions)),
         "comprehensiveness_prob": float((original - deletion[inner]).mean()),
         "sufficiency_prob": float((original - insertion[inner]).mean()),
     }
@@ -345,11 +363,13 @@ def compare_vision(front, methods: list[str], images: list, targets, fractions, 
     comparison = Comparison(images=[read_image(image, f"Image {index}") for index, image in enumerate(images)])
     lead = len(front.leading)
 
+    labels = per_text(plain(targets), len(images), "targets")
+
     def attribute(method: str):
         attribution = load_model(front, method)  # the same model and processor, with this method
         options = with_explained(method, method_kwargs.get(method, {}), attributed_fn)
         out = attribution.attribute(images, targets, show_progress=False, **options)
-        explained = list(zip(comparison.images, out.sequence_attributions, strict=True))
+        explained = list(zip(comparison.images, out.sequence_attributions, labels, strict=True))
         return out, image_faithfulness(front, explained, fractions, random_draws)
 
     done = each_method(methods, attribute, comparison.failed, "compare", show_progress, "attributing", stacklevel=4)
@@ -359,16 +379,17 @@ def compare_vision(front, methods: list[str], images: list, targets, fractions, 
 def image_faithfulness(front, explained: list, fractions, random_draws: int, seed: int = 0) -> list[dict]:
     """ERASER's AOPC of each image's label (its patches replaced by the image's mean colour: the top ``k%`` removed,
     or only they kept; [CLS] and the like never), with ``random_draws`` random rankings (the same for every method,
-    from ``seed``): one row per ``(image, sequence)`` of ``explained`` (:func:`.faithfulness.removal_faithfulness`'s
-    keys). What ``compare`` and a stored run's evaluation score on images."""
+    from ``seed``): one row per ``(image, sequence, label)`` of ``explained`` (the label: a name, an index, or None
+    for the model's prediction; :func:`explained_label`), with :func:`.faithfulness.removal_faithfulness`'s keys.
+    What ``compare`` and a stored run's evaluation score on images."""
     from .faithfulness import removal_faithfulness
 
     generator = torch.Generator().manual_seed(seed)
     lead = len(front.leading)
     rows = []
-    for image, sequence in explained:
+    for image, sequence, label in explained:
         inputs, _, (grid,) = front.encode([image])
-        read = patch_reader(front, inputs, front.mean_colour(inputs), grid, int(sequence.target[0].id))
+        read = patch_reader(front, inputs, front.mean_colour(inputs), grid, explained_label(front, inputs, label))
         scores = _patch_scores(sequence, lead, grid)
         candidates = torch.arange(len(scores) + lead) >= lead
 

@@ -11,6 +11,7 @@ holds its midpoint.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,6 +102,7 @@ def audio_units(
     words: list | None = None,
     window_s: float = DEFAULT_WINDOW_S,
     index: int | str = 0,
+    rule: str = "centre",
 ) -> list[Unit]:
     """The units of one utterance, in time order, covering frames ``[0, total_frames)``.
 
@@ -113,9 +115,14 @@ def audio_units(
         words: ``[(word, start_s, end_s), ...]`` from a forced aligner, or None for fixed windows.
         window_s: Window length without ``words``.
         index: The utterance's position in the call, or its label, for error messages.
+        rule: How a word gets its frames: ``"centre"``, the frames whose centre lies in its interval (units partition
+            the frames), or ``"reference"``, the speech study's code's ``ceil(r · start)`` to ``ceil(r · end)``
+            inclusive, ``r`` the frames per second (neighbouring words may then share a frame; the frames of no
+            word are silences).
 
     Raises:
-        AudioError: A malformed interval, one outside the audio, overlapping intervals, or two words in one frame.
+        AudioError: A malformed interval, one outside the audio, overlapping intervals, or two words in one frame
+            (``"centre"``).
     """
     owner = np.full(real_frames, -1)
     units: list[tuple[str, str, float, float]] = []
@@ -127,6 +134,9 @@ def audio_units(
             stop = min(start + size, real_frames)
             owner[start:stop] = number
             units.append((f"{start * frame_s:.2f}-{min(stop * frame_s, duration_s):.2f}s", "window", 0.0, 0.0))
+    elif rule == "reference":
+        return _reference_units(_checked_words(words, duration_s, frame_s, index), frame_s, duration_s, real_frames,
+                                total_frames)  # fmt: skip
     else:
         checked = _checked_words(words, duration_s, frame_s, index)
         centres = (np.arange(real_frames) + 0.5) * frame_s
@@ -176,6 +186,26 @@ def _checked_words(words, duration_s: float, frame_s: float, index: int | str) -
     if not checked:
         raise AudioError(f"{item_name(index)}: words is empty: give at least one word, or words=None for windows.")
     return checked
+
+
+def _reference_units(words: list, frame_s: float, duration_s: float, real_frames: int, total_frames: int):
+    """Units by the speech study's rule (:func:`audio_units`, ``rule="reference"``): each word its frames
+    ``ceil(r · start) … ceil(r · end)`` inclusive (within the real frames), the frames between words silences."""
+    rate = 1.0 / frame_s
+    covered = np.zeros(real_frames, dtype=bool)
+    spans = []
+    for word, start_s, end_s in words:
+        start, stop = min(math.ceil(rate * start_s), real_frames - 1), min(math.ceil(rate * end_s) + 1, real_frames)
+        covered[start:stop] = True
+        spans.append(Unit(str(word), "word", start, stop, start_s, end_s))
+    owner = np.where(covered, 0, -1)  # the silences: runs of frames of no word
+    silences = [unit for unit in _spans(owner, [("", "word", 0.0, 0.0)], frame_s, duration_s, real_frames, real_frames)
+                if unit.kind == "silence"]  # fmt: skip
+    units = sorted([*spans, *silences], key=lambda unit: (unit.start, unit.stop))
+    if total_frames > real_frames:
+        begin, end = real_frames * frame_s, total_frames * frame_s
+        units.append(Unit(f"[pad {begin:.2f}-{end:.2f}s]", "padding", real_frames, total_frames, begin, end))
+    return units
 
 
 def _spans(owner, named, frame_s, duration_s, real_frames, total_frames) -> list[Unit]:

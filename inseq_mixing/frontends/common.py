@@ -153,6 +153,7 @@ class FrontEndModel:
         graphs = method_options.pop(GRAPH_KEYWORD, None)
         self.check_options(method_options)
         options = self.make_options(method_options)
+        self.check_sizes(items, options, settings)
         sequences, axis = [], None
         bar = tqdm(total=len(items), disable=not show_progress, desc=self.method, unit=self.item_name)
         with eval_mode(self.model), bar, collecting_graphs(graphs) as collector:
@@ -179,6 +180,20 @@ class FrontEndModel:
             info["score_axis"] = list(axis)
         store_graphs(info, collector)
         return ExplainedOutput(sequence_attributions=sequences, step_attributions=None, info=info)
+
+    def check_sizes(self, items: list, options, settings=None) -> None:
+        """Every item's size checked by the method (:meth:`~inseq_mixing.declarations.Declaration.check_sizes`: a
+        request that cannot be met is refused before any batch runs, naming the item)."""
+        if self.declaration is None or self.declaration.size_check is None:
+            return
+        sizes = self.input_sizes(items, settings)
+        layers = len(self.spec.decoder.layers)
+        self.declaration.check_sizes(sizes, [item.name for item in items], layers, options)
+
+    def input_sizes(self, items: list, settings=None) -> list:
+        """Each item's :class:`~inseq_mixing.declarations.InputSize` (the positions of each stack the trace will
+        hold for it, an upper bound where the model generates), found without running the model."""
+        raise NotImplementedError
 
     def prepare(self, items: list, settings) -> PreparedBatch:
         """One batch of items made ready: inputs encoded, the model traced, what is explained found."""

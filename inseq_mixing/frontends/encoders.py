@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..declarations import DECLARATIONS, Request
+from ..declarations import DECLARATIONS, InputSize, Request
 from ..methods.blocks import upcast
 from ..methods.results import LogitScores
 from ..specs import get_spec
@@ -298,6 +298,11 @@ class EncoderAttributionModel(FrontEndModel):
         explained = self._explained(inputs, per_text_positions(plain(positions), len(texts)), names)
         self._output_ids(inputs["input_ids"], explained, targets, foils, torch.zeros_like(inputs["input_ids"]), names)
 
+    def input_sizes(self, items: list[_Text], settings=None) -> list[InputSize]:
+        """Each text's tokens (its one stack's positions)."""
+        encoded = self.tokenizer([item.text for item in items])["input_ids"]
+        return [InputSize(len(ids)) for ids in encoded]
+
     def _encode(self, texts: list[str]) -> dict:
         """The tokenized texts (right padding), with the inputs the model's forward takes."""
         encoded = self.tokenizer(texts, return_tensors="pt", padding=True)
@@ -388,7 +393,7 @@ class EncoderAttributionModel(FrontEndModel):
         """Write the given targets (or foils) of one text into ``ids`` at its explained cells."""
         if given is None:
             return
-        given = [given] if isinstance(given, str | int) else list(given)
+        given = [given] if isinstance(given, str | int | float) else list(given)
         if self.task == "sequence_classification" and len(given) != 1:
             raise ValueError(f"{name}: a classifier explains one label, but {what} gives {len(given)}.")
         if len(given) != len(cells):
@@ -413,16 +418,21 @@ class EncoderAttributionModel(FrontEndModel):
                 )
             return ids[0]
         labels = getattr(self.model.config, "label2id", None) or {}
-        if isinstance(value, str) and value not in labels and value.strip().isdigit():  # a label index read as text
-            value = int(value)
+        if isinstance(value, str) and value not in labels:  # a label index read as text ("2", or "2.0" from a table)
+            value = _number(value.strip()) if _number(value.strip()) is not None else value
         if isinstance(value, str):
             if value not in labels:
                 raise ValueError(f"Unknown label {value!r}: the model's labels are {list(labels)}.")
             return int(labels[value])
-        count = self.spec.head.out_proj.out_features
-        if not 0 <= int(value) < count:
+        if isinstance(value, float) and value.is_integer():  # a column with a missing value reads as floats
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"A label is a name or a whole index, not {value!r}: the model's labels are "
+                             f"{list(labels)}.")  # fmt: skip
+        count = self.spec.head.out_proj.weight.shape[0]  # a linear read-out's rows (DeiT's averaged two heads too)
+        if not 0 <= value < count:
             raise ValueError(f"Label index {value} is outside the model's {count} labels.")
-        return int(value)
+        return value
 
     # ----- outputs -----
 
@@ -584,6 +594,15 @@ class _ExplainedLogit(nn.Module):
         return logits[:, self.target] - (0 if self.foil is None else logits[:, self.foil])
 
 
+def _number(text: str) -> int | float | None:
+    """A text that writes a number (``"2"``, ``"2.0"``) as that number (an integral one as an ``int``), else None."""
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return int(number) if number.is_integer() else number
+
+
 def per_text(values, count: int, what: str) -> list:
     """``targets`` / ``foils`` as one entry per text. With one text the value may be given unwrapped: ``"cat"``, or
     ``["cat", "dog"]`` for two masks (``[["cat", "dog"]]`` is the wrapped form)."""
@@ -592,7 +611,7 @@ def per_text(values, count: int, what: str) -> list:
     if count == 1:
         wrapped = isinstance(values, list | tuple) and len(values) == 1 and isinstance(values[0], list | tuple | None)
         return [values[0]] if wrapped else [values]
-    if isinstance(values, str | int) or len(values) != count:
+    if isinstance(values, str | int | float) or len(values) != count:
         raise ValueError(f"{what} must have one entry per text ({count}), not {values!r}.")
     return list(values)
 

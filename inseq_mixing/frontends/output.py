@@ -7,11 +7,18 @@ bare encoder's rows), which the output's ``info["explained"]`` says; :class:`Exp
 caption. Everything else is Inseq's: ``aggregate()``, ``weight_attributions()``, ``save()`` (which writes a plain
 ``inseq.FeatureAttributionOutput``, so that ``FeatureAttributionOutput.load()`` reads it; a loaded output shows
 Inseq's caption).
+
+:func:`load_output` reads a saved output back through an allow-list of output classes (Inseq's and this package's):
+Inseq's own ``FeatureAttributionOutput.load`` imports whatever module a file names and builds any class in it, so a
+shared file could run code; a file naming any other class is refused here, naming it.
 """
 
 import html
+import json
+from pathlib import Path
 
 import inseq
+import numpy as np
 
 #: Inseq's caption of a heatmap, which its ``show()`` writes under every title.
 INSEQ_CAPTION = "→ : Generated tokens, ↓ : Attributed tokens"
@@ -47,3 +54,98 @@ class ExplainedOutput(inseq.FeatureAttributionOutput):
         plain = inseq.FeatureAttributionOutput(sequence_attributions=self.sequence_attributions,
                                                step_attributions=self.step_attributions, info=self.info)  # fmt: skip
         return plain.save(*args, **kwargs)
+
+
+class UnsafeOutputError(ValueError):
+    """A saved output that names a class outside the allow-list, or is not a saved attribution output."""
+
+
+#: The array kinds a saved output may hold (booleans, integers, floats): never objects.
+ARRAY_KINDS = "biuf"
+
+
+def allowed_output_classes() -> dict[tuple[str, str], type]:
+    """``(module, class name) → class`` of every class a saved output may name: Inseq's attribution outputs, sequence
+    and step outputs and their subclasses (Inseq's and this package's, under their modules and the module that names
+    this package's sequence classes for outputs saved by earlier versions), and Inseq's token class."""
+    from inseq.data.attribution import (
+        FeatureAttributionOutput,
+        FeatureAttributionSequenceOutput,
+        FeatureAttributionStepOutput,
+    )
+    from inseq.utils.typing import TokenWithId
+
+    from . import sequences
+
+    found, pending = {TokenWithId}, [FeatureAttributionOutput, FeatureAttributionSequenceOutput,
+                                     FeatureAttributionStepOutput]  # fmt: skip
+    while pending:
+        cls = pending.pop()
+        if cls.__module__.split(".")[0] in ("inseq", "inseq_mixing"):
+            found.add(cls)
+            pending += cls.__subclasses__()
+    allowed = {(cls.__module__, cls.__name__): cls for cls in found}
+    for name in ("MixingSequenceOutput", "SignedMixingSequenceOutput", "MixingStepOutput"):
+        allowed["inseq_mixing.frontends.inseq_adapter.base", name] = getattr(sequences, name)
+    return allowed
+
+
+def load_output(path) -> inseq.FeatureAttributionOutput:
+    """A saved output (``out.save(path)``, Inseq's format, gzip-compressed or not) read back without importing or
+    building anything but the allowed output classes (:func:`allowed_output_classes`) and numeric arrays.
+
+    Raises:
+        UnsafeOutputError: The file names another class (its module and name are said), holds an array of objects,
+            or is not a saved attribution output.
+        OSError, ValueError: The file cannot be read or is not JSON.
+    """
+    import gzip
+
+    raw = Path(path).read_bytes()
+    text = gzip.decompress(raw).decode("utf-8") if raw[:2] == b"\x1f\x8b" else raw.decode("utf-8")
+    allowed = allowed_output_classes()
+    out = json.loads(text, object_pairs_hook=lambda pairs: _decoded(dict(pairs), allowed, path))
+    if not isinstance(out, inseq.FeatureAttributionOutput):
+        raise UnsafeOutputError(f"{path} is not a saved attribution output (out.save(path) writes one).")
+    out.sequence_attributions = [sequence._recover_from_safetensors() for sequence in out.sequence_attributions]
+    if out.step_attributions is not None:
+        out.step_attributions = [step._recover_from_safetensors() for step in out.step_attributions]
+    return out
+
+
+def _decoded(entry: dict, allowed: dict, path):
+    """One JSON object of a saved output: an allowed class's instance, a numeric array, or the object itself."""
+    from inseq.utils.serialization import ndarray_hook
+
+    if "__instance_type__" in entry:
+        named = entry["__instance_type__"]
+        key = tuple(named) if isinstance(named, list) and len(named) == 2 else None
+        if key not in allowed:
+            raise UnsafeOutputError(
+                f"{path} names the class {named!r}, which is not an attribution output's: refused (a saved output "
+                "holds Inseq's and inseq-mixing's output classes only)."
+            )
+        cls = allowed[key]
+        instance = cls.__new__(cls)
+        attributes = entry.get("attributes", {})
+        if not isinstance(attributes, dict):
+            raise UnsafeOutputError(f"{path}: the attributes of a {key[1]} are not a mapping.")
+        if hasattr(instance, "__json_decode__"):
+            instance.__json_decode__(**attributes)
+        else:
+            instance.__dict__ = dict(attributes)
+        return instance
+    if "__ndarray__" in entry:
+        kind = np.dtype(str(entry.get("dtype"))).kind if _known_dtype(entry.get("dtype")) else None
+        if kind is None or kind not in ARRAY_KINDS:
+            raise UnsafeOutputError(f"{path} holds an array of {entry.get('dtype')!r}: only numbers are read.")
+        return ndarray_hook(entry)
+    return entry
+
+
+def _known_dtype(name) -> bool:
+    try:
+        np.dtype(str(name))
+    except TypeError:
+        return False
+    return True

@@ -216,15 +216,18 @@ def load_model(
         raise ValueError(f"Pass the processor of this {found.kind} model: load_model(model, method, processor=...).")
     if found.is_encoder and tokenizer is None:
         raise ValueError("Pass the tokenizer of this encoder model: load_model(model, method, tokenizer=...).")
-    if dtype is not None:
-        model = model.to(dtype)
-    if device is not None:
-        model = model.to(device)
     if found.is_speech:
-        return SpeechAttributionModel(model, processor, method)
-    if found.is_vision:
-        return VisionAttributionModel(model, processor, method)
-    return EncoderAttributionModel(model, tokenizer, method)
+        front = SpeechAttributionModel(model, processor, method)
+    elif found.is_vision:
+        front = VisionAttributionModel(model, processor, method)
+    else:
+        front = EncoderAttributionModel(model, tokenizer, method)
+    # converted only once every check passed: a refused call leaves the caller's model as it was
+    if dtype is not None:
+        model.to(dtype)
+    if device is not None:
+        model.to(device)
+    return front
 
 
 def demo_folder(name: str) -> str:
@@ -256,6 +259,7 @@ def as_front_end(model, method: str, found: ModelKind | None = None, **kwargs):
 def _generation_model(model, method: str, tokenizer, device, dtype, **kwargs):
     """Inseq's model with ``method`` (``"demo"``: the embedded demo model), converted to ``dtype``."""
     import inseq
+    from torch import nn
 
     from .patches import register
 
@@ -268,8 +272,14 @@ def _generation_model(model, method: str, tokenizer, device, dtype, **kwargs):
         model, tokenizer = load_demo_model()
     elif isinstance(model, Path | str):
         model = demo_folder(str(model))
-    attribution_model = inseq.load_model(model, method, tokenizer=tokenizer, device=device, **kwargs)
-    if dtype is not None:
+    where = next(model.parameters()).device if isinstance(model, nn.Module) else None
+    try:
+        attribution_model = inseq.load_model(model, method, tokenizer=tokenizer, device=device, **kwargs)
+    except BaseException:
+        if where is not None:  # Inseq moves a model object to its device before the method can refuse it
+            model.to(where)
+        raise
+    if dtype is not None:  # converted once Inseq and the method took it: a refused call leaves it as it was
         attribution_model.model.to(dtype)
     return attribution_model
 

@@ -6,9 +6,9 @@ generated text as one quantity (its summed logit, or its mean row for map method
 :mod:`inseq_mixing.methods.spans`'s) over **context units** of the text (tokens, sentences, passages, given
 documents or character spans), optionally after **hops** through the generated tokens before the span.
 
-- ``spans``: ``"answer"`` (default: the generated text's tokens, special tokens such as an end-of-sequence left
-  out), ``"sentences"`` (the generated text's sentences), or a list of character spans ``(start, end)`` of the
-  generated text, or of strings found in it in order.
+- ``spans``: ``"answer"`` (default: the generated text's tokens, markup such as an end-of-sequence left out; an
+  unknown word's token is the word's), ``"sentences"`` (the generated text's sentences), or a list of character spans
+  ``(start, end)`` of the generated text, or of strings found in it in order (not an empty list).
 - ``units``: ``"tokens"`` (default), ``"sentences"`` (the prompt's, found by ``sentencex``), ``"passages"`` (the
   prompt cut at ``separator``, a blank line by default), or a list of documents (strings found in the prompt in
   order) or of character spans ``(start, end)`` of the prompt. Whatever no unit covers (special tokens, the text
@@ -31,7 +31,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..declarations import DECLARATIONS, Request
+from ..declarations import DECLARATIONS, InputSize, Request
+from ..declarations.graphs import GRAPH_KEYWORD
 from ..methods.blocks import upcast
 from ..methods.results import LogitScores
 from ..methods.spans import SpanRows, hop_weights, hopped, keys_of, unit_scores
@@ -39,6 +40,7 @@ from ..methods.units import FrameUnits
 from ..trace import ModelCall, forward_arguments, trace_model
 from .common import FrontEndModel, check_batch_size
 from .layout import logit_step_scores, row_steps, sequence_output, token_list, tokens_first
+from .words import markup_ids
 
 #: The keywords of ``model.attribute`` that send a call here.
 SPAN_KEYWORDS = ("spans", "units", "hops")
@@ -150,6 +152,13 @@ class SpanAttributionModel(FrontEndModel):
         for name in ("attr_pos_start", "attr_pos_end", "attributed_fn", "step_scores"):
             if options.pop(name, None) is not None:
                 raise ValueError(f"{name} is not taken with spans=: spans= says what is explained.")
+        if options.pop(GRAPH_KEYWORD, False):
+            raise ValueError(
+                "contribution_graphs=True is not taken with spans=: a contribution graph is the route of one "
+                "prediction (one position's state after the last layer, Ferrando & Voita 2024), and a span sums "
+                "several predictions, whose routes do not add up to one; explain the answer's tokens without spans= "
+                "(model.attribute(prompt, generated, contribution_graphs=True)) for each token's route."
+            )
         self.check_options(options)
         prompts = [input_texts] if isinstance(input_texts, str) else list(input_texts)
         if generated_texts is None:
@@ -196,6 +205,13 @@ class SpanAttributionModel(FrontEndModel):
         return out
 
     # ----- inputs -----
+
+    def item_of(self, name: str, prompt: str, text: str, spans="answer", units="tokens", separator: str = "\n\n",
+                language: str = "en") -> SpanItem:  # fmt: skip
+        """One input's tokens, spans and units, found from the tokenizer alone (no model runs): what
+        :meth:`attribute` would explain for it, or the ``ValueError`` it would raise, naming the input ``name``."""
+        check_span_arguments(spans, units)
+        return self._item(name, prompt, text, spans, units, (separator, language), None)
 
     def _item(self, name: str, prompt: str, text: str, spans, units, settings, foil: str | None) -> SpanItem:
         """One input's tokens, spans, units and contrast tokens, every error naming the input."""
@@ -250,7 +266,7 @@ class SpanAttributionModel(FrontEndModel):
                            for index, (begin, end) in enumerate(offsets) if index >= first_generated]  # fmt: skip
         if first_generated >= len(ids):
             raise ValueError("the generated text adds no token to the prompt: there is nothing to explain.")
-        special = set(tokenizer.all_special_ids)
+        special = markup_ids(tokenizer)  # an unknown word's token is the word's: it stays in its unit and span
         key_ids = ids + (source_ids or [])
         answer_tokens = [(key, offset) for key, offset in answer_keys if key_ids[key] not in special]
         span_texts, span_tokens = [], []
@@ -290,6 +306,10 @@ class SpanAttributionModel(FrontEndModel):
                     unit_keys.append(members)
                     unit_texts.append(text)
         return unit_keys, unit_texts
+
+    def input_sizes(self, items: list[SpanItem], settings=None) -> list[InputSize]:
+        """Each input's decoder tokens and (encoder–decoders) source tokens."""
+        return [InputSize(len(item.ids), len(item.source_ids or [])) for item in items]
 
     # ----- batches -----
 
@@ -457,6 +477,12 @@ def check_span_arguments(spans="answer", units="tokens", hops: int = 0, **_) -> 
                                      ("units", units, UNIT_KINDS, "documents of the prompt")):  # fmt: skip
         if value not in kinds if isinstance(value, str) else not isinstance(value, list | tuple):
             raise ValueError(f"{name}={value!r}: use one of {list(kinds)}, or a list of {what}.")
+        if isinstance(value, list | tuple) and (not value or any(isinstance(entry, list) and not entry
+                                                                 for entry in value)):  # fmt: skip
+            raise ValueError(
+                f"{name}={value!r} gives nothing to {'explain' if name == 'spans' else 'explain over'}: "
+                f"give at least one of the {what} (or one of {list(kinds)}) for every input."
+            )
 
 
 def _per_row(value, rows: int, name: str) -> list:

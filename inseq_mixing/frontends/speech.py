@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..declarations import DECLARATIONS, Request
+from ..declarations import DECLARATIONS, InputSize, Request
 from ..methods.results import LogitScores
 from ..methods.units import FrameUnits
 from ..specs import get_spec
@@ -90,6 +90,7 @@ class CallSettings:
     window_s: float
     prompt_ids: list[int] | None
     max_new_tokens: int
+    word_frames: str = "centre"  # how a word gets its frames (the method's convention: audio_units' rule)
 
 
 @dataclass
@@ -214,6 +215,7 @@ class SpeechAttributionModel(FrontEndModel):
         if getattr(self.model.config, "feat_extract_norm", None) == "group":
             batch_size = 1
         utterances = [Utterance(*entry) for entry in zip(signals, targets, words, names, strict=True)]
+        settings = CallSettings(window_s, prompt_ids, max_new_tokens, self.declaration.word_frames(method_options))
         info = {
             "task": self.task or "encoder",
             "sampling_rate": self.sampling_rate,
@@ -222,13 +224,16 @@ class SpeechAttributionModel(FrontEndModel):
             "attributed_fn": "logit" if self.declaration.explains_logit else f"{self.method} map",
             # each source unit's interval, per utterance (the explorer places the units on the waveform)
             "unit_seconds": [
-                [[unit.start_s, unit.end_s] for unit in self.units(u.signal, u.words, window_s, u.name)]
+                [
+                    [unit.start_s, unit.end_s]
+                    for unit in self.units(u.signal, u.words, window_s, u.name, settings.word_frames)
+                ]
                 for u in utterances
-            ],
+            ],  # fmt: skip
         }
         return self.attribute_items(utterances, batch_size=batch_size, show_progress=show_progress,
                                     method_options=method_options, info=info, step_scores=steps,
-                                    settings=CallSettings(window_s, prompt_ids, max_new_tokens))  # fmt: skip
+                                    settings=settings)  # fmt: skip
 
     # ----- inputs -----
 
@@ -274,10 +279,12 @@ class SpeechAttributionModel(FrontEndModel):
         real = int(self.model._get_feat_extract_output_lengths(torch.tensor(len(signal))))
         return real, real
 
-    def units(self, signal, words, window_s: float, index: int | str) -> list[Unit]:
-        """The units of one utterance (:func:`~inseq_mixing.frontends.audio.audio_units`)."""
+    def units(self, signal, words, window_s: float, index: int | str, rule: str = "centre") -> list[Unit]:
+        """The units of one utterance (:func:`~inseq_mixing.frontends.audio.audio_units`; ``rule``: how a word gets
+        its frames)."""
         real, total = self.frames(signal)
-        return audio_units(len(signal) / self.sampling_rate, self.frame_seconds, real, total, words, window_s, index)
+        return audio_units(len(signal) / self.sampling_rate, self.frame_seconds, real, total, words, window_s, index,
+                           rule)  # fmt: skip
 
     #: Arguments of :meth:`attribute` a dataset run passes on besides the method's options.
     RUN_ARGUMENTS = ("window_s", "prompt_ids")
@@ -397,7 +404,8 @@ class SpeechAttributionModel(FrontEndModel):
         signals, names = [item.signal for item in items], [item.name for item in items]
         inputs, frame_mask, real = self.features(signals)
         total = frame_mask.shape[1]
-        units = [self.units(item.signal, item.words, settings.window_s, item.name) for item in items]
+        units = [self.units(item.signal, item.words, settings.window_s, item.name, settings.word_frames)
+                 for item in items]  # fmt: skip
         members = torch.zeros(len(signals), max(len(item) for item in units), total, device=self.device)
         for row, item in enumerate(units):
             for number, unit in enumerate(item):
@@ -467,6 +475,21 @@ class SpeechAttributionModel(FrontEndModel):
         explained = [list(range(len(prompt) - 1, len(tokens) - 1)) for tokens in transcripts]
         trace = trace_call(self.spec, call, full_logits=False)  # the explained logits are gathered, not all 51,865
         return _Batch(call, units, members, explained, predicted, prompt, transcripts), trace
+
+    def input_sizes(self, items: list[Utterance], settings: CallSettings | None = None) -> list[InputSize]:
+        """Each utterance's frames (a CTC encoder's one stack; Whisper's encoder, padded to its window) and Whisper's
+        decoder positions (its prompt and transcript, at most ``max_new_tokens`` where the transcript is greedy)."""
+        sizes = []
+        for item in items:
+            real, total = self.frames(item.signal)
+            if not self.whisper:
+                sizes.append(InputSize(real))
+                continue
+            prompt = settings.prompt_ids if settings and settings.prompt_ids is not None else self.default_prompt()
+            new = (settings.max_new_tokens if settings else 64) if item.target is None else \
+                len(self.tokenizer(item.target, add_special_tokens=False).input_ids)  # fmt: skip
+            sizes.append(InputSize(len(prompt) + new - 1, total))
+        return sizes
 
     def default_prompt(self) -> list[int]:
         """Whisper's decoder prompt when none is given: the tokenizer's ``prefix_tokens``, else the decoder start

@@ -8,8 +8,10 @@ surface of the encoder front end (:class:`~.encoders.EncoderAttributionModel`, w
 ``inseq.FeatureAttributionOutput``.
 
 - Inputs: a path (PNG, JPEG, anything Pillow reads), a PIL image, an array ``(H, W)``, ``(H, W, 3)`` or ``(H, W, 4)``
-  (values in 0–255, or 0–1 for floats), a tensor ``(3, H, W)``, or a list of them. Greyscale and RGBA images are
-  converted to RGB; the image processor resizes and normalises them to the checkpoint's size.
+  (values in 0–255; ``uint16`` and 16-bit PNGs in 0–65535; floats in 0–1), a tensor ``(3, H, W)``, or a list of them;
+  values outside these ranges (a normalised tensor) and images without pixels are refused (:func:`read_image`).
+  Greyscale and RGBA images are converted to RGB; the image processor resizes and normalises them to the checkpoint's
+  size.
 - Units: the model's tokens, which are the image's units: ``[CLS]``, DeiT's ``[DIST]``, DINOv2's registers
   ``[REG1]``, ..., then one per patch labelled ``r{row}c{column}`` in reading order on the image's own grid (nothing
   dropped; SigLIP has no [CLS]). The decompositions start at the first block's input, after the patch embedding and
@@ -39,7 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..declarations import Request
+from ..declarations import InputSize, Request
 from ..specs.clip import TextRows, tower
 from ..trace import ModelCall, head_logits, trace_call
 from .common import plain
@@ -93,8 +95,14 @@ class _Image:
 def read_image(image, name: str):
     """``image`` as an RGB PIL image: a path, a PIL image, an array or a tensor (see the module docstring).
 
+    Pixel values are read by their type: 8-bit images and ``uint8`` arrays as they are, 16-bit images (``I;16`` PNGs,
+    ``uint16`` arrays) scaled from 0–65535 to 0–255, other integer arrays in 0–255, float arrays and tensors in 0–1
+    (or 0–255 when a value exceeds 1), booleans as black and white. Anything else (negative values, as a normalised
+    tensor has; floats above 255; integers above 255 in a type other than ``uint16``) is refused, not clipped.
+
     Raises:
-        ImageError: A missing file, a file that is not an image, an array of another shape, NaN or infinite values.
+        ImageError: A missing file, a file that is not an image, an array of another shape, an image without pixels,
+            NaN or infinite values, values outside the ranges above.
     """
     from PIL import Image, UnidentifiedImageError
 
@@ -109,12 +117,16 @@ def read_image(image, name: str):
         except (UnidentifiedImageError, OSError) as error:
             raise ImageError(f"{name}: {str(path)!r} is not an image Pillow can read ({error}).") from None
     if isinstance(image, Image.Image):
-        return image.convert("RGB")
+        if not image.width or not image.height:
+            raise ImageError(f"{name} is {image.width} × {image.height} pixels: give an image with pixels.")
+        if image.mode not in WIDE_MODES:  # 8 bits per channel: Pillow converts exactly
+            return image.convert("RGB")
+        image = np.asarray(image)  # 16-bit, 32-bit integer or float pixels: read by their type below
     if isinstance(image, torch.Tensor):
         image = image.detach().cpu()
         if image.dim() == 3 and image.shape[0] in (1, 3, 4):  # (C, H, W) → (H, W, C)
             image = image.permute(1, 2, 0)
-        image = image.float().numpy()
+        image = image.numpy() if image.dtype in NUMPY_TENSOR_TYPES else image.float().numpy()
     if not isinstance(image, np.ndarray):
         raise ImageError(
             f"{name} is a {type(image).__name__}: give a path, a PIL image, an array (H, W[, 3 or 4]) or a tensor "
@@ -124,12 +136,59 @@ def read_image(image, name: str):
         image = image[..., 0]
     if image.ndim not in (2, 3) or (image.ndim == 3 and image.shape[-1] not in (3, 4)):
         raise ImageError(f"{name} has shape {tuple(image.shape)}: an image array is (H, W), (H, W, 3) or (H, W, 4).")
+    if not image.shape[0] or not image.shape[1]:
+        raise ImageError(f"{name} is {image.shape[1]} × {image.shape[0]} pixels: give an image with pixels.")
+    return Image.fromarray(_eight_bits(image, name)).convert("RGB")
+
+
+#: PIL modes whose pixels are not 8 bits per channel (read through NumPy by their type, not converted by Pillow).
+WIDE_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N", "F")
+#: Tensor types NumPy takes as they are (the others, half precision included, are read as float32).
+NUMPY_TENSOR_TYPES = (torch.uint8, torch.uint16, torch.int16, torch.int32, torch.int64, torch.float32, torch.float64,
+                      torch.bool)  # fmt: skip
+_RANGES = "8-bit values in 0–255, uint16 values in 0–65535, or floats in 0–1 (or 0–255)"
+
+
+def _eight_bits(image: np.ndarray, name: str) -> np.ndarray:
+    """An image array's values as ``uint8`` (see :func:`read_image`), or an error naming the image and its range."""
+    if image.dtype == np.uint8:
+        return image
+    if image.dtype == np.uint16:  # 16-bit data: 65535 is white
+        return np.round(image.astype(np.float64) * (255.0 / 65535.0)).astype(np.uint8)
+    if image.dtype.kind == "b":  # a binary image: True is white
+        return image.astype(np.uint8) * 255
+    if image.dtype.kind not in "iuf":
+        raise ImageError(f"{name} is an array of {image.dtype}: give {_RANGES}.")
+    values = image.astype(np.float64)
+    if not np.isfinite(values).all():
+        raise ImageError(f"{name} has NaN or infinite values: give finite pixel values.")
+    low, high = float(values.min()), float(values.max())
     if image.dtype.kind == "f":
-        if not np.isfinite(image).all():
-            raise ImageError(f"{name} has NaN or infinite values: give finite pixel values.")
-        image = image * 255.0 if image.max() <= 1.0 else image
-        image = np.clip(np.round(image), 0, 255)
-    return Image.fromarray(image.astype(np.uint8)).convert("RGB")
+        if low < 0 or high > 255:
+            normalised = ("; a normalised image (e.g. in [-1, 1]) is refused, not clipped: pass it before its "
+                          "normalisation (the processor normalises)") if low < 0 else ""  # fmt: skip
+            raise ImageError(f"{name} has values from {low:.4g} to {high:.4g}: give {_RANGES}{normalised}.")
+        return np.round(values * 255.0 if high <= 1.0 else values).astype(np.uint8)
+    if low < 0 or high > 255:
+        raise ImageError(
+            f"{name} is an array of {image.dtype} with values from {low:.0f} to {high:.0f}: give {_RANGES} (16-bit "
+            "data as uint16)."
+        )
+    return values.astype(np.uint8)
+
+
+def _check_image_processor(processor, model: nn.Module) -> None:
+    """Refuse a processor that cannot read images (a tokenizer, a speech feature extractor), saying what is needed."""
+    from transformers.image_processing_utils import BaseImageProcessor
+
+    if isinstance(processor, BaseImageProcessor) or isinstance(getattr(processor, "image_processor", None),
+                                                                 BaseImageProcessor):  # fmt: skip
+        return
+    raise ValueError(
+        f"processor= is a {type(processor).__name__}, which does not read images: {type(model).__name__} needs its "
+        "image processor (transformers.AutoImageProcessor.from_pretrained(name)), or for CLIP and SigLIP their "
+        "processor with its tokenizer (AutoProcessor.from_pretrained(name))."
+    )
 
 
 def _one(value):
@@ -151,6 +210,7 @@ class VisionAttributionModel(EncoderAttributionModel):
     def __init__(self, model: nn.Module, processor, method: str):
         if processor is None:
             raise ValueError("Pass the image processor of this vision model: load_model(model, method, processor=).")
+        _check_image_processor(processor, model)
         super().__init__(model, tokenizer=None, method=method)
         self.processor = processor
         self.config = vision_config(model.config)
@@ -267,7 +327,17 @@ class VisionAttributionModel(EncoderAttributionModel):
                         f"Image {index}: {type(self.model).__name__} explains an image–text similarity: give "
                         f"{what}= a text per image (e.g. 'a photo of a cat'), not {value!r}."
                     )
-        return sorted({value for value in (*targets, *foils) if value is not None})
+        texts = sorted({value for value in (*targets, *foils) if value is not None})
+        limit = getattr(getattr(self.model.config, "text_config", None), "max_position_embeddings", None)
+        for text in texts:
+            count = len(self.processor.tokenizer(text)["input_ids"])
+            if limit is not None and count > limit:
+                index = next(index for index, value in enumerate((*targets, *foils)) if value == text) % len(targets)
+                raise ValueError(
+                    f"Image {index}: the text {text[:60]!r} has {count} tokens, but {type(self.model).__name__}'s "
+                    f"text tower reads at most {limit} (its position embeddings): give a shorter text."
+                )
+        return texts
 
     def output_index(self, value) -> int:
         """A label's index, or an image–text model's text's row."""
@@ -291,6 +361,14 @@ class VisionAttributionModel(EncoderAttributionModel):
                                     [item.positions for item in items], [item.name for item in items])  # fmt: skip
         self._output_ids(ids, explained, [item.target for item in items], [item.foil for item in items],
                          torch.zeros_like(ids), [item.name for item in items])  # fmt: skip
+
+    def input_sizes(self, items: list[_Image], settings=None) -> list[InputSize]:
+        """Each image's tokens: the leading ones and its patches (one image processed where the processor gives every
+        image the same size; SigLIP 2's, each at its own)."""
+        checked = items if self.patchified else items[:1]
+        _, mask, _ = self.encode([item.image for item in checked])
+        counts = mask.sum(-1).tolist()
+        return [InputSize(int(counts[index if self.patchified else 0])) for index in range(len(items))]
 
     def encode(self, images: list) -> tuple[dict, torch.Tensor, list[tuple[int, int]]]:
         """What the model reads of ``images`` (the processor's output on the model's device, pixels in its

@@ -13,6 +13,13 @@ class WordMappingError(ValueError):
     """The tokens of an attributed sequence cannot be matched with the words of its text."""
 
 
+def markup_ids(tokenizer) -> set[int]:
+    """The ids of the tokenizer's markup: its special tokens (BOS, EOS, padding, chat markers, ...) except the unknown
+    token, which stands for a word of the text, and the mask token, which stands for a masked word."""
+    kept = {tokenizer.unk_token_id, getattr(tokenizer, "mask_token_id", None)}
+    return set(tokenizer.all_special_ids) - kept
+
+
 def word_spans(text: str) -> list[tuple[int, int]]:
     """Character spans of the whitespace-separated words of ``text``."""
     return [match.span() for match in re.finditer(r"\S+", text)]
@@ -43,8 +50,7 @@ def token_words(tokenizer, text: str, token_ids: list[int], as_target: bool = Fa
         raise WordMappingError(f"The attributed tokens do not match the tokenization of {text!r}.")
     spans = word_spans(text)
     words = [-1] * len(token_ids)
-    # unknown words keep their tokens' scores, and a masked word (encoder protocols) its mask token's
-    special = set(tokenizer.all_special_ids) - {tokenizer.unk_token_id, getattr(tokenizer, "mask_token_id", None)}
+    special = markup_ids(tokenizer)  # unknown words keep their tokens' scores, a masked word its mask token's
     for offset, (token_id, (begin, end)) in enumerate(zip(ids, offsets, strict=True)):
         if token_id in special or end <= begin:
             continue

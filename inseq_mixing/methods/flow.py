@@ -102,25 +102,24 @@ def _edges(capacity: np.ndarray, first: int, below: int, width: int, top_encoder
     return first + rows, targets, scaled[rows, cols].astype(np.int32)
 
 
-def flow_count(trace: ModelTrace, every_layer: bool = False) -> int:
-    """How many maximum flows :func:`attention_flow` solves for a traced batch (an upper bound: padding and a causal
-    model's future tokens are skipped), from the shapes alone."""
-    dec, enc = trace.decoder, trace.encoder
-    batch, width = dec.mask.shape
-    sinks = width + (0 if enc is None else enc.mask.shape[1])
-    count = batch * (len(dec.layers) if every_layer else 1) * width * sinks
-    if enc is not None:  # the encoder's last layer
-        count += batch * enc.mask.shape[1] ** 2
-    return count
+def flow_count(positions: int, sources: int, layers: int, every_layer: bool = False) -> int:
+    """How many maximum flows :func:`attention_flow` solves for one input (an upper bound: a causal model's future
+    tokens are skipped), from its sizes alone: ``positions`` decoder positions (the only stack's, or an
+    encoder–decoder's decoder), each to every token (``positions + sources``), after the last layer or after each of
+    ``layers``; an encoder–decoder's encoder adds its last layer's ``sources × sources``."""
+    return (layers if every_layer else 1) * positions * (positions + sources) + sources**2
 
 
 @torch.no_grad()
-def attention_flow(trace: ModelTrace, every_layer: bool = False) -> LayerMaps:
+def attention_flow(trace: ModelTrace, every_layer: bool = False, check_row=None) -> LayerMaps:
     """Attention flow maps of a traced model, rows normalised (see the module docstring).
 
     Args:
         trace: A recorded forward pass.
         every_layer: The flows from the states after every layer ``(B, L, i, j)``; else after the last one.
+        check_row: Called as ``check_row(row, positions, sources)`` for every row of the batch (its real decoder
+            positions and source tokens, read from the maps on the host) before any flow is solved; it raises to
+            refuse the batch.
 
     Returns:
         :class:`LayerMaps`: ``target`` (decoder positions to decoder tokens), and for encoder–decoders ``source``
@@ -139,6 +138,11 @@ def attention_flow(trace: ModelTrace, every_layer: bool = False) -> LayerMaps:
     decoder_host = decoder_layers.double().cpu().numpy()
     encoder_host = None if scores.encoder is None else scores.encoder.double().cpu().numpy()
     width = decoder_host.shape[-2]
+    if check_row is not None:  # a real position's row of the first map sums to 1, a padding position's to 0
+        positions = (decoder_host[:, 0].sum(-1) > 0).sum(-1)
+        sources = [0] * len(positions) if encoder_host is None else (encoder_host[:, 0].sum(-1) > 0).sum(-1)
+        for row, (count, source_count) in enumerate(zip(positions, sources, strict=True)):
+            check_row(row, int(count), int(source_count))
     target, source, encoder = [], [], []
     for row in range(decoder_host.shape[0]):
         encoder_graph = None if encoder_host is None else FlowGraph(layers=list(encoder_host[row]))

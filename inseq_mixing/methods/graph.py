@@ -51,6 +51,9 @@ DEFAULT_THRESHOLD = 0.04
 #: The stages of one layer, in order (``"cross"`` only in an encoder–decoder's decoder); ``"embedding"`` is below
 #: layer 0.
 STAGES = ("attention", "cross", "ffn")
+#: The stacks of a graph, and the kinds of its edges.
+STACKS = ("decoder", "encoder")
+EDGE_KINDS = ("attention", "cross", "ffn", "residual")
 
 
 @dataclass
@@ -220,13 +223,29 @@ class ContributionGraph:
 
     @classmethod
     def from_dict(cls, data: dict) -> ContributionGraph:
-        edges = [
-            Edge(Node(**e["source"]), Node(**e["target"]), e["kind"], e["weight"], e["head"]) for e in data["edges"]
-        ]
-        return cls(explained=Node(**data["explained"]), nodes=[Node(**node) for node in data["nodes"]], edges=edges,
-                   threshold=data["threshold"], heads=data["heads"], num_layers=dict(data["num_layers"]),
-                   lengths=dict(data.get("lengths", {})),
-                   tokens={key: list(value) for key, value in data.get("tokens", {}).items()})  # fmt: skip
+        """A graph from :meth:`to_dict`'s plain data, every field checked (a saved output is shared: a stack, stage or
+        kind outside the known ones, or a number that is not one, is refused, not passed on to a page).
+
+        Raises:
+            ValueError: A field missing or of the wrong kind, naming it.
+        """
+        try:
+            edges = [Edge(_node(e["source"]), _node(e["target"]), _choice(e["kind"], EDGE_KINDS, "kind"),
+                          _number(e["weight"], "weight"), None if e["head"] is None else _count(e["head"], "head"))
+                     for e in _listed(data["edges"], "edges")]  # fmt: skip
+            return cls(
+                explained=_node(data["explained"]),
+                nodes=[_node(node) for node in _listed(data["nodes"], "nodes")],
+                edges=edges,
+                threshold=_number(data["threshold"], "threshold"),
+                heads=_flag(data["heads"], "heads"),
+                num_layers=_counts(data["num_layers"], "num_layers"),
+                lengths=_counts(data.get("lengths", {}), "lengths"),
+                tokens={_choice(key, STACKS, "tokens"): [str(token) for token in _listed(value, "tokens")]
+                        for key, value in _mapping(data.get("tokens", {}), "tokens").items()},
+            )  # fmt: skip
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"Not a contribution graph: {type(error).__name__} {error}.") from None
 
 
 def contribution_graph(
@@ -336,3 +355,60 @@ class _Route:
                                    head if self.heads else None))  # fmt: skip
         keys = kept.any(0).any(0)
         return kept_residual | (torch.zeros_like(front) if cross else keys), keys
+
+
+# ----- reading a graph's plain data back, every field checked -----
+
+
+def _node(data) -> Node:
+    data = _mapping(data, "node")
+    return Node(
+        _choice(data["stack"], STACKS, "stack"),
+        _integer(data["layer"], "layer", -1),
+        _choice(data["stage"], ("embedding", *STAGES), "stage"),
+        _count(data["position"], "position"),
+    )
+
+
+def _choice(value, choices: tuple, what: str) -> str:
+    if value not in choices:
+        raise ValueError(f"A contribution graph's {what} is one of {list(choices)}, not {str(value)[:40]!r}.")
+    return value
+
+
+def _integer(value, what: str, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"A contribution graph's {what} is a whole number ≥ {least}, not {str(value)[:40]!r}.")
+    return value
+
+
+def _count(value, what: str) -> int:
+    return _integer(value, what, 0)
+
+
+def _number(value, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value or abs(value) == float("inf"):
+        raise ValueError(f"A contribution graph's {what} is a finite number, not {str(value)[:40]!r}.")
+    return float(value)
+
+
+def _typed(value, kind, what: str, words: str):
+    if not isinstance(value, kind):
+        raise ValueError(f"A contribution graph's {what} is {words}, not {str(value)[:40]!r}.")
+    return value
+
+
+def _flag(value, what: str) -> bool:
+    return _typed(value, bool, what, "true or false")
+
+
+def _listed(value, what: str) -> list:
+    return list(_typed(value, list | tuple, what, "a list"))
+
+
+def _mapping(value, what: str) -> dict:
+    return _typed(value, dict, what, "a mapping")
+
+
+def _counts(value, what: str) -> dict[str, int]:
+    return {_choice(key, STACKS, what): _count(count, what) for key, count in _mapping(value, what).items()}

@@ -83,11 +83,22 @@ def distance(corrupted: torch.Tensor, clean: torch.Tensor, metric: str) -> torch
     raise ValueError(f"Unknown similarity metric {metric!r}: use one of {SIMILARITY_METRICS}.")
 
 
-def ffn_distance(ffn: FFNSpec, hidden: torch.Tensor, clean: torch.Tensor, metric: str) -> torch.Tensor:
+def ffn_distance(ffn: FFNSpec, hidden: torch.Tensor, clean: torch.Tensor, metric: str,
+                 output_norm: torch.nn.Module | None = None) -> torch.Tensor:  # fmt: skip
     """The FFN sub-block on corrupted rows ``(B·width, queries, D)`` and their distance to the clean layer output
-    ``(B, 1, queries, D)``: ``(B, width, queries)``. Value zeroing's hot step (a fused kernel with ``compile``)."""
-    corrupted = upcast(apply_ffn(ffn, hidden))
+    ``(B, 1, queries, D)``: ``(B, width, queries)``; ``output_norm`` (the stack's final norm, ``convention=
+    "reference"``) applied to the corrupted output first (``clean`` has it already). Value zeroing's hot step (a fused
+    kernel with ``compile``)."""
+    corrupted = normed(apply_ffn(ffn, hidden), output_norm)
     return distance(corrupted.unflatten(0, (clean.shape[0], -1)), clean, metric)
+
+
+def normed(hidden: torch.Tensor, norm: torch.nn.Module | None) -> torch.Tensor:
+    """``hidden`` through ``norm`` (its own statistics, as the model's forward applies it), upcast; without a norm,
+    ``hidden`` upcast."""
+    if norm is None:
+        return upcast(hidden)
+    return upcast(norm(hidden.to(next(norm.parameters()).dtype)))
 
 
 def chunk_elements_per_key(batch: int, positions: int, d_model: int) -> int:
@@ -109,6 +120,7 @@ def zeroing_distances(
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     key_units: torch.Tensor | None = None,
     first_row: int = 0,
+    output_norm: torch.nn.Module | None = None,
 ) -> torch.Tensor:
     """Distances of one layer's output when each context token's values are zeroed in one attention sub-block.
 
@@ -123,6 +135,8 @@ def zeroing_distances(
             a unit at once, one zeroing per unit.
         first_row: Rows (positions ``i``) before it are not computed and stay 0: nothing reads them (a prompt's rows
             when only the generated tokens are explained and the maps are not rolled out).
+        output_norm: A norm applied to the clean and the corrupted layer outputs before their distance (the stack's
+            final norm at its last layer, as transformers' last hidden state has it: ``convention="reference"``).
 
     Returns:
         ``(batch, positions i, tokens j)`` distances (with ``key_units``: ``(batch, positions i, units)``); cells
@@ -149,7 +163,7 @@ def zeroing_distances(
         torch.arange(batch, device=probs.device),
         full,
     )
-    clean = upcast(clean)
+    clean = normed(clean, output_norm)
 
     def distances(delta: torch.Tensor, queries: slice) -> torch.Tensor:
         """``(B, width, queries)`` distances of the layer output when ``delta`` ``(B, width, queries, d_model)``
@@ -168,9 +182,10 @@ def zeroing_distances(
             queries,
         )
         if layer.ffn.parallel:  # the FFN's output does not change (GPT-NeoX)
-            corrupted = upcast(finish_layer(*arguments)).view(batch, width, -1, residual.shape[-1])
+            corrupted = normed(finish_layer(*arguments), output_norm).view(batch, width, -1, residual.shape[-1])
             return distance(corrupted, clean_rows, metric)
-        return kernel(ffn_distance)(layer.ffn, finish_layer(*arguments, before_ffn=True), clean_rows, metric)
+        hidden = finish_layer(*arguments, before_ffn=True)
+        return kernel(ffn_distance)(layer.ffn, hidden, clean_rows, metric, output_norm)
 
     if key_units is not None:
         if first_row:
@@ -249,19 +264,23 @@ def stack_distances(
     max_chunk_elements: int,
     key_units: torch.Tensor | None = None,
     first_row: int = 0,
+    final_norm: torch.nn.Module | None = None,
 ) -> torch.Tensor:
     """:func:`zeroing_distances` for every layer of a stack, masked: ``(batch, layers, positions, tokens)`` (with
-    ``key_units``: ``(batch, layers, positions, units)``); rows before ``first_row`` are 0."""
+    ``key_units``: ``(batch, layers, positions, units)``); rows before ``first_row`` are 0; ``final_norm`` is applied
+    to the last layer's outputs (``convention="reference"``)."""
     if key_units is None:
         valid = valid_cells(stack.mask, key_mask, causal)
     else:
         valid = stack.mask.bool()[:, :, None] & (key_units.sum(-1) > 0)[:, None, :]
+    last = len(stack_spec_layers) - 1
     per_layer = [
         zeroing_distances(
-            layer, record, sub_block, causal, metric, max_chunk_elements, key_units, first_row
+            layer, record, sub_block, causal, metric, max_chunk_elements, key_units, first_row,
+            final_norm if index == last else None,
         ).masked_fill(~valid, 0.0)
-        for layer, record in zip(stack_spec_layers, stack.layers, strict=True)
-    ]
+        for index, (layer, record) in enumerate(zip(stack_spec_layers, stack.layers, strict=True))
+    ]  # fmt: skip
     return torch.stack(per_layer, dim=1)
 
 
@@ -273,6 +292,7 @@ def value_zeroing(
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     units: FrameUnits | None = None,
     first_row: int = 0,
+    final_norms: bool = False,
 ) -> ValueZeroingScores:
     """Raw value-zeroing distances for every layer and attention sub-block of a traced model.
 
@@ -285,6 +305,9 @@ def value_zeroing(
             every map over those frames is then units; query axes stay frames).
         first_row: Decoder positions before it (self- and cross-attention maps) are not computed and stay 0: a
             prompt's rows that nothing reads. The rollout needs every row: leave it 0 there.
+        final_norms: Measure each stack's last layer after the stack's final norm, as transformers' last hidden state
+            has it (the speech study's code compares hidden states: ``convention="reference"``); else the layer's own
+            output, as every other layer.
     """
     if metric not in SIMILARITY_METRICS:
         raise ValueError(f"Unknown similarity metric {metric!r}: use one of {SIMILARITY_METRICS}.")
@@ -294,6 +317,7 @@ def value_zeroing(
     if audio.get("decoder") is not None and dec.causal:
         raise ValueError("Audio units are for non-causal stacks (speech encoders).")
     # the blocks are re-run: dropout must stay off whatever the model's flags; gelu_new as one fused kernel
+    decoder_norm = spec.decoder.final_norm if final_norms else None
     with eval_mode(*blocks), fused_activations(spec):
         scores = ValueZeroingScores(
             decoder=stack_distances(
@@ -306,17 +330,19 @@ def value_zeroing(
                 max_chunk_elements,
                 audio.get("decoder"),
                 first_row,
+                decoder_norm,
             )  # fmt: skip
         )
         if spec.is_encoder_decoder:
             scores.cross = stack_distances(
                 spec.decoder.layers, dec, "cross", enc.mask, False, metric, max_chunk_elements, audio.get("encoder"),
-                first_row,
+                first_row, decoder_norm,
             )  # fmt: skip
             if encoder_scores:
                 scores.encoder = stack_distances(
-                    spec.encoder.layers, enc, "self", enc.mask, False, metric, max_chunk_elements, audio.get("encoder")
-                )
+                    spec.encoder.layers, enc, "self", enc.mask, False, metric, max_chunk_elements,
+                    audio.get("encoder"), final_norm=spec.encoder.final_norm if final_norms else None,
+                )  # fmt: skip
     return check_finite(scores)
 
 

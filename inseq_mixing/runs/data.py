@@ -70,6 +70,24 @@ def read_rows(data) -> list[dict]:
     return rows
 
 
+def cell_value(value):
+    """A table cell as a JSONL row gives it: text that writes a JSON list or a number (a CSV cell holds text) read as
+    that list or number, an integral float (a CSV column with a missing value reads as floats) as an integer, NumPy
+    values as Python ones; other values as they are."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text[:1] in "[-.0123456789" and text:
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                return value
+    elif hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def check_data_file(path: str | Path) -> str:
     """The reader kind of a data file, or ``DatasetInputError`` when it is missing or of an unknown format (checked
     before anything heavy is imported: the command line answers a typo at once)."""

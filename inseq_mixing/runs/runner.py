@@ -394,6 +394,9 @@ def check_targets(
         except ValueError as error:
             raise DatasetInputError(str(error)) from error
         return
+    spans = {name: value for name, value in (front or {}).items() if name in SPAN_ARGUMENTS}
+    if spans:
+        check_span_rows(attribution_model, [example for example in examples if example.target is not None], spans)
     if attribution_model.is_encoder_decoder:
         return
     for example in examples:
@@ -411,6 +414,22 @@ def check_targets(
         (example.source, f"Row {example.index} (id {example.id!r})") for example in examples if not example.target
     ]
     check_prompts_fit(attribution_model, prompts, length)
+
+
+def check_span_rows(attribution_model, examples: list[Example], spans: dict, targets: list[str] | None = None) -> None:
+    """Each row's spans and units found in its texts by the span front end (its tokenizer alone, no model run), an
+    error naming the row and its id: before any work for the rows with a target, and before the batch is attributed
+    for those whose target was just generated (``targets``: their texts)."""
+    from ..frontends.spans import SpanAttributionModel
+
+    front = SpanAttributionModel(attribution_model)
+    settings = {name: spans[name] for name in ("spans", "units", "separator", "language") if name in spans}
+    texts = targets if targets is not None else [example.target for example in examples]
+    for example, text in zip(examples, texts, strict=True):
+        try:
+            front.item_of(f"Row {example.index} (id {example.id!r})", example.source, text, **settings)
+        except ValueError as error:
+            raise DatasetInputError(str(error)) from error
 
 
 def row_fields(examples: list[Example]) -> tuple[list, list, list]:
@@ -484,6 +503,9 @@ def attribute_batch(
     if any(name in inseq_args for name in SPAN_ARGUMENTS):  # spans over units: the span front end, one call
         from ..frontends.spans import SpanAttributionModel
 
+        if missing:  # the rows whose target was just generated, named as the others were before any work
+            check_span_rows(attribution_model, [batch[idx] for idx in missing], inseq_args,
+                            [targets[idx] for idx in missing])  # fmt: skip
         progress.doing("attributing spans")
         sequences = (
             SpanAttributionModel(attribution_model)

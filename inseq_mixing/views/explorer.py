@@ -23,12 +23,13 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import math
 import re
 from pathlib import Path
 
 import numpy as np
+
+from .pages import fill_template, script_json
 
 TEMPLATE = Path(__file__).with_name("explorer_template.html")
 
@@ -91,9 +92,8 @@ def explore(outputs, path=None, *, images=None, audio=None, sampling_rate: int =
     data = {"title": title or "Context mixing explorer", "sequences": sequences,
             "note": next((o.info.get("contribution_graphs_note") for o in named.values()
                           if (o.info or {}).get("contribution_graphs_note")), None)}  # fmt: skip
-    page = TEMPLATE.read_text(encoding="utf-8")
-    page = page.replace("__TITLE__", html.escape(data["title"]))
-    page = page.replace("__DATA__", json.dumps(data, allow_nan=False).replace("</", "<\\/"))
+    page = fill_template(TEMPLATE.read_text(encoding="utf-8"),
+                         {"__TITLE__": html.escape(data["title"]), "__DATA__": script_json(data)})  # fmt: skip
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(page, encoding="utf-8")
@@ -299,6 +299,8 @@ def _graphs(outputs, index: int, units: list[dict]) -> list | None:
     output's tokens where a stack has no more real positions than the output has units for it (the encoder: the
     source units; the decoder: the target units, or the only ones, of which a decoder's trace may leave out the last);
     a speech model's frames, more than its units, stay unlabelled."""
+    from ..methods.graph import ContributionGraph
+
     for output in outputs:
         graphs = (output.info or {}).get("contribution_graphs")
         if graphs is not None and index < len(graphs):
@@ -307,10 +309,11 @@ def _graphs(outputs, index: int, units: list[dict]) -> list | None:
                 groups[unit["group"]].append(unit["token"])
             labels = {"encoder": groups["source"], "decoder": groups["target"] or groups["source"]}
             labelled = []
-            for graph in graphs[index]:  # a stack of frames (speech) has more positions than the output has units
-                lengths = graph.get("lengths", {})
+            for saved in graphs[index]:  # a stack of frames (speech) has more positions than the output has units
+                graph = ContributionGraph.from_dict(saved).to_dict()  # every field checked: a saved file is shared
+                lengths = graph["lengths"]
                 tokens = {stack: labels[stack] for stack, length in lengths.items() if length <= len(labels[stack])}
-                labelled.append({**graph, "tokens": {**tokens, **graph.get("tokens", {})}})
+                labelled.append({**graph, "tokens": {**tokens, **graph["tokens"]}})
             return labelled
     return None
 

@@ -16,6 +16,7 @@ from inseq.utils import Registry
 from inseq.utils.alignment_utils import get_aligned_idx
 from transformers.utils import ModelOutput
 
+from ...declarations import InputSize
 from ...methods.blocks import upcast
 from ...specs import get_spec
 from ...trace import ModelCall, ModelTrace, eval_mode, forward_arguments, trace_model
@@ -177,11 +178,35 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         """Inseq's preparation and attribution; then ``info["attributed_fn"]`` says what was explained (Inseq writes
         the name of the function it resolved, its probability by default, which these methods do not explain)."""
         self.last_explained = None
+        self.check_sizes(*args, **kwargs)
         out = super().prepare_and_attribute(*args, **kwargs)
         if self.last_explained is not None:
             for output in out if isinstance(out, list) else [out]:  # encoder–decoders: one output per batch
                 output.info["attributed_fn"] = self.last_explained
         return out
+
+    def check_sizes(self, sources, targets, *_, attribution_args: dict | None = None,
+                    include_eos_baseline: bool = False, skip_special_tokens: bool = False, **__) -> None:  # fmt: skip
+        """Every text of the call checked by the method before any batch runs
+        (:meth:`~inseq_mixing.declarations.Declaration.check_sizes`, naming the text), its sizes read from Inseq's
+        own encoding of the texts: the traced decoder positions (the target without its last token, which is only
+        predicted) and an encoder–decoder's source tokens."""
+        declaration = self.declaration
+        texts = [targets] if isinstance(targets, str) else targets
+        if declaration.size_check is None or not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            return
+        inputs = texts if not self.spec.is_encoder_decoder else ([sources] if isinstance(sources, str) else sources,
+                                                                 texts)  # fmt: skip
+        batch = self.attribution_model.formatter.prepare_inputs_for_attribution(
+            self.attribution_model, inputs, include_eos_baseline, skip_special_tokens
+        )
+        positions = (batch.target_mask.sum(-1) - 1).tolist()
+        sources_count = batch.source_mask.sum(-1).tolist() if self.spec.is_encoder_decoder else [0] * len(texts)
+        options = declaration.make_options({name: value for name, value in (attribution_args or {}).items()
+                                            if name in declaration.option_names()})  # fmt: skip
+        sizes = [InputSize(int(count), int(source)) for count, source in zip(positions, sources_count, strict=True)]
+        names = [f"Input {index}" for index in range(len(texts))]
+        declaration.check_sizes(sizes, names, len(self.spec.decoder.layers), options)
 
     def refuse_other_targets(self) -> None:
         """Methods that explain logits (``use_predicted_target``) refuse any other ``attributed_fn`` the user named."""
