@@ -5,6 +5,13 @@ and, for each attention sub-block, the attention probabilities (after softmax), 
 output (after the output projection) and, for cross-attention, the call itself so that it can be re-run on new
 queries. Hooks are removed and the model's attention implementation and
 training flag are restored in ``finally`` blocks, so a failed call leaves the model exactly as it was.
+
+**Memory.** Every layer's probabilities together are ``layers × heads × T²`` (9 of a GPT-2-small trace's 9.85 GB at
+4,096 tokens; 34 GB for an 8B model in bfloat16). Above :data:`KEPT_PROBS_BYTES` the trace keeps none of them: it keeps
+each attention call's arguments instead (the sub-block's input, the shared mask and positions: ``T × d_model`` a layer)
+and recomputes a layer's probabilities when a method reads them (:class:`ProbsSource`: the same module on the same
+arguments, in eager attention and eval mode: the same numbers, bit for bit), holding the last layer read and no
+other. The methods read the probabilities a layer at a time, so a trace holds one layer's ``heads × T²`` at most.
 """
 
 import functools
@@ -35,12 +42,48 @@ class TraceError(RuntimeError):
     """Raised when the forward pass cannot be recorded as needed."""
 
 
+#: Above this many bytes of attention probabilities (every layer's together), a trace keeps none of them and
+#: recomputes a layer's when it is read (:class:`ProbsSource`); below, it keeps them (no recomputation).
+KEPT_PROBS_BYTES = 2**28
+
+
+class ProbsSource:
+    """One attention call's probabilities, recomputed from its recorded arguments when read: the module run again on
+    the same arguments under eager attention and in eval mode (the same numbers the forward pass computed). The
+    sources of one trace share one slot holding the last probabilities computed, so that reading the layers one after
+    another holds one layer's at a time.
+
+    Raises (when read):
+        TraceError: A recorded argument was changed in place since the forward pass.
+    """
+
+    def __init__(self, model: nn.Module, module: nn.Module, args: tuple, kwargs: dict, index: int, slot: dict):
+        self.model, self.module, self.index, self.slot = model, module, index, slot
+        self.args = args
+        self.kwargs = {key: value for key, value in kwargs.items() if key not in CACHE_ARGUMENTS or value is None}
+        tensors = [value for value in (*args, *self.kwargs.values()) if isinstance(value, torch.Tensor)]
+        self.versions = [(tensor, tensor._version) for tensor in tensors]
+
+    def probs(self) -> torch.Tensor:
+        if self.slot.get("owner") is self:
+            return self.slot["probs"]
+        if any(tensor._version != version for tensor, version in self.versions):
+            raise TraceError("An attention call's recorded inputs were changed in place after the forward pass: its "
+                             "probabilities cannot be recomputed. Trace again.")  # fmt: skip
+        self.slot.clear()  # the previous layer's probabilities are freed before this one's are computed
+        with torch.no_grad(), eval_mode(self.module), eager_attention(self.model):
+            probs = self.module(*self.args, **self.kwargs)[self.index].detach()
+        self.slot.update(owner=self, probs=probs)
+        return probs
+
+
 @dataclass
 class AttentionTrace:
     """What one attention sub-block computed.
 
     Attributes:
-        probs: Attention probabilities ``(batch, heads, queries, keys)``.
+        kept_probs: Attention probabilities ``(batch, heads, queries, keys)``, when the trace keeps them; else None
+            and :attr:`source` recomputes them (read them as :attr:`probs`).
         values: Value vectors ``(batch, keys, kv_heads, head_dim)``, value-projection bias included.
         output: Attention output after the output projection ``(batch, queries, d_model)``.
         norm_input: Input of the sub-block's layer norm ``(batch, queries, d_model)``: its statistics are the ones
@@ -49,14 +92,21 @@ class AttentionTrace:
         cross_keys: The keys and values of a kept cross-attention call ``(batch, heads, keys, head_dim)``, computed
             on the first re-run (False where the module does not take them from a cache), so that re-runs on new
             queries read them instead of projecting the encoder states again.
+        source: Where the probabilities are recomputed from when they are not kept.
     """
 
-    probs: torch.Tensor
+    kept_probs: torch.Tensor | None
     values: torch.Tensor
     output: torch.Tensor
     norm_input: torch.Tensor
     call: tuple[tuple, dict] | None = None
     cross_keys: tuple[torch.Tensor, torch.Tensor] | bool | None = None
+    source: ProbsSource | None = None
+
+    @property
+    def probs(self) -> torch.Tensor:
+        """Attention probabilities ``(batch, heads, queries, keys)``: kept, or recomputed (:class:`ProbsSource`)."""
+        return self.kept_probs if self.kept_probs is not None else self.source.probs()
 
     def rerun(
         self, module: nn.Module, query_states: torch.Tensor, batch_index: torch.Tensor, queries: slice
@@ -239,9 +289,11 @@ class ModelTrace:
 class _Recorder:
     """Collects one stack's tensors through forward hooks."""
 
-    def __init__(self, stack: StackSpec, keep_cross_call: bool):
+    def __init__(self, stack: StackSpec, keep_cross_call: bool, model: nn.Module, slot: dict | None = None):
         self.stack = stack
         self.keep_cross_call = keep_cross_call
+        self.model = model
+        self.slot = slot  # None: keep the probabilities; else the trace's one slot of recomputed ones
         self.store: list[dict] = [{} for _ in stack.layers]
         self.final: dict = {}
 
@@ -273,7 +325,7 @@ class _Recorder:
                 if attn.norm is not None:
                     add(attn.norm, "pre", self._norm_hook(store, f"{name}_norm_input"))
                 keep_call = name == "cross" and self.keep_cross_call
-                add(attn.module, "post_kwargs", self._attn_hook(store, name, attn, keep_call))
+                add(attn.module, "post_kwargs", self._attn_hook(store, name, attn, keep_call, self.model, self.slot))
                 if attn.output_module is not None:
                     add(attn.output_module, "post", self._output_hook(store, f"{name}_output"))
                 add(attn.value_proj, "post", self._value_hook(store, name, attn))
@@ -309,11 +361,15 @@ class _Recorder:
         return hook
 
     @staticmethod
-    def _attn_hook(store, name: str, attn: AttentionSpec, keep_call: bool):
+    def _attn_hook(store, name: str, attn: AttentionSpec, keep_call: bool, model: nn.Module, slot: dict | None):
         def hook(module, args, kwargs, output):
             if attn.output_module is None:
                 store[f"{name}_output"] = output[0].detach()
-            store[f"{name}_probs"] = output[attn.probs_index]
+            probs = output[attn.probs_index]
+            if slot is None or probs is None:  # kept (or missing: refused in result())
+                store[f"{name}_probs"] = probs
+            else:  # recomputed when read: the call's arguments kept instead
+                store[f"{name}_probs"] = ProbsSource(model, module, args, kwargs, attn.probs_index, slot)
             if keep_call:
                 store[f"{name}_call"] = (args, kwargs)
 
@@ -340,8 +396,11 @@ class _Recorder:
             attn = {}
             for name in ("self", "cross"):
                 if f"{name}_output" in store:
+                    probs = store[f"{name}_probs"]
+                    recomputed = isinstance(probs, ProbsSource)
                     attn[name] = AttentionTrace(
-                        probs=store[f"{name}_probs"].detach(),
+                        kept_probs=None if recomputed else probs.detach(),
+                        source=probs if recomputed else None,
                         values=store[f"{name}_values"],
                         output=store[f"{name}_output"],
                         norm_input=store.get(f"{name}_norm_input", store["input"]),
@@ -570,6 +629,7 @@ def trace_model(
     spec: ModelSpec | None = None,
     extra: dict | None = None,
     full_logits: bool = True,
+    keep_probs: bool | None = None,
 ) -> ModelTrace:
     """Run one teacher-forced forward pass and record every layer.
 
@@ -586,6 +646,8 @@ def trace_model(
             the head's product is skipped (a third of GPT-2-small's forward pass, two fifths of an opus-mt model's);
             the explained logits are read from the final hidden state, which is checked for NaN instead. Encoder-only
             models always keep their head's output.
+        keep_probs: Keep every layer's attention probabilities (True), or recompute a layer's when it is read
+            (False: :class:`ProbsSource`); None: keep them up to :data:`KEPT_PROBS_BYTES` for the whole trace.
 
     Returns:
         The recorded :class:`ModelTrace`.
@@ -593,16 +655,35 @@ def trace_model(
     spec = spec or get_spec(model)
     call = ModelCall(model, forward_arguments(model, spec, input_ids, attention_mask, decoder_input_ids,
                                               decoder_attention_mask, extra))  # fmt: skip
-    return trace_call(spec, call, full_logits)
+    return trace_call(spec, call, full_logits, keep_probs)
 
 
-def trace_call(spec: ModelSpec, call: ModelCall, full_logits: bool = True) -> ModelTrace:
+def probs_bytes(spec: ModelSpec, call: ModelCall) -> int:
+    """The bytes every layer's attention probabilities of a traced call take together (in the model's dtype)."""
+    decoder = call.decoder_mask.shape
+    encoder = call.encoder_mask.shape if spec.is_encoder_decoder else None
+    size = next(call.model.parameters()).element_size()
+    total = 0
+    for name, stack in spec.stacks.items():
+        queries = (encoder if name == "encoder" else decoder)[-1]
+        for layer in stack.layers:
+            total += layer.self_attn.num_heads * queries * queries
+            if layer.cross_attn is not None and encoder is not None:
+                total += layer.cross_attn.num_heads * queries * encoder[-1]
+    return total * decoder[0] * size
+
+
+def trace_call(spec: ModelSpec, call: ModelCall, full_logits: bool = True, keep_probs: bool | None = None
+               ) -> ModelTrace:  # fmt: skip
     """:func:`trace_model` on prepared forward arguments (text: :func:`forward_arguments`; speech: the speech front
     end's, with the frame masks of the stacks that read audio)."""
     model = call.model
     asked = NEEDS_OUTPUT_ATTENTIONS or spec.output_attentions
     kwargs = {**call.kwargs, "output_attentions": True} if asked else dict(call.kwargs)
-    recorders = {name: _Recorder(stack, keep_cross_call=name == "decoder") for name, stack in spec.stacks.items()}
+    if keep_probs is None:
+        keep_probs = probs_bytes(spec, call) <= KEPT_PROBS_BYTES
+    slot = None if keep_probs else {}  # the one layer of recomputed probabilities the trace holds
+    recorders = {name: _Recorder(stack, name == "decoder", model, slot) for name, stack in spec.stacks.items()}
     skip_head = not full_logits and spec.lm_head is not None and not spec.is_encoder_only
     with ExitStack() as hooks:
         hooks.enter_context(eval_mode(model))

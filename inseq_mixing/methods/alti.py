@@ -125,10 +125,11 @@ def stack_contributions(
     key_mask: torch.Tensor,
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     per_head: bool = False,
-    layers: int | None = None,
+    layers: int | slice | None = None,
     convention: str = "paper",
 ) -> torch.Tensor:
-    """Normalised ALTI maps of every layer (or of the first ``layers``) of a stack for one kind of sub-block:
+    """Normalised ALTI maps of every layer (or of the first ``layers``, or of a slice of them) of a stack for one kind
+    of sub-block:
     ``(B, L, Q, K[+1])``; with ``per_head``, ``(B, L, H + 1, Q, K[+1])``, each row normalised over all heads and
     tokens and the residual (index ``H``). ``convention``: see :func:`contributions`."""
 

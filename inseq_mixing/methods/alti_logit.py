@@ -20,6 +20,14 @@ Each :math:`\Delta^l_{tj}` is traced back to the input tokens with the ALTI roll
 :math:`\mathrm{score}_{ts} = \sum_l \sum_j \Delta^l_{tj} R^{l-1}_{js}` (:math:`R^{-1} = I`), plus the direct term on
 token :math:`t`. Rollout rows sum to 1, so token scores plus the unattributed terms equal the model's logit.
 
+**One layer's map at a time.** With :math:`R^{l-1} = C^{l-1} \cdots C^0`, the sum is computed top-down in Horner's
+form, :math:`(\ldots((\Delta^{L-1} C^{L-2} + \Delta^{L-2}) C^{L-3} + \Delta^{L-3}) \cdots) C^0 + \Delta^0`: each
+layer's ALTI map :math:`C^l` is computed when the walk reaches it and dropped after one product with the explained
+rows, so the method holds one ``T × T`` map and the rows' ``k × T`` scores instead of every layer's maps and every
+depth's rollout (``2 L T²``), and multiplies ``k × T × T`` per layer instead of rolling ``T × T`` maps out
+(``L T³``). Decoder-only and encoder-only stacks; encoder–decoders' joint rollout and the per-head split keep the
+rollouts of every depth.
+
 Encoder–decoders (our extension of the paper, which covers decoder-only models): decoder self-attention parts travel
 through the ALTI+ decoder rollout over [source; target] of the layers below, cross-attention parts through the final
 encoder rollout. Post-LN models (Marian, BART) carry :math:`u` through every later norm's frozen map. A norm on an
@@ -39,7 +47,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..trace import ModelTrace
-from .alti import DEFAULT_CHUNK_ELEMENTS, AltiScores, alti, alti_rollouts
+from .alti import DEFAULT_CHUNK_ELEMENTS, AltiScores, alti, alti_rollouts, stack_contributions
 from .blocks import refuse_non_finite
 from .readout import NO_HEAD, masked, readout, recorded_logit, softcapped_logit, sweep_logit
 
@@ -120,13 +128,19 @@ def alti_logit(
         raise ValueError(NO_HEAD.format(method="ALTI-logit"))
     layers = len(trace.spec.decoder.layers)
     below_last = max(layers - 1, 1)  # (a one-layer model reads no map: the smallest stack is computed)
-    scores = scores or alti(trace, True, max_chunk_elements=max_chunk_elements, decoder_layers=below_last)
+    streamed = scores is None and not per_head and trace.encoder is None  # one layer's map at a time
+    if not streamed:
+        scores = scores or alti(trace, True, max_chunk_elements=max_chunk_elements, decoder_layers=below_last)
     direction, bias = readout(trace, target_ids, foil_ids)
     rows = slice(first_row, None)
     sweep = sweep_logit(trace, direction[:, rows], per_head, rows=rows)
     sweep.unattributed = {name: _from_row(term, first_row, -1) for name, term in sweep.unattributed.items()}
     sweep.unattributed["logit_bias"] = _from_row(bias[:, rows], first_row, -1)
     sweep.direct = _from_row(sweep.direct, first_row, -1)
+    if streamed:
+        target = torch.diag_embed(sweep.direct) + _from_row(_rolled_back(trace, sweep.self_parts, max_chunk_elements),
+                                                            first_row, -2)  # fmt: skip
+        return _scores(trace, target_ids, foil_ids, sweep, target)
     rolled = alti_rollouts(scores)
     self_parts = _from_row(torch.stack(sweep.self_parts, dim=1), first_row, -2)  # (B, L, [H,] T, T)
     heads = "h" if per_head else ""
@@ -143,14 +157,32 @@ def alti_logit(
         source_terms = torch.stack([from_self, from_cross], dim=1)  # (B, 2, L, [H,] T, S)
     target = torch.diag_embed(sweep.direct) + target_terms.flatten(1, 1 + per_head).sum(1)
     source = None if source_terms is None else source_terms.flatten(1, 2 + per_head).sum(1)
-    refuse_non_finite("ALTI-logit", target, source, *sweep.unattributed.values())
-    real = trace.decoder.mask[..., None]
     if per_head:
         mask = trace.decoder.mask[:, None, None, :, None]
         target_heads = target_terms * mask
         source_heads = None if source_terms is None else source_terms * mask[:, None]
     else:
         target_heads = source_heads = None
+    return _scores(trace, target_ids, foil_ids, sweep, target, source, target_heads, source_heads)
+
+
+def _rolled_back(trace: ModelTrace, parts: list[torch.Tensor], max_chunk_elements: int) -> torch.Tensor:
+    r""":math:`\sum_l P^l R^{l-1}` for the layers' parts ``P^l`` ``(B, rows, T)``, in Horner's form top-down: each
+    layer's ALTI map computed when reached and dropped after one product (see the module docstring)."""
+    spec, stack = trace.spec, trace.decoder
+    rolled = parts[-1]
+    for index in range(len(parts) - 2, -1, -1):
+        layer_map = stack_contributions(spec.decoder, stack, "self", stack.mask, max_chunk_elements,
+                                        layers=slice(index, index + 1))[:, 0]  # fmt: skip
+        rolled = rolled @ layer_map + parts[index]
+        del layer_map
+    return rolled
+
+
+def _scores(trace, target_ids, foil_ids, sweep, target, source=None, target_heads=None, source_heads=None):
+    """The method's result from its token scores and the sweep's terms, padding and checks applied."""
+    refuse_non_finite("ALTI-logit", target, source, *sweep.unattributed.values())
+    real = trace.decoder.mask[..., None]
     return AltiLogitScores(
         direct=sweep.direct * trace.decoder.mask,
         target_heads=target_heads,

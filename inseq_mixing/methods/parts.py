@@ -157,18 +157,19 @@ LayerScorer = Callable[[LayerSpec, LayerTrace, AttentionSpec, AttentionTrace, to
 
 def stack_scores(
     stack_spec: StackSpec, stack: StackTrace, sub_block: str, key_mask: torch.Tensor, layer_scores: LayerScorer,
-    with_residual: bool = True, layers: int | None = None,
+    with_residual: bool = True, layers: int | slice | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """``layer_scores`` on one kind of sub-block (``"self"`` or ``"cross"``) of every layer of a stack (or of its
-    first ``layers``), impossible cells (padding, future keys) set to 0: ``(B, L, [H,] Q, K[+1])`` (a scorer may add
-    axes before ``Q``)."""
+    first ``layers``, or of the layers a slice picks), impossible cells (padding, future keys) set to 0:
+    ``(B, L, [H,] Q, K[+1])`` (a scorer may add axes before ``Q``)."""
     self_mixing = sub_block == "self"
     causal = stack.causal and self_mixing
     if with_residual and not self_mixing:
         key_mask = torch.cat([key_mask, torch.ones_like(key_mask[:, :1])], dim=-1)
     valid = valid_cells(stack.mask, key_mask, causal)
     per_layer = []
-    for layer, record in zip(stack_spec.layers[:layers], stack.layers[:layers], strict=True):
+    chosen = layers if isinstance(layers, slice) else slice(layers)
+    for layer, record in zip(stack_spec.layers[chosen], stack.layers[chosen], strict=True):
         if self_mixing:
             attn, attn_record, residual = layer.self_attn, record.self_attn, record.input
         else:
