@@ -203,3 +203,34 @@ def test_an_argument_changed_in_place_is_refused_not_recomputed_wrongly():
     tensor.mul_(2.0)
     with pytest.raises(trace_module.TraceError, match="changed in place"):
         _ = record.probs
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2", "opt_post_ln", "gpt_neox"])
+def test_rollouts_one_layer_at_a_time_equal_every_depths_rollout_on_the_rows_read(family):
+    """ALTI, attention rollout and GlobEnc rolled out top-down for the rows from the first explained one (one layer's
+    map held at a time) equal the rows of the rollout of every layer's maps; ALTI-logit summed in Horner's form
+    equals its parts traced back through every depth's rollout."""
+    from inseq_mixing.methods.alti import alti, alti_maps, alti_rollout
+    from inseq_mixing.methods.alti_logit import alti_logit
+    from inseq_mixing.methods.norm_based import attention_rollout, globenc, rollout_scores
+
+    model = get_tiny(family)
+    kwargs = example_kwargs(family, batch=2, seed=2)
+    trace, first = trace_of(model, kwargs), 3
+    pairs = [
+        (alti_rollout(trace, first).target, alti_maps(alti(trace), rollout=True).target),
+        (attention_rollout(trace, first).target, alti_maps(rollout_scores(trace), rollout=True).target),
+        (globenc(trace, first_row=first).target, globenc(trace, rollout=False).target),
+    ]
+    for mine, stacked in pairs:
+        if stacked.dim() == 4:  # GlobEnc's per-layer maps: rolled out here by hand, bottom-up
+            rolled = stacked[:, 0]
+            for layer in range(1, stacked.shape[1]):
+                rolled = stacked[:, layer] @ rolled
+            stacked = rolled
+        torch.testing.assert_close(mine[:, first:], stacked[:, first:], rtol=1e-5, atol=1e-6)
+        assert not mine[:, :first].any()  # rows nothing reads are not computed
+    ids = next_tokens(kwargs)
+    streamed = alti_logit(trace, ids)
+    every_depth = alti_logit(trace, ids, scores=alti(trace))
+    torch.testing.assert_close(streamed.target, every_depth.target, rtol=1e-5, atol=1e-6)

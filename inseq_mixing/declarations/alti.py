@@ -36,7 +36,7 @@ class AltiOptions(EncoderMaps, Chunking, Compiling, Heads):
 
 
 def compute(request: Request, options: AltiOptions):
-    from ..methods.alti import alti, alti_maps
+    from ..methods.alti import alti, alti_maps, alti_rollout
 
     trace, encoder = request.trace, options.output_encoder_self_scores
     convention = options.convention
@@ -45,6 +45,8 @@ def compute(request: Request, options: AltiOptions):
         layers, slots = maps.target.shape[1:3]
         maps = replace(maps, **head_axis_maps(maps.target, None, maps.source, encoder=maps.encoder))
         maps.axis = self_and_cross_axis(request.spec, layers, slots - 1, residual=True)
+    elif options.rollout and not request.spec.is_encoder_decoder:  # one layer's map at a time, the rows read
+        maps = alti_rollout(trace, request.first_explained_row(), options.max_chunk_elements, convention)
     else:
         scores = alti(trace, options.rollout or encoder, options.max_chunk_elements, convention=convention)
         maps = alti_maps(scores, options.rollout)

@@ -14,7 +14,7 @@ class AttentionRolloutOptions(EncoderMaps):
 def compute(request: Request, options: AttentionRolloutOptions):
     from ..methods.norm_based import attention_rollout
 
-    maps = attention_rollout(request.trace)
+    maps = attention_rollout(request.trace, request.first_explained_row())
     if not options.output_encoder_self_scores:
         maps.encoder = None
     return maps

@@ -16,7 +16,8 @@ class GlobEncOptions(EncoderMaps, Chunking):
 def compute(request: Request, options: GlobEncOptions):
     from ..methods.norm_based import globenc
 
-    maps = globenc(request.trace, options.rollout, options.max_chunk_elements)
+    first_row = request.first_explained_row() if options.rollout else 0  # the rolled-out rows read
+    maps = globenc(request.trace, options.rollout, options.max_chunk_elements, first_row)
     if not options.output_encoder_self_scores:
         maps.encoder = None
     maps.axis = None if options.rollout else layer_axis(maps.target.shape[1])

@@ -40,7 +40,7 @@ from .blocks import refuse_non_finite, upcast
 from .norms import freeze_norm
 from .parts import DEFAULT_CHUNK_ELEMENTS, head_part_scores, part_scores, stack_scores
 from .results import LayerMaps
-from .rollout import joint_rollout, normalize_rows
+from .rollout import joint_rollout, normalize_rows, rolled_out_rows
 from .rollout import rollout as rollout_stack
 
 
@@ -228,6 +228,21 @@ def alti(
         if encoder_scores:
             scores.encoder = maps(spec.encoder, enc, "self", enc.mask)
     return scores
+
+
+@torch.no_grad()
+def alti_rollout(trace: ModelTrace, first_row: int = 0, max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+                 convention: str = "paper") -> LayerMaps:  # fmt: skip
+    """The ALTI rollout of a decoder-only or encoder-only model, its rows from ``first_row`` on (the others 0, read by
+    nothing), one layer's map at a time (:func:`.rollout.rolled_out_rows`): what :func:`alti_maps` of :func:`alti`
+    gives there, without every layer's maps and every depth's rollout."""
+    spec, stack = trace.spec, trace.decoder
+
+    def layer_map(index: int) -> torch.Tensor:
+        return stack_contributions(spec.decoder, stack, "self", stack.mask, max_chunk_elements,
+                                   layers=slice(index, index + 1), convention=convention)[:, 0]  # fmt: skip
+
+    return LayerMaps(target=rolled_out_rows(layer_map, len(spec.decoder.layers), first_row))
 
 
 def joint_layer_blocks(scores: AltiScores) -> tuple[torch.Tensor, torch.Tensor]:

@@ -34,7 +34,7 @@ from .blocks import head_value_outputs, refuse_non_finite, upcast, valid_cells
 from .norms import FrozenNorm, freeze_norm
 from .parts import DEFAULT_CHUNK_ELEMENTS, l2_norms, part_scores, stack_scores
 from .results import LayerMaps
-from .rollout import normalize_rows
+from .rollout import normalize_rows, rolled_out_rows
 
 
 def following_norms(layer: LayerSpec, record: LayerTrace, attn: AttentionSpec, attn_record: AttentionTrace):
@@ -120,8 +120,11 @@ def _normalised(maps: torch.Tensor, stack: StackTrace) -> torch.Tensor:
 
 
 @torch.no_grad()
-def globenc(trace: ModelTrace, rollout: bool = True, max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> LayerMaps:
-    """GlobEnc maps, rolled out through the layers (or per layer with ``rollout=False``)."""
+def globenc(trace: ModelTrace, rollout: bool = True, max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+            first_row: int = 0) -> LayerMaps:  # fmt: skip
+    """GlobEnc maps, rolled out through the layers (or per layer with ``rollout=False``); a decoder-only or
+    encoder-only model's rollout: its rows from ``first_row`` on (the others 0), one layer's map at a time
+    (:func:`.rollout.rolled_out_rows`)."""
 
     def layer_scores(layer, record, attn, attn_record, stream, self_mixing, causal):
         maps = globenc_norms(layer, record, attn, attn_record)
@@ -130,6 +133,15 @@ def globenc(trace: ModelTrace, rollout: bool = True, max_chunk_elements: int = D
         )
 
     spec, dec, enc = trace.spec, trace.decoder, trace.encoder
+    if rollout and not spec.is_encoder_decoder:
+
+        def layer_map(index: int) -> torch.Tensor:
+            layer = slice(index, index + 1)
+            found = _normalised(stack_scores(spec.decoder, dec, "self", dec.mask, layer_scores, layers=layer), dec)
+            refuse_non_finite("globenc", found)
+            return found[:, 0]
+
+        return LayerMaps(target=rolled_out_rows(layer_map, len(dec.layers), first_row))
     scores = AltiScores(decoder=_normalised(stack_scores(spec.decoder, dec, "self", dec.mask, layer_scores), dec))
     if spec.is_encoder_decoder:
         scores.cross = _normalised(stack_scores(spec.decoder, dec, "cross", enc.mask, layer_scores), dec)
@@ -138,22 +150,24 @@ def globenc(trace: ModelTrace, rollout: bool = True, max_chunk_elements: int = D
     return alti_maps(scores, rollout)
 
 
-def rollout_layer_maps(stack: StackTrace, sub_block: str, key_mask: torch.Tensor) -> torch.Tensor:
-    """Abnar & Zuidema's per-layer maps ``(B, L, Q, K[+1])`` of one kind of sub-block, rows normalised."""
-    layers = []
-    for record in stack.layers:
+def rollout_layer_maps(stack: StackTrace, sub_block: str, key_mask: torch.Tensor,
+                       layers: slice = slice(None)) -> torch.Tensor:  # fmt: skip
+    """Abnar & Zuidema's per-layer maps ``(B, L, Q, K[+1])`` of one kind of sub-block (of the ``layers`` a slice
+    picks), rows normalised."""
+    maps = []
+    for record in stack.layers[layers]:
         attn_record = record.self_attn if sub_block == "self" else record.cross_attn
         mean = upcast(attn_record.probs).mean(1) * 0.5
         if sub_block == "self":
             mean = mean + 0.5 * torch.eye(mean.shape[-1], dtype=mean.dtype, device=mean.device)
         else:
             mean = torch.cat([mean, torch.full_like(mean[..., :1], 0.5)], dim=-1)
-        layers.append(mean)
-    maps = torch.stack(layers, dim=1)
+        maps.append(mean)
+    stacked = torch.stack(maps, dim=1)
     if sub_block != "self":
         key_mask = torch.cat([key_mask, torch.ones_like(key_mask[:, :1])], dim=-1)
     valid = valid_cells(stack.mask, key_mask, stack.causal and sub_block == "self")
-    return _normalised(maps.masked_fill(~valid[:, None], 0.0), stack)
+    return _normalised(stacked.masked_fill(~valid[:, None], 0.0), stack)
 
 
 def rollout_scores(trace: ModelTrace, method: str = "attention_rollout") -> AltiScores:
@@ -169,6 +183,17 @@ def rollout_scores(trace: ModelTrace, method: str = "attention_rollout") -> Alti
 
 
 @torch.no_grad()
-def attention_rollout(trace: ModelTrace) -> LayerMaps:
-    """Attention rollout through all layers: ``target`` (and ``source``, ``encoder`` for encoder–decoders)."""
-    return alti_maps(rollout_scores(trace), rollout=True)
+def attention_rollout(trace: ModelTrace, first_row: int = 0) -> LayerMaps:
+    """Attention rollout through all layers: ``target`` (and ``source``, ``encoder`` for encoder–decoders); a
+    decoder-only or encoder-only model's rows from ``first_row`` on (the others 0), one layer's map at a time
+    (:func:`.rollout.rolled_out_rows`)."""
+    if trace.spec.is_encoder_decoder:
+        return alti_maps(rollout_scores(trace), rollout=True)
+    stack = trace.decoder
+
+    def layer_map(index: int) -> torch.Tensor:
+        found = rollout_layer_maps(stack, "self", stack.mask, slice(index, index + 1))[:, 0]
+        refuse_non_finite("attention_rollout", found)
+        return found
+
+    return LayerMaps(target=rolled_out_rows(layer_map, len(stack.layers), first_row))

@@ -12,6 +12,8 @@ Translation"): with the encoder rollout :math:`R_{enc}` and each decoder layer's
     R^l = \mathrm{rownorm}\big([C^l_x R_{enc} + C^l_y R^{l-1}_x,\; C^l_y R^{l-1}_y]\big).
 """
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -27,6 +29,17 @@ def rollout(layers: torch.Tensor) -> torch.Tensor:
     for depth in range(1, layers.shape[1]):
         result.append(layers[:, depth] @ result[-1])
     return torch.stack(result, dim=1)
+
+
+def rolled_out_rows(layer_map: Callable[[int], torch.Tensor], layers: int, first_row: int = 0) -> torch.Tensor:
+    """The rollout through every layer, :math:`C^{L-1} \\cdots C^0` (:func:`rollout`'s last depth), its rows from
+    ``first_row`` on (the others 0), computed top-down: ``layer_map(l)`` ``(batch, n, n)`` is asked for once per
+    layer, from the last, and dropped after one product with the rows, so that one layer's map is held at a time
+    (not every layer's and every depth's rollout) and each product is ``(n - first_row) × n × n``."""
+    rows = layer_map(layers - 1)[:, first_row:]
+    for layer in range(layers - 2, -1, -1):
+        rows = rows @ layer_map(layer)
+    return torch.nn.functional.pad(rows, (0, 0, first_row, 0))
 
 
 def encoder_decoder_rollout(
