@@ -138,16 +138,16 @@ def floor_over_forward(family: str, name: str, length: int) -> float:
     """The method's FLOP floor (see the module docstring) over the forward pass's FLOPs, for a span of ANSWER rows."""
     shape = SHAPES[family]
     layers, width, tokens, rows = shape["layers"], shape["width"], length, ANSWER
-    per_layer = 2 * width * width * (2 + 2 * shape["kv_heads"] / shape["heads"]) + 2 * width * shape["ffn"] * (
+    per_layer = width * width * (2 + 2 * shape["kv_heads"] / shape["heads"]) + width * shape["ffn"] * (
         3 if family != "gpt2" else 2
-    )
-    params = layers * per_layer / 2 + 50257 * width
-    forward = 2 * params * tokens + 2 * layers * tokens * tokens * width
+    )  # the blocks' weights
+    blocks = layers * per_layer
+    forward = 2 * (blocks + 50257 * width) * tokens + 2 * layers * tokens * tokens * width
     method = name.partition(":")[0]
     if method == "attn_lrp":  # a forward and a backward pass
         floor = 3 * forward
-    elif method == "decompx":  # every unit's component through every block: U forward passes' products
-        floor = (PASSAGES + 1) * 2 * params * tokens
+    elif method == "decompx":  # every unit's component through every block's weights
+        floor = (PASSAGES + 1) * 2 * blocks * tokens
     elif method in ("alti_logit", "alti", "globenc", "attention_norm"):  # every (i, j) part's distance, every layer
         floor = 3 * layers * tokens * tokens * width / 2
     elif method == "value_zeroing":  # an FFN row per (explained row, zeroed token), every layer

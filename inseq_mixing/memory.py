@@ -64,3 +64,22 @@ def release_freed_memory(keep: int = HELD_FREE_BYTES) -> None:
     if now > floor + keep:
         trim(0)
         _RESIDENT["floor"] = resident_bytes()
+
+
+def available_bytes(device) -> int | None:
+    """The memory a computation on ``device`` can still take: a CUDA device's free memory (its driver's count, plus
+    what PyTorch's allocator holds unused), the operating system's available memory for the CPU (``MemAvailable`` of
+    ``/proc/meminfo``); None where it cannot be read."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as meminfo:
+            return next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None

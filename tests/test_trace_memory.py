@@ -234,3 +234,55 @@ def test_rollouts_one_layer_at_a_time_equal_every_depths_rollout_on_the_rows_rea
     streamed = alti_logit(trace, ids)
     every_depth = alti_logit(trace, ids, scores=alti(trace))
     torch.testing.assert_close(streamed.target, every_depth.target, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("front", ["generation", "spans", "encoder"])
+def test_a_batch_that_cannot_fit_is_refused_before_the_forward_pass_with_the_numbers(front, monkeypatch):
+    """One layer's eager attention (its scores and probabilities, 2 × batch × heads × T²) must fit in the device's
+    free memory: a call whose batch cannot is refused before anything runs, with the estimate; batch_size=1 or a
+    shorter input passes."""
+    import inseq
+
+    import inseq_mixing
+    import inseq_mixing.frontends.common as common
+    import inseq_mixing.frontends.inseq_adapter.base as adapter
+    from inseq_mixing.testing import encoder_tokenizer, word_tokenizer
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was traced before the call was refused")
+
+    text = " ".join(["the cat sat on the mat ."] * 8)  # 56 words
+    if front == "encoder":
+        model = inseq_mixing.load_model(tiny_encoder("bert"), "alti", tokenizer=encoder_tokenizer())
+        heads, tokens = 4, 58  # [CLS] and [SEP]
+
+        def attribute(**kwargs):
+            return model.attribute([text, text], show_progress=False, **kwargs)
+    else:
+        model = inseq.load_model(tiny_model("gpt2"), "alti_logit", tokenizer=word_tokenizer(seq2seq=False))
+        heads, tokens = 4, 56 + 3 - 1  # the prompt, three words, without the last token
+        spans = {"spans": "answer"} if front == "spans" else {}
+        tokens += 1 if spans else 0  # a span traces the whole text
+
+        def attribute(**kwargs):
+            return model.attribute([text, text], [text + " she read it", text + " she read it"], show_progress=False,
+                                   **spans, **kwargs)  # fmt: skip
+
+    one = 2 * heads * tokens * tokens * 4  # one input's scores and probabilities in float32
+
+    def free(available: int) -> None:
+        for module in (common, adapter):
+            monkeypatch.setattr(module, "available_bytes", lambda device: available)
+
+    with monkeypatch.context() as patched:
+        patched.setattr("inseq_mixing.trace.trace_call", refuse)
+        free(one - 1)  # not even one input
+        with pytest.raises(ValueError, match=rf"needs about 0\.0 GiB at once .* heads × {tokens}² positions, for 1 "
+                           r"input\(s\)\), and 0\.0 GiB are free: give a shorter input"):  # fmt: skip
+            attribute(batch_size=1)
+        if front != "generation":  # Inseq attributes a decoder-only model's given texts one at a time
+            free(2 * one - 1)  # one input fits, not two
+            with pytest.raises(ValueError, match=r"(Input|Text) 0 and the rest of its batch"):
+                attribute(batch_size=2)
+    free(2 * one - 1)
+    assert len(attribute(batch_size=1).sequence_attributions) == 2  # one at a time fits

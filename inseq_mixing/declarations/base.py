@@ -114,6 +114,22 @@ class InputSize:
     encoder: int = 0
 
 
+def attention_bytes(sizes: list[InputSize], spec: ModelSpec, element_size: int) -> int:
+    """The most memory one layer's eager attention holds at once for a batch of inputs of ``sizes``: its scores and
+    probabilities, ``2 × batch × heads × queries × keys`` elements (the largest of the self-attention's, the
+    cross-attention's and the encoder's); what a traced forward pass (and AttnLRP's own passes) cannot do without."""
+    batch = len(sizes)
+    decoder, encoder = max(size.decoder for size in sizes), max(size.encoder for size in sizes)
+    largest = 0
+    for name, stack in spec.stacks.items():
+        for layer in stack.layers:
+            queries = encoder if name == "encoder" else decoder
+            largest = max(largest, layer.self_attn.num_heads * queries * queries)
+            if layer.cross_attn is not None:
+                largest = max(largest, layer.cross_attn.num_heads * decoder * encoder)
+    return 2 * batch * largest * element_size
+
+
 @dataclass(frozen=True)
 class Declaration:
     """One method.
@@ -140,8 +156,9 @@ class Declaration:
             neighbouring words may share a frame), instead of the frames whose centre lies in the word.
         size_check: ``size_check(size, layers, options) -> str | None``: why one input of this size cannot be
             explained with these options (the estimate and what to change), or None; every front end asks it of
-            every input of a call (:meth:`check_sizes`) before any work, so that a refusal never comes after part
-            of the call was computed.
+            every input of a call (:meth:`check_sizes`, which also refuses a batch whose traced forward pass cannot
+            fit in the device's free memory) before any work, so that a refusal never comes after part of the call
+            was computed.
     """
 
     name: str
@@ -163,9 +180,33 @@ class Declaration:
         (:attr:`reference_word_frames` with ``convention="reference"``) or ``"centre"``."""
         return "reference" if self.reference_word_frames and options.get("convention") == "reference" else "centre"
 
-    def check_sizes(self, sizes: list[InputSize], names: list[str], layers: int, options) -> None:
-        """Refuse, before any work, a call one of whose inputs :attr:`size_check` refuses (``ValueError`` naming the
-        first such input by ``names``); ``layers``: the model's decoder layers."""
+    def check_sizes(self, sizes: list[InputSize], names: list[str], spec: ModelSpec, options,
+                    memory: tuple[int, int | None] = (4, None), batch_size: int = 1) -> None:  # fmt: skip
+        """Refuse, before any work, a call one of whose inputs :attr:`size_check` refuses, or one of whose batches
+        cannot fit (``ValueError`` naming the first such input by ``names``, with the numbers).
+
+        Args:
+            sizes: Each input's positions per stack.
+            names: How the errors name each input.
+            spec: The model's spec.
+            options: The method's options.
+            memory: The bytes of one element of the model's attention probabilities, and the bytes free on the
+                model's device (None: unknown, not checked).
+            batch_size: Inputs per forward pass (consecutive inputs batch together).
+        """
+        layers = len(spec.decoder.layers)
+        for start in range(0, len(sizes), batch_size):
+            batch = sizes[start : start + batch_size]
+            needed = attention_bytes(batch, spec, memory[0])
+            if memory[1] is not None and needed > memory[1]:
+                raise ValueError(
+                    f"{names[start]}{' and the rest of its batch' if len(batch) > 1 else ''}: the traced forward pass "
+                    f"needs about {needed / 2**30:.1f} GiB at once (one layer's attention scores and probabilities, "
+                    f"heads × {max(size.decoder for size in batch):,}² positions, for {len(batch)} input(s)), and "
+                    f"{memory[1] / 2**30:.1f} GiB are free: give {'batch_size=1, ' if len(batch) > 1 else ''}a "
+                    "shorter input (spans= and units= explain an answer over a long context; a shorter context costs "
+                    "quadratically less), or a device with more memory."
+                )
         if self.size_check is None:
             return
         for size, name in zip(sizes, names, strict=True):

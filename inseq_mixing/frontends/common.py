@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..declarations.graphs import GRAPH_KEYWORD, collecting_graphs, store_graphs
+from ..memory import available_bytes
 from ..methods.blocks import upcast
 from ..trace import eval_mode
 
@@ -153,7 +154,7 @@ class FrontEndModel:
         graphs = method_options.pop(GRAPH_KEYWORD, None)
         self.check_options(method_options)
         options = self.make_options(method_options)
-        self.check_sizes(items, options, settings)
+        self.check_sizes(items, options, settings, batch_size)
         sequences, axis = [], None
         bar = tqdm(total=len(items), disable=not show_progress, desc=self.method, unit=self.item_name)
         with eval_mode(self.model), bar, collecting_graphs(graphs) as collector:
@@ -181,14 +182,15 @@ class FrontEndModel:
         store_graphs(info, collector)
         return ExplainedOutput(sequence_attributions=sequences, step_attributions=None, info=info)
 
-    def check_sizes(self, items: list, options, settings=None) -> None:
+    def check_sizes(self, items: list, options, settings=None, batch_size: int = 1) -> None:
         """Every item's size checked by the method (:meth:`~inseq_mixing.declarations.Declaration.check_sizes`: a
-        request that cannot be met is refused before any batch runs, naming the item)."""
-        if self.declaration is None or self.declaration.size_check is None:
+        request that cannot be met, or a batch that cannot fit in the device's free memory, is refused before any
+        batch runs, naming the item)."""
+        if self.declaration is None:
             return
         sizes = self.input_sizes(items, settings)
-        layers = len(self.spec.decoder.layers)
-        self.declaration.check_sizes(sizes, [item.name for item in items], layers, options)
+        memory = (next(self.model.parameters()).element_size(), available_bytes(self.device))
+        self.declaration.check_sizes(sizes, [item.name for item in items], self.spec, options, memory, batch_size)
 
     def input_sizes(self, items: list, settings=None) -> list:
         """Each item's :class:`~inseq_mixing.declarations.InputSize` (the positions of each stack the trace will

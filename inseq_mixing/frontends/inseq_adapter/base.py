@@ -17,6 +17,7 @@ from inseq.utils.alignment_utils import get_aligned_idx
 from transformers.utils import ModelOutput
 
 from ...declarations import InputSize
+from ...memory import available_bytes
 from ...methods.blocks import upcast
 from ...specs import get_spec
 from ...trace import ModelCall, ModelTrace, eval_mode, forward_arguments, trace_model
@@ -185,7 +186,7 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
                 output.info["attributed_fn"] = self.last_explained
         return out
 
-    def check_sizes(self, sources, targets, *_, attribution_args: dict | None = None,
+    def check_sizes(self, sources, targets, *_, attribution_args: dict | None = None, batch_size: int | None = None,
                     include_eos_baseline: bool = False, skip_special_tokens: bool = False, **__) -> None:  # fmt: skip
         """Every text of the call checked by the method before any batch runs
         (:meth:`~inseq_mixing.declarations.Declaration.check_sizes`, naming the text), its sizes read from Inseq's
@@ -193,7 +194,7 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         predicted) and an encoder–decoder's source tokens."""
         declaration = self.declaration
         texts = [targets] if isinstance(targets, str) else targets
-        if declaration.size_check is None or not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
             return
         inputs = texts if not self.spec.is_encoder_decoder else ([sources] if isinstance(sources, str) else sources,
                                                                  texts)  # fmt: skip
@@ -206,7 +207,9 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
                                             if name in declaration.option_names()})  # fmt: skip
         sizes = [InputSize(int(count), int(source)) for count, source in zip(positions, sources_count, strict=True)]
         names = [f"Input {index}" for index in range(len(texts))]
-        declaration.check_sizes(sizes, names, len(self.spec.decoder.layers), options)
+        model = self.attribution_model.model
+        memory = (next(model.parameters()).element_size(), available_bytes(next(model.parameters()).device))
+        declaration.check_sizes(sizes, names, self.spec, options, memory, batch_size or len(texts))
 
     def refuse_other_targets(self) -> None:
         """Methods that explain logits (``use_predicted_target``) refuse any other ``attributed_fn`` the user named."""
