@@ -321,3 +321,25 @@ def test_a_processor_that_cannot_read_images_and_a_text_too_long_for_clip_are_na
     with pytest.raises(ValueError, match=r"Image 1: the text 'the cat sat.*' has \d+ tokens, but CLIPModel's text "
                        r"tower reads at most 64"):  # fmt: skip
         front.attribute([image, image], ["the cat", long], show_progress=False)
+
+
+def test_a_stored_image_run_of_a_map_method_reads_the_rows_label(tmp_path):
+    """A stored run's faithfulness reads each image's label (the row's, or the prediction) whatever the method: the
+    random rankings, the same for every method, then give a map method's run the baseline a logit method's gets."""
+    from inseq_mixing.evaluation.stored import evaluate_run
+
+    paths = []
+    for seed in range(2):
+        paths.append(str(tmp_path / f"image{seed}.png"))
+        Image.fromarray(synthetic_image(32, seed=seed + 1)).save(paths[-1])
+    rows = [{"id": "a", "image": paths[0], "label": "positive"}, {"id": "b", "image": paths[1], "label": None}]
+    model = tiny_vision("vit")
+    baselines = {}
+    for method in ("value_zeroing", "alti_logit"):
+        out = tmp_path / method
+        inseq_mixing.attribute_dataset(model, method, rows, out, processor=image_processor(), id_column="id",
+                                       show_progress=False)  # fmt: skip
+        evaluation = evaluate_run(out, "faithfulness", model=model, processor=image_processor(), draws=10)
+        baselines[method] = evaluation.baseline
+    for metric, value in baselines["alti_logit"].items():
+        assert baselines["value_zeroing"][metric] == pytest.approx(value, abs=1e-7), metric
