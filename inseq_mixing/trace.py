@@ -460,6 +460,76 @@ def _set_attn_implementation(model: nn.Module, implementation: str) -> None:
 
 
 @contextmanager
+def materialized(model: nn.Module) -> Iterator[None]:
+    """A model dispatched with offloaded weights (accelerate's CPU or disk offload, ``device_map`` with ``"cpu"`` or
+    ``"disk"`` entries) with every offloaded weight loaded on its module's execution device for the duration, and the
+    hooks' offloading paused, so that the methods read the weights the forward pass uses (outside a forward pass they
+    are ``meta`` tensors); put back as they were afterwards, also on error. Other models: nothing changes.
+
+    What this holds: the offloaded weights, at once (the model in the execution devices' memory for the method's
+    duration; disk offload is read back once). Weights already on a device stay where they are."""
+    hooks = [(module, module._hf_hook) for module in model.modules() if _offloads(module)]
+    if not hooks:
+        yield
+        return
+    # the modules' own tensor objects, put back at the end: tied weights (an embedding shared with the LM head) stay
+    # one parameter, whatever the hooks did to each module's copy
+    kept = [
+        (tensors, dict(tensors)) for module in model.modules() for tensors in (module._parameters, module._buffers)
+    ]
+    loaded = []
+    try:
+        for module, hook in hooks:
+            hook.pre_forward(module)  # its weights on its execution device
+            hook.offload = False  # calls inside keep them there
+            loaded.append((module, hook))
+        yield
+    finally:
+        for module, hook in reversed(loaded):
+            hook.offload = True
+            hook.post_forward(module, None)  # back to meta, the hook's bookkeeping of tied weights emptied
+        for tensors, originals in kept:
+            tensors.update(originals)
+
+
+def state_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every entry of the model's ``state_dict``, in order, with the values of the weights accelerate offloads (on the
+    ``meta`` device between forward passes) read from where it keeps them (its CPU copy or its files on disk), one at
+    a time: the weights a dispatched model's forward pass uses, without loading them all at once."""
+    stores = []
+    for module in model.modules():
+        weights = getattr(getattr(module, "_hf_hook", None), "weights_map", None)
+        store = getattr(weights, "dataset", weights)  # a prefixed view of the whole offloaded state
+        if store is not None and all(store is not other for other in stores):
+            stores.append(store)
+    first = {}  # a tied weight appears under each of its names, its offloaded copy under one
+    state = model.state_dict(keep_vars=True)
+    for name, tensor in state.items():
+        first.setdefault(id(tensor), name)
+    for name, tensor in state.items():
+        if tensor.device.type == "meta":
+            tensor = _offloaded(stores, name, first[id(tensor)])
+        yield name, tensor.detach()
+
+
+def _offloaded(stores: list, *names: str) -> torch.Tensor:
+    for name in names:
+        for store in stores:
+            if name in store:
+                return store[name]
+    raise ValueError(
+        f"The weight {names[0]!r} is on the meta device and not among the weights accelerate offloaded: load the "
+        "model with its weights (a model built on the meta device has none to explain)."
+    )
+
+
+def _offloads(module: nn.Module) -> bool:
+    """Whether accelerate offloads the module's weights between its forward passes."""
+    hook = getattr(module, "_hf_hook", None)
+    return hook is not None and type(hook).__name__ == "AlignDevicesHook" and bool(getattr(hook, "offload", False))
+
+
+@contextmanager
 def eval_mode(*models: nn.Module) -> Iterator[None]:
     """Temporarily put modules in eval mode (no dropout), restoring each submodule's flag afterwards."""
     flags = {module: module.training for model in models for module in model.modules()}

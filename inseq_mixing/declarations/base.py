@@ -226,9 +226,11 @@ class Declaration:
         the request's audio units when it has some (speech models: key frames summed per unit, query frames averaged;
         see :mod:`inseq_mixing.methods.units`); a pooled read-out's per-position shares of the logit summed
         (:func:`~inseq_mixing.methods.head.pooled_scores`)."""
-        with compiling(getattr(options, "compile", False)), one_read():
+        from ..trace import materialized
+
+        with compiling(getattr(options, "compile", False)), one_read(), materialized(request.model):
             result = self.compute(request, options)
-        record_graphs(request)
+            record_graphs(request)
         head = request.spec.head
         if head is not None and head.pooling and isinstance(result, LogitScores):
             from ..methods.head import pooled_scores
@@ -242,9 +244,11 @@ class Declaration:
         """The result with one row per span of ``spans`` (:mod:`inseq_mixing.methods.spans`): the method's own span
         computation where it has one, else :meth:`run` on the spans' positions, its rows reduced per span."""
         if self.compute_span is not None:
-            with compiling(getattr(options, "compile", False)), one_read():
+            from ..trace import materialized
+
+            with compiling(getattr(options, "compile", False)), one_read(), materialized(request.model):
                 result = self.compute_span(request, options, spans)
-            record_graphs(request, spans.positions)
+                record_graphs(request, spans.positions)
             return result
         return spans.reduce(self.run(dataclasses.replace(request, positions=spans.positions), options))
 

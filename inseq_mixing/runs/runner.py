@@ -20,6 +20,7 @@ import torch
 
 from ..declarations import DECLARATIONS
 from ..frontends import identify, is_front_end
+from ..trace import state_tensors
 from .data import DatasetInputError, Example, fingerprint_examples, read_examples
 from .store import FORMAT, RunStore, RunStoreError, ShardScan, Writer, sequence_to_row
 
@@ -696,11 +697,11 @@ def weights_fingerprint(model: torch.nn.Module) -> str:
 
     It reads every byte of the weights once per run and process (tensors are copied to the host one at a time): 1.4 to
     1.5 GB/s measured on a 2-core CPU (``benchmarks/bench_fingerprint.py``), so about 10 s for a 7B model in bfloat16
-    (14 GB).
+    (14 GB). A model dispatched with offloaded weights is read from where accelerate keeps them, one weight at a time,
+    and fingerprints as the same model on one device.
     """
     digest = hashlib.sha256()
-    for name, tensor in model.state_dict(keep_vars=False).items():
-        value = tensor.detach()
+    for name, value in state_tensors(model):
         digest.update(f"{name}|{value.dtype}|{tuple(value.shape)}|".encode())
         if value.numel():
             digest.update(value.reshape(-1).cpu().contiguous().view(torch.uint8).numpy().data)

@@ -7,7 +7,7 @@ final layer norm on each stack.
 
 from torch import nn
 
-from .base import AttentionSpec, FFNSpec, LayerSpec, ModelSpec, StackSpec, linear_in_out
+from .base import AttentionSpec, FFNSpec, LayerSpec, ModelSpec, StackSpec
 
 POST_LN_TYPES = {"marian", "bart"}
 FAMILY = "Marian, BART, mBART, M2M100 / NLLB"
@@ -15,14 +15,11 @@ MODEL_TYPES = {"marian", "bart", "mbart", "m2m_100"}
 
 
 def attention_spec(attn: nn.Module, norm: nn.Module, pre_norm: bool) -> AttentionSpec:
-    out_weight, out_bias = linear_in_out(attn.out_proj)
     return AttentionSpec(
         module=attn,
         value_proj=attn.v_proj,
         value_slice=slice(None),
         out_proj=attn.out_proj,
-        out_weight=out_weight,
-        out_bias=out_bias,
         num_heads=attn.num_heads,
         num_kv_heads=attn.num_heads,
         head_dim=attn.head_dim,

@@ -51,9 +51,8 @@ class AttentionSpec(BranchLayout):
         value_proj: The module whose output holds the value vectors ``v_j = x̂_j W_V + b_V``.
         value_slice: Slice (or index tensor, for per-head interleaved layouts) of ``value_proj``'s last output
             dimension holding the values (fused QKV projections).
-        out_proj: The output projection module.
-        out_weight: Output projection as an ``(in_features, out_features)`` matrix, ``in = num_heads * head_dim``.
-        out_bias: Output projection bias, or None.
+        out_proj: The output projection module (its weight and bias read from it at every use, :attr:`out_weight`,
+            :attr:`out_bias`: a dispatched model's offloaded weights are other tensors when loaded).
         num_heads: Number of query heads.
         num_kv_heads: Number of key/value heads (GQA: query head ``h`` reads KV head ``h // (H / H_kv)``).
         head_dim: Size of one head.
@@ -73,8 +72,6 @@ class AttentionSpec(BranchLayout):
     value_proj: nn.Module
     value_slice: slice | torch.Tensor
     out_proj: nn.Module
-    out_weight: torch.Tensor
-    out_bias: torch.Tensor | None
     num_heads: int
     num_kv_heads: int
     head_dim: int
@@ -83,6 +80,16 @@ class AttentionSpec(BranchLayout):
     probs_index: int = 1
     out_norm: nn.Module | None = None
     output_module: nn.Module | None = None
+
+    @property
+    def out_weight(self) -> torch.Tensor:
+        """The output projection as an ``(in_features, out_features)`` matrix, ``in = num_heads * head_dim``."""
+        return linear_in_out(self.out_proj)[0]
+
+    @property
+    def out_bias(self) -> torch.Tensor | None:
+        """The output projection's bias, or None."""
+        return linear_in_out(self.out_proj)[1]
 
     def value_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The value projection as an ``(in_features, H_kv * head_dim)`` matrix and its bias."""
@@ -392,15 +399,12 @@ def attention(
 ) -> AttentionSpec:
     """An :class:`AttentionSpec` whose output projection is read from ``out_proj``; ``heads`` is
     ``(num_heads, num_kv_heads, head_dim)``; ``output_module`` as in :class:`AttentionSpec`."""
-    out_weight, out_bias = linear_in_out(out_proj)
     num_heads, num_kv_heads, head_dim = heads
     return AttentionSpec(
         module=module,
         value_proj=value_proj,
         value_slice=value_slice,
         out_proj=out_proj,
-        out_weight=out_weight,
-        out_bias=out_bias,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,

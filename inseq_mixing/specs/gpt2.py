@@ -2,7 +2,7 @@
 
 from torch import nn
 
-from .base import AttentionSpec, FFNSpec, LayerSpec, ModelSpec, StackSpec, linear_in_out
+from .base import AttentionSpec, FFNSpec, LayerSpec, ModelSpec, StackSpec
 
 FAMILY = "GPT-2"
 MODEL_TYPES = {"gpt2"}
@@ -11,14 +11,11 @@ MODEL_TYPES = {"gpt2"}
 def layer_spec(block: nn.Module) -> LayerSpec:
     attn = block.attn
     d_model = attn.embed_dim
-    out_weight, out_bias = linear_in_out(attn.c_proj)
     self_attn = AttentionSpec(
         module=attn,
         value_proj=attn.c_attn,
         value_slice=slice(2 * d_model, 3 * d_model),
         out_proj=attn.c_proj,
-        out_weight=out_weight,
-        out_bias=out_bias,
         num_heads=attn.num_heads,
         num_kv_heads=attn.num_heads,
         head_dim=attn.head_dim,

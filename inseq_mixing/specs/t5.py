@@ -3,7 +3,7 @@
 import transformers
 from torch import nn
 
-from .base import AttentionSpec, FFNSpec, LayerSpec, ModelSpec, StackSpec, linear_in_out
+from .base import AttentionSpec, FFNSpec, LayerSpec, ModelSpec, StackSpec
 
 FAMILY = "T5 / mT5 (v1.0 and gated-GELU v1.1)"
 MODEL_TYPES = {"t5", "mt5", "umt5"}
@@ -11,14 +11,11 @@ TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
 
 
 def attention_spec(sublayer: nn.Module, attn: nn.Module) -> AttentionSpec:
-    out_weight, out_bias = linear_in_out(attn.o)
     return AttentionSpec(
         module=attn,
         value_proj=attn.v,
         value_slice=slice(None),
         out_proj=attn.o,
-        out_weight=out_weight,
-        out_bias=out_bias,
         num_heads=attn.n_heads,
         num_kv_heads=attn.n_heads,
         head_dim=attn.key_value_proj_dim,
