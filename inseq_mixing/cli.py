@@ -127,15 +127,10 @@ def non_generation_refusal(name: str) -> str | None:
     or speech model, and what takes it; None for any other model."""
     from inseq_mixing.frontends import identify
 
-    found = identify(name)
-    if found.is_encoder:
-        kind, commands = "an encoder-only", "`inseq-mixing compare`, `attribute-dataset` or `evaluate`"
-    elif found.is_speech:
-        kind, commands = "a speech", "`inseq-mixing attribute-dataset` (rows of audio files) or `evaluate`"
-    elif found.is_vision:
-        kind, commands = "a vision", "`inseq-mixing compare` (an image file), `attribute-dataset` or `evaluate`"
-    else:
+    record = identify(name).record
+    if record.commands is None:
         return None
+    kind, commands = record.label, record.commands
     return (
         f"{name} is {kind} model, and `inseq-mixing attribute` is Inseq's command for generation models "
         f"(encoder–decoders and decoder-only). Use {commands} with --model, or in Python "
@@ -169,7 +164,7 @@ def load_model(name: str, method: str, device: str | None, processor: str | None
     error for what a user can fix: a model that cannot be loaded, a tokenizer that does not match it."""
     from inseq_mixing.frontends import identify
     from inseq_mixing.frontends import load_model as load_any_model
-    from inseq_mixing.frontends.inseq_adapter.base import refuse_mismatched_tokenizer
+    from inseq_mixing.frontends.kinds import resolve
 
     found = identify(name)
     try:
@@ -179,12 +174,11 @@ def load_model(name: str, method: str, device: str | None, processor: str | None
             raise UserError(
                 f"could not load the demo model with {method!r}: {type(error).__name__}: {error}"
             ) from error
-        generation_folder = found.is_generation and Path(name).is_dir()
-        hint = " (a local folder needs the tokenizer files next to the weights)" if generation_folder else ""
+        hint = found.record.folder_hint if Path(name).is_dir() else ""
         raise UserError(f"could not load model {name!r}{hint}: {type(error).__name__}: {error}") from error
-    if found.is_generation and name != "demo":
+    if found.record.check_loaded is not None and name != "demo":
         try:
-            refuse_mismatched_tokenizer(model.tokenizer, model.model)
+            resolve(found.record.check_loaded)(model)
         except ValueError as error:
             raise UserError(str(error)) from error
     return model
@@ -208,7 +202,7 @@ def load_for_compare(args: argparse.Namespace):
     if not model.is_encoder_decoder and args.target is not None and not args.target.startswith(args.text):
         raise UserError("for a decoder-only model, --target is the whole text and must start with the prompt")
     if args.target is None:
-        from inseq_mixing.runs.runner import check_prompts_fit
+        from inseq_mixing.frontends.generation import check_prompts_fit
 
         try:
             check_prompts_fit(model, [(args.text, "the text")])
@@ -353,7 +347,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     except (UserError, DatasetInputError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    from inseq_mixing.evaluation import DEFAULT_COLUMNS, EvaluationInputError, evaluate
+    from inseq_mixing.evaluation import EvaluationInputError, evaluate
 
     try:
         args.out, args.json = available_path(args.out, args.overwrite), available_path(args.json, args.overwrite)
@@ -371,25 +365,12 @@ def run_evaluate(args: argparse.Namespace) -> int:
         check_methods_known(args.methods)
         options = method_options(args.option)
         model = load_model(args.model, args.methods[0], args.device, args.processor)
-        columns = {role: getattr(args, f"{role}_column") for role in DEFAULT_COLUMNS}
+        from inseq_mixing.evaluation.protocols import lookup
         from inseq_mixing.frontends import identify
 
-        found = identify(model)
-        extra = {}
-        if found.is_speech:
-            columns.update({role: getattr(args, f"{role}_column") for role in ("audio", "words", "transcript")})
-        elif found.is_vision:
-            columns = {role: getattr(args, f"{role}_column") for role in ("image", "label", "box", "patches")}
-            extra = {"replacement": args.replacement, "steps": args.steps, "random_draws": args.random_draws}
-        elif args.protocol == "blankout" or args.random_baseline:
-            raise UserError("--protocol blankout and --random-baseline are for speech and image models.")
-        elif args.protocol == "context":
-            columns = {role: getattr(args, f"{role}_column") for role in ("passages", "question", "answer", "gold")}
-            extra = {"hops": args.hops}
-        if args.hops and args.protocol != "context":
-            raise UserError("--hops is for --protocol context.")
-        if args.protocol == "pointing" and not found.is_vision:
-            raise UserError("--protocol pointing is for image classifiers.")
+        entry = lookup(identify(model), args.protocol)  # the protocol's columns and settings, by the model's kind
+        columns = {role: getattr(args, f"{role}_column") for role in entry.columns}
+        extra = {name: getattr(args, name) for name in ("replacement", "steps", "hops") if name in entry.options}
         result = evaluate(
             model,
             args.methods,
@@ -401,6 +382,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             show_progress=True,
             target_tokens=args.target_tokens,
             random_baseline=args.random_baseline,
+            random_draws=args.random_draws,
             **extra,
             **columns,
         )

@@ -11,6 +11,19 @@ import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
+
+#: The method lists the tests parametrize over, derived from the declarations (a new method joins them by its
+#: declaration alone): methods that explain a logit, map methods, and map methods whose rows sum to 1.
+def _methods(keep) -> tuple[str, ...]:
+    from .declarations import DECLARATIONS
+
+    return tuple(name for name, declaration in DECLARATIONS.items() if keep(declaration))
+
+
+LOGIT_METHODS = _methods(lambda declaration: declaration.explains_logit)
+MAP_METHODS = _methods(lambda declaration: not declaration.explains_logit)
+ROW_METHODS = _methods(lambda declaration: declaration.rows_sum_to_one)
+
 SPECIAL_TOKENS = ["<pad>", "</s>", "<unk>", "<s>"]
 PAD_ID, EOS_ID, UNK_ID, BOS_ID = range(4)
 WORDS = (

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import inseq_mixing
-from inseq_mixing.runs.runner import attribute_texts, split_arguments
+from inseq_mixing.frontends.generation import attribute_texts, split_arguments
 from inseq_mixing.testing import ALL_FAMILIES, is_seq2seq, load_tiny
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -17,7 +17,14 @@ import inseq_mixing
 from inseq_mixing.methods.norm_based import attention_norm, globenc
 from inseq_mixing.methods.value_zeroing import value_zeroing
 from inseq_mixing.specs import get_spec
-from inseq_mixing.testing import ENCODER_FAMILIES, encoder_tokenizer, randomize_weights, tiny_encoder
+from inseq_mixing.testing import (
+    ENCODER_FAMILIES,
+    LOGIT_METHODS,
+    MAP_METHODS,
+    encoder_tokenizer,
+    randomize_weights,
+    tiny_encoder,
+)
 from inseq_mixing.trace import trace_model
 
 from .reference import (
@@ -29,8 +36,6 @@ from .reference import (
     naive_value_zeroing,
 )
 
-LOGIT_METHODS = ("alti_logit", "decompx", "attn_lrp")
-MAP_METHODS = ("alti", "value_zeroing", "attention_rollout", "attention_flow", "attention_norm", "globenc")
 TEXTS = ["the dog [MASK] the cat on the mat", "a [MASK] sat"]
 PAIR = ("the books were read", "by many people")
 

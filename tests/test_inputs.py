@@ -124,7 +124,7 @@ def test_generated_targets_say_their_length_and_take_max_new_tokens(tmp_path, ca
     """A model whose generation config sets no length generates transformers' default of 20 new tokens: a run says
     so once; ``max_new_tokens`` sets it, in dataset runs (and their identity), in ``compare`` and on the command
     line."""
-    from inseq_mixing.runs.runner import GenerationLengthWarning
+    from inseq_mixing.frontends.generation import GenerationLengthWarning
 
     model = inseq.load_model(tiny_model("gpt2"), "alti_logit", tokenizer=word_tokenizer(seq2seq=False))
     assert model.model.generation_config.max_length is None and model.model.generation_config.max_new_tokens is None

@@ -181,3 +181,105 @@ def test_the_checks_fail_on_a_broken_import(source, broken, monkeypatch):
 def _read(path: Path) -> str:
     with open(path, encoding="utf-8") as handle:
         return handle.read()
+
+
+# ----- kinds and protocols (issue 53): the kind is decided in the front ends and read from its record elsewhere -----
+
+KIND_NAMES = ("generation", "encoder", "speech", "vision")
+
+
+def kind_tests(name: str) -> list[tuple[int, str]]:
+    """Where a module asks which kind a model is: an ``is_<kind>`` attribute, or a ``.kind`` compared with a kind's
+    name (``found.kind == "vision"``, ``kind in ("speech", "vision")``)."""
+    found = []
+    for node in ast.walk(ast.parse(MODULES[name].read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Attribute) and node.attr in {f"is_{kind}" for kind in KIND_NAMES}:
+            found.append((node.lineno, node.attr))
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            reads_kind = any(isinstance(side, ast.Attribute) and side.attr == "kind" for side in sides)
+            names = {
+                constant.value for side in sides for constant in ast.walk(side) if isinstance(constant, ast.Constant)
+            }
+            if reads_kind and names & set(KIND_NAMES):
+                found.append((node.lineno, "kind compared with a kind's name"))
+    return found
+
+
+def test_nothing_outside_the_front_ends_asks_which_kind_a_model_is():
+    asking = {name: kind_tests(name) for name in MODULES if layer(name) != LAYERS.index(("frontends",))}
+    assert not {name: lines for name, lines in asking.items() if lines}
+
+
+def kind_modules() -> dict[str, set[str]]:
+    """The evaluation modules of each kind: those the protocol registry names for it."""
+    from inseq_mixing.evaluation.protocols import COMPARISONS, PROTOCOLS, STORED
+
+    named = [(entry.kind, entry.run) for entry in PROTOCOLS.values()]
+    named += [*COMPARISONS.items(), *STORED.items()]
+    modules: dict[str, set[str]] = {}
+    for kind, path in named:
+        modules.setdefault(kind, set()).add(path.partition(":")[0])
+    return modules
+
+
+def test_no_kind_s_protocol_module_imports_another_kind_s():
+    modules = kind_modules()
+    owner = {module: kind for kind, names in modules.items() for module in names}
+    assert not [module for module, kinds in _owners(modules).items() if len(kinds) > 1]  # each module one kind's
+    crossing = [(module, imported, line) for module, kind in owner.items() for imported, _, line in GRAPH[module]
+                if owner.get(imported, kind) != kind]  # fmt: skip
+    assert not crossing
+    # and the shared evaluation modules (entries, scoring) import no kind's module: they look it up
+    shared = [name for name in MODULES if name.startswith("inseq_mixing.evaluation.") and name not in owner]
+    reaching = [(name, imported) for name in shared for imported, _, _ in GRAPH[name] if imported in owner]
+    assert not reaching
+
+
+def _owners(modules: dict[str, set[str]]) -> dict[str, set[str]]:
+    owners: dict[str, set[str]] = {}
+    for kind, names in modules.items():
+        for name in names:
+            owners.setdefault(name, set()).add(kind)
+    return owners
+
+
+@pytest.mark.parametrize(
+    ("source", "broken", "check"),
+    [
+        ("views/explorer.py", "found = None\nfound.kind == 'vision'\n", "kind"),
+        ("cli.py", "def _f(found):\n    return found.is_speech\n", "kind"),
+        ("evaluation/vision.py", "from .speech import run_speech\n", "protocols"),
+        ("evaluation/stored.py", "from .encoders import evaluate_encoder\n", "protocols"),
+    ],
+)
+def test_the_kind_checks_fail_when_broken(source, broken, check, monkeypatch):
+    name = module_name(PACKAGE / source)
+    path = MODULES[name]
+    text = path.read_text(encoding="utf-8")
+    monkeypatch.setattr(Path, "read_text", lambda self, encoding=None: text + broken if self == path else _read(self))
+    original = GRAPH[name]
+    GRAPH[name] = imports(name)
+    try:
+        test = {"kind": test_nothing_outside_the_front_ends_asks_which_kind_a_model_is,
+                "protocols": test_no_kind_s_protocol_module_imports_another_kind_s}[check]  # fmt: skip
+        with pytest.raises(AssertionError):
+            test()
+    finally:
+        GRAPH[name] = original
+
+
+def inseq_imports(name: str) -> list[int]:
+    """The lines where a module imports Inseq (at the top or inside a function)."""
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    lines = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             and (node.module or "").split(".")[0] == "inseq" and not node.level]  # fmt: skip
+    lines += [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Import)
+              and any(alias.name.split(".")[0] == "inseq" for alias in node.names)]  # fmt: skip
+    return lines
+
+
+def test_the_runner_imports_no_inseq():
+    """A dataset run drives every kind through its front end's hooks; the Inseq glue is the generation front end's."""
+    assert not inseq_imports("inseq_mixing.runs.runner")
+    assert inseq_imports("inseq_mixing.frontends.generation")  # the check sees an import where there is one

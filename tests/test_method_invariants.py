@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import inseq_mixing
-from inseq_mixing.runs.runner import attribute_texts, split_arguments
+from inseq_mixing.frontends.generation import attribute_texts, split_arguments
 from inseq_mixing.testing import is_seq2seq, load_tiny
 
 FAMILIES = ("marian", "t5", "gpt2", "llama", "gemma2", "gpt_neox", "olmo2")

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import inseq_mixing
+from inseq_mixing.frontends import run_front_end
 from inseq_mixing.runs import DatasetInputError, RunStoreError, attribute_dataset, load_run, read_examples
 from inseq_mixing.testing import is_seq2seq, word_tokenizer
 
@@ -446,6 +447,6 @@ def test_a_dataset_runs_bar_says_what_it_does_and_moves_per_example_where_exampl
     model = load("marian", "saliency")
     examples = read_examples(rows_for("marian", generate=(1,))[:3], id_column="id")
     progress = runner._BatchProgress(Bar())
-    rows = runner.attribute_batch(model, examples, {"attribute_target": True}, {}, None, progress)
+    rows = runner.attribute_batch(run_front_end(model), examples, {"attribute_target": True}, {}, progress)
     progress.done(len(rows))
     assert calls == ["generating 1 target(s)", "attributing", 1, 1, 1, 0, "attributing"]

@@ -11,11 +11,10 @@ import pytest
 import torch
 
 import inseq_mixing  # noqa: F401  (registers the methods)
-from inseq_mixing.testing import ALL_FAMILIES, DECODER_FAMILIES, is_seq2seq, tiny_model, word_tokenizer
+from inseq_mixing.testing import ALL_FAMILIES, DECODER_FAMILIES, LOGIT_METHODS, is_seq2seq, tiny_model, word_tokenizer
 
 PROMPT = "the cat sat on the mat . the dog sat on it ."
 ANSWERS = {False: " she read a book . they sat .", True: "le chat assis sur tapis . il lus ."}
-LOGIT_METHODS = ("alti_logit", "decompx", "attn_lrp")
 
 _LOADED = {}
 

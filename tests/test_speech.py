@@ -22,6 +22,7 @@ from inseq_mixing.declarations import DECLARATIONS
 from inseq_mixing.frontends.audio import AudioError, audio_units
 from inseq_mixing.frontends.speech import CallSettings, Utterance
 from inseq_mixing.testing import (
+    LOGIT_METHODS,
     SAMPLING_RATE,
     SPEECH_FAMILIES,
     speech_processor,
@@ -29,7 +30,6 @@ from inseq_mixing.testing import (
     tiny_speech,
 )
 
-LOGIT_METHODS = ("alti_logit", "decompx", "attn_lrp")
 AUDIO = (synthetic_audio(0.7), synthetic_audio(0.46, seed=1, tone_hz=330.0))
 WORDS = ([("the", 0.1, 0.3), ("cat", 0.32, 0.61)], [("dog", 0.05, 0.2), ("sat", 0.2, 0.4)])
 TEXTS = ("the cat sat", "a dog")

@@ -208,7 +208,7 @@ def test_the_counter_sees_what_it_counts():
 def test_the_batch_path_syncs_do_not_grow_with_length(family):
     """A dataset batch through Inseq (token strings included: Inseq's tokenizer call would read device ids one by
     one) makes as many synchronisations for 10-word texts as for 5-word ones."""
-    from inseq_mixing.runs.runner import attribute_texts, split_arguments
+    from inseq_mixing.frontends.generation import attribute_texts, split_arguments
     from inseq_mixing.testing import WORDS, is_seq2seq, load_tiny
 
     model = load_tiny(family, "alti_logit")

@@ -20,6 +20,9 @@ from inseq_mixing.methods.norms import freeze_norm
 from inseq_mixing.methods.value_zeroing import value_zeroing
 from inseq_mixing.specs import UnsupportedModelError, get_spec
 from inseq_mixing.testing import (
+    LOGIT_METHODS,
+    MAP_METHODS,
+    ROW_METHODS,
     VISION_FAMILIES,
     image_processor,
     synthetic_image,
@@ -30,11 +33,6 @@ from inseq_mixing.testing import (
 from inseq_mixing.trace import ModelCall, trace_call
 
 from .reference import naive_alti_layer, naive_value_zeroing
-
-LOGIT_METHODS = ("alti_logit", "decompx", "attn_lrp")
-#: Map methods whose rows are normalised to 1 (value zeroing's and the attention norm's rows are not).
-ROW_METHODS = ("alti", "attention_rollout", "globenc")
-MAP_METHODS = ("alti", "value_zeroing", "attention_rollout", "attention_flow", "attention_norm", "globenc")
 
 
 @functools.cache
@@ -324,10 +322,10 @@ def test_what_cannot_be_explained_is_refused_with_the_reason():
 
 def test_the_router_says_vision_and_keeps_the_processor_across_methods():
     model = classifier("vit")
-    assert identify(model).is_vision
+    assert identify(model).kind == "vision"
     assert "inseq_mixing.load_model" in inseq_refusal(model, "alti")
     attribution = inseq_mixing.load_model(model, "alti", processor=processor())
-    assert identify(attribution).is_vision
+    assert identify(attribution).kind == "vision"
     other = inseq_mixing.load_model(attribution, "globenc")
     assert other.method == "globenc" and other.processor is attribution.processor
 

@@ -58,6 +58,7 @@ def compute(request: Request, options: AltiOptions):
 
 DECLARATION = Declaration(
     name="alti",
+    rows_sum_to_one=True,
     rank=1,
     summary="ALTI (Ferrando et al., EMNLP 2022) and, for encoder–decoders, ALTI+ (Ferrando et al., EMNLP 2022, NMT).",
     description=(

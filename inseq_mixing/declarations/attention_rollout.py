@@ -22,6 +22,7 @@ def compute(request: Request, options: AttentionRolloutOptions):
 
 DECLARATION = Declaration(
     name="attention_rollout",
+    rows_sum_to_one=True,
     rank=5,
     summary="Attention rollout (Abnar & Zuidema, ACL 2020): head-averaged attention plus the identity, rolled out.",
     description=(

@@ -159,6 +159,8 @@ class Declaration:
             every input of a call (:meth:`check_sizes`, which also refuses a batch whose traced forward pass cannot
             fit in the device's free memory) before any work, so that a refusal never comes after part of the call
             was computed.
+        rows_sum_to_one: A map method whose every explained row is a distribution over the positions (ALTI,
+            rollout, GlobEnc); the tests check it of every such method and family.
     """
 
     name: str
@@ -174,6 +176,7 @@ class Declaration:
     compute_span: Callable[[Request, Any, SpanRows], LogitScores] | None = None
     reference_word_frames: bool = False
     size_check: Callable[[InputSize, int, Any], str | None] | None = None
+    rows_sum_to_one: bool = False
 
     def word_frames(self, options: dict) -> str:
         """How a speech front end gives a word its frames for these options (as the user gave them): ``"reference"``

@@ -26,6 +26,7 @@ def compute(request: Request, options: GlobEncOptions):
 
 DECLARATION = Declaration(
     name="globenc",
+    rows_sum_to_one=True,
     rank=7,
     class_stem="GlobEnc",
     summary="GlobEnc (Modarressi et al., NAACL 2022): norms of each token's vector through the attention, both "

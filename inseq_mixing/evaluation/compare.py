@@ -1,22 +1,10 @@
 """Run several attribution methods (the plugin's and Inseq's Captum-based ones) on the same inputs and forced targets,
 and score each generated token's attributions for faithfulness and agreement between methods."""
 
-from itertools import combinations
-
-import inseq
-from tqdm.auto import tqdm
-
-from ..frontends import as_front_end, identify
-from .comparison import (
-    Comparison,
-    candidate_scores,
-    check_methods,
-    each_method,
-    token_examples,
-    token_level_scores,
-    with_explained,
-)
-from .faithfulness import DEFAULT_FRACTIONS, faithfulness, random_baseline, rank_correlation, target_scores
+from ..frontends import identify
+from .comparison import Comparison, check_methods
+from .faithfulness import DEFAULT_FRACTIONS
+from .protocols import ComparisonSettings, comparison
 
 
 def compare(
@@ -71,80 +59,9 @@ def compare(
         RuntimeError: Every method failed.
     """
     check_methods(methods)
-    method_kwargs = method_kwargs or {}
     found = identify(model)
-    if found.is_vision:
-        from .vision import compare_vision
-
-        model = as_front_end(model, methods[0], found, processor=processor)
-        images = list(inputs) if isinstance(inputs, list | tuple) else [inputs]
-        targets = targets if isinstance(targets, list | tuple) or targets is None else [targets]
-        return compare_vision(model, methods, images, targets, fractions, random_draws, method_kwargs, show_progress,
-                              attributed_fn)  # fmt: skip
-    inputs = [inputs] if isinstance(inputs, str) else list(inputs)
-    targets = [targets] if isinstance(targets, str) else targets
-    if found.is_encoder:
-        from .encoders import compare_encoder
-
-        model = as_front_end(model, methods[0], found, tokenizer=tokenizer)
-        return compare_encoder(model, methods, inputs, targets, fractions, random_draws, method_kwargs, show_progress,
-                               attributed_fn)  # fmt: skip
-    base = as_front_end(model, methods[0], found, tokenizer=tokenizer)
-    hf_model, tokenizer = base.model, base.tokenizer
-    if targets is None:  # one generation, forced for every method
-        from ..runs.runner import generate_targets, generation_length
-
-        targets = generate_targets(base, inputs, generation_length(base, max_new_tokens))
-    comparison = Comparison()
-
-    def attribute(method: str):
-        attribution_model = inseq.load_model(hf_model, method, tokenizer=tokenizer)
-        options = with_explained(method, method_kwargs.get(method, {}), attributed_fn)
-        return attribution_model.attribute(inputs, targets, attribute_target=True, show_progress=False, **options)
-
-    comparison.outputs = each_method(methods, attribute, comparison.failed, "compare", show_progress, "attributing")
-    return score_comparison(comparison, hf_model, tokenizer, fractions, random_draws, show_progress, replacement_token)
-
-
-def score_comparison(comparison: Comparison, hf_model, tokenizer, fractions=DEFAULT_FRACTIONS, random_draws: int = 3,
-                     show_progress: bool = False, replacement_token: str | None = None) -> Comparison:  # fmt: skip
-    """Score the outputs of ``comparison`` (method → Inseq output on the same texts, generation models): each
-    generated token's AOPC under every method, with a random-ranking baseline, and the rank agreement of each pair
-    of methods; filled into ``comparison`` and returned. The outputs may be new or read from a stored run."""
-    special_ids = set(tokenizer.all_special_ids)
-    replacement_id = tokenizer.convert_tokens_to_ids(replacement_token) if replacement_token else None
-    if replacement_id is None:
-        replacement_id = tokenizer.unk_token_id if tokenizer.unk_token_id is not None else tokenizer.pad_token_id
-    scores = {method: [token_level_scores(seq) for seq in out.sequence_attributions]
-              for method, out in comparison.outputs.items()}  # fmt: skip
-    methods = list(comparison.outputs)
-    reference = comparison.outputs[methods[0]].sequence_attributions
-    total = sum(len(seq.target) - seq.attr_pos_start for seq in reference)
-    progress = tqdm(total=total, desc="faithfulness", disable=not show_progress)
-    for sentence, seq in enumerate(reference):
-        for example, column in token_examples(seq, special_ids):
-            progress.update()
-            if not example.candidates.any():
-                continue
-            token = seq.target[example.position].token
-            ranked = {method: candidate_scores(scores[method][sentence], example, column) for method in methods}
-            original = target_scores(hf_model, example, example.context_ids[None])
-            baseline = random_baseline(hf_model, example, fractions, replacement_id, random_draws, original=original)
-            for method, values in ranked.items():
-                metrics = faithfulness(
-                    hf_model, example, values, fractions, replacement_id, baseline=baseline, original=original
-                )
-                row = {"sentence": sentence, "method": method, "position": example.position, "token": token}
-                comparison.tokens.append({**row, **metrics})
-            for first, second in combinations(methods, 2):
-                comparison.agreement.append(
-                    {
-                        "sentence": sentence,
-                        "position": example.position,
-                        "method_a": first,
-                        "method_b": second,
-                        "spearman": rank_correlation(ranked[first], ranked[second]),
-                    }
-                )
-    progress.close()
-    return comparison
+    settings = ComparisonSettings(tokenizer=tokenizer, processor=processor, replacement_token=replacement_token,
+                                  fractions=fractions, random_draws=random_draws, method_kwargs=method_kwargs or {},
+                                  show_progress=show_progress, max_new_tokens=max_new_tokens,
+                                  attributed_fn=attributed_fn)  # fmt: skip
+    return comparison(found)(model, methods, inputs, targets, found, settings)

@@ -290,3 +290,14 @@ def _listed(value):
     if hasattr(value, "tolist"):
         return value.tolist()
     return value
+
+
+def run_context(model, methods: list[str], data, protocol: str, found, settings) -> Evaluation:
+    """The context protocol (the protocol registry's entry: :func:`evaluate_context`)."""
+    from ..frontends import as_front_end
+
+    base = as_front_end(model, methods[0], found, tokenizer=settings.tokenizer, device=settings.device)
+    return evaluate_context(base, methods, data, method_kwargs=settings.method_kwargs, hops=settings.hops,
+                            separator=settings.separator, batch_size=settings.batch_size, draws=settings.draws,
+                            seed=settings.seed, examples=settings.examples, show_progress=settings.show_progress,
+                            columns=settings.columns)  # fmt: skip

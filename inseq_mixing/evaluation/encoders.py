@@ -22,7 +22,9 @@ import torch
 
 from .explain import Explanation
 from .faithfulness import DEFAULT_FRACTIONS, removal_faithfulness
-from .items import Item, Skipped
+from .items import EvaluationInputError, Item, Skipped, read_items_skipping
+from .scores import Evaluation, faithfulness_baseline, faithfulness_result, score_methods
+from .text_scores import BASELINES, SCORERS
 from .words import word_scores
 
 
@@ -137,14 +139,19 @@ def _reader(attribution, ids: torch.Tensor, cell: int, target: int):
     return read
 
 
-def compare_encoder(attribution, methods, texts, targets, fractions, random_draws, method_kwargs, show_progress,
-                    attributed_fn: str | None = "logit"):  # fmt: skip
+def compare_encoder(model, methods: list[str], texts, targets, found, settings):
     """:func:`~inseq_mixing.compare` on an encoder model: each method on the same texts, the first explained entry of
     each text (a mask, or the label) scored by AOPC with deletion (see the module docstring), and the Spearman
     agreement of every two methods over the candidate tokens."""
     from types import SimpleNamespace
 
-    from ..frontends import load_model
+    from ..frontends import as_front_end, load_model
+
+    attribution = as_front_end(model, methods[0], found, tokenizer=settings.tokenizer)
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    targets = [targets] if isinstance(targets, str) else targets
+    fractions, random_draws, method_kwargs = settings.fractions, settings.random_draws, settings.method_kwargs
+    show_progress, attributed_fn = settings.show_progress, settings.attributed_fn
     from .comparison import Comparison, each_method, fill_one_entry, with_explained
 
     comparison = Comparison()
@@ -168,3 +175,51 @@ def _candidate_scores(attribution, seq) -> torch.Tensor:
     keep = torch.tensor([int(i) not in special and n != cell for n, i in enumerate(ids.tolist())])
     scores = seq.source_attributions.float()[:, 0]
     return (scores.mean(-1) if scores.ndim == 2 else scores)[keep]
+
+
+def evaluate_encoder(model, methods: list[str], data, protocol: str, found, settings) -> Evaluation:
+    """:func:`evaluate` on an encoder-only model (:mod:`.encoders`): the rows every method can explain, then each
+    method on them."""
+    from ..frontends import as_front_end, load_model
+
+    model = as_front_end(model, methods[0], found, tokenizer=settings.tokenizer, device=settings.device)
+    batch_size, draws, seed, columns = settings.batch_size, settings.draws, settings.seed, settings.columns
+    examples, random_draws, method_kwargs = settings.examples, settings.random_draws, settings.method_kwargs
+    items, skipped = read_items_skipping(data, protocol, True, columns)
+    evaluation = Evaluation(protocol, draws=draws, seed=seed, skipped=skipped)
+    kept = []
+    for item in items:  # the rows no method can explain, with the reason, before any method runs
+        refused = explainable(model, item)
+        if refused is None:
+            kept.append(item)
+        else:
+            evaluation.skipped.append(refused)
+    evaluation.skipped.sort(key=lambda skip: skip.row)
+    if not kept:
+        reasons = "; ".join(skip.reason for skip in evaluation.skipped[:3])
+        raise EvaluationInputError(f"No row of the data can be evaluated: {reasons}.")
+    faithfulness_rows = {}
+
+    def score(method: str):
+        attribution = load_model(model, method)  # the same model and tokenizer, with this method
+        explained = explain_encoder_items(attribution, kept, batch_size, method_kwargs.get(method, {}))
+        if protocol != "faithfulness":
+            return SCORERS[protocol](explained), explained
+        rows = encoder_faithfulness(attribution, explained, random_draws=random_draws, seed=seed)
+        faithfulness_rows[method] = rows
+        return faithfulness_result(rows), explained
+
+    score_methods(evaluation, methods, score, examples, settings.show_progress)
+    if protocol == "faithfulness":
+        evaluation.baseline = faithfulness_baseline(next(iter(faithfulness_rows.values())))
+    else:
+        evaluation.baseline = BASELINES[protocol](kept)
+    return evaluation
+
+
+def stored_faithfulness(front, run, ids, sequences, random_draws: int, seed: int, show_progress: bool):
+    """A stored encoder run's faithfulness: each example's first explained entry, by deletion."""
+    from types import SimpleNamespace
+
+    explained = [SimpleNamespace(seq=sequence) for sequence in sequences]
+    return encoder_faithfulness(front, explained, DEFAULT_FRACTIONS, random_draws, seed), None

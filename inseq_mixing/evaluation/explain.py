@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..runs.runner import attribute_texts, split_arguments
+from ..frontends.generation import attribute_texts, split_arguments
 from .comparison import token_level_scores
 from .items import Item
 from .words import token_words, word_scores
@@ -151,3 +151,12 @@ def word_mapping(attribution_model, item: Item, seq) -> Explanation:
         source_words = None
         target_words = token_words(tokenizer, item.generated_text, target_ids)
     return Explanation(item, seq, source_words, target_words)
+
+
+def explanations(sequences: list) -> list[Explanation]:
+    """The report's explanations of stored or speech sequences (row numbers in order; the target is the explained
+    entries)."""
+    return [
+        Explanation(Item(row, None, "", " ".join(token.token for token in sequence.target)), sequence, None, [])
+        for row, sequence in enumerate(sequences)
+    ]

@@ -212,3 +212,16 @@ def score_methods(evaluation: Evaluation, methods: list[str], score, examples: i
     for method, (result, explained) in done.items():
         evaluation.results[method] = result
         evaluation.examples[method] = explained[:examples]
+
+
+#: What a method's name gets on a randomly initialised copy of the model (the random-baseline rows).
+RANDOM_SUFFIX = " (random init)"
+
+
+def random_copy(model, seed: int):
+    """A randomly initialised model of the same configuration (transformers' own initialisation)."""
+    import torch
+
+    torch.manual_seed(seed)
+    copy = type(model)(model.config)
+    return copy.to(next(model.parameters()).device).eval()

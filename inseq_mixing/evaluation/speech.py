@@ -32,13 +32,12 @@ from ..frontends.audio import AudioError, read_audio
 from ..runs.data import read_rows
 from .items import EvaluationInputError, Skipped
 from .metrics import Statistic, cue_share, mean_statistic
-from .scores import Evaluation, MethodResult, score_methods
+from .scores import RANDOM_SUFFIX, Evaluation, MethodResult, random_copy, score_methods
 
 SPEECH_PROTOCOLS = ("cue", "blankout")
 CUE_METRICS = ("cue_contribution", "text_cue_contribution")
 BLANKOUT_METRICS = ("audio_cue_drop", "audio_random_drop", "text_cue_drop")
 #: The name suffix of a method run on the randomly initialised copy.
-RANDOM_SUFFIX = " (random init)"
 
 
 @dataclass
@@ -169,13 +168,6 @@ def evaluate_speech(
     shares = [len(row.cues) / len(row.words) for row in kept]
     evaluation.baseline = {"cue_contribution": sum(shares) / len(shares)}
     return evaluation
-
-
-def random_copy(model, seed: int):
-    """A randomly initialised model of the same configuration (transformers' own initialisation)."""
-    torch.manual_seed(seed)
-    copy = type(model)(model.config)
-    return copy.to(next(model.parameters()).device).eval()
 
 
 def _score_cue(attribution, rows, options: dict) -> MethodResult:
@@ -333,3 +325,14 @@ def _probability(attribution, signal, ids: list[int], position: int) -> float:
     decoder = torch.tensor([ids[:position]], device=attribution.device)
     logits = model(**inputs, decoder_input_ids=decoder, use_cache=False).logits[0, -1]
     return float(logits.float().softmax(-1)[ids[position]])
+
+
+def run_speech(model, methods: list[str], data, protocol: str, found, settings) -> Evaluation:
+    """The speech study's ``cue`` or ``blankout`` protocol (the protocol registry's entry: :func:`evaluate_speech`)."""
+    from ..frontends import as_front_end
+
+    model = as_front_end(model, methods[0], found, processor=settings.processor)
+    return evaluate_speech(model, methods, data, protocol, processor=settings.processor,
+                           method_kwargs=settings.method_kwargs, random_baseline=settings.random_baseline,
+                           draws=settings.draws, seed=settings.seed, show_progress=settings.show_progress,
+                           **settings.columns)  # fmt: skip

@@ -26,9 +26,9 @@ import torch
 
 from ..frontends.audio import DEFAULT_WINDOW_S, AudioError, Unit, read_audio
 from ..runs.data import read_rows
-from .explain import Explanation
+from .explain import explanations
 from .faithfulness import DEFAULT_FRACTIONS, removal_faithfulness
-from .items import EvaluationInputError, Item, Skipped
+from .items import EvaluationInputError, Skipped
 from .scores import Evaluation, faithfulness_baseline, faithfulness_result, score_methods
 
 #: Unit kinds a ranking holds (silences and padding are never removed).
@@ -182,14 +182,6 @@ def evaluate_speech_faithfulness(
     return evaluation
 
 
-def explanations(sequences: list) -> list[Explanation]:
-    """The report's explanations of speech sequences (row numbers in order; the target is the explained entries)."""
-    return [
-        Explanation(Item(row, None, "", " ".join(token.token for token in sequence.target)), sequence, None, [])
-        for row, sequence in enumerate(sequences)
-    ]
-
-
 def _read_rows(front, data, columns: dict[str, str], window_s: float) -> tuple[list, list[Skipped]]:
     """The rows whose audio, alignment and transcript the front end takes ``(row, signal, words, transcript)``, and
     the others skipped with their reason."""
@@ -212,3 +204,47 @@ def _read_rows(front, data, columns: dict[str, str], window_s: float) -> tuple[l
             continue
         rows.append((index, signal, words, transcript if front.whisper else None))
     return rows, skipped
+
+
+def run_speech_faithfulness(model, methods: list[str], data, protocol: str, found, settings) -> Evaluation:
+    """The faithfulness protocol on a speech model (the protocol registry's entry:
+    :func:`evaluate_speech_faithfulness`)."""
+    from ..frontends import as_front_end
+
+    model = as_front_end(model, methods[0], found, processor=settings.processor)
+    return evaluate_speech_faithfulness(model, methods, data, method_kwargs=settings.method_kwargs,
+                                        draws=settings.draws, seed=settings.seed, examples=settings.examples,
+                                        random_draws=settings.random_draws, show_progress=settings.show_progress,
+                                        columns=settings.columns)  # fmt: skip
+
+
+def stored_faithfulness(front, run, ids, sequences, random_draws: int, seed: int, show_progress: bool):
+    """A stored speech run's faithfulness: each example's audio read again from the file its row names, cut into the
+    units the run cut it into, every explained entry's AOPC with units silenced (:func:`speech_faithfulness`)."""
+    explained = [(sequence, *_stored_audio(front, run, example_id, sequence)) for example_id, sequence in
+                 zip(ids, sequences, strict=True)]  # fmt: skip
+    return speech_faithfulness(front, explained, DEFAULT_FRACTIONS, random_draws, seed), None
+
+
+def _stored_audio(front, run, example_id: str, sequence) -> tuple:
+    """A speech example's signal, read again from the file its row names, and its units as the run cut them (its
+    word intervals, or windows of the run's ``window_s``), checked against the stored units."""
+    inputs = run.inputs(example_id)
+    name = f"Example {example_id!r}"
+    try:
+        signal = front.check_length(read_audio(inputs["source_text"], front.sampling_rate, name), name)
+        options = run.manifest["options"]
+        rule = front.declaration.word_frames(options)  # the run's convention gave its words their frames
+        units = front.units(signal, inputs["words"], options.get("window_s", DEFAULT_WINDOW_S), name, rule)
+    except AudioError as error:
+        raise EvaluationInputError(
+            f"{error} The faithfulness of a speech run reads its audio files again: evaluate it where they are (the "
+            "paths are the run's data's, relative ones from the folder the run was made in)."
+        ) from None
+    stored = [token.token for token in sequence.source]
+    if [unit.label for unit in units] != stored:
+        raise EvaluationInputError(
+            f"{name}: its audio {inputs['source_text']!r} no longer gives the units the run stored ({stored}): the "
+            "file changed since the run, or the run was stored before its word intervals were kept; run it again."
+        )
+    return signal, units

@@ -11,17 +11,12 @@ targets built from annotation columns the store does not hold: those are evaluat
 """
 
 from dataclasses import replace
-from types import SimpleNamespace
 
 from ..frontends import as_front_end, identify
-from ..frontends.audio import DEFAULT_WINDOW_S, AudioError, read_audio
-from .compare import score_comparison
-from .comparison import Comparison
-from .encoders import encoder_faithfulness
-from .faithfulness import DEFAULT_FRACTIONS
+from .explain import explanations
 from .items import EvaluationInputError
+from .protocols import stored
 from .scores import Evaluation, faithfulness_baseline, faithfulness_result
-from .speech_faithfulness import explanations, speech_faithfulness
 
 
 def evaluate_run(
@@ -83,80 +78,12 @@ def evaluate_run(
         )
     ids = run.ids()
     sequences = [run[example_id] for example_id in ids]
-    if found.is_speech:
-        explained = [(sequence, *_stored_audio(front, run, example_id, sequence)) for example_id, sequence in
-                     zip(ids, sequences, strict=True)]  # fmt: skip
-        tokens = speech_faithfulness(front, explained, DEFAULT_FRACTIONS, random_draws, seed)
-    elif found.is_vision:
-        from .vision import image_faithfulness
-
-        explained = [(_stored_image(run, example_id), sequence, _stored_label(front, run, example_id))
-                     for example_id, sequence in zip(ids, sequences, strict=True)]  # fmt: skip
-        tokens = image_faithfulness(front, explained, DEFAULT_FRACTIONS, random_draws, seed)
-    elif found.is_encoder:
-        explained = [SimpleNamespace(seq=sequence) for sequence in sequences]
-        tokens = encoder_faithfulness(front, explained, DEFAULT_FRACTIONS, random_draws, seed)
-    else:
-        from inseq.data import FeatureAttributionOutput
-
-        comparison = Comparison(outputs={method: FeatureAttributionOutput(sequence_attributions=sequences)})
-        score_comparison(comparison, front.model, front.tokenizer, DEFAULT_FRACTIONS, random_draws, show_progress)
-        tokens = comparison.tokens
+    tokens, images = stored(found)(front, run, ids, sequences, random_draws, seed, show_progress)
     evaluation = Evaluation(protocol, draws=draws, seed=seed)
     evaluation.results[method] = faithfulness_result(tokens)
     evaluation.baseline = faithfulness_baseline(tokens)
     evaluation.examples[method] = explanations(sequences[:examples])
-    if found.is_vision:  # the report draws the scores over each image
-        evaluation.examples[method] = [replace(shown, image=image) for shown, (image, *_) in
-                                       zip(evaluation.examples[method], explained, strict=False)]  # fmt: skip
+    if images is not None:  # the report draws the scores over each image
+        evaluation.examples[method] = [replace(shown, image=image) for shown, image in
+                                       zip(evaluation.examples[method], images, strict=False)]  # fmt: skip
     return evaluation
-
-
-def _stored_audio(front, run, example_id: str, sequence) -> tuple:
-    """A speech example's signal, read again from the file its row names, and its units as the run cut them (its
-    word intervals, or windows of the run's ``window_s``), checked against the stored units."""
-    inputs = run.inputs(example_id)
-    name = f"Example {example_id!r}"
-    try:
-        signal = front.check_length(read_audio(inputs["source_text"], front.sampling_rate, name), name)
-        options = run.manifest["options"]
-        rule = front.declaration.word_frames(options)  # the run's convention gave its words their frames
-        units = front.units(signal, inputs["words"], options.get("window_s", DEFAULT_WINDOW_S), name, rule)
-    except AudioError as error:
-        raise EvaluationInputError(
-            f"{error} The faithfulness of a speech run reads its audio files again: evaluate it where they are (the "
-            "paths are the run's data's, relative ones from the folder the run was made in)."
-        ) from None
-    stored = [token.token for token in sequence.source]
-    if [unit.label for unit in units] != stored:
-        raise EvaluationInputError(
-            f"{name}: its audio {inputs['source_text']!r} no longer gives the units the run stored ({stored}): the "
-            "file changed since the run, or the run was stored before its word intervals were kept; run it again."
-        )
-    return signal, units
-
-
-def _stored_image(run, example_id: str):
-    """An image example, read again from the file its row names."""
-    from ..frontends.vision import ImageError, read_image
-
-    path = run.inputs(example_id)["source_text"]
-    try:
-        return read_image(path, f"Example {example_id!r}")
-    except ImageError as error:
-        raise EvaluationInputError(
-            f"{error} The faithfulness of an image run reads its image files again: evaluate it where they are (the "
-            "paths are the run's data's, relative ones from the folder the run was made in)."
-        ) from None
-
-
-def _stored_label(front, run, example_id: str):
-    """The label an image example's scores are read for: the stored target when it is one of the model's labels (the
-    row's, or a logit method's prediction), else None, the model's prediction (a map method stores the explained
-    token, [CLS])."""
-    text = run.inputs(example_id)["target_text"]
-    try:
-        front.output_index(text)
-    except (ValueError, TypeError):
-        return None
-    return text

@@ -48,10 +48,10 @@ from ..frontends.encoders import per_text
 from ..frontends.vision import ImageError, read_image
 from ..runs.data import cell_value, read_rows
 from .explain import Explanation
+from .faithfulness import DEFAULT_FRACTIONS
 from .items import EvaluationInputError, Item, Skipped
 from .metrics import Statistic, nan_mean
-from .scores import Evaluation, MethodResult, score_methods
-from .speech import RANDOM_SUFFIX, random_copy
+from .scores import RANDOM_SUFFIX, Evaluation, MethodResult, random_copy, score_methods
 
 VISION_PROTOCOLS = ("faithfulness", "pointing")
 FAITHFULNESS_METRICS = ("deletion_auc", "insertion_auc", "comprehensiveness_prob", "sufficiency_prob")
@@ -349,15 +349,19 @@ def pointing(front, row: dict, sequence) -> dict:
 # ----- compare -----
 
 
-def compare_vision(front, methods: list[str], images: list, targets, fractions, random_draws: int,
-                   method_kwargs: dict, show_progress: bool, attributed_fn: str | None = "logit"):  # fmt: skip
+def compare_vision(model, methods: list[str], images, targets, found, settings):
     """:func:`~inseq_mixing.compare` on an image classifier: each method (the gradient baselines included) on the
     same images, each image's label scored by AOPC with its patches replaced by the image's mean colour (the top
     ``k%`` removed, or only they kept; [CLS] and the like never), random rankings as the baseline, and the Spearman
     agreement of every two methods over the patches."""
-    from ..frontends import load_model
+    from ..frontends import as_front_end, load_model
     from .comparison import Comparison, each_method, fill_one_entry, with_explained
 
+    front = as_front_end(model, methods[0], found, processor=settings.processor)
+    images = list(images) if isinstance(images, list | tuple) else [images]
+    targets = targets if isinstance(targets, list | tuple) or targets is None else [targets]
+    fractions, random_draws, method_kwargs = settings.fractions, settings.random_draws, settings.method_kwargs
+    show_progress, attributed_fn = settings.show_progress, settings.attributed_fn
     if front.task is None or front.similarity:
         raise ValueError("compare on images scores a classifier's label: load an image classifier.")
     comparison = Comparison(images=[read_image(image, f"Image {index}") for index, image in enumerate(images)])
@@ -407,3 +411,50 @@ def _patch_scores(sequence, lead: int, grid: tuple[int, int] | None = None) -> t
     scores = sequence.source_attributions[:, 0].float()
     scores = (scores.mean(-1) if scores.ndim == 2 else scores)[lead:]
     return scores if grid is None else scores[: grid[0] * grid[1]]
+
+
+def run_vision(model, methods: list[str], data, protocol: str, found, settings) -> Evaluation:
+    """An image protocol (the protocol registry's entry: :func:`evaluate_vision`)."""
+    from ..frontends import as_front_end
+
+    front = as_front_end(model, methods[0], found, processor=settings.processor, device=settings.device)
+    return evaluate_vision(front, methods, data, protocol, method_kwargs=settings.method_kwargs,
+                           replacement=settings.replacement, steps=settings.steps, random_draws=settings.random_draws,
+                           random_baseline=settings.random_baseline, draws=settings.draws, seed=settings.seed,
+                           examples=settings.examples, show_progress=settings.show_progress,
+                           columns=settings.columns)  # fmt: skip
+
+
+def stored_faithfulness(front, run, ids, sequences, random_draws: int, seed: int, show_progress: bool):
+    """A stored image run's faithfulness: each image read again from the file its row names, its label's AOPC by
+    patches (:func:`image_faithfulness`); the images go to the report."""
+    explained = [(_stored_image(run, example_id), sequence, _stored_label(front, run, example_id))
+                 for example_id, sequence in zip(ids, sequences, strict=True)]  # fmt: skip
+    images = [image for image, *_ in explained]
+    return image_faithfulness(front, explained, DEFAULT_FRACTIONS, random_draws, seed), images
+
+
+def _stored_image(run, example_id: str):
+    """An image example, read again from the file its row names."""
+    from ..frontends.vision import ImageError, read_image
+
+    path = run.inputs(example_id)["source_text"]
+    try:
+        return read_image(path, f"Example {example_id!r}")
+    except ImageError as error:
+        raise EvaluationInputError(
+            f"{error} The faithfulness of an image run reads its image files again: evaluate it where they are (the "
+            "paths are the run's data's, relative ones from the folder the run was made in)."
+        ) from None
+
+
+def _stored_label(front, run, example_id: str):
+    """The label an image example's scores are read for: the stored target when it is one of the model's labels (the
+    row's, or a logit method's prediction), else None, the model's prediction (a map method stores the explained
+    token, [CLS])."""
+    text = run.inputs(example_id)["target_text"]
+    try:
+        front.output_index(text)
+    except (ValueError, TypeError):
+        return None
+    return text

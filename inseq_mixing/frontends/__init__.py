@@ -22,6 +22,7 @@ from .router import (
     identify,
     is_front_end,
     load_model,
+    run_front_end,
 )
 
 
@@ -47,6 +48,7 @@ __all__ = [
     "identify",
     "is_front_end",
     "load_model",
+    "run_front_end",
     "SpeechAttributionModel",
     "VisionAttributionModel",
 ]

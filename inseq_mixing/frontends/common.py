@@ -252,9 +252,11 @@ class FrontEndModel:
         (None where not given), ``own`` this front end's arguments (:meth:`run_arguments`)."""
         raise NotImplementedError
 
-    def attribute_rows(self, sources: list, targets: list, words: list, own: dict, options: dict) -> list:
+    def attribute_rows(self, sources: list, targets: list, words: list, own: dict, options: dict,
+                       names: list[str] | None = None, progress=None) -> list:  # fmt: skip
         """One batch of rows (as :meth:`check_rows` takes them) attributed in one call: per row, its Inseq sequence
-        output and the text its target is stored under (the given one, or what the model predicted)."""
+        output and the text its target is stored under (the given one, or what the model predicted). ``names``
+        name the rows in errors; ``progress`` (``doing(text)``, ``one()``) is told what is being done."""
         raise NotImplementedError
 
     def row_targets(self, targets: list, names: list[str] | None = None) -> list:

@@ -137,6 +137,10 @@ class EncoderAttributionModel(FrontEndModel):
         if self.task == "masked_lm" and tokenizer.mask_token_id is None:
             raise ValueError("This tokenizer has no mask token: a masked LM explains its mask tokens.")
 
+    def for_method(self, method: str) -> EncoderAttributionModel:
+        """The same model and tokenizer with another method."""
+        return type(self)(self.model, self.tokenizer, method)
+
     def model_task(self) -> str | None:
         """The head's task (:func:`~inseq_mixing.specs.encoder_heads.model_task`), None for a bare encoder."""
         return model_task(self.model)
@@ -161,7 +165,8 @@ class EncoderAttributionModel(FrontEndModel):
         """A dataset run's rows checked before any work (:meth:`validate`), errors naming the row."""
         self.validate(sources, self.row_targets(targets, names), names=names)
 
-    def attribute_rows(self, sources: list, targets: list, words: list, own: dict, options: dict) -> list:
+    def attribute_rows(self, sources: list, targets: list, words: list, own: dict, options: dict,
+                       names: list[str] | None = None, progress=None) -> list:  # fmt: skip
         """One batch of a dataset run (the target column: a mask's word, one per mask, or a label, per token), with
         each row's target text: the given one, or the predicted entries' tokens."""
         sequences = self.attribute(
@@ -592,6 +597,20 @@ class _ExplainedLogit(nn.Module):
         if logits.dim() == 3:
             logits = logits[:, self.cell]
         return logits[:, self.target] - (0 if self.foil is None else logits[:, self.foil])
+
+
+def load_saved(name: str, config, tokenizer, processor):
+    """An encoder-only model saved under ``name``, as the class it was saved as when that is one of its heads (else the
+    bare encoder), with its tokenizer when not given (the encoder kind's loader)."""
+    import transformers
+
+    from ..specs.encoder_heads import TASK_ALIASES, TASK_SUFFIXES
+
+    architecture = ((config.architectures if config is not None else None) or [""])[0]
+    tokenizer = tokenizer or transformers.AutoTokenizer.from_pretrained(name)
+    suffixes = (*TASK_SUFFIXES.values(), *TASK_ALIASES)
+    loader = getattr(transformers, architecture, None) if architecture.endswith(suffixes) else None
+    return (loader or transformers.AutoModel).from_pretrained(name), tokenizer, processor
 
 
 def _number(text: str) -> int | float | None:

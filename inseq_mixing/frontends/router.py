@@ -1,6 +1,6 @@
 """The one place that decides what kind a model is, and the one ``load_model`` every entry point calls.
 
-Four kinds, each with its front end:
+The kinds are records (:mod:`.kinds`), each with its front end:
 
 - ``"generation"``: encoder–decoders and decoder-only models (``...ForConditionalGeneration``, ``...ForCausalLM``,
   ``...LMHeadModel``, ``"demo"``, the embedded demo model, and ``"demo-retrieval"``, the retrieval demo model): Inseq's
@@ -12,9 +12,9 @@ Four kinds, each with its front end:
   encoders, CLIP's image–text similarity): :class:`~.vision.VisionAttributionModel`.
 
 :func:`identify` reads a name's or folder's config once and says its kind; :func:`load_model` takes what
-:func:`identify` found (or finds it) and builds the front end. The dataset runner, ``evaluate``, ``compare`` and the
-CLI call these two and never test a model's kind themselves. A new front end adds its kind here: one line in
-:func:`kind_of_config` and one in :func:`load_model`.
+:func:`identify` found (or finds it) and builds the kind's front end. The dataset runner, ``evaluate``, ``compare``,
+the views and the CLI call these two and read the kind's record; they never test a model's kind themselves. A new
+front end adds its kind as one record (:func:`.kinds.register_kind`).
 """
 
 from __future__ import annotations
@@ -23,17 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-GENERATION, ENCODER, SPEECH, VISION = "generation", "encoder", "speech", "vision"
-
-#: The model types of the speech families.
-SPEECH_MODEL_TYPES = ("whisper", "wav2vec2", "hubert")
-#: The model types of the vision families.
-VISION_MODEL_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers", "beit", "data2vec-vision", "clip",
-                      "clip_vision_model", "siglip", "siglip_vision_model", "siglip2",
-                      "siglip2_vision_model")  # fmt: skip
-
-#: Class-name endings of generation models (the head a config was saved with, or a model object's class).
-GENERATION_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+from .kinds import ENCODER, GENERATION, KINDS, SPEECH, VISION, Kind, kind_of, resolve
 
 
 @dataclass(frozen=True)
@@ -46,50 +36,27 @@ class ModelKind:
     config: Any = None
 
     @property
-    def is_speech(self) -> bool:
-        return self.kind == SPEECH
-
-    @property
-    def is_vision(self) -> bool:
-        return self.kind == VISION
-
-    @property
-    def is_encoder(self) -> bool:
-        return self.kind == ENCODER
-
-    @property
-    def is_generation(self) -> bool:
-        return self.kind == GENERATION
+    def record(self) -> Kind:
+        """The kind's record (:class:`.kinds.Kind`): what the layers above read instead of asking the kind."""
+        return KINDS[self.kind]
 
     @property
     def run_columns(self) -> tuple[str, str]:
         """A dataset run's default source and target columns: ``source`` / ``target``; speech models ``audio`` and
         ``transcript`` (Whisper) or ``frames`` (CTC and bare encoders); vision models ``image`` and ``label`` (CLIP:
         the text)."""
-        if self.is_speech:
-            return "audio", "transcript" if self.model_type == "whisper" else "frames"
-        if self.is_vision:
-            return "image", "label"
-        return "source", "target"
+        return self.record.columns(self.model_type)
 
     @property
     def reads_words(self) -> bool:
         """Whether a dataset run's rows may give word intervals (speech models' audio words)."""
-        return self.is_speech
+        return self.record.reads_words
 
 
 def kind_of_config(config, class_name: str | None = None) -> str:
-    """The kind of a model from its config (and, for a model object, its class name). A model that is neither speech
-    nor generation goes to the encoder front end, which names what it does not support."""
-    model_type = getattr(config, "model_type", None)
-    if model_type in SPEECH_MODEL_TYPES:
-        return SPEECH
-    if model_type in VISION_MODEL_TYPES:
-        return VISION
-    names = [class_name] if class_name is not None else list(getattr(config, "architectures", None) or [])
-    if getattr(config, "is_encoder_decoder", False) or any(name.endswith(GENERATION_SUFFIXES) for name in names):
-        return GENERATION
-    return ENCODER
+    """The kind of a model from its config (and, for a model object, its class name): the first record that claims
+    it; a model no other kind claims goes to the encoder front end, which names what it does not support."""
+    return kind_of(config, class_name).name
 
 
 def identify(model) -> ModelKind:
@@ -118,31 +85,21 @@ def identify(model) -> ModelKind:
 
 
 def inseq_refusal(model, method: str | None) -> str | None:
-    """Why ``inseq.load_model`` cannot take ``model`` and what to call instead (a speech model, or an encoder-only
-    one: a family with a masked-LM head in transformers, not a bare decoder), or None for a model Inseq takes or whose
-    kind cannot be told (its config cannot be read)."""
+    """Why ``inseq.load_model`` cannot take ``model`` and what to call instead (a speech or vision model, or an
+    encoder-only one: a family with a masked-LM head in transformers, not a bare decoder), or None for a model Inseq
+    takes or whose kind cannot be told (its config cannot be read)."""
     try:
         found = identify(model)
     except Exception:  # noqa: BLE001  (a model this cannot tell the kind of is Inseq's to refuse or load)
         return None
-    if not found.is_speech and not found.is_vision and not (found.is_encoder and _encoder_only(found.model_type)):
+    record = found.record
+    if record.inseq_loads(found.model_type):
         return None
-    kind, companion = {SPEECH: ("a speech", "processor"), VISION: ("a vision", "processor")}.get(
-        found.kind, ("an encoder-only", "tokenizer")
-    )
     return (
-        f"inseq.load_model loads generation models, and this is {kind} model ({found.model_type}): use "
-        f"inseq_mixing.load_model(model, {method or 'METHOD'!r}, {companion}=...), whose .attribute() gives Inseq "
-        "output."
+        f"inseq.load_model loads generation models, and this is {record.label} model ({found.model_type}): use "
+        f"inseq_mixing.load_model(model, {method or 'METHOD'!r}, {record.companion}=...), whose .attribute() gives "
+        "Inseq output."
     )
-
-
-def _encoder_only(model_type: str | None) -> bool:
-    """Whether a model type is an encoder-only family (transformers has a masked-LM head for it); a bare decoder
-    (``LlamaModel``) is not."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
-
-    return model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 
 def read_config(name: str):
@@ -190,38 +147,30 @@ def load_model(
         kwargs: Passed to ``inseq.load_model`` for generation models.
     """
     from ..specs import MIXING_OUTSIDE_ATTENTION, get_spec
-    from .encoders import EncoderAttributionModel
-    from .speech import SpeechAttributionModel
-    from .vision import VisionAttributionModel
+    from .common import FrontEndModel
 
-    found = found or identify(model)
-    if isinstance(model, SpeechAttributionModel):
+    if isinstance(model, FrontEndModel):
         return model if model.method == method else model.for_method(method)
-    if isinstance(model, VisionAttributionModel):
-        return model if model.method == method else VisionAttributionModel(model.model, model.processor, method)
-    if isinstance(model, EncoderAttributionModel):
-        return model if model.method == method else EncoderAttributionModel(model.model, model.tokenizer, method)
     if _is_inseq_model(model):
         if device is not None:
             model.device = device
         model.attribution_method = model.get_attribution_method(method)
         return model
-    if found.is_generation:
+    found = found or identify(model)
+    record = found.record
+    if record.front_end is None:
         return _generation_model(model, method, tokenizer, device, dtype, **kwargs)
     if isinstance(model, str | Path):
-        model, tokenizer, processor = _load_front_end_model(str(model), found, tokenizer, processor)
+        model, tokenizer, processor = resolve(record.load)(str(model), found.config, tokenizer, processor)
     if found.model_type in MIXING_OUTSIDE_ATTENTION:
         get_spec(model)  # refused, with what mixes its tokens outside attention, before asking for anything else
-    if (found.is_speech or found.is_vision) and processor is None:
-        raise ValueError(f"Pass the processor of this {found.kind} model: load_model(model, method, processor=...).")
-    if found.is_encoder and tokenizer is None:
-        raise ValueError("Pass the tokenizer of this encoder model: load_model(model, method, tokenizer=...).")
-    if found.is_speech:
-        front = SpeechAttributionModel(model, processor, method)
-    elif found.is_vision:
-        front = VisionAttributionModel(model, processor, method)
-    else:
-        front = EncoderAttributionModel(model, tokenizer, method)
+    companion = {"tokenizer": tokenizer, "processor": processor}[record.companion]
+    if companion is None:
+        raise ValueError(
+            f"Pass the {record.companion} of this {record.name} model: load_model(model, method, "
+            f"{record.companion}=...)."
+        )
+    front = record.front_end_class()(model, companion, method)
     # converted only once every check passed: a refused call leaves the caller's model as it was
     if dtype is not None:
         model.to(dtype)
@@ -246,6 +195,15 @@ def is_front_end(model) -> bool:
     from .common import FrontEndModel
 
     return isinstance(model, FrontEndModel) or _is_inseq_model(model)
+
+
+def run_front_end(model):
+    """The front end a dataset run drives through its hooks: one of this package's front ends as it is, an Inseq
+    model (the generation kind) as a :class:`~.generation.GenerationFrontEnd`."""
+    from .common import FrontEndModel
+    from .generation import GenerationFrontEnd
+
+    return model if isinstance(model, FrontEndModel) else GenerationFrontEnd(model)
 
 
 def as_front_end(model, method: str, found: ModelKind | None = None, **kwargs):
@@ -284,28 +242,6 @@ def _generation_model(model, method: str, tokenizer, device, dtype, **kwargs):
     return attribution_model
 
 
-def _load_front_end_model(name: str, found: ModelKind, tokenizer, processor):
-    """An encoder-only or speech model saved under ``name``, as the class it was saved as (its head), with its
-    tokenizer or processor when not given."""
-    import transformers
-
-    from ..specs.encoder_heads import TASK_ALIASES, TASK_SUFFIXES
-    from .speech import load_processor
-
-    architecture = ((found.config.architectures if found.config is not None else None) or [""])[0]
-    if found.is_speech:
-        processor = processor or load_processor(name)
-        loader = getattr(transformers, architecture, None)
-    elif found.is_vision:
-        processor = processor or transformers.AutoImageProcessor.from_pretrained(name)
-        loader = getattr(transformers, architecture, None)
-    else:
-        tokenizer = tokenizer or transformers.AutoTokenizer.from_pretrained(name)
-        suffixes = (*TASK_SUFFIXES.values(), *TASK_ALIASES)
-        loader = getattr(transformers, architecture, None) if architecture.endswith(suffixes) else None
-    return (loader or transformers.AutoModel).from_pretrained(name), tokenizer, processor
-
-
 def _is_inseq_model(model) -> bool:
     import sys
 
@@ -314,22 +250,20 @@ def _is_inseq_model(model) -> bool:
 
 
 def _front_end_kind(model) -> str:
-    """The kind of one of this package's front ends."""
-    from .speech import SpeechAttributionModel
-    from .vision import VisionAttributionModel
-
-    if isinstance(model, SpeechAttributionModel):
-        return SPEECH
-    return VISION if isinstance(model, VisionAttributionModel) else ENCODER
+    """The kind of one of this package's front ends: the kind whose front-end class is nearest in its class's
+    ancestry (a subclass of another kind's front end is of its own kind)."""
+    ancestry = type(model).__mro__
+    classes = {record.name: record.front_end_class() for record in KINDS.values() if record.front_end is not None}
+    found = [(ancestry.index(cls), name) for name, cls in classes.items() if cls in ancestry]
+    return min(found)[1]
 
 
 __all__ = [
     "ENCODER",
     "GENERATION",
     "SPEECH",
-    "SPEECH_MODEL_TYPES",
     "VISION",
-    "VISION_MODEL_TYPES",
+    "Kind",
     "ModelKind",
     "as_front_end",
     "identify",
@@ -337,4 +271,5 @@ __all__ = [
     "kind_of_config",
     "load_model",
     "read_config",
+    "run_front_end",
 ]

@@ -301,7 +301,8 @@ class SpeechAttributionModel(FrontEndModel):
         units: :meth:`validate`), errors naming the row."""
         self.validate(sources, self.row_targets(targets, names), words, own.get("window_s", DEFAULT_WINDOW_S), names)
 
-    def attribute_rows(self, sources: list, targets: list, words: list, own: dict, options: dict) -> list:
+    def attribute_rows(self, sources: list, targets: list, words: list, own: dict, options: dict,
+                       names: list[str] | None = None, progress=None) -> list:  # fmt: skip
         """One batch of utterances of a dataset run (padded, each equal to the utterance alone), with each row's
         target text: the given one, or the explained transcript (Whisper) or the explained frames' labels (CTC)."""
         sequences = self.attribute(sources, self.row_targets(targets), words=words, batch_size=len(sources),
@@ -578,6 +579,24 @@ class SpeechAttributionModel(FrontEndModel):
             start=start,
             stop=stop,
         )
+
+
+def load_saved(name: str, config, tokenizer, processor):
+    """A speech model saved under ``name``, as the class it was saved as, with its processor when not given (the
+    speech kind's loader)."""
+    import transformers
+
+    architecture = ((config.architectures if config is not None else None) or [""])[0]
+    processor = processor or load_processor(name)
+    loader = getattr(transformers, architecture, None)
+    return (loader or transformers.AutoModel).from_pretrained(name), tokenizer, processor
+
+
+def explorer_media(front: SpeechAttributionModel, inputs) -> dict:
+    """What the explorer draws beside a speech model's scores: each input's waveform, read at the model's rate."""
+    listed = inputs if isinstance(inputs, list | tuple) else [inputs]
+    rate = front.sampling_rate
+    return {"audio": [read_audio(item, rate, f"Audio {i}") for i, item in enumerate(listed)], "sampling_rate": rate}
 
 
 def _per_item(values, count: int, what: str, single: bool) -> list:

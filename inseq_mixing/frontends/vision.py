@@ -191,6 +191,22 @@ def _check_image_processor(processor, model: nn.Module) -> None:
     )
 
 
+def load_saved(name: str, config, tokenizer, processor):
+    """A vision model saved under ``name``, as the class it was saved as, with its image processor when not given (the
+    vision kind's loader)."""
+    import transformers
+
+    architecture = ((config.architectures if config is not None else None) or [""])[0]
+    processor = processor or transformers.AutoImageProcessor.from_pretrained(name)
+    loader = getattr(transformers, architecture, None)
+    return (loader or transformers.AutoModel).from_pretrained(name), tokenizer, processor
+
+
+def explorer_media(front, inputs) -> dict:
+    """What the explorer draws beside a vision model's scores: its images."""
+    return {"images": inputs}
+
+
 def _one(value):
     """A list of one text as the text."""
     return value[0] if isinstance(value, list | tuple) and len(value) == 1 else value
@@ -225,6 +241,10 @@ class VisionAttributionModel(EncoderAttributionModel):
                 f"{type(model).__name__} explains an image–text similarity: pass its processor with a tokenizer "
                 "(CLIPProcessor), not the image processor alone."
             )
+
+    def for_method(self, method: str) -> VisionAttributionModel:
+        """The same model and image processor with another method."""
+        return type(self)(self.model, self.processor, method)
 
     def model_task(self) -> str | None:
         """A read-out of one vector per image (a classifier, an image–text similarity): ``sequence_classification``;

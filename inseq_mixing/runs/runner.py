@@ -11,28 +11,20 @@ import json
 import logging
 import os
 import time
-import warnings
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
 
-from ..declarations import DECLARATIONS
-from ..frontends import identify, is_front_end
+from ..frontends import identify, is_front_end, run_front_end
+from ..frontends.generation import check_method
 from ..trace import state_tensors
 from .data import DatasetInputError, Example, fingerprint_examples, read_examples
 from .store import FORMAT, RunStore, RunStoreError, ShardScan, Writer, sequence_to_row
 
 logger = logging.getLogger(__name__)
 
-#: Arguments of Inseq's ``model.attribute`` that a dataset run accepts besides the method's own options.
-INSEQ_ARGUMENTS = ("attribute_target", "attributed_fn", "attr_pos_start", "attr_pos_end", "skip_special_tokens")
-#: Arguments that explain spans of each generation over context units (:mod:`inseq_mixing.frontends.spans`), the
-#: same for every row: kind names (``spans="sentences"``, ``units="passages"``) or one list for all rows.
-SPAN_ARGUMENTS = ("spans", "units", "hops", "separator", "language")
-#: Contrastive explanations need a foil text per example, which a dataset run does not take (yet).
-PER_EXAMPLE_ARGUMENTS = ("contrast_targets", "contrast_targets_alignments")
 #: Manifest entries that must match for a run to resume in a store.
 IDENTITY_KEYS = ("model", "method", "options", "dtype", "data", "batching")
 
@@ -172,12 +164,16 @@ def attribute_dataset(
     state, device = distributed_state(device)
     writer = Writer(rank=state.process_index, processes=state.num_processes)
     attribution_model = load_attribution_model(model, method, tokenizer, device, dtype, processor, found)
-    inseq_args, options = split_arguments(attribution_model, method_kwargs, max_new_tokens)
-    length = generation_length(attribution_model, max_new_tokens, any(example.target is None for example in examples))
-    check_targets(attribution_model, examples, length, inseq_args)
+    front = run_front_end(attribution_model)
+    own, options = front.run_arguments(method_kwargs, max_new_tokens)
+    names = [f"Row {example.index} (id {example.id!r})" for example in examples]
+    try:  # every row checked by the front end before any work
+        front.check_rows(*row_fields(examples), own, names)
+    except ValueError as error:
+        raise DatasetInputError(str(error)) from error
     batches = length_sorted_batches(examples, batch_size)
     identity = {**options, **({"max_new_tokens": max_new_tokens} if max_new_tokens is not None else {})}
-    manifest = build_manifest(attribution_model, method, identity, inseq_args, examples, batch_size, model)
+    manifest = build_manifest(front, method, identity, own, examples, batch_size, model)
     store = RunStore(out)
     store.check(manifest, IDENTITY_KEYS)  # every process refuses another run's store before anyone waits
     if state.is_main_process:
@@ -195,7 +191,7 @@ def attribute_dataset(
     with _progress(sum(len(batches[n]) for n in todo), show_progress and state.is_main_process) as bar:
         for number in todo:
             progress = _BatchProgress(bar)
-            rows = attribute_batch(attribution_model, batches[number], inseq_args, options, length, progress)
+            rows = attribute_batch(front, batches[number], own, options, progress)
             store.write_shard(number, rows, writer)
             summary.attributed += len(rows)
             progress.done(len(rows))
@@ -263,176 +259,6 @@ def _torch_dtype(dtype) -> torch.dtype | None:
     return DTYPES[dtype]
 
 
-def check_method(method: str) -> None:
-    """Refuse a method that is neither the plugin's nor Inseq's, naming them."""
-    if method in DECLARATIONS:
-        return
-    import inseq
-
-    if method not in inseq.list_feature_attribution_methods():
-        raise ValueError(
-            f"Unknown method {method!r} for a dataset run; choose one of the plugin's {list(DECLARATIONS)} or "
-            f"Inseq's {sorted(set(inseq.list_feature_attribution_methods()) - set(DECLARATIONS))}."
-        )
-
-
-def is_own_front_end(attribution_model) -> bool:
-    """Whether the model is one of this package's front ends (encoder-only, speech...), which a run drives through
-    its hooks (:class:`~inseq_mixing.frontends.common.FrontEndModel`), rather than Inseq's own model."""
-    from ..frontends.common import FrontEndModel
-
-    return isinstance(attribution_model, FrontEndModel)
-
-
-def is_declared(attribution_model) -> bool:
-    """Whether the model's method is one of the plugin's (batched through one trace) rather than Inseq's own."""
-    return getattr(attribution_model.attribution_method, "declaration", None) is not None
-
-
-def split_arguments(attribution_model, kwargs: dict, max_new_tokens: int | None = None) -> tuple[dict, dict]:
-    """Split ``kwargs`` into Inseq's attribute arguments (or a front end's own) and the method's options, rejecting
-    unknown names."""
-    if is_own_front_end(attribution_model):  # its own arguments and the method's options, checked by it
-        return attribution_model.run_arguments(dict(kwargs), max_new_tokens)
-    method = attribution_model.attribution_method
-    if not is_declared(attribution_model):
-        return _split_inseq_arguments(attribution_model, kwargs)
-    known = method.method.option_names()
-    unknown = sorted(set(kwargs) - set(known) - set(INSEQ_ARGUMENTS) - set(SPAN_ARGUMENTS))
-    if unknown:
-        raise ValueError(
-            f"Unknown option(s) {unknown} for {method.method_name}; its options are {known}, and a dataset run "
-            f"also takes {list(INSEQ_ARGUMENTS)} (or, for spans of each generation, {list(SPAN_ARGUMENTS)})."
-        )
-    spans = {name: kwargs[name] for name in SPAN_ARGUMENTS if name in kwargs}
-    if spans:
-        mixed = sorted(set(kwargs) & set(INSEQ_ARGUMENTS))
-        if mixed:
-            raise ValueError(f"{mixed} are not taken with {sorted(spans)}: spans= says what is explained.")
-        from ..frontends.spans import check_span_arguments
-
-        check_span_arguments(**spans)
-        options = {name: value for name, value in kwargs.items() if name in known}
-        method.method.check_options(options)
-        return spans, options
-    per_example = sorted(set(kwargs) & set(PER_EXAMPLE_ARGUMENTS))
-    if per_example:
-        raise ValueError(f"{per_example} take one text per call: use model.attribute for contrastive explanations.")
-    method.method.check_options({name: value for name, value in kwargs.items() if name in known})
-    inseq_args = {name: kwargs[name] for name in INSEQ_ARGUMENTS if name in kwargs}
-    inseq_args.setdefault("attribute_target", True)
-    if not attribution_model.is_encoder_decoder:
-        inseq_args["attribute_target"] = False  # decoder-only: the target side is the whole context
-    return inseq_args, {name: value for name, value in kwargs.items() if name in known}
-
-
-def _split_inseq_arguments(attribution_model, kwargs: dict) -> tuple[dict, dict]:
-    """Inseq's own methods (gradient baselines, ...): their options are those their ``attribute`` takes (e.g.
-    ``n_steps`` for Integrated Gradients); unknown names are refused instead of Inseq's "Unused arguments" warning."""
-    method = attribution_model.attribution_method
-    candidates = {name: value for name, value in kwargs.items() if name not in INSEQ_ARGUMENTS}
-    per_example = sorted(set(candidates) & set(PER_EXAMPLE_ARGUMENTS))
-    if per_example:
-        raise ValueError(f"{per_example} take one text per call: use model.attribute for contrastive explanations.")
-    options, unused = method.get_attribution_args(**candidates)
-    if unused:
-        raise ValueError(f"Unknown option(s) {sorted(unused)} for {method.method_name}; a dataset run also takes "
-                         f"{list(INSEQ_ARGUMENTS)}.")  # fmt: skip
-    inseq_args = {name: kwargs[name] for name in INSEQ_ARGUMENTS if name in kwargs}
-    inseq_args.setdefault("attribute_target", attribution_model.is_encoder_decoder)
-    return inseq_args, options
-
-
-#: The new tokens transformers generates when neither the call nor the model's generation config sets a length.
-TRANSFORMERS_DEFAULT_NEW_TOKENS = 20
-
-
-def generation_length(attribution_model, max_new_tokens: int | None = None, generates: bool = True) -> dict:
-    """The keyword arguments that cap each generated target: ``max_new_tokens`` when given, the model's own
-    generation config when it sets a length (``{}``), else transformers' default made explicit, with a warning (once,
-    when ``generates``: some row has no target) that says which length is used and how to set it.
-
-    Raises:
-        ValueError: ``max_new_tokens`` is not a positive integer.
-    """
-    if max_new_tokens is not None:
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a positive integer, not {max_new_tokens!r}.")
-        return {"max_new_tokens": max_new_tokens}
-    if is_own_front_end(attribution_model):  # what it generates (Whisper's greedy transcripts) it caps itself
-        return {}
-    config = attribution_model.model.generation_config
-    if config.max_new_tokens is not None or config.max_length is not None:
-        return {}
-    if generates:
-        warnings.warn(
-            f"The model's generation config sets no length: each generated target has at most "
-            f"{TRANSFORMERS_DEFAULT_NEW_TOKENS} new tokens (transformers' default). Set max_new_tokens= "
-            "(--max-new-tokens) to change it.",
-            GenerationLengthWarning,
-            stacklevel=3,
-        )
-    return {"max_new_tokens": TRANSFORMERS_DEFAULT_NEW_TOKENS}
-
-
-class GenerationLengthWarning(UserWarning):
-    """Targets are generated at a length the user did not choose (the model's config sets none)."""
-
-
-def check_targets(
-    attribution_model, examples: list[Example], length: dict | None = None, front: dict | None = None
-) -> None:
-    """Every row checked before any work, each error naming the row and its id: decoder-only targets are the full
-    text, each must start with its prompt (Inseq's convention), and a prompt whose generation (capped by ``length``,
-    :func:`generation_length`) would run past a table of absolute positions (GPT-2's ``n_positions``) is refused;
-    encoder rows are validated by their front end, speech rows too (their audio read, their word intervals cut into
-    units, with the front end's arguments ``front``)."""
-    if is_own_front_end(attribution_model):  # every row checked by the front end before any work
-        names = [f"Row {example.index} (id {example.id!r})" for example in examples]
-        sources, targets, words = row_fields(examples)
-        try:
-            attribution_model.check_rows(sources, targets, words, front or {}, names)
-        except ValueError as error:
-            raise DatasetInputError(str(error)) from error
-        return
-    spans = {name: value for name, value in (front or {}).items() if name in SPAN_ARGUMENTS}
-    if spans:
-        check_span_rows(attribution_model, [example for example in examples if example.target is not None], spans)
-    if attribution_model.is_encoder_decoder:
-        return
-    for example in examples:
-        if example.target is not None and not example.target.startswith(example.source):
-            raise DatasetInputError(
-                f"Row {example.index} (id {example.id!r}): the target of a decoder-only model is the full text and "
-                f"must start with the prompt {example.source!r}; it is {example.target!r}."
-            )
-        if example.source and not attribution_model.encode(example.source).input_ids.shape[1]:
-            raise DatasetInputError(
-                f"Row {example.index} (id {example.id!r}): the prompt {example.source!r} gives no token with this "
-                "tokenizer: give it text, or leave it empty (an empty prompt starts from the BOS token)."
-            )
-    prompts = [
-        (example.source, f"Row {example.index} (id {example.id!r})") for example in examples if not example.target
-    ]
-    check_prompts_fit(attribution_model, prompts, length)
-
-
-def check_span_rows(attribution_model, examples: list[Example], spans: dict, targets: list[str] | None = None) -> None:
-    """Each row's spans and units found in its texts by the span front end (its tokenizer alone, no model run), an
-    error naming the row and its id: before any work for the rows with a target, and before the batch is attributed
-    for those whose target was just generated (``targets``: their texts)."""
-    from ..frontends.spans import SpanAttributionModel
-
-    front = SpanAttributionModel(attribution_model)
-    settings = {name: spans[name] for name in ("spans", "units", "separator", "language") if name in spans}
-    texts = targets if targets is not None else [example.target for example in examples]
-    for example, text in zip(examples, texts, strict=True):
-        try:
-            front.item_of(f"Row {example.index} (id {example.id!r})", example.source, text, **settings)
-        except ValueError as error:
-            raise DatasetInputError(str(error)) from error
-
-
 def row_fields(examples: list[Example]) -> tuple[list, list, list]:
     """The sources, target texts (None: the model's own) and word intervals (None where not given) of ``examples``,
     as a front end's :meth:`~inseq_mixing.frontends.common.FrontEndModel.check_rows` takes them."""
@@ -440,234 +266,22 @@ def row_fields(examples: list[Example]) -> tuple[list, list, list]:
     return [example.source for example in examples], [example.target for example in examples], words
 
 
-def check_prompts_fit(attribution_model, prompts: list[tuple[str, str]], length: dict | None = None) -> None:
-    """Refuse a decoder-only prompt to generate from whose generation could run past the model's table of absolute
-    positions (the model would fail inside ``generate`` with an ``IndexError``).
-
-    Args:
-        attribution_model: The Inseq model.
-        prompts: ``(prompt, where)`` pairs; ``where`` names the prompt in the error (e.g. its row).
-        length: The generation's cap (:func:`generation_length`; default: the model's generation config).
-
-    Raises:
-        DatasetInputError: Naming the first prompt that does not fit, the lengths, and what to do.
-    """
-    from ..specs import get_spec
-
-    if attribution_model.is_encoder_decoder or not prompts:
-        return
-    limit = get_spec(attribution_model.model).max_positions
-    if limit is None:
-        return
-    config = attribution_model.model.generation_config
-    new_tokens = (length or {}).get("max_new_tokens") or config.max_new_tokens
-    for prompt, where in prompts:
-        tokens = attribution_model.encode(decoder_only_prompt(attribution_model, prompt)[0]).input_ids.shape[1]
-        longest = tokens + new_tokens if new_tokens else max(config.max_length or 0, tokens + 20)
-        if longest > limit:
-            raise DatasetInputError(
-                f"{where}: the prompt has {tokens} tokens, and its generation may reach {longest} positions, but this "
-                f"model has position embeddings for {limit}. Give its target (the full text), or shorten the prompt."
-            )
+def attribute_batch(front, batch: list[Example], own: dict, options: dict, progress: "_BatchProgress | None" = None):
+    """One batch attributed by the front end (:meth:`~inseq_mixing.frontends.common.FrontEndModel.attribute_rows`),
+    as its store rows, in batch order; ``progress`` is told what is being done."""
+    names = [f"Row {example.index} (id {example.id!r})" for example in batch]
+    attributed = front.attribute_rows(*row_fields(batch), own, options, names=names,
+                                      progress=progress or _BatchProgress(None))  # fmt: skip
+    return [
+        sequence_to_row(sequence, example, example.source, text)
+        for (sequence, text), example in zip(attributed, batch, strict=True)
+    ]
 
 
 def length_sorted_batches(examples: list[Example], batch_size: int) -> list[list[Example]]:
     """Batches of examples of similar length (less padding); the same data always gives the same batches."""
     ordered = sorted(examples, key=lambda ex: len(ex.source) + len(ex.target or ""))
     return [ordered[start : start + batch_size] for start in range(0, len(ordered), batch_size)]
-
-
-def attribute_batch(
-    attribution_model,
-    batch: list[Example],
-    inseq_args: dict,
-    options: dict,
-    length: dict | None = None,
-    progress: "_BatchProgress | None" = None,
-) -> list[dict]:
-    """Attribute one batch (generating missing targets first, capped by ``length``) and return its store rows, in
-    batch order; ``progress`` is told what is being done, and each example done where they are done one by one."""
-    progress = progress or _BatchProgress(None)
-    if is_own_front_end(attribution_model):  # inseq_args: the front end's own arguments (speech: window_s...)
-        attributed = attribution_model.attribute_rows(*row_fields(batch), inseq_args, options)
-        return [
-            sequence_to_row(sequence, example, example.source, text)
-            for (sequence, text), example in zip(attributed, batch, strict=True)
-        ]
-    sources, targets, _ = row_fields(batch)
-    missing = [idx for idx, target in enumerate(targets) if target is None]
-    if missing:
-        progress.doing(f"generating {len(missing)} target(s)")
-        generated = generate_targets(attribution_model, [sources[idx] for idx in missing], length)
-        for idx, text in zip(missing, generated, strict=True):
-            targets[idx] = text
-    if any(name in inseq_args for name in SPAN_ARGUMENTS):  # spans over units: the span front end, one call
-        from ..frontends.spans import SpanAttributionModel
-
-        if missing:  # the rows whose target was just generated, named as the others were before any work
-            check_span_rows(attribution_model, [batch[idx] for idx in missing], inseq_args,
-                            [targets[idx] for idx in missing])  # fmt: skip
-        progress.doing("attributing spans")
-        sequences = (
-            SpanAttributionModel(attribution_model)
-            .attribute(sources, targets, batch_size=len(sources), show_progress=False, **inseq_args, **options)
-            .sequence_attributions
-        )
-    elif is_declared(attribution_model):
-        sequences = attribute_texts(attribution_model, sources, targets, inseq_args, options).sequence_attributions
-    else:  # Inseq's own methods, through Inseq's loop: each example exactly as model.attribute gives it
-        progress.doing("attributing")
-        sequences = []
-        for source, target in zip(sources, targets, strict=True):
-            sequences.append(
-                attribution_model.attribute(
-                    source, target, show_progress=False, **inseq_args, **options
-                ).sequence_attributions[0]
-            )
-            progress.one()
-    return [
-        sequence_to_row(sequence, example, source, target)
-        for sequence, example, source, target in zip(sequences, batch, sources, targets, strict=True)
-    ]
-
-
-def generate_targets(attribution_model, sources: list[str], cap: dict | None = None) -> list[str]:
-    """What ``attribution_model.generate(source)`` gives each source alone (the target ``model.attribute(source)``
-    attributes), computed in batches, each generation capped by ``cap`` (:func:`generation_length`).
-
-    Encoder–decoders: one ``generate`` call on the right-padded sources with their attention mask (the decoder starts
-    alike for all). Decoder-only models: one call per prompt length, so no prompt is padded and every ``max_length``
-    or ``min_length`` counts as it does alone. Texts are decoded as Inseq decodes one generation: special tokens kept
-    for decoder-only models, dropped for encoder–decoders.
-    """
-    prompts = [decoder_only_prompt(attribution_model, source)[0] for source in sources]
-    tokenizer = attribution_model.tokenizer
-    lengths: list[int] = []
-    if attribution_model.is_encoder_decoder:
-        groups = [list(range(len(prompts)))]
-    else:
-        lengths = [attribution_model.encode(prompt).input_ids.shape[1] for prompt in prompts]
-        by_length: dict[int, list[int]] = {}
-        for idx, length in enumerate(lengths):
-            by_length.setdefault(length, []).append(idx)
-        groups = list(by_length.values())
-    texts: list[str] = [""] * len(prompts)
-    for group in groups:
-        padding_side, tokenizer.padding_side = tokenizer.padding_side, "right"
-        try:
-            inputs = attribution_model.encode([prompts[idx] for idx in group])
-        finally:
-            tokenizer.padding_side = padding_side
-        with torch.no_grad():
-            sequences = attribution_model.model.generate(
-                input_ids=inputs.input_ids,
-                attention_mask=inputs.attention_mask,
-                return_dict_in_generate=True,
-                **(cap or {}),
-            ).sequences
-        for row, idx in enumerate(group):
-            ids = sequences[row]
-            if not attribution_model.is_encoder_decoder:
-                ids = _until_end_of_sequence(ids, lengths[idx], attribution_model.model.generation_config)
-            text = attribution_model.decode(ids[None], skip_special_tokens=attribution_model.is_encoder_decoder)
-            texts[idx] = text[0] if isinstance(text, list) else text
-    return texts
-
-
-def _until_end_of_sequence(ids: torch.Tensor, prompt_length: int, config) -> torch.Tensor:
-    """A batched decoder-only generation cut where it would have stopped alone: after its first end-of-sequence token
-    (the batch pads finished rows until the longest ends)."""
-    ends = config.eos_token_id
-    ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
-    generated = ids[prompt_length:]
-    hits = torch.isin(generated, torch.tensor(ends, device=ids.device)).nonzero()
-    return ids if not len(hits) else ids[: prompt_length + int(hits[0, 0]) + 1]
-
-
-def decoder_only_prompt(attribution_model, source: str, target: str | None = None) -> tuple[str, str | None]:
-    """Inseq's convention for an empty decoder-only prompt: it becomes the BOS token, and the target starts with it.
-
-    Raises:
-        DatasetInputError: An empty prompt for a tokenizer without a BOS token.
-    """
-    if attribution_model.is_encoder_decoder or source:
-        return source, target
-    bos = attribution_model.bos_token
-    if not bos:
-        raise DatasetInputError(
-            "An empty prompt is attributed from the BOS token, and this tokenizer has none: give every row a prompt."
-        )
-    if target is not None and not target.startswith(bos):
-        target = f"{bos} {target}"
-    return bos, target
-
-
-def attribute_texts(attribution_model, sources: list[str], targets: list[str], inseq_args: dict, options: dict):
-    """Inseq's attribution of a whole batch of (source, target) pairs in one step of the final-step method.
-
-    Inseq gives a whole batch one first attributed position, which does not fit prompts of different lengths in a
-    left-padded decoder-only batch: such a batch is right-padded (causal attention makes the padding invisible to real
-    tokens), attributed from position 1, and each sequence then keeps the columns after its own prompt, as
-    ``model.attribute`` gives them for the sequence alone. An empty decoder-only prompt becomes the BOS token, as in
-    ``model.attribute`` (:func:`decoder_only_prompt`).
-    """
-    from inseq.attr.feat import extract_args
-    from inseq.data.attribution import merge_attributions
-
-    if not attribution_model.is_encoder_decoder:
-        pairs = [decoder_only_prompt(attribution_model, s, t) for s, t in zip(sources, targets, strict=True)]
-        sources, targets = [source for source, _ in pairs], [target for _, target in pairs]
-    method = attribution_model.attribution_method
-    args = dict(inseq_args)
-    attributed_fn = attribution_model.get_attributed_fn(args.pop("attributed_fn", None))
-    attribution_args, attributed_fn_args, step_scores_args = extract_args(
-        method,
-        attributed_fn,
-        [],
-        default_args=attribution_model.formatter.get_step_function_reserved_args(),
-        **options,
-    )
-    common = {
-        "show_progress": False,
-        "attributed_fn": attributed_fn,
-        "attribution_args": attribution_args,
-        "attributed_fn_args": attributed_fn_args,
-        "step_scores_args": step_scores_args,
-        "attribute_target": args.pop("attribute_target"),
-        "skip_special_tokens": args.pop("skip_special_tokens", False),
-    }
-    if attribution_model.is_encoder_decoder:
-        outputs = method.prepare_and_attribute(sources, targets, batch_size=len(sources), **common, **args)
-        return merge_attributions(outputs)
-    tokenizer = attribution_model.tokenizer
-    padding_side, tokenizer.padding_side = tokenizer.padding_side, "right"
-    try:
-        batch = attribution_model.formatter.prepare_inputs_for_attribution(
-            attribution_model, targets, False, common["skip_special_tokens"]
-        )
-    finally:
-        tokenizer.padding_side = padding_side
-    special = not common["skip_special_tokens"]
-    starts = [
-        max(attribution_model.encode(source, add_special_tokens=special).input_ids.shape[1],
-            args.get("attr_pos_start") or 0)
-        for source in sources
-    ]  # fmt: skip
-    with method.explaining_from(starts):  # the methods skip the prompt rows that keep_generated drops
-        output = method.attribute(batch, attr_pos_start=1, attr_pos_end=None, **common)
-    for sequence, start in zip(output.sequence_attributions, starts, strict=True):
-        end = min(len(sequence.target), args.get("attr_pos_end") or len(sequence.target))
-        keep_generated(sequence, start, end)
-    return output
-
-
-def keep_generated(sequence, start: int, end: int) -> None:
-    """Restrict a decoder-only sequence output to the generated positions ``start:end`` (the prompt is its source)."""
-    first, last = start - sequence.attr_pos_start, end - sequence.attr_pos_start
-    sequence.target_attributions = sequence.target_attributions[:, first:last]
-    sequence.step_scores = {name: score[first:last] for name, score in (sequence.step_scores or {}).items()}
-    sequence.source = sequence.target[:start]
-    sequence.attr_pos_start, sequence.attr_pos_end = start, end
 
 
 def build_manifest(attribution_model, method, options, inseq_args, examples, batch_size, model_arg) -> dict:

@@ -21,6 +21,7 @@ from .base import attention as attn_spec
 from .encoder_heads import head_spec, pooled_head_spec
 
 FAMILY = "BEiT, Data2Vec-vision (vision)"
+KIND = "vision"
 MODEL_TYPES = {"beit", "data2vec-vision"}
 
 

@@ -27,6 +27,7 @@ from .base import attention as attn_spec
 from .encoder_heads import pooled_head_spec
 
 FAMILY = "CLIP image tower (vision)"
+KIND = "vision"
 MODEL_TYPES = {"clip", "clip_vision_model"}
 
 

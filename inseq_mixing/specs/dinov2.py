@@ -20,6 +20,7 @@ from .base import attention as attn_spec
 from .encoder_heads import model_task, pooled_head_spec
 
 FAMILY = "DINOv2, DINOv2 with registers (vision)"
+KIND = "vision"
 MODEL_TYPES = {"dinov2", "dinov2_with_registers"}
 
 

@@ -22,6 +22,7 @@ from .clip import layer_spec, tower
 from .encoder_heads import pooled_head_spec
 
 FAMILY = "SigLIP, SigLIP 2 image towers (vision)"
+KIND = "vision"
 MODEL_TYPES = {"siglip", "siglip_vision_model", "siglip2", "siglip2_vision_model"}
 
 

@@ -20,6 +20,7 @@ from .base import attention as attn_spec
 from .encoder_heads import head_spec, pooled_head_spec
 
 FAMILY = "ViT, DeiT (vision)"
+KIND = "vision"
 MODEL_TYPES = {"vit", "deit"}
 
 HEADS = {"sequence_classification": ("classifier",)}

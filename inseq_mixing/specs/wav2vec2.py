@@ -16,6 +16,7 @@ from .base import attention as attn_spec
 from .encoder_heads import head_spec
 
 FAMILY = "wav2vec 2.0, HuBERT (speech, CTC)"
+KIND = "speech"
 MODEL_TYPES = {"wav2vec2", "hubert"}
 
 HEADS = {"ctc": ("lm_head",)}

@@ -14,6 +14,7 @@ from .bart import stack_spec
 from .base import ModelSpec
 
 FAMILY = "Whisper (speech)"
+KIND = "speech"
 MODEL_TYPES = {"whisper"}
 
 

@@ -135,30 +135,22 @@ def explore_model(
         The page's HTML.
     """
     from ..frontends import identify, load_model
+    from ..frontends.kinds import resolve
 
     methods = dict(DEFAULT_METHODS) if methods is None else methods
     methods = {name: {} for name in methods} if isinstance(methods, list | tuple) else dict(methods)
     if not methods:
         raise ValueError("Give at least one method to explore.")
     found = identify(model)
+    record = found.record
     first = load_model(model, next(iter(methods)), found=found, **load_kwargs)
     outputs = {}
     for index, (method, options) in enumerate(methods.items()):
         front = first if index == 0 else load_model(first, method)
         extra = {"contribution_graphs": contribution_graphs} if index == 0 and contribution_graphs else {}
-        if found.is_generation:
-            extra["attribute_target"] = True
         args = (inputs,) if targets is None else (inputs, targets)
-        outputs[method] = front.attribute(*args, show_progress=False, **options, **extra)
-    media = {}
-    if found.is_vision:
-        media["images"] = inputs
-    elif found.is_speech:
-        from ..frontends.audio import read_audio
-
-        rate = first.sampling_rate
-        listed = inputs if isinstance(inputs, list | tuple) else [inputs]
-        media.update(audio=[read_audio(item, rate, f"Audio {i}") for i, item in enumerate(listed)], sampling_rate=rate)
+        outputs[method] = front.attribute(*args, show_progress=False, **options, **record.explorer_options, **extra)
+    media = resolve(record.explorer_media)(first, inputs) if record.explorer_media is not None else {}
     return explore(outputs, path, title=title, **media)
 
 

@@ -394,6 +394,12 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         )
 
 
+def check_loaded(attribution_model) -> None:
+    """What the generation kind checks of a model loaded from a name or folder: its tokenizer matches it
+    (:func:`refuse_mismatched_tokenizer`)."""
+    refuse_mismatched_tokenizer(attribution_model.tokenizer, attribution_model.model)
+
+
 def refuse_mismatched_tokenizer(tokenizer, model) -> None:
     """Refuse, at load, a tokenizer with no ordinary token (transformers builds one from a folder without tokenizer
     files; every text would become nothing) or with ids the model has no embedding for (another model's tokenizer)."""
