@@ -255,6 +255,35 @@ class Declaration:
             return result
         return spans.reduce(self.run(dataclasses.replace(request, positions=spans.positions), options))
 
+    def run_hops(self, request: Request, options, spans: SpanRows, generated, hops: int):
+        """The spans' result after ``hops`` hops through the generated tokens (:mod:`inseq_mixing.methods.spans`):
+        the method run on every decoder row, each generated token's row the hop matrix
+        (:func:`~inseq_mixing.methods.spans.hop_weights`), the spans' rows passed back through it ``hops`` times.
+
+        Returns:
+            The spans' result (one row per span) and each hop's part over the keys ``(B, N, K, hops + 1)``, whose sum
+            over the last axis is the scores after the hops.
+
+        Raises:
+            ValueError: Options or a result that give more than one map per token (per layer, per head): a hop reads
+                one row per generated token. Said before the work where the options tell.
+        """
+        from ..methods.spans import hop_weights, hopped, keys_of
+
+        refusal = ("hops pass a span's score through each generated token's one row; {what}: ask for one map per "
+                   "token (rollout=True, per_head=False), or use a method that rolls out (alti, globenc, "
+                   "attention_rollout) or a logit method.")  # fmt: skip
+        if getattr(options, "per_head", False) or not getattr(options, "rollout", True):  # known before the work
+            raise ValueError(refusal.format(what=f"{self.name} gives one per layer or head with these options"))
+        result = self.run(request, options)
+        rows = keys_of(result)
+        if rows.dim() != 3:
+            slots = f"{len(result.axis or [])} slots per row ({(result.axis or ['?'])[0]}, ...)"
+            raise ValueError(refusal.format(what=f"{self.name} gave {slots}"))
+        weights = hop_weights(rows, generated)
+        result = spans.reduce(result)
+        return result, hopped(keys_of(result), weights, generated, hops)
+
     def option_fields(self) -> list[dataclasses.Field]:
         """The option fields, the method's own first, then those of the shared pieces it inherits."""
         fields = {item.name: item for item in dataclasses.fields(self.options)}

@@ -15,12 +15,13 @@ import warnings
 import torch
 
 from .common import FrontEndModel
+from .spans import SPAN_SETTINGS, SpanAttributionModel
 
 #: Arguments of Inseq's ``model.attribute`` that a dataset run accepts besides the method's own options.
 INSEQ_ARGUMENTS = ("attribute_target", "attributed_fn", "attr_pos_start", "attr_pos_end", "skip_special_tokens")
 #: Arguments that explain spans of each generation over context units (:mod:`inseq_mixing.frontends.spans`), the
 #: same for every row: kind names (``spans="sentences"``, ``units="passages"``) or one list for all rows.
-SPAN_ARGUMENTS = ("spans", "units", "hops", "separator", "language")
+SPAN_ARGUMENTS = SPAN_SETTINGS
 #: Contrastive explanations need a foil text per example, which a dataset run does not take (yet).
 PER_EXAMPLE_ARGUMENTS = ("contrast_targets", "contrast_targets_alignments")
 
@@ -95,11 +96,8 @@ class GenerationFrontEnd(FrontEndModel):
         a table of absolute positions (GPT-2's ``n_positions``) is refused; spans and units are found in the texts."""
         model = self.inseq_model
         length = generation_length(model, own.get("max_new_tokens"), any(target is None for target in targets))
-        spans = {name: value for name, value in own.items() if name in SPAN_ARGUMENTS}
-        given = [index for index, target in enumerate(targets) if target is not None]
-        if spans:
-            check_span_rows(model, [names[i] for i in given], [sources[i] for i in given], [targets[i] for i in given],
-                            spans)  # fmt: skip
+        if any(name in own for name in SPAN_ARGUMENTS):
+            SpanAttributionModel(model).check_rows(sources, targets, words, own, names)
         if model.is_encoder_decoder:
             return
         for name, source, target in zip(names, sources, targets, strict=True):
@@ -133,20 +131,9 @@ class GenerationFrontEnd(FrontEndModel):
             for index, text in zip(missing, generated, strict=True):
                 targets[index] = text
         if any(name in inseq_args for name in SPAN_ARGUMENTS):  # spans over units: the span front end, one call
-            from .spans import SpanAttributionModel
-
-            if missing:  # the rows whose target was just generated, checked as the others were before any work
-                named = [names[index] if names else f"Row {index}" for index in missing]
-                check_span_rows(model, named, [sources[index] for index in missing],
-                                [targets[index] for index in missing], inseq_args)  # fmt: skip
-            if progress is not None:
-                progress.doing("attributing spans")
-            sequences = (
-                SpanAttributionModel(model)
-                .attribute(sources, targets, batch_size=len(sources), show_progress=False, **inseq_args, **options)
-                .sequence_attributions
-            )
-        elif is_declared(model):
+            return SpanAttributionModel(model).attribute_rows(sources, targets, words, inseq_args, options, names,
+                                                              progress, generated=missing)  # fmt: skip
+        if is_declared(model):
             sequences = attribute_texts(model, sources, targets, inseq_args, options).sequence_attributions
         else:  # Inseq's own methods, through Inseq's loop: each example exactly as model.attribute gives it
             if progress is not None:
@@ -249,18 +236,6 @@ def generation_length(attribution_model, max_new_tokens: int | None = None, gene
 
 class GenerationLengthWarning(UserWarning):
     """Targets are generated at a length the user did not choose (the model's config sets none)."""
-
-
-def check_span_rows(attribution_model, names: list[str], sources: list[str], texts: list[str], spans: dict) -> None:
-    """Each row's spans and units found in its texts by the span front end (its tokenizer alone, no model run), an
-    error naming the row (``ValueError``): before any work for the rows with a target, and before the batch is
-    attributed for those whose target was just generated."""
-    from .spans import SpanAttributionModel
-
-    front = SpanAttributionModel(attribution_model)
-    settings = {name: spans[name] for name in ("spans", "units", "separator", "language") if name in spans}
-    for name, source, text in zip(names, sources, texts, strict=True):
-        front.item_of(name, source, text, **settings)
 
 
 def check_prompts_fit(attribution_model, prompts: list[tuple[str, str]], length: dict | None = None) -> None:

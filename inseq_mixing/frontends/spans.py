@@ -35,7 +35,7 @@ from ..declarations import DECLARATIONS, InputSize, Request
 from ..declarations.graphs import GRAPH_KEYWORD
 from ..methods.blocks import upcast
 from ..methods.results import LogitScores
-from ..methods.spans import SpanRows, hop_weights, hopped, keys_of, unit_scores
+from ..methods.spans import SpanRows, keys_of, unit_scores
 from ..methods.units import FrameUnits
 from ..trace import ModelCall, forward_arguments, trace_model
 from .common import FrontEndModel, check_batch_size
@@ -44,6 +44,8 @@ from .words import markup_ids
 
 #: The keywords of ``model.attribute`` that send a call here.
 SPAN_KEYWORDS = ("spans", "units", "hops")
+#: Every argument of a span explanation (a dataset run takes them, the same for every row).
+SPAN_SETTINGS = (*SPAN_KEYWORDS, "separator", "language")
 #: How a unit or span label is shortened for the heatmap (its whole text is in ``info``).
 LABEL_CHARACTERS = 40
 REST = "(rest of the text)"
@@ -78,6 +80,8 @@ class SpanBatch:
     units: torch.Tensor  # (B, U, K)
     generated: torch.Tensor  # (B, K)
     hops: int
+    unit_scores: torch.Tensor | None = None  # (B, [slots,] N, U): the spans' scores over the units, once explained
+    hop_units: torch.Tensor | None = None  # (B, N, hops + 1, U): each hop's part, with hops
 
     @property
     def size(self) -> int:
@@ -203,6 +207,29 @@ class SpanAttributionModel(FrontEndModel):
         if foils is not None:
             out.info["attribution_args"]["contrast_targets"] = foils
         return out
+
+    # ----- a dataset run's hooks (the generation front end hands its span rows here) -----
+
+    def check_rows(self, sources: list, targets: list, words: list, own: dict, names: list[str]) -> None:
+        """Each row's spans and units found in its texts (the tokenizer alone, no model run), an error naming the
+        row; rows without a target yet (None) are checked once it is generated (:meth:`attribute_rows`)."""
+        settings = {name: own[name] for name in ("spans", "units", "separator", "language") if name in own}
+        for name, source, text in zip(names, sources, targets, strict=True):
+            if text is not None:
+                self.item_of(name, source, text, **settings)
+
+    def attribute_rows(self, sources: list, targets: list, words: list, own: dict, options: dict,
+                       names: list[str] | None = None, progress=None, generated: list[int] = ()) -> list:  # fmt: skip
+        """One batch of span rows in one call, every target given (``generated``: the rows whose target the model
+        just generated, checked now as the others were before any work)."""
+        names = names or [f"Row {index}" for index in range(len(sources))]
+        self.check_rows([sources[i] for i in generated], [targets[i] for i in generated], [], own,
+                        [names[i] for i in generated])  # fmt: skip
+        if progress is not None:
+            progress.doing("attributing spans")
+        sequences = self.attribute(sources, targets, batch_size=len(sources), show_progress=False, **own,
+                                   **options).sequence_attributions  # fmt: skip
+        return list(zip(sequences, targets, strict=True))
 
     # ----- inputs -----
 
@@ -395,26 +422,14 @@ class SpanAttributionModel(FrontEndModel):
         if getattr(options, "unit_components", False):
             return self._unit_components(batch, options)
         if batch.hops:
-            refusal = ("hops pass a span's score through each generated token's one row; {what}: ask for one map per "
-                       "token (rollout=True, per_head=False), or use a method that rolls out (alti, globenc, "
-                       "attention_rollout) or a logit method.")  # fmt: skip
-            if getattr(options, "per_head", False) or not getattr(options, "rollout", True):  # known before the work
-                raise ValueError(refusal.format(what=f"{self.method} gives one per layer or head with these options"))
-            result = declaration.run(request, options)
-            rows = keys_of(result)
-            if rows.dim() != 3:
-                slots = f"{len(result.axis or [])} slots per row ({(result.axis or ['?'])[0]}, ...)"
-                raise ValueError(refusal.format(what=f"{self.method} gave {slots}"))
-            weights = hop_weights(rows, batch.generated)
-            result = batch.spans.reduce(result)
-            hops = hopped(keys_of(result), weights, batch.generated, batch.hops)
+            result, hops = declaration.run_hops(request, options, batch.spans, batch.generated, batch.hops)
             scores = hops.sum(-1)
         else:
             result = declaration.run_spans(request, options, batch.spans)
             scores = keys_of(result)
-        units = unit_scores(scores, batch.units)
-        hop_units = None if hops is None else unit_scores(hops.transpose(-1, -2), batch.units)
-        return [self.present(batch, result, units, hop_units, row) for row in range(batch.size)], result.axis
+        batch.unit_scores = unit_scores(scores, batch.units)
+        batch.hop_units = None if hops is None else unit_scores(hops.transpose(-1, -2), batch.units)
+        return [self.present(batch, result, row) for row in range(batch.size)], result.axis
 
     def _unit_components(self, batch: SpanBatch, options) -> tuple[list, list[str] | None]:
         """DecompX over the context units from the first block (``unit_components=True``): one component per unit
@@ -434,11 +449,13 @@ class SpanAttributionModel(FrontEndModel):
         result = self.declaration.run_spans(request, options, batch.spans)
         scores = keys_of(result)  # (B, [slots,] N, U) in the units' first-token order
         index = order.view(order.shape[0], *[1] * (scores.dim() - 2), order.shape[1]).expand_as(scores)
-        units = torch.empty_like(scores).scatter_(-1, index, scores)
-        return [self.present(batch, result, units, None, row) for row in range(batch.size)], result.axis
+        batch.unit_scores = torch.empty_like(scores).scatter_(-1, index, scores)
+        return [self.present(batch, result, row) for row in range(batch.size)], result.axis
 
-    def present(self, batch: SpanBatch, result, units: torch.Tensor, hop_units: torch.Tensor | None, row: int):
-        """One input's sequence: units as ``source``, spans as ``target``."""
+    def present(self, batch: SpanBatch, result, row: int):
+        """One input's sequence: units as ``source``, spans as ``target`` (the batch's scores over the units, and each
+        hop's part where there were hops)."""
+        units, hop_units = batch.unit_scores, batch.hop_units
         item = batch.items[row]
         count, span_count = len(item.unit_keys), len(item.span_tokens)
         signed = isinstance(result, LogitScores)
