@@ -256,6 +256,25 @@ def test_bad_spans_and_units_are_refused_before_any_work():
                                             show_progress=False)  # fmt: skip
 
 
+@pytest.mark.parametrize("method", ["integrated_gradients", "saliency", "input_x_gradient"])
+def test_inseq_s_own_methods_refuse_spans_and_units_before_any_work(method):
+    """Inseq would print "Unused arguments" and explain every token instead (minutes on a long prompt)."""
+    model = tiny_model("gpt2")
+    attribution_model = inseq.load_model(model, method, tokenizer=word_tokenizer(seq2seq=False))
+    calls = []
+    handle = model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    prompt, generated = texts("gpt2")
+    try:
+        for keyword, value in (("spans", "answer"), ("units", "sentences"), ("hops", 1)):
+            with pytest.raises(ValueError, match=f"\\['{keyword}'\\] explain spans .* not with '{method}'"):
+                attribution_model.attribute(prompt, generated, show_progress=False, **{keyword: value})
+    finally:
+        handle.remove()
+    assert not calls  # refused before the model ran
+    plain = attribution_model.attribute(prompt, generated, show_progress=False)  # without them: as Inseq gives it
+    assert plain.sequence_attributions[0].target_attributions is not None
+
+
 def test_span_output_shows_saves_and_loads(tmp_path):
     """The output is Inseq's: it shows units against spans, saves and loads."""
     model = loaded("gpt2", "alti_logit")

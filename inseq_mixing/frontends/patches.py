@@ -99,12 +99,45 @@ def register() -> list[str]:
         _registered.append(True)
         rename_builtin_value_zeroing()
         repair_inseq_colours()
+        refuse_span_keywords()
         # When Inseq's import was started by the adapter itself, the adapter is half-imported here and creates the
         # classes once it resumes; otherwise this import creates them.
         importlib.import_module(f"{__package__}.inseq_adapter")
     from ..declarations import DECLARATIONS
 
     return list(DECLARATIONS)
+
+
+def refuse_span_keywords() -> None:
+    """Refuse ``spans=``, ``units=`` and ``hops=`` on an Inseq model whose method is not one of this package's (the
+    gradient baselines, Inseq's own value zeroing...), before any work. Inseq 0.7 takes unknown keywords, prints
+    "Unused arguments" and explains every generated token over every prompt token instead: minutes of work on a long
+    prompt, and an output of another shape than the span explanation that was asked for. Models loaded with this
+    package's methods send these keywords to the span front end (:func:`explain_spans`, installed on the instance,
+    which this class-level check never reaches)."""
+    from inseq.models import AttributionModel
+
+    attribute = AttributionModel.attribute
+    if getattr(attribute, "refuses_span_keywords", False):
+        return
+
+    def attribute_without_spans(self, *args, **kwargs):
+        from .spans import SPAN_KEYWORDS
+
+        given = [name for name in SPAN_KEYWORDS if name in kwargs]
+        if given:
+            method = getattr(getattr(self, "attribution_method", None), "method_name", "this method")
+            raise ValueError(
+                f"{given} explain spans of the generation over units of the prompt with this package's methods "
+                f"(alti_logit, decompx, attn_lrp, value_zeroing, the maps), not with {method!r}, which Inseq runs "
+                "token by token. Load the model with one of them, or leave these keywords out and sum the tokens' "
+                "scores yourself (for integrated_gradients, input_x_gradient and deeplift the sum over a span's "
+                "tokens is the attribution of the sum of their outputs)."
+            )
+        return attribute(self, *args, **kwargs)
+
+    attribute_without_spans.refuses_span_keywords = True
+    AttributionModel.attribute = attribute_without_spans
 
 
 def add_explore(write_page) -> None:
