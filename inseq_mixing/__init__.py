@@ -64,7 +64,17 @@ def register() -> list[str]:
     names = apply_patches()
     guide_other_kinds(inseq_refusal)
     add_explore(explore)
+    from .hooks import WRITERS
+
+    WRITERS["evaluation"] = _write_evaluation_report
     return names
+
+
+def _write_evaluation_report(evaluation, path, **kwargs):
+    """:meth:`Evaluation.report`'s writer (the views sit above the evaluation)."""
+    from .views.eval_report import write_evaluation_report
+
+    return write_evaluation_report(evaluation, path, **kwargs)
 
 
 class _RegisterAfterInseq(importlib.abc.MetaPathFinder):

@@ -401,6 +401,8 @@ def report_evaluation(result, args: argparse.Namespace, title: str) -> int:
         result.to_json(args.json)
     rows = result.summary_rows()
     print_table(rows, list(dict.fromkeys(key for row in rows for key in row)))
+    for note in result.notes():
+        print(f"note: {note}")
     for pair in result.pairs():
         print(f"{pair['method_a']} − {pair['method_b']}: {pair['difference']:+.3f} ({p_value_text(pair['p_value'])})")
     for method, reason in result.failed.items():

@@ -176,7 +176,7 @@ def test_word_scores_sum_subwords():
     assert word_scores(scores, words, 4).tolist() == expected
 
 
-def test_evidence_on_a_decoder_only_model_with_subwords():
+def test_evidence_on_a_decoder_only_model_with_subwords(tmp_path):
     """Word scores read off a real run sum the subword scores of Inseq's output for the explained token."""
     tokenizer = bpe_tokenizer()
     model = tiny_model("gpt2", vocab=len(tokenizer))
@@ -198,6 +198,13 @@ def test_evidence_on_a_decoder_only_model_with_subwords():
         assert float(scores[word]) == pytest.approx(float(seq.target_attributions[positions, column].sum()), abs=1e-6)
     evaluation = inseq_mixing.evaluate(inseq_model, ["alti_logit", "value_zeroing"], rows, "evidence", draws=20)
     assert evaluation.to_dict()["methods"]["alti_logit"]["n"] == 1
+    # one item: its interval cannot vary, and the terminal says so (not only the report)
+    row = evaluation.summary_rows()[0]
+    assert row["mrr 95% CI"].endswith(" degenerate") and "model" not in row
+    assert any(note.startswith("alti_logit: the 95% interval of mrr is degenerate") for note in evaluation.notes())
+    path = evaluation.report(tmp_path / "evidence.html", title="one <item>")  # the report, from Python
+    page = path.read_text()
+    assert "one &lt;item&gt;" in page and "alti_logit" in page and "value_zeroing" in page
 
 
 # the demo data and the command

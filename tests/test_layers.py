@@ -18,7 +18,7 @@ PACKAGE = Path(inseq_mixing.__file__).parent
 
 #: The layers, lowest first: a module may import its own layer's modules and lower layers' modules only.
 LAYERS = (
-    ("specs", "memory", "deferred", "demo"),  # family specs, the embedded demo's data, the bottom helpers
+    ("specs", "memory", "deferred", "demo", "hooks"),  # family specs, the embedded demo's data, the bottom helpers
     ("trace",),  # the one forward pass
     ("methods",),  # the papers' math
     ("declarations",),  # one declaration per method

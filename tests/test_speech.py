@@ -580,6 +580,9 @@ def test_speech_cue_shares_and_random_baseline(tmp_path):
     model = attribution_model("whisper", "alti")
     result = inseq_mixing.evaluate(model, ["alti", "value_zeroing"], rows, "cue", random_baseline=True, draws=20)
     assert set(result.results) == {"alti", "value_zeroing", "alti (random init)", "value_zeroing (random init)"}
+    models = {row["method"]: row.get("model") for row in result.summary_rows()}  # said to be another model
+    assert models["alti (random init)"] == "random init (another model)" and models["alti"] == "as given"
+    assert any("randomly initialised copy of the model: another model" in note for note in result.notes())
     assert result.metrics == ("cue_contribution", "text_cue_contribution")
     summary = result.method_summary("value_zeroing")  # per layer; alti is rolled out (one total)
     assert len(summary["per_layer"]) == 2 and summary["n"] == 3

@@ -71,6 +71,16 @@ class Evaluation:
     target_tokens: str | None = None
     description: str | None = None
 
+    def report(self, path="evaluation.html", **kwargs):
+        """Write this evaluation's HTML report to ``path`` (``title=``: its title) and return the path: the page
+        ``inseq-mixing evaluate --out`` writes (tables with their intervals, paired tests, per-layer figures, example
+        heatmaps, skipped rows). The writer is the views' (:mod:`inseq_mixing.hooks`, installed on registration)."""
+        from ..hooks import WRITERS
+
+        if "evaluation" not in WRITERS:
+            raise RuntimeError("import inseq_mixing (with Inseq installed) to write reports.")
+        return WRITERS["evaluation"](self, path, **kwargs)
+
     def skipped_counts(self) -> dict[str, int]:
         """How many rows were skipped, by kind."""
         counts: dict[str, int] = {}
@@ -180,15 +190,37 @@ class Evaluation:
         for method in self.results:
             summary = self.method_summary(method)
             row = {"method": method, "n": summary["n"]}
+            if self.random_models:
+                row["model"] = "random init (another model)" if method.endswith(RANDOM_SUFFIX) else "as given"
             for index, metric in enumerate(self.shown_metrics):
                 low, high = summary["ci" if index == 0 else f"{metric}_ci"]
                 row[metric] = summary[metric]
-                row[f"{metric} 95% CI"] = f"[{low:.3f}, {high:.3f}]"
+                degenerate = " degenerate" if metric in summary.get("degenerate", ()) else ""
+                row[f"{metric} 95% CI"] = f"[{low:.3f}, {high:.3f}]{degenerate}"
             rows.append(row)
         if self.baseline:
             shown = {key: value for key, value in self.baseline.items() if key in self.shown_metrics}
             rows.append({"method": "random", **shown})
         return rows
+
+    @property
+    def random_models(self) -> bool:
+        """Whether some rows are methods run on a randomly initialised copy of the model (``random_baseline``)."""
+        return any(method.endswith(RANDOM_SUFFIX) for method in self.results)
+
+    def notes(self) -> list[str]:
+        """What the terminal says under the table: the intervals that cannot vary, and what the random-init rows
+        are."""
+        notes = []
+        for method in self.results:
+            degenerate = self.method_summary(method).get("degenerate")
+            if degenerate:
+                notes.append(f"{method}: the 95% interval of {', '.join(degenerate)} is degenerate (one item, or "
+                             "every item alike): it cannot vary, and says nothing of the uncertainty")  # fmt: skip
+        if self.random_models:
+            notes.append(f"rows ending in{RANDOM_SUFFIX!r} are the methods on a randomly initialised copy of the "
+                         "model: another model, whose probabilities and scores sit at its own level")  # fmt: skip
+        return notes
 
 
 def faithfulness_result(rows: list[dict]) -> MethodResult:
