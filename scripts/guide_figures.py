@@ -1,8 +1,8 @@
 """Make the guide's figures from the code, offline (``docs/figures/*.png``): Inseq's heatmap of the demo translation
 model (``out.show()``'s HTML, rendered in headless Chromium at 1,280 px), value zeroing's per-layer panels on the same
-sentence (``views.figures.layer_figure``), and ALTI-logit's patch scores over a synthetic image for a tiny ViT
-classifier with random weights (``views.images.image_heatmap``). The explorer's screenshots are
-``scripts/explorer_screenshots.py``'s.
+sentence (``views.figures.layer_figure``), and ALTI-logit's patch scores over a real photo (matplotlib's sample of
+Grace Hopper) for a tiny ViT classifier with random weights (``views.images.image_heatmap``). The explorer's
+screenshots are ``scripts/explorer_screenshots.py``'s.
 
     python scripts/guide_figures.py [--out docs/figures]
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from playwright.sync_api import sync_playwright
 
 import inseq_mixing
-from inseq_mixing.testing import synthetic_image, tiny_vision, vision_processor
+from inseq_mixing.testing import tiny_vision, vision_processor
 from inseq_mixing.views.figures import layer_figure
 from inseq_mixing.views.images import image_heatmap
 
@@ -45,10 +45,13 @@ def layers_png(path: Path) -> None:
 
 
 def overlay_png(path: Path) -> None:
+    import matplotlib.cbook
+
     front = inseq_mixing.load_model(tiny_vision("vit"), "alti_logit", processor=vision_processor("vit"))
-    image = synthetic_image()
+    image = matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)  # a real photo, in matplotlib
     out = front.attribute(image, show_progress=False)
-    image_heatmap(out.sequence_attributions[0], image, path=path, title="alti_logit over the patches (tiny ViT)")
+    image_heatmap(out.sequence_attributions[0], image, path=path,
+                  title="alti_logit over the patches (tiny ViT, random weights)")  # fmt: skip
 
 
 def main() -> None:

@@ -71,11 +71,11 @@ def test_every_topic_and_method_has_its_page_in_the_navigation():
 
 def test_the_site_builds_strictly_and_lists_every_option(site):
     for method, declaration in DECLARATIONS.items():
-        page = (site / "methods" / method / "index.html").read_text()
+        page = (site / "methods" / f"{method}.html").read_text()
         assert html.escape(declaration.summary.split(":")[0], quote=False) in page
         for option in declaration.option_names():
             assert f"<code>{option}</code>" in page, (method, option)
-    api = (site / "reference" / "explorer" / "index.html").read_text()
+    api = (site / "reference" / "explorer.html").read_text()
     assert "contribution_graphs" in api and "ContributionGraph" in api and "solve_flows" in api
     assert not re.search(r"""<(link|script)[^>]+(src|href)=["']https?://""", (site / "index.html").read_text())
 
@@ -107,5 +107,28 @@ def test_the_getting_started_page_fits_1280_px_in_chromium(site, browser, tmp_pa
         assert page.locator("nav a", has_text="The explorer").count() > 0
         page.screenshot(path=str(tmp_path / "getting-started.png"), full_page=True)
         assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    finally:
+        page.close()
+
+
+TASK_PAGES = sorted(page for page in TOPICS.values() if page.startswith("tasks/"))
+
+
+def test_every_task_page_shows_its_example_first_fits_and_navigates_from_a_file(site, browser):
+    """The example right under the title (its first code block within the first 900 px of a 1,280 px window), code
+    blocks that wrap (the page no wider than the window), and links that work from ``file://`` (pages as files:
+    ``use_directory_urls: false``): a click on the navigation lands on the page's file."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    try:
+        for name in TASK_PAGES:
+            page.goto((site / name.replace(".md", ".html")).as_uri())
+            top = page.evaluate("document.querySelector('.md-content pre').getBoundingClientRect().top + scrollY")
+            assert top < 900, (name, top)
+            assert page.evaluate("document.documentElement.scrollWidth") <= 1280, name
+        page.goto((site / "index.html").as_uri())
+        page.locator("nav a", has_text="Long contexts and spans").first.click()
+        page.wait_for_load_state()
+        assert page.url.endswith("tasks/long-contexts.html")
+        assert page.text_content("h1").rstrip("¶").startswith("Long contexts")
     finally:
         page.close()
