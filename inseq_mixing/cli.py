@@ -9,7 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from inseq_mixing.views.tables import SUMMARY_COLUMNS, p_value_text, print_table
+from inseq_mixing.views.tables import SUMMARY_COLUMNS, p_value_text, print_legend, print_table
 
 #: Inseq 0.7's own methods (kept here so that ``inseq-mixing methods`` answers without importing torch; a test checks
 #: this list against Inseq's registry): name → what it computes, in our words.
@@ -237,6 +237,7 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.json:
         result.to_json(args.json)
     print_table(result.summary(), SUMMARY_COLUMNS)
+    print_legend(SUMMARY_COLUMNS)
     for method, reason in result.failed.items():
         print(f"failed: {method}: {reason}", file=sys.stderr)
     print(f"report written to {path}" + (f", metrics to {args.json}" if args.json else ""))

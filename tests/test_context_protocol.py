@@ -106,7 +106,7 @@ def test_context_protocol_bad_rows_are_skipped_with_their_reason():
         evaluate(model, ["alti_logit"], [{"text": "x"}], "context")
 
 
-def test_cli_context_protocol_writes_a_report_with_the_passages(tmp_path):
+def test_cli_context_protocol_writes_a_report_with_the_passages(tmp_path, capfd):
     """``inseq-mixing evaluate --protocol context`` on a saved model and a JSONL of rows (the passages as a list):
     the report draws each example's scores over its passages."""
     from inseq_mixing.cli import main
@@ -125,6 +125,9 @@ def test_cli_context_protocol_writes_a_report_with_the_passages(tmp_path):
     page = out.read_text()
     assert rows[0]["passages"][0] in page and "mrr_hop1" in page
     assert json.loads((tmp_path / "m.json").read_text())["protocol"] == "context"
+    shown = capfd.readouterr().err  # every long step has a named bar from its start
+    for step in ("context: the answer without each passage", "context: alti_logit explains each answer over its"):
+        assert step in shown, step
 
 
 def test_a_row_without_an_answer_is_explained_for_the_models_own_greedy_answer():

@@ -38,7 +38,11 @@ def test_demo_report_has_alignment_accuracy(tmp_path, capsys):
     assert run_demo(out, methods=["alti_logit", "decompx"], random_draws=1) == 0
     page = out.read_text()
     assert 'id="alignment"' in page and 'id="method-decompx"' in page
-    assert "alignment_accuracy" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "alignment_accuracy" in printed.out
+    # the table's columns explained under it, and the faithfulness step named
+    assert "comprehensiveness_prob: AOPC" in printed.out and "random_sufficiency_prob: the same" in printed.out
+    assert "faithfulness: each generated token's top-ranked context removed, 2 method(s)" in printed.err
 
 
 def test_alignment_accuracy_of_a_perfect_and_a_wrong_attribution():

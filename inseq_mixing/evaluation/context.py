@@ -92,14 +92,20 @@ def evaluate_context(
     encoder_decoder = base.is_encoder_decoder
     missing = [row for row in rows if row["answer"] is None]
     if missing:
-        generated = generated_continuations(base, [row["prompt"] for row in missing], {})
-        for row, text in zip(missing, generated, strict=True):
-            row["answer"] = text
+        with _bar(len(missing), "context: generating the missing answers", "row", show_progress) as bar:
+            generated = generated_continuations(base, [row["prompt"] for row in missing], {})  # one call, as before
+            for row, text in zip(missing, generated, strict=True):
+                row["answer"] = text
+            bar.update(len(missing))
     rows = _explainable_rows(base, methods, rows, skipped, separator)
     if not rows:
         reasons = "; ".join(skip.reason for skip in skipped[:3])
         raise EvaluationInputError(f"No row of the data can be explained: {reasons}.")
-    drops = [passage_drops(base.model, base.tokenizer, row, separator, encoder_decoder) for row in rows]
+    drops = []
+    with _bar(len(rows), "context: the answer without each passage (probability drops)", "row", show_progress) as bar:
+        for row in rows:
+            drops.append(passage_drops(base.model, base.tokenizer, row, separator, encoder_decoder))
+            bar.update()
     evaluation = Evaluation("context", draws=draws, seed=seed, skipped=skipped)
     per_hop = [f"{metric}_hop{hop}" for hop in range(hops + 1) for metric in ("mrr", "recall_at_1")] if hops else []
     evaluation.metric_names = (*CONTEXT_METRICS, *per_hop)
@@ -109,6 +115,7 @@ def evaluate_context(
     def score(method: str):
         model = inseq.load_model(base.model, method, tokenizer=base.tokenizer)
         sequences = []
+        bar = _bar(len(rows), f"context: {method} explains each answer over its passages", "row", show_progress)
         for start in range(0, len(rows), batch_size):
             chunk = rows[start : start + batch_size]
             texts = [row["answer"] if encoder_decoder else row["prompt"] + row["answer"] for row in chunk]
@@ -117,6 +124,8 @@ def evaluate_context(
                                   separator=separator, show_progress=False,
                                   **method_kwargs.get(method, {}))  # fmt: skip
             sequences += out.sequence_attributions
+            bar.update(len(chunk))
+        bar.close()
         found = [row_metrics(row, sequence, drop, hops) for row, sequence, drop in zip(rows, sequences, drops,
                                                                                         strict=True)]  # fmt: skip
         statistics = {metric: mean_statistic([value[metric] for value in found]) for metric in evaluation.metrics}
@@ -133,6 +142,13 @@ def evaluate_context(
         evaluation.baseline[f"mrr_hop{hop}"] = evaluation.baseline["mrr"]
         evaluation.baseline[f"recall_at_1_hop{hop}"] = evaluation.baseline["recall_at_1"]
     return evaluation
+
+
+def _bar(total: int, description: str, unit: str, show: bool):
+    """A progress bar named for its step, shown from the step's start (a long step never runs silent)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=description, unit=unit, disable=not show)
 
 
 def _explainable_rows(base, methods: list[str], rows: list[dict], skipped: list[Skipped], separator: str) -> list:

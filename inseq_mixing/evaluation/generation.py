@@ -132,7 +132,8 @@ def score_comparison(comparison: Comparison, hf_model, tokenizer, fractions=DEFA
     methods = list(comparison.outputs)
     reference = comparison.outputs[methods[0]].sequence_attributions
     total = sum(len(seq.target) - seq.attr_pos_start for seq in reference)
-    progress = tqdm(total=total, desc="faithfulness", disable=not show_progress)
+    description = f"faithfulness: each generated token's top-ranked context removed, {len(methods)} method(s)"
+    progress = tqdm(total=total, desc=description, unit="token", disable=not show_progress)
     for sentence, seq in enumerate(reference):
         for example, column in token_examples(seq, special_ids):
             progress.update()

@@ -10,7 +10,7 @@ from ..demo.grammar import Example
 from ..evaluation.compare import compare
 from ..evaluation.comparison import token_level_scores
 from .report import write_report
-from .tables import SUMMARY_COLUMNS, print_table
+from .tables import SUMMARY_COLUMNS, print_legend, print_table
 
 #: Captum's gradient baselines the demo compares the plugin's methods with.
 DEMO_BASELINES = ("integrated_gradients", "deeplift")
@@ -69,5 +69,6 @@ def run_demo(out: str | Path = "out/demo.html", methods: list[str] | None = None
     )
     path = write_report(result, out, title="inseq-mixing demo", notes=notes, examples=DEMO_EXAMPLES_SHOWN)
     print_table(summary, [*SUMMARY_COLUMNS, "alignment_accuracy"])
+    print_legend([*SUMMARY_COLUMNS, "alignment_accuracy"])
     print(f"report written to {path}")
     return 0
