@@ -430,7 +430,7 @@ def test_the_image_report_renders_in_chromium_fits_1280_pixels_and_says_its_scal
     )
     path = tmp_path / "vision.html"
     page = image_report(logit, images(), path)
-    assert page.count("data:image/png;base64,") == 2 and "red raises it, blue lowers it" in page
+    assert page.count("data:image/png;base64,") == 2 and "red raises the explained output, blue lowers it" in page
     per_layer = inseq_mixing.load_model(model, "value_zeroing", processor=processor()).attribute(images()[0])
     layers = image_report(per_layer, images()[0], tmp_path / "layers.html")
     assert layers.count("data:image/png;base64,") == 2 and "layer by layer" in layers
@@ -456,7 +456,7 @@ def test_a_caption_says_the_scale_its_figure_was_drawn_on(tmp_path):
     assert (sequence.source_attributions >= 0).all()
     sequence.source_attributions[0] = -0.1  # [CLS]
     page = image_report(out, images()[0], tmp_path / "page.html")
-    assert "red raises it, blue lowers it" in page and "0 to the largest score" not in page
+    assert "red raises the explained output, blue lowers it" in page and "white at 0, red at the largest score" not in page
 
 
 def test_show_save_and_aggregate_work_on_an_image_text_output(tmp_path):

@@ -140,7 +140,7 @@ def test_evaluate_runs_both_protocols_on_images_with_their_controls(tmp_path):
     page = report.read_text()
     assert page.count("data:image/png;base64,") == 2 * 4  # two examples per method, drawn over their images
     assert "deleting the least relevant first gives the same curve read backwards" in page and "mean colour" in page
-    assert "red raises it, blue lowers it" in page and page_width(browser(), report) <= 1280
+    assert "red raises the explained output, blue lowers it" in page and page_width(browser(), report) <= 1280
     pointed = inseq_mixing.evaluate(model, ["alti"], rows, "pointing", **settings)
     assert pointed.method_summary("alti")["n"] == 2 and [skip.row for skip in pointed.skipped] == [2, 3, 4]
     assert math.isfinite(pointed.baseline["gold_share"])
@@ -171,7 +171,7 @@ def test_compare_puts_the_methods_and_gradient_baselines_side_by_side_on_images(
     path = write_report(comparison, tmp_path / "compare.html")
     page = path.read_text()
     assert page.count("data:image/png;base64,") == 3 * 2  # every method's scores drawn over each image
-    assert "red raises it, blue lowers it" in page and "0 to the largest score" in page
+    assert "red raises the explained output, blue lowers it" in page and "white at 0, red at the largest score" in page
     assert page_width(browser(), path) <= 1280
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .colours import LOWER, RAISE, scale_name
 from .pages import fill_template, script_json
 
 TEMPLATE = Path(__file__).with_name("explorer_template.html")
@@ -91,7 +92,9 @@ def explore(outputs, path=None, *, images=None, audio=None, sampling_rate: int =
         sequences.append(sequence)
     data = {"title": title or "Context mixing explorer", "sequences": sequences,
             "note": next((o.info.get("contribution_graphs_note") for o in named.values()
-                          if (o.info or {}).get("contribution_graphs_note")), None)}  # fmt: skip
+                          if (o.info or {}).get("contribution_graphs_note")), None),
+            "colours": {"raise": list(RAISE), "lower": list(LOWER), "signed": scale_name(True),
+                        "map": scale_name(False)}}  # fmt: skip
     page = fill_template(TEMPLATE.read_text(encoding="utf-8"),
                          {"__TITLE__": html.escape(data["title"]), "__DATA__": script_json(data)})  # fmt: skip
     if path is not None:

@@ -11,6 +11,8 @@ matplotlib.use("Agg")  # figures are rendered to files and HTML, never to a wind
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
+from .colours import colour_map  # noqa: E402
+
 
 def layer_panels_grid(layers: int, panel: tuple[float, float], max_columns: int = 4, extra: tuple = (0.0, 0.0)):
     """The one layout of every per-layer figure: up to ``max_columns`` panels of ``panel`` inches per row, layer
@@ -60,7 +62,7 @@ def layer_figure(
     for layer, axis in enumerate(axes):
         image = axis.imshow(
             values[..., layer],
-            cmap="RdBu_r" if signed else "Reds",
+            cmap=colour_map(signed),
             vmin=-vmax if signed else 0.0,
             vmax=vmax,
             aspect="auto",

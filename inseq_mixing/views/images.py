@@ -14,6 +14,7 @@ import re
 
 import numpy as np
 
+from .colours import colour_map, scale_name
 from .figures import figure_png_base64, layer_panels_grid, plt
 
 #: A patch token's label, ``r{row}c{column}`` (what the vision front end names its patches).
@@ -55,7 +56,7 @@ def _scale(values: np.ndarray, signed: bool | None) -> tuple[str, float, float, 
     signed = bool((finite < 0).any()) if signed is None else signed
     top = float(np.abs(finite).max()) if finite.size else 1.0
     top = top or 1.0
-    return ("RdBu_r", -top, top, True) if signed else ("viridis", 0.0, top, False)
+    return (colour_map(True), -top, top, True) if signed else (colour_map(False), 0.0, top, False)
 
 
 def _entry_scale(sequence, entry: int, layer: int | None, signed: bool | None):
@@ -67,8 +68,8 @@ def _entry_scale(sequence, entry: int, layer: int | None, signed: bool | None):
 
 def _caption(signed: bool) -> str:
     if signed:
-        return "contribution to the explained logit (red raises it, blue lowers it; 0 at the centre)"
-    return "context mixing into the explained token (0 to the largest score)"
+        return f"contribution to the explained logit ({scale_name(True)})"
+    return f"context mixing into the explained token ({scale_name(False)})"
 
 
 def image_heatmap(sequence, image, *, entry: int = 0, layer: int | None = None, signed: bool | None = None,

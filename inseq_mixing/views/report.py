@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ..evaluation.comparison import METRICS, Comparison, token_level_scores
+from .colours import css_colour, scale_name
 from .figures import figure_png_base64, layer_figure
 from .images import image_figures
 
@@ -35,14 +36,12 @@ h2 { border-bottom: 1px solid #ccc; padding-bottom: 0.2em; }
 
 
 def cell_style(value: float, scale: float, signed: bool) -> str:
-    """Background red for positive scores, blue for negative ones (signed methods), intensity by |value|; white
-    text on strong colours."""
+    """The cell's colour on the shared scales (:mod:`.colours`: red for positive scores, blue for negative ones of
+    signed methods, intensity by |value|); white text on strong colours."""
     if not math.isfinite(value) or scale <= 0:
         return "background:#ffffff"
     strength = min(1.0, abs(value) / scale)
-    fade = round(255 * (1 - strength))
-    background = f"rgb(255,{fade},{fade})" if value >= 0 or not signed else f"rgb({fade},{fade},255)"
-    return f"background:{background}" + (";color:#fff" if strength > 0.6 else "")
+    return f"background:{css_colour(value, scale, signed)}" + (";color:#fff" if strength > 0.6 else "")
 
 
 def heatmap_table(scores: torch.Tensor, rows: list[str], columns: list[str], caption: str, table_id: str,
@@ -134,7 +133,7 @@ def layer_panels(seq, method: str) -> str:
 def colour_legend(signed: bool, scale: float, blanks: bool) -> str:
     """What a heatmap's colours mean: signed scores red (positive) and blue (negative), maps red, each table scaled to
     its own largest absolute score; blank cells, where a position cannot see the token."""
-    colours = "red: positive, blue: negative contribution" if signed else "red: more mixing (a map: no sign)"
+    colours = scale_name(signed)
     blank = "; blank: a token the position cannot see" if blanks else ""
     return f"{colours}; full colour at the largest |score| of this table, {scale:.2g}{blank}"
 
