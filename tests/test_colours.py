@@ -59,6 +59,9 @@ def test_every_figure_draws_on_the_shared_scales(vision_outputs):
         legend = figure.axes[-1].get_ylabel()  # the colour bar names the scale
         assert colours.scale_name(expected == colours.DIVERGING) in legend
         matplotlib.pyplot.close(figure)
+        named = image_heatmap(sequence, image, method="alti")  # the method in the default title
+        assert named.axes[0].get_title().startswith("alti, explained: ")
+        matplotlib.pyplot.close(named)
     figure = layer_image_grid(maps, image) if maps.source_attributions.dim() == 3 else None
     if figure is not None:
         assert colours.SEQUENTIAL in drawn_maps(figure)

@@ -456,7 +456,10 @@ def test_a_caption_says_the_scale_its_figure_was_drawn_on(tmp_path):
     assert (sequence.source_attributions >= 0).all()
     sequence.source_attributions[0] = -0.1  # [CLS]
     page = image_report(out, images()[0], tmp_path / "page.html")
-    assert "red raises the explained output, blue lowers it" in page and "white at 0, red at the largest score" not in page
+    assert (
+        "red raises the explained output, blue lowers it" in page
+        and "white at 0, red at the largest score" not in page
+    )
 
 
 def test_show_save_and_aggregate_work_on_an_image_text_output(tmp_path):

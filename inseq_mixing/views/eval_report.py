@@ -121,7 +121,8 @@ def example_heatmaps(evaluation) -> str:
             if explanation.image is not None:  # an image's scores over the image
                 name = html.escape(explanation.item.prefix or f"row {explanation.item.row}")
                 parts.append(
-                    f"<p>row {explanation.item.row}</p>{image_figures(explanation.seq, explanation.image, name)}"
+                    f"<p>row {explanation.item.row}</p>"
+                    f"{image_figures(explanation.seq, explanation.image, name, method)}"
                 )
                 continue
             heatmaps = sequence_heatmaps(explanation.seq, method, index, **example_view(explanation, evaluation))

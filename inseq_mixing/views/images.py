@@ -73,7 +73,7 @@ def _caption(signed: bool) -> str:
 
 
 def image_heatmap(sequence, image, *, entry: int = 0, layer: int | None = None, signed: bool | None = None,
-                  path=None, title: str | None = None, alpha: float = 0.55):  # fmt: skip
+                  path=None, title: str | None = None, alpha: float = 0.55, method: str | None = None):  # fmt: skip
     """The patches' scores over ``image`` for one explained entry.
 
     Args:
@@ -83,7 +83,9 @@ def image_heatmap(sequence, image, *, entry: int = 0, layer: int | None = None, 
         layer: Per-layer outputs: which layer (default: the last).
         signed: Draw on a diverging scale (default: when some score is negative).
         path: Also save the figure there (PNG, or any format matplotlib writes).
-        title: Figure title (default: the explained entry).
+        title: Figure title (default: the method, when given, and the explained entry).
+        method: The method's name, for the default title (a sequence does not carry it; the output's
+            ``info["attribution_method"]`` does).
         alpha: Opacity of the scores over the image.
 
     Returns:
@@ -101,7 +103,10 @@ def image_heatmap(sequence, image, *, entry: int = 0, layer: int | None = None, 
     axis.set_xticks([])
     axis.set_yticks([])
     explained = sequence.target[entry].token if sequence.target else str(entry)
-    axis.set_title(title or f"explained: {explained}" + ("" if layer is None else f" (layer {layer})"), fontsize=10)
+    default = (
+        (f"{method}, " if method else "") + f"explained: {explained}" + ("" if layer is None else f" (layer {layer})")
+    )
+    axis.set_title(title or default, fontsize=10)
     bar = figure.colorbar(shown, ax=axis, fraction=0.046, pad=0.04)
     bar.set_label(_caption(signed), fontsize=8)
     if others:
@@ -170,7 +175,7 @@ def image_report(output, images, path, title: str = "Context mixing over image p
     sections = []
     for number, (sequence, image) in enumerate(zip(sequences, images, strict=True)):
         name = html.escape(str(image) if isinstance(image, str | Path) else f"image {number}")
-        sections.append(f"<section><h2>{name}</h2>{image_figures(sequence, image, name)}</section>")
+        sections.append(f"<section><h2>{name}</h2>{image_figures(sequence, image, name, method)}</section>")
     page = (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><style>"
         "body{{font-family:sans-serif;max-width:1200px;margin:1em auto;padding:0 1em}}"
@@ -183,14 +188,15 @@ def image_report(output, images, path, title: str = "Context mixing over image p
     return page
 
 
-def image_figures(sequence, image, name: str) -> str:
+def image_figures(sequence, image, name: str, method: str | None = None) -> str:
     """HTML figures of one image's sequence: its heatmap over the image for every explained entry and, for a
-    per-layer output, the grid of layers, each captioned with its colour scale in words (``name``: HTML-escaped)."""
+    per-layer output, the grid of layers, each captioned with its colour scale in words (``name``: HTML-escaped;
+    ``method``: named in each figure's title)."""
     import html
 
     figures = []
     for entry in range(len(sequence.target)):
-        figure = image_heatmap(sequence, image, entry=entry)
+        figure = image_heatmap(sequence, image, entry=entry, method=method)
         signed = _entry_scale(sequence, entry, None, None)[2][3]  # the scale the figure was drawn on
         figures.append(_figure_html(figure_png_base64(figure), f"{name}, explained: "
                                     f"{html.escape(sequence.target[entry].token)}", _caption(signed)))  # fmt: skip

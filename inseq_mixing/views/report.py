@@ -181,7 +181,7 @@ def method_section(method: str, out, examples: int | None = None, images: list |
     if len(shown) < len(sequences):
         parts.append(f"<p>The first {len(shown)} of {len(sequences)} sentences.</p>")
     if images is not None:
-        parts += [image_figures(seq, image, f"image {index + 1}") for index, (seq, image) in
+        parts += [image_figures(seq, image, f"image {index + 1}", method) for index, (seq, image) in
                   enumerate(zip(shown, images, strict=False))]  # fmt: skip
         return "".join([*parts, "</section>"])
     for index, seq in enumerate(shown):
