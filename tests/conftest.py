@@ -168,3 +168,42 @@ def browser(playwright):
     launched = playwright.chromium.launch(executable_path=found, args=["--no-sandbox"])
     yield launched
     launched.close()
+
+
+# ----- the quick subset (``python -m pytest -q -m quick``, the README's test command) -----
+
+#: The tests of the quick subset: together they touch every generation, encoder, speech and vision family and every
+#: method once (``tests/test_quick.py`` checks it), with the properties that matter most (completeness, padding and
+#: batch invariance, causality, rows summing to 1), the Inseq path, dataset runs, the layers, the kinds and the
+#: README's and guide's snippets. The full suite (``python -m pytest -q``) is what CI runs.
+QUICK = (  # fnmatch patterns of ``file::test[parameters]``
+    "test_method_invariants.py::test_every_declared_method_on_every_family_pads_and_is_causal[[]*-{}]",
+    "test_method_invariants.py::test_every_logit_method_is_complete_with_its_unattributed_terms[[]*-{}]",
+    "test_method_invariants.py::test_padded_batch_equals_each_sentence_alone*",
+    "test_encoders.py::test_logit_methods_add_up_to_the_models_own_logit*",
+    "test_encoders.py::test_bfloat16_runs_and_nan_weights_are_refused_on_every_family*",
+    "test_speech.py::test_logit_methods_add_up_to_the_models_own_logit*",
+    "test_speech.py::test_a_batch_of_different_lengths_equals_each_utterance_alone*",
+    "test_vision.py::test_logit_methods_add_up_to_the_models_own_logit*",
+    "test_vision.py::test_map_rows_sum_to_one_and_cover_every_token*",
+    "test_vision.py::test_a_batch_equals_each_image_alone*",
+    "test_runs.py::test_stored_examples_equal_model_attribute*",
+    "test_spans.py::test_hops_against_a_token_by_token_recursion*",
+    "test_layers.py::*",
+    "test_kinds.py::*",
+    "test_quick.py::*",
+    "test_readme.py::*",
+    "test_docs.py::*",
+)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "quick: the representative subset of the README's test command (-m quick)")
+
+
+def pytest_collection_modifyitems(config, items):
+    from fnmatch import fnmatchcase
+
+    for item in items:
+        if any(fnmatchcase(f"{item.path.name}::{item.name}", pattern) for pattern in QUICK):
+            item.add_marker(pytest.mark.quick)
