@@ -132,3 +132,30 @@ def test_every_task_page_shows_its_example_first_fits_and_navigates_from_a_file(
         assert page.text_content("h1").rstrip("¶").startswith("Long contexts")
     finally:
         page.close()
+
+
+def test_the_table_of_default_layouts_says_what_every_method_returns():
+    """docs/methods/index.md's table: a method listed with a layers axis by default gives one, the others do not, and
+    the option it names for the other layout gives it (on a tiny GPT-2)."""
+    import inseq_mixing
+    from inseq_mixing.testing import tiny_model, word_tokenizer
+
+    text = (ROOT / "docs" / "methods" / "index.md").read_text()
+    table = text[text.index("## What each method returns by default") :]
+    rows = {match[1]: (match[2], match[3], match[4]) for match in
+            re.finditer(r"^\| `(\w+)` \| `([^`]+)` \| ([^|]+) \| ([^|]+) \|$", table, re.M)}  # fmt: skip
+    assert sorted(rows) == sorted(DECLARATIONS)
+    model, tokenizer = tiny_model("gpt2"), word_tokenizer(seq2seq=False)
+
+    def layout(method: str, **options) -> int:
+        out = inseq_mixing.load_model(model, method, tokenizer=tokenizer).attribute(
+            "the cat sat", "the cat sat on the mat", show_progress=False, **options
+        )
+        return out.sequence_attributions[0].target_attributions.dim()
+
+    for method, (default, per_layer, over_layers) in rows.items():
+        assert layout(method) == default.count(",") + 1, method
+        for cell, expected in ((per_layer, 3), (over_layers, 2)):
+            option = re.match(r"`(\w+)=(True|False)`", cell.strip())
+            if option and cell.strip() != "default":
+                assert layout(method, **{option[1]: option[2] == "True"}) == expected, (method, cell)
