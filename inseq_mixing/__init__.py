@@ -67,7 +67,23 @@ def register() -> list[str]:
     from .hooks import WRITERS
 
     WRITERS["evaluation"] = _write_evaluation_report
+    WRITERS["image_report"] = _image_report
+    WRITERS["image_overlays"] = _image_overlays
     return names
+
+
+def _image_report(output, images, path):
+    """A vision output's ``show()`` page (the views sit above the front ends)."""
+    from .views.images import image_report
+
+    return image_report(output, images, path)
+
+
+def _image_overlays(output, images, folder):
+    """A vision output's ``show()`` in a terminal: the overlays as PNG files."""
+    from .views.images import overlay_files
+
+    return overlay_files(output, images, folder)
 
 
 def _write_evaluation_report(evaluation, path, **kwargs):

@@ -476,3 +476,23 @@ def test_show_save_and_aggregate_work_on_an_image_text_output(tmp_path):
         torch.testing.assert_close(after.source_attributions, before.source_attributions)
         assert [token.token for token in after.target] == [token.token for token in before.target]
     assert out.aggregate().sequence_attributions[0].source_attributions.ndim == 2
+
+
+def test_show_on_an_image_output_draws_the_overlays(tmp_path, capsys):
+    """``out.show()`` of images draws each image's scores over it (not a 100-row terminal table): PNG files in a
+    terminal, their paths printed; the overlays' page as HTML; a saved and loaded output (no images) shows Inseq's
+    tables as before."""
+    from PIL import Image
+
+    attribution = inseq_mixing.load_model(classifier("vit"), "alti_logit", processor=processor())
+    out = attribution.attribute(images()[:2], show_progress=False)
+    assert out.show() is None
+    printed = capsys.readouterr().out
+    paths = [line for line in printed.splitlines() if line.endswith(".png")]
+    assert len(paths) == 2 and all(Image.open(path).size[0] > 100 for path in paths)
+    assert "r0c0" not in printed  # no table of patches
+    page = out.show(display=False, return_html=True)
+    assert page.count("data:image/png;base64,") == 2 and "Method: alti_logit" in page
+    out.save(tmp_path / "out.json")
+    loaded = inseq_mixing.load_output(tmp_path / "out.json")
+    assert "r0c0" in loaded.show(display=False, return_html=True)  # Inseq's heatmap of the tokens

@@ -32,12 +32,19 @@ class ExplainedOutput(inseq.FeatureAttributionOutput):
         explained = (self.info or {}).get("explained", "the explained entries")
         return f"→ : explained, {explained}; ↓ : input units"
 
+    #: The images a vision output explains (set by the vision front end; not saved): ``show()`` draws over them.
+    images = None
+
     def show(self, *args, display: bool = True, return_html: bool | None = False, **kwargs):
         """Inseq's ``show()`` with the columns named: in a notebook and in the returned HTML the caption is replaced;
-        a terminal's tables keep Inseq's, under a line that names them."""
+        a terminal's tables keep Inseq's, under a line that names them. An output of images draws each image's scores
+        over it instead: the overlays' page in a notebook (and as the returned HTML), PNG files in a terminal (their
+        paths printed)."""
         from inseq.utils import isnotebook
 
         notebook = isnotebook()
+        if self.images is not None:
+            return self._show_images(display, return_html, notebook)
         if display and not notebook:
             print(f"(The heatmaps below: {self.caption()}; Inseq's own caption says 'Generated tokens'.)")
         page = super().show(*args, display=display and not notebook, return_html=True, **kwargs)
@@ -47,6 +54,24 @@ class ExplainedOutput(inseq.FeatureAttributionOutput):
             from IPython.display import display as show_html
 
             show_html(HTML(page))
+        return page if return_html else None
+
+    def _show_images(self, display: bool, return_html: bool | None, notebook: bool):
+        from ..hooks import WRITERS
+
+        if "image_report" not in WRITERS:
+            raise RuntimeError("import inseq_mixing (with Inseq installed) to draw images.")
+        page = WRITERS["image_report"](self, self.images, None)
+        if display and notebook:
+            from IPython.display import HTML
+            from IPython.display import display as show_html
+
+            show_html(HTML(page))
+        elif display:
+            import tempfile
+
+            paths = WRITERS["image_overlays"](self, self.images, tempfile.mkdtemp(prefix="inseq_mixing_"))
+            print("The scores over each image (" + self.caption() + "):\n" + "\n".join(str(p) for p in paths))
         return page if return_html else None
 
     def save(self, *args, **kwargs):

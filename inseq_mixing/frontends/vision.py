@@ -278,7 +278,9 @@ class VisionAttributionModel(EncoderAttributionModel):
             ``inseq.FeatureAttributionOutput``, one sequence per image.
         """
         images = list(images) if isinstance(images, list | tuple) else [images]
-        return self.attribute_inputs(images, targets, foils, positions, batch_size, show_progress, method_options)
+        out = self.attribute_inputs(images, targets, foils, positions, batch_size, show_progress, method_options)
+        out.images = images  # what out.show() draws over (not saved)
+        return out
 
     def before_work(self, items: list[_Image]) -> None:
         """An image–text model's read-out rows: the embeddings of the call's texts."""

@@ -158,7 +158,7 @@ def image_report(output, images, path, title: str = "Context mixing over image p
     Args:
         output: The ``FeatureAttributionOutput`` of a vision model's ``attribute``.
         images: The images it explains, in the same order (paths, PIL images, arrays or tensors).
-        path: Where to write the page.
+        path: Where to write the page (None: only return it).
         title: The page's title.
 
     Returns:
@@ -184,8 +184,25 @@ def image_report(output, images, path, title: str = "Context mixing over image p
         "Each patch's score is drawn over its place in the image; tokens without a place ([CLS], [DIST], registers) "
         "are written under each map.</p>{sections}</body></html>"
     ).format(title=html.escape(title), method=html.escape(method), sections="".join(sections))
-    Path(path).write_text(page, encoding="utf-8")
+    if path is not None:
+        Path(path).write_text(page, encoding="utf-8")
     return page
+
+
+def overlay_files(output, images, folder) -> list:
+    """Each image's heatmap over it (its first explained entry, the method named in the title) written as a PNG in
+    ``folder``: what ``out.show()`` of a vision output gives outside a notebook. Returns the paths."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    method = (output.info or {}).get("attribution_method")
+    paths = []
+    for number, (sequence, image) in enumerate(zip(output.sequence_attributions, images, strict=True)):
+        path = folder / f"image_{number}.png"
+        plt.close(image_heatmap(sequence, image, path=path, method=method))
+        paths.append(path)
+    return paths
 
 
 def image_figures(sequence, image, name: str, method: str | None = None) -> str:
