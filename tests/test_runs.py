@@ -105,7 +105,7 @@ def test_decoder_only_batches_explain_only_the_generated_rows(tmp_path, monkeypa
         assert explained[0] == prompt - 1  # the prompt rows are skipped
         assert set(range(prompt - 1, length - 1)) <= set(explained) <= set(range(prompt - 1, length))
     assert any(len(row["source"].split()) > 1 for row in rows)  # some rows had prompt rows to skip
-    assert model.attribution_method._kept_from is None  # within the one call only (explaining_from)
+    assert model.attribution_method.call.kept_from is None  # within the one call only (explaining_from)
 
 
 @pytest.mark.parametrize("family", ["marian", "gpt2"])

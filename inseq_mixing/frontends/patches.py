@@ -242,11 +242,11 @@ def answer_step_scores(attribution_model) -> None:
         step_args = get_step_scores_args(others, kwargs)
         options = method_object.method.option_names()  # e.g. contrast_targets: a logit method's contrast too
         method_kwargs = {name: value for name, value in kwargs.items() if name not in step_args or name in options}
-        method_object.own_pass_step_scores = [name for name in requested if name in OWN_PASS_STEP_SCORES]
+        method_object.call.own_pass_step_scores = [name for name in requested if name in OWN_PASS_STEP_SCORES]
         try:
             out = attribute(input_texts, generated_texts, method, **method_kwargs)
         finally:
-            method_object.own_pass_step_scores = []
+            method_object.call.own_pass_step_scores = []
         if others:
             shared = {name: kwargs[name] for name in STEP_SCORES_SHARED_ARGS if name in kwargs}
             scores = attribute(

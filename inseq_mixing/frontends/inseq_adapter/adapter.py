@@ -43,10 +43,10 @@ def run_declared(owner: ContextMixingAttribution, inputs, additional_forward_arg
     owner.keep_axis(result.axis)
     dimensions = 0 if result.axis is None else 1
     requested = {}
-    if owner.own_pass_step_scores:
+    if owner.call.own_pass_step_scores:
         logits = request.trace.logits
         requested = own_pass_step_scores(
-            owner.attribution_model, owner.own_pass_step_scores, logits, steps.predicted_ids
+            owner.attribution_model, owner.call.own_pass_step_scores, logits, steps.predicted_ids
         )
     if isinstance(result, LogitScores):
         terms = {**requested, **result.terms}

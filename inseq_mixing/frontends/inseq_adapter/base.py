@@ -1,7 +1,7 @@
 """Shared Inseq glue for the plugin's final-step methods: read Inseq's step arguments, trace, wrap outputs."""
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -111,6 +111,36 @@ class MethodCall:
         return False
 
 
+@dataclass
+class CallState:
+    """What one call of a method's ``attribute`` carries between Inseq's steps and its output, in one place (the
+    method object is Inseq's, shared by every call on the model).
+
+    Attributes:
+        step_scores: ``(scores, mask)`` of every traced decoder position, attached to each sequence's ``step_scores``
+            (Inseq drops a final-step method's own).
+        sequence_scores: The same for ``sequence_scores``.
+        axis: The labels of the scores' extra last axis (layers, heads), for ``info["score_axis"]``.
+        explained: What the scores explain, for ``info["attributed_fn"]``.
+        first_attributed_position: The first generated token Inseq attributes (unpadded index).
+        own_pass_step_scores: Step scores answered from the method's own forward pass (set around one call by
+            :func:`~..patches.answer_step_scores`).
+        kept_from: Per sentence, the first token whose attribution is kept (within :meth:`explaining_from`).
+    """
+
+    step_scores: tuple | None = None
+    sequence_scores: tuple | None = None
+    axis: list[str] | None = None
+    explained: str | None = None
+    first_attributed_position: int = 1
+    own_pass_step_scores: list[str] = field(default_factory=list)
+    kept_from: list[int] | None = None
+
+    def clear_pending(self) -> None:
+        """Forget what the last call left for its output."""
+        self.step_scores = self.sequence_scores = self.axis = None
+
+
 class ContextMixingAttribution(FeatureAttribution, Registry):
     """Base of the plugin's methods: final-step methods that trace the model once on the full target.
 
@@ -134,13 +164,7 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         self.use_predicted_target = self.explains_logit
         self.method = self.method_call(self)
         self.is_final_step_method = True
-        self._pending_step_scores: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
-        self._pending_sequence_scores: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
-        self._pending_axis: list[str] | None = None
-        self.own_pass_step_scores: list[str] = []  # set by answer_step_scores for one call
-        self.first_attributed_position = 1  # index of the first generated token Inseq attributes (unpadded)
-        #: Per sentence, the first token whose attribution is kept (unpadded index), within :meth:`explaining_from`.
-        self._kept_from: list[int] | None = None
+        self.call = CallState()  # what one call carries between Inseq's steps and its output
         record_requested_fn(attribution_model)
         answer_step_scores(attribution_model)
         explain_spans(attribution_model)
@@ -154,36 +178,36 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         logit terms not attributed to tokens) leaves them with :meth:`keep_step_scores` and they are attached to each
         sequence's ``step_scores`` here.
         """
-        self._pending_step_scores = self._pending_sequence_scores = self._pending_axis = None
+        self.call.clear_pending()
         self.refuse_other_targets()
-        self.first_attributed_position, _ = check_attribute_positions(
+        self.call.first_attributed_position, _ = check_attribute_positions(
             batch.max_generation_length, kwargs.get("attr_pos_start"), kwargs.get("attr_pos_end")
         )
         try:
             with eval_mode(self.attribution_model.model):
                 out = super().attribute(batch, *args, **kwargs)
             if self.spec.is_encoder_decoder:
-                fix_attributed_positions(out.sequence_attributions, self.first_attributed_position)
-            if self._pending_step_scores is not None:
-                attach_step_scores(out.sequence_attributions, *self._pending_step_scores)
-            if self._pending_sequence_scores is not None:
-                attach_sequence_scores(out.sequence_attributions, *self._pending_sequence_scores)
-            if self._pending_axis is not None:
-                out.info["score_axis"] = list(self._pending_axis)
-            out.info["attributed_fn"] = self.last_explained = self.explained_quantity()
+                fix_attributed_positions(out.sequence_attributions, self.call.first_attributed_position)
+            if self.call.step_scores is not None:
+                attach_step_scores(out.sequence_attributions, *self.call.step_scores)
+            if self.call.sequence_scores is not None:
+                attach_sequence_scores(out.sequence_attributions, *self.call.sequence_scores)
+            if self.call.axis is not None:
+                out.info["score_axis"] = list(self.call.axis)
+            out.info["attributed_fn"] = self.call.explained = self.explained_quantity()
         finally:
-            self._pending_step_scores = self._pending_sequence_scores = self._pending_axis = None
+            self.call.clear_pending()
         return out
 
     def prepare_and_attribute(self, *args, **kwargs):
         """Inseq's preparation and attribution; then ``info["attributed_fn"]`` says what was explained (Inseq writes
         the name of the function it resolved, its probability by default, which these methods do not explain)."""
-        self.last_explained = None
+        self.call.explained = None
         self.check_sizes(*args, **kwargs)
         out = super().prepare_and_attribute(*args, **kwargs)
-        if self.last_explained is not None:
+        if self.call.explained is not None:
             for output in out if isinstance(out, list) else [out]:  # encoder–decoders: one output per batch
-                output.info["attributed_fn"] = self.last_explained
+                output.info["attributed_fn"] = self.call.explained
         return out
 
     def check_sizes(self, sources, targets, *_, attribution_args: dict | None = None, batch_size: int | None = None,
@@ -246,25 +270,25 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
     def keep_sequence_scores(self, scores: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
         """Keep ``(B, T, ...)`` scores of every traced decoder position for :meth:`attribute`, which puts each
         sequence's real positions into its ``sequence_scores`` (Inseq would slice them as attributions)."""
-        self._pending_sequence_scores = ({name: upcast(score.detach()).cpu() for name, score in scores.items()}, mask)
+        self.call.sequence_scores = ({name: upcast(score.detach()).cpu() for name, score in scores.items()}, mask)
 
     def explained_quantity(self) -> str:
         """What the scores explain, for the output's ``info["attributed_fn"]`` (Inseq would name its default
         probability function, which these methods never explain): ``logit`` or ``contrast_logits_diff`` for logit
         methods, else the row of the method's map at the position that predicts each generated token."""
         if self.explains_logit:
-            steps = self._pending_step_scores[0] if self._pending_step_scores is not None else {}
+            steps = self.call.step_scores[0] if self.call.step_scores is not None else {}
             return "contrast_logits_diff" if "contrast_logits_diff" in steps else "logit"
         return f"{self.method_name} map: context mixing into the position that predicts each generated token"
 
     def keep_axis(self, labels: list[str] | None) -> None:
         """Keep the labels of the scores' extra last axis (layers, or (layer, head) slots) for the output's
         ``info["score_axis"]``."""
-        self._pending_axis = labels
+        self.call.axis = labels
 
     def keep_step_scores(self, scores: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
         """Keep ``(B, T)`` scores over the traced decoder positions (with their mask) for :meth:`attribute`."""
-        self._pending_step_scores = ({name: upcast(score.detach()).cpu() for name, score in scores.items()}, mask)
+        self.call.step_scores = ({name: upcast(score.detach()).cpu() for name, score in scores.items()}, mask)
 
     def trace(self, steps: StepInputs) -> ModelTrace:
         """One forward pass of the wrapped model on the step's ids; the LM head's full-vocabulary logits only where
@@ -276,7 +300,7 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
             steps.target_ids,
             steps.target_mask,
             spec=self.spec,
-            full_logits=bool(self.own_pass_step_scores),
+            full_logits=bool(self.call.own_pass_step_scores),
         )
 
     def model_call(self, steps: StepInputs) -> ModelCall:
@@ -316,7 +340,7 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         predicted = steps.predicted_ids
         foils = predicted.clone()  # positions before the attributed ones are not shown: no contrast there
         missing = []
-        for position in range(self.first_attributed_position - 1, predicted.shape[1]):
+        for position in range(self.call.first_attributed_position - 1, predicted.shape[1]):
             aligned = get_aligned_idx(position + 1, alignments)
             if 0 <= aligned < contrast.shape[1]:
                 foils[:, position] = contrast[:, aligned]
@@ -331,13 +355,13 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
 
     def explained_positions(self, steps: StepInputs) -> torch.Tensor:
         """``(B, T)`` booleans: the real decoder positions that predict a token Inseq attributes (the first attributed
-        token is ``first_attributed_position`` past each row's left padding)."""
+        token is ``call.first_attributed_position`` past each row's left padding)."""
         mask = steps.decoder_mask.bool()
         padding = (~mask).long().cumprod(-1).sum(-1, keepdim=True)
         index = torch.arange(mask.shape[1], device=mask.device)
-        explained = mask & (index >= padding + self.first_attributed_position - 1)
-        if self._kept_from is not None and len(self._kept_from) == mask.shape[0]:
-            explained &= index >= padding + torch.tensor(self._kept_from, device=mask.device)[:, None] - 1
+        explained = mask & (index >= padding + self.call.first_attributed_position - 1)
+        if self.call.kept_from is not None and len(self.call.kept_from) == mask.shape[0]:
+            explained &= index >= padding + torch.tensor(self.call.kept_from, device=mask.device)[:, None] - 1
         return explained
 
     @contextlib.contextmanager
@@ -345,11 +369,11 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
         """Within it, each sentence of a batch is explained from its own first kept token ``starts[i]`` (unpadded
         index): the dataset runner attributes prompts of different lengths in one batch from position 1 and keeps each
         sentence's columns after its prompt, so the methods skip the prompt rows nobody keeps."""
-        previous, self._kept_from = self._kept_from, list(starts)
+        previous, self.call.kept_from = self.call.kept_from, list(starts)
         try:
             yield self
         finally:
-            self._kept_from = previous
+            self.call.kept_from = previous
 
     def logit_step_output(
         self,
