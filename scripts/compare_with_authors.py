@@ -398,7 +398,7 @@ def main() -> int:
     mask = torch.ones_like(ids)
     spec = get_spec(model)
     request = Request(
-        spec, model, ids, mask, None, None, ids, None, mask.bool(), lambda: trace_model(model, ids, mask)
+        spec, model, mask, None, None, ids, None, mask.bool(), lambda: trace_model(model, ids, mask)
     )
     print(f"ours: transformers {transformers.__version__}, torch {torch.__version__}")
     for method, maps, rollouts in (("value_zeroing", "scores", "rollout"), ("alti", "alti", "alti_rollout")):

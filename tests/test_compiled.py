@@ -26,7 +26,7 @@ def request_for(family: str) -> Request:
     decoder = kwargs.get("decoder_input_ids", kwargs["input_ids"])
     mask = trace.decoder.mask
     seq2seq = is_seq2seq(family)
-    return Request(get_spec(model), model, kwargs["input_ids"], kwargs.get("attention_mask", mask.long()),
+    return Request(get_spec(model), model, kwargs.get("attention_mask", mask.long()),
                    decoder if seq2seq else None, mask.long() if seq2seq else None, torch.roll(decoder, -1, 1), None,
                    mask, lambda: trace)  # fmt: skip
 

@@ -42,7 +42,7 @@ from inseq_mixing.trace import trace_model
 model = tiny_model("gpt2")
 ids = torch.tensor([[5, 9, 12, 7]])
 mask = torch.ones_like(ids)
-request = Request(get_spec(model), model, ids, mask, None, None, torch.roll(ids, -1, 1), None, mask.bool(),
+request = Request(get_spec(model), model, mask, None, None, torch.roll(ids, -1, 1), None, mask.bool(),
                   lambda: trace_model(model, ids, mask))
 options = DECLARATIONS["alti_logit"].options()
 scores = DECLARATIONS["alti_logit"].compute(request, options)

@@ -216,7 +216,7 @@ def _options(method: str, **values):
 def _request(model, trace, kwargs):
     ids = kwargs["input_ids"]
     return inseq_mixing.declarations.Request(
-        get_spec(model), model, ids, kwargs["attention_mask"], None, None, torch.zeros_like(ids), None,
+        get_spec(model), model, kwargs["attention_mask"], None, None, torch.zeros_like(ids), None,
         kwargs["attention_mask"].bool(), lambda: trace,
     )  # fmt: skip
 

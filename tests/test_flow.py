@@ -60,7 +60,7 @@ def rounding_bound(layers: list) -> float:
 
 def run_flow(model, ids, every_layer=True, **extra):
     trace = trace_model(model, ids, torch.ones_like(ids), **extra)
-    request = Request(spec=trace.spec, model=model, input_ids=ids, attention_mask=torch.ones_like(ids),
+    request = Request(spec=trace.spec, model=model, attention_mask=torch.ones_like(ids),
                       target_ids=None, target_mask=None, predicted_ids=ids, foil_ids=None,
                       positions=torch.ones_like(ids, dtype=torch.bool), tracer=lambda: trace)  # fmt: skip
     declaration = DECLARATIONS["attention_flow"]

@@ -156,7 +156,7 @@ class Requests:
 
 def request(model, ids, mask, target=None, target_mask=None, predicted=None) -> Request:
     decoder_mask = mask if target is None else target_mask
-    return Request(get_spec(model), model, ids, mask, target, target_mask, predicted, None, decoder_mask.bool(),
+    return Request(get_spec(model), model, mask, target, target_mask, predicted, None, decoder_mask.bool(),
                    lambda: trace_model(model, ids, mask, target, target_mask))  # fmt: skip
 
 

@@ -85,7 +85,7 @@ def syncs_of(model, method: str, batch: int, length: int, with_trace: bool = Fal
     def tracer():
         return traced or trace_model(model, ids, mask, spec=spec)
 
-    request = Request(spec, model, ids, mask, None, None, explained, None, mask.bool(), tracer)
+    request = Request(spec, model, mask, None, None, explained, None, mask.bool(), tracer)
     declaration = DECLARATIONS[method]
     with counting_syncs(ours_only=with_trace) as counts:
         (declaration.run if with_trace else declaration.compute)(request, declaration.options())
@@ -172,7 +172,7 @@ def test_refused_scores_still_raise_through_a_run(models):
     spec = get_spec(model)
     trace = trace_model(model, ids, mask, spec=spec)
     trace.decoder.layers[1].self_attn.values[0, 2, 0, 0] = float("nan")
-    request = Request(spec, model, ids, mask, None, None, torch.roll(ids, -1, 1), None, mask.bool(), lambda: trace)
+    request = Request(spec, model, mask, None, None, torch.roll(ids, -1, 1), None, mask.bool(), lambda: trace)
     declaration = DECLARATIONS["alti"]
     with pytest.raises(FloatingPointError, match="ALTI produced non-finite scores"):
         declaration.run(request, declaration.options())

@@ -128,7 +128,7 @@ def test_every_method_gives_the_same_scores_without_kept_probabilities(family, m
     for keep in (True, False):
         traced = trace_of(model, kwargs, keep_probs=keep)
         target_mask = None if target is None else torch.ones_like(target)
-        request = Request(spec, model, ids, torch.ones_like(ids), target, target_mask, next_tokens(kwargs), None,
+        request = Request(spec, model, torch.ones_like(ids), target, target_mask, next_tokens(kwargs), None,
                           torch.ones_like(decoder, dtype=torch.bool), lambda traced=traced: traced)  # fmt: skip
         declaration = DECLARATIONS[method]
         results.append(declaration.run(request, declaration.options()))
@@ -191,7 +191,7 @@ def _request(model, ids, trace) -> Request:
     from inseq_mixing.specs import get_spec
 
     mask = torch.ones_like(ids)
-    return Request(get_spec(model), model, ids, mask, None, None, torch.roll(ids, -1, 1), None, mask.bool(),
+    return Request(get_spec(model), model, mask, None, None, torch.roll(ids, -1, 1), None, mask.bool(),
                    lambda: trace)  # fmt: skip
 
 

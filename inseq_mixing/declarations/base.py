@@ -43,9 +43,9 @@ class Request:
     Attributes:
         spec: The model's spec.
         model: The Hugging Face model (methods that run their own passes, such as AttnLRP, use it).
-        input_ids: Source ids ``(B, S)`` (encoder–decoders) or the whole sequence ``(B, T)`` (decoder-only); speech
-            models, whose source is audio: the frame mask of the audio stack (methods read the trace instead).
-        attention_mask: Mask of ``input_ids``.
+        attention_mask: Mask of the source ``(B, S)`` (encoder–decoders; Whisper: of its audio frames) or of the
+            whole sequence ``(B, T)`` (decoder-only, encoder-only and vision models; CTC speech encoders: of their
+            frames). The ids themselves are the trace's to read: a method reads what the forward pass recorded.
         target_ids: Decoder prefix ``(B, T)`` of encoder–decoders, else None.
         target_mask: Its mask.
         predicted_ids: ``(B, T)``: the token whose logit is explained at each decoder position.
@@ -61,7 +61,6 @@ class Request:
 
     spec: ModelSpec
     model: torch.nn.Module
-    input_ids: torch.Tensor
     attention_mask: torch.Tensor
     target_ids: torch.Tensor | None
     target_mask: torch.Tensor | None

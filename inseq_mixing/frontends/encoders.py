@@ -355,7 +355,7 @@ class EncoderAttributionModel(FrontEndModel):
         target_ids, foil_ids = self._output_ids(ids, explained, targets, foils, predictions, names)
         batch = EncoderBatch(texts, inputs, where, explained, target_ids, foil_ids, trace.logits)
         if self.declaration is not None:
-            batch.request = Request(spec=self.spec, model=self.model, input_ids=ids, attention_mask=mask,
+            batch.request = Request(spec=self.spec, model=self.model, attention_mask=mask,
                                     target_ids=None, target_mask=None, predicted_ids=target_ids, foil_ids=foil_ids,
                                     positions=where, tracer=lambda: trace)  # fmt: skip
         return batch

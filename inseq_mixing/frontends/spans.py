@@ -400,7 +400,6 @@ class SpanAttributionModel(FrontEndModel):
         request = Request(
             spec=spec,
             model=model,
-            input_ids=input_ids,
             attention_mask=input_mask,
             target_ids=target_ids,
             target_mask=target_mask,

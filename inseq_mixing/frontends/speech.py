@@ -389,7 +389,6 @@ class SpeechAttributionModel(FrontEndModel):
         batch.request = Request(
             spec=self.spec,
             model=self.model,
-            input_ids=audio_mask,
             attention_mask=audio_mask,
             target_ids=kwargs.get("decoder_input_ids"),
             target_mask=kwargs.get("decoder_attention_mask"),

@@ -29,7 +29,6 @@ def run_declared(owner: ContextMixingAttribution, inputs, additional_forward_arg
     request = Request(
         spec=owner.spec,
         model=owner.attribution_model.model,
-        input_ids=steps.input_ids,
         attention_mask=steps.attention_mask,
         target_ids=steps.target_ids,
         target_mask=steps.target_mask,
