@@ -151,7 +151,7 @@ def test_every_method_of_a_comparison_explains_the_logit_and_says_so(tmp_path):
     captions = dict(re.findall(r'<table class="heatmap" id="([^"]+)"><caption>([^<]*)</caption>', page))
     assert set(captions) == {f"{method}-0-{side}" for method in methods for side in ("source", "target")}
     assert all("full colour at the largest |score| of this table" in caption for caption in captions.values())
-    assert "blue: negative" in captions["alti_logit-0-source"] and "no sign" in captions["alti-0-source"]
+    assert "blue lowers it" in captions["alti_logit-0-source"] and "no sign" in captions["alti-0-source"]
     assert "blank: a token the position cannot see" in captions["alti-0-target"]  # the causal half
     metrics = re.search(r'<table id="metrics">.*?</table>', page).group(0)
     agreement = re.search(r'<table id="agreement">(.*?)</table>', page).group(1)
