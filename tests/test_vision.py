@@ -468,8 +468,10 @@ def test_show_save_and_aggregate_work_on_an_image_text_output(tmp_path):
     model, both = tiny_clip()
     texts = ["the cat sat", "a dog ran"]
     out = inseq_mixing.load_model(model, "alti_logit", processor=both).attribute(images(), texts, show_progress=False)
-    page = out.show(display=False, return_html=True)
-    assert "r2c2" in page and "the cat sat" in page and "a dog ran" in page
+    page = out.show(display=False, return_html=True)  # the overlays, each titled with its text
+    assert "the cat sat" in page and "a dog ran" in page and page.count("data:image/png;base64,") == 2
+    table = inseq.FeatureAttributionOutput.show(out, display=False, return_html=True)  # Inseq's table, still there
+    assert "r2c2" in table and "the cat sat" in table
     out.save(tmp_path / "out.json")
     loaded = inseq.FeatureAttributionOutput.load(tmp_path / "out.json")
     for before, after in zip(out.sequence_attributions, loaded.sequence_attributions, strict=True):

@@ -181,9 +181,15 @@ def image_report(output, images, path, title: str = "Context mixing over image p
         "body{{font-family:sans-serif;max-width:1200px;margin:1em auto;padding:0 1em}}"
         "figure{{display:inline-block;margin:0 1em 1em 0;max-width:100%}} img{{max-width:100%;height:auto}}"
         "figcaption{{font-size:0.9em;max-width:36em}}</style></head><body><h1>{title}</h1><p>Method: {method}. "
+        "Explained: {explained}. "
         "Each patch's score is drawn over its place in the image; tokens without a place ([CLS], [DIST], registers) "
         "are written under each map.</p>{sections}</body></html>"
-    ).format(title=html.escape(title), method=html.escape(method), sections="".join(sections))
+    ).format(
+        title=html.escape(title),
+        method=html.escape(method),
+        sections="".join(sections),
+        explained=html.escape((output.info or {}).get("explained", "each image's explained entries")),
+    )
     if path is not None:
         Path(path).write_text(page, encoding="utf-8")
     return page
