@@ -112,7 +112,7 @@ def lookup(found, protocol: str) -> Protocol:
         return entry
     record = KINDS[found.kind]
     takes = sorted(protocols_of(found.kind))
-    owners = [KINDS[kind].label.split(" ", 1)[1] for (kind, name) in PROTOCOLS if name == protocol]
+    owners = [KINDS[kind].noun for (kind, name) in PROTOCOLS if name == protocol]
     where = f"for {', '.join(owners)} models" if owners else "unknown"
     raise EvaluationInputError(
         f"The {protocol!r} protocol is {where}; this is {record.label} model ({found.model_type}), evaluated with "
@@ -124,7 +124,7 @@ def check_settings(entry: Protocol, settings: Settings) -> None:
     """Refuse a setting of :data:`OPTIONAL` given to a protocol that does not read it (``ValueError``)."""
     for name, unset in OPTIONAL.items():
         if getattr(settings, name) != unset and name not in entry.options:
-            takers = sorted(f"{KINDS[p.kind].label.split(' ', 1)[1]} {p.name}" for p in PROTOCOLS.values()
+            takers = sorted(f"{KINDS[p.kind].noun} {p.name}" for p in PROTOCOLS.values()
                             if name in p.options)  # fmt: skip
             raise ValueError(
                 f"{name} is not read by the {entry.name} protocol of this model; it is for: {', '.join(takers)}."
@@ -149,7 +149,7 @@ class ComparisonSettings:
 def comparison(found) -> Any:
     """The method comparison of a kind, or ``ValueError`` naming the kinds that have one."""
     if found.kind not in COMPARISONS:
-        kinds = ", ".join(KINDS[kind].label.split(" ", 1)[1] for kind in COMPARISONS)
+        kinds = ", ".join(KINDS[kind].noun for kind in COMPARISONS)
         raise ValueError(f"compare takes {kinds} models; this is {KINDS[found.kind].label} model.")
     return resolve(COMPARISONS[found.kind])
 

@@ -283,6 +283,18 @@ class FrontEndModel:
         return getattr(self.model.config, "name_or_path", "") or type(self.model).__name__
 
 
+def saved_model(name: str, config, heads: tuple[str, ...] | None = None):
+    """A model saved under ``name``, loaded as the class its config names (``architectures[0]``) when transformers
+    has it (and, with ``heads``, its name ends with one of them), else as the bare ``AutoModel``: what each kind's
+    loader (``load_saved``) shares."""
+    import transformers
+
+    architecture = ((config.architectures if config is not None else None) or [""])[0]
+    named = heads is None or architecture.endswith(heads)
+    loader = getattr(transformers, architecture, None) if named else None
+    return (loader or transformers.AutoModel).from_pretrained(name)
+
+
 def plain(values):
     """NumPy and torch values as Python ones, so that every check reads them alike: arrays and tensors as (nested)
     lists, their scalars (``np.int64(2)``, ``torch.tensor(2)``) as ``int`` / ``float`` / ``str``."""

@@ -40,7 +40,7 @@ from ..methods.results import LogitScores
 from ..specs import get_spec
 from ..specs.encoder_heads import model_task
 from ..trace import trace_model
-from .common import FrontEndModel, check_batch_size, plain
+from .common import FrontEndModel, check_batch_size, plain, saved_model
 from .layout import logit_step_scores, row_steps, sequence_output, token_list, tokens_first
 from .words import token_words
 
@@ -606,11 +606,8 @@ def load_saved(name: str, config, tokenizer, processor):
 
     from ..specs.encoder_heads import TASK_ALIASES, TASK_SUFFIXES
 
-    architecture = ((config.architectures if config is not None else None) or [""])[0]
     tokenizer = tokenizer or transformers.AutoTokenizer.from_pretrained(name)
-    suffixes = (*TASK_SUFFIXES.values(), *TASK_ALIASES)
-    loader = getattr(transformers, architecture, None) if architecture.endswith(suffixes) else None
-    return (loader or transformers.AutoModel).from_pretrained(name), tokenizer, processor
+    return saved_model(name, config, (*TASK_SUFFIXES.values(), *TASK_ALIASES)), tokenizer, processor
 
 
 def _number(text: str) -> int | float | None:

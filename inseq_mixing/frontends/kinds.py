@@ -84,6 +84,11 @@ class Kind:
             return self.claims(config, class_name)
         return getattr(config, "model_type", None) in self.model_types()
 
+    @property
+    def noun(self) -> str:
+        """The kind as a noun phrase without its article (``"speech"``, ``"encoder-only"``)."""
+        return self.label.split(" ", 1)[1]
+
     def front_end_class(self) -> type | None:
         """The front-end class (imported on first use), or None for Inseq's model."""
         return None if self.front_end is None else resolve(self.front_end)

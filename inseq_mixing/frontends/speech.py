@@ -36,7 +36,7 @@ from ..methods.units import FrameUnits
 from ..specs import get_spec
 from ..trace import ModelCall, trace_call
 from .audio import DEFAULT_WINDOW_S, AudioError, Unit, audio_units, item_name, read_audio
-from .common import FrontEndModel, check_batch_size, plain
+from .common import FrontEndModel, check_batch_size, plain, saved_model
 from .layout import decoder_layout, logit_step_scores, row_steps, sequence_output, token_list, tokens_first
 
 
@@ -583,12 +583,8 @@ class SpeechAttributionModel(FrontEndModel):
 def load_saved(name: str, config, tokenizer, processor):
     """A speech model saved under ``name``, as the class it was saved as, with its processor when not given (the
     speech kind's loader)."""
-    import transformers
-
-    architecture = ((config.architectures if config is not None else None) or [""])[0]
-    processor = processor or load_processor(name)
-    loader = getattr(transformers, architecture, None)
-    return (loader or transformers.AutoModel).from_pretrained(name), tokenizer, processor
+    processor = processor or load_processor(name)  # a missing processor said before the weights are read
+    return saved_model(name, config), tokenizer, processor
 
 
 def explorer_media(front: SpeechAttributionModel, inputs) -> dict:

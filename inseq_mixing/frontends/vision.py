@@ -44,7 +44,7 @@ from torch import nn
 from ..declarations import InputSize, Request
 from ..specs.clip import TextRows, tower
 from ..trace import ModelCall, head_logits, trace_call
-from .common import plain
+from .common import plain, saved_model
 from .encoders import EncoderAttributionModel, EncoderBatch, per_text, per_text_positions
 from .layout import token_list
 
@@ -196,10 +196,8 @@ def load_saved(name: str, config, tokenizer, processor):
     vision kind's loader)."""
     import transformers
 
-    architecture = ((config.architectures if config is not None else None) or [""])[0]
     processor = processor or transformers.AutoImageProcessor.from_pretrained(name)
-    loader = getattr(transformers, architecture, None)
-    return (loader or transformers.AutoModel).from_pretrained(name), tokenizer, processor
+    return saved_model(name, config), tokenizer, processor
 
 
 def explorer_media(front, inputs) -> dict:
