@@ -50,9 +50,17 @@ DECODER_FAMILIES = (
     "phi3",
     "olmo2",
 )
+#: Mixture-of-experts decoders (tiny: :data:`TINY_EXPERTS` experts, top-:data:`TINY_TOP_K`), generation families like
+#: the others.
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "phimoe", "glm4_moe", "ernie4_5_moe", "hunyuan_v1_moe",
+                "flex_olmo")  # fmt: skip
+DECODER_FAMILIES = DECODER_FAMILIES + MOE_FAMILIES
 ALL_FAMILIES = SEQ2SEQ_FAMILIES + DECODER_FAMILIES
 #: Families with grouped-query attention whose RMSNorms round through float32 (even in a float64 model).
-LLAMA_STYLE_FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "olmo2")
+LLAMA_STYLE_FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "olmo2",
+                        *MOE_FAMILIES)  # fmt: skip
+#: Experts of the tiny mixture-of-experts models, and how many each position is routed to.
+TINY_EXPERTS, TINY_TOP_K = 4, 2
 #: Sliding-window size of the tiny Gemma 2 / 3 models (every other layer), small enough for test inputs to exceed it.
 TINY_SLIDING_WINDOW = 3
 
@@ -176,6 +184,42 @@ def _decoder_only(family: str, vocab: int, d_model: int, layers: int, heads: int
     return model_cls(config)
 
 
+def _mixture(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn: int, kv_heads: int | None):
+    """A tiny mixture-of-experts decoder: :data:`TINY_EXPERTS` experts of width ``ffn // 2``, top-:data:`TINY_TOP_K`
+    routing; Qwen2-MoE with a gated shared expert and a dense first layer, GLM-4-MoE and ERNIE with a shared
+    expert."""
+    experts, top_k, width = TINY_EXPERTS, TINY_TOP_K, ffn // 2
+    name = {"mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe", "olmoe": "Olmoe",
+            "phimoe": "Phimoe", "glm4_moe": "Glm4Moe", "ernie4_5_moe": "Ernie4_5_Moe",
+            "hunyuan_v1_moe": "HunYuanMoEV1", "flex_olmo": "FlexOlmo"}[family]  # fmt: skip
+    extra = {
+        "mixtral": dict(intermediate_size=width, num_local_experts=experts, num_experts_per_tok=top_k),
+        "phimoe": dict(intermediate_size=width, num_local_experts=experts, num_experts_per_tok=top_k),
+        "qwen2_moe": dict(intermediate_size=ffn, moe_intermediate_size=width, shared_expert_intermediate_size=width,
+                          num_experts=experts, num_experts_per_tok=top_k, decoder_sparse_step=1, mlp_only_layers=[0]),
+        "qwen3_moe": dict(head_dim=d_model // heads, intermediate_size=ffn, moe_intermediate_size=width,
+                          num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=True),
+        "olmoe": dict(intermediate_size=width, num_experts=experts, num_experts_per_tok=top_k),
+        "flex_olmo": dict(intermediate_size=width, num_experts=experts, num_experts_per_tok=top_k),
+        "glm4_moe": dict(head_dim=d_model // heads, intermediate_size=ffn, moe_intermediate_size=width,
+                         n_routed_experts=experts, num_experts_per_tok=top_k, n_shared_experts=1,
+                         first_k_dense_replace=1, n_group=1, topk_group=1),
+        "ernie4_5_moe": dict(intermediate_size=ffn, moe_intermediate_size=width, moe_num_experts=experts,
+                             moe_k=top_k, moe_num_shared_experts=1, moe_layer_start_index=0),
+        "hunyuan_v1_moe": dict(head_dim=d_model // heads, intermediate_size=width, num_experts=experts,
+                               moe_topk=top_k),
+    }[family]  # fmt: skip
+    config_name = "HunYuanMoEV1Config" if family == "hunyuan_v1_moe" else f"{name}Config"
+    config = getattr(transformers, config_name)(
+        vocab_size=vocab, hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv_heads or max(1, heads // 2), max_position_embeddings=1024, bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID, pad_token_id=PAD_ID, tie_word_embeddings=False, **extra,
+    )  # fmt: skip
+    model = getattr(transformers, f"{name}ForCausalLM")(config)
+    model.set_experts_implementation("eager")  # transformers' grouped matmul has no float64 (the property tests')
+    return model
+
+
 def randomize_weights(model: torch.nn.Module, seed: int = 0, scale: float = 0.3) -> None:
     """Give every weight a random value large enough for non-trivial attention: matrices ``N(0, scale²/fan_in·16)``,
     norm gains ``1 + N(0, 0.1²)``, biases ``N(0, 0.1²)``."""
@@ -233,6 +277,8 @@ def tiny_model(
         model = _t5(
             vocab, d_model, layers, heads, ffn, True, transformers.MT5Config, transformers.MT5ForConditionalGeneration
         )
+    elif family in MOE_FAMILIES:  # before the other decoders: they are among them
+        model = _mixture(family, vocab, d_model, layers, heads, ffn, kv_heads)
     elif family in DECODER_FAMILIES:
         model = _decoder_only(family, vocab, d_model, layers, heads, ffn, kv_heads)
     else:

@@ -209,7 +209,8 @@ def _select_rows(value, batch_size: int, num_queries: int, batch_index: torch.Te
 @dataclass
 class LayerTrace:
     """Input, output and attention records of one block, and the input of its FFN sub-block's norm (without a norm,
-    of the FFN), and of the norm on the FFN's output if it has one (``ffn_out_norm_input``: the FFN's raw output)."""
+    of the FFN), and of the norm on the FFN's output if it has one (``ffn_out_norm_input``: the FFN's raw output); a
+    mixture of experts' routing at this pass (``ffn_routing``: weights and experts ``(batch, positions, k)``)."""
 
     input: torch.Tensor
     output: torch.Tensor
@@ -217,6 +218,7 @@ class LayerTrace:
     ffn_norm_input: torch.Tensor
     cross_attn: AttentionTrace | None = None
     ffn_out_norm_input: torch.Tensor | None = None
+    ffn_routing: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass
@@ -314,6 +316,8 @@ class _Recorder:
             if not isinstance(ffn_entry, nn.Module):
                 raise TypeError("An FFNSpec without a norm needs a module as `forward`: the trace records its input.")
             add(ffn_entry, "pre", self._norm_hook(store, "ffn_norm_input"))
+            for router in layer.ffn.routers:  # a mixture's routing, frozen at this pass
+                add(router, "post", self._routing_hook(store))
             out_norm = layer.ffn.out_norm
             if isinstance(out_norm, LayerScale):  # a module of the spec's own, which the model never calls
                 add(out_norm.input_module[0], "post", self._output_hook(store, "ffn_out_norm_input"))
@@ -357,6 +361,14 @@ class _Recorder:
     def _output_hook(store, key: str = "output"):
         def hook(module, args, output):
             store[key] = (output[0] if isinstance(output, tuple) else output).detach()
+
+        return hook
+
+    @staticmethod
+    def _routing_hook(store):
+        def hook(module, args, output):
+            _, weights, experts = output
+            store["ffn_routing"] = (weights.detach(), experts.detach())
 
         return hook
 
@@ -414,11 +426,19 @@ class _Recorder:
                     ffn_norm_input=store["ffn_norm_input"],
                     ffn_out_norm_input=store.get("ffn_out_norm_input"),
                     cross_attn=attn.get("cross"),
+                    ffn_routing=_routing_by_position(store.get("ffn_routing"), store["input"].shape[:-1]),
                 )
             )
         final = self.final.get("input")
         final = None if final is None else final.reshape(*mask.shape, -1)
         return StackTrace(layers=layers, mask=mask.bool(), causal=causal, final_norm_input=final)
+
+
+def _routing_by_position(routing: tuple | None, positions: torch.Size) -> tuple | None:
+    """A router's ``(weights, experts)`` ``(N, k)`` laid out by position ``(*positions, k)``."""
+    if routing is None:
+        return None
+    return tuple(tensor.reshape(*positions, tensor.shape[-1]) for tensor in routing)
 
 
 def _in_call_order(callbacks: list):

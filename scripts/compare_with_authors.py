@@ -397,9 +397,7 @@ def main() -> int:
     ids = torch.from_numpy(np.load(out / "ids.npy"))
     mask = torch.ones_like(ids)
     spec = get_spec(model)
-    request = Request(
-        spec, model, mask, None, None, ids, None, mask.bool(), lambda: trace_model(model, ids, mask)
-    )
+    request = Request(spec, model, mask, None, None, ids, None, mask.bool(), lambda: trace_model(model, ids, mask))
     print(f"ours: transformers {transformers.__version__}, torch {torch.__version__}")
     for method, maps, rollouts in (("value_zeroing", "scores", "rollout"), ("alti", "alti", "alti_rollout")):
         declaration = DECLARATIONS[method]

@@ -303,9 +303,35 @@ def naive_attn_lrp_gpt2(model, ids: torch.Tensor, position: int, token: int):
     return (h0 * h0.grad).sum(-1), logit.detach(), lrp.softmax_absorbed().detach()
 
 
+def naive_lrp_gated_ffn(lrp: NaiveLrp, mlp, x: torch.Tensor) -> torch.Tensor:
+    """``down(act(gate(x)) ⊙ up(x))`` under the identity and product rules."""
+    return mlp.down_proj(lrp.product(lrp.identity(mlp.act_fn, mlp.gate_proj(x)), mlp.up_proj(x)))
+
+
+def naive_lrp_mixture(lrp: NaiveLrp, block, x: torch.Tensor) -> torch.Tensor:
+    """A mixture of experts position by position from the stacked weights, the router's weights (and a shared
+    expert's sigmoid gate) constants of the pass, each selected expert a gated FFN under the rules."""
+    experts = block.experts
+    width = experts.down_proj.shape[-1]
+    _, weights, selected = block.gate(x.detach())
+    rows = []
+    for t in range(x.shape[0]):
+        row = torch.zeros_like(x[t])
+        for weight, expert in zip(weights[t], selected[t].tolist(), strict=True):
+            gate_up = experts.gate_up_proj[expert]
+            gated = lrp.product(lrp.identity(experts.act_fn, x[t] @ gate_up[:width].T), x[t] @ gate_up[width:].T)
+            row = row + weight.detach() * (gated @ experts.down_proj[expert].T)
+        rows.append(row)
+    out = torch.stack(rows)
+    shared = getattr(block, "shared_expert", None)
+    if shared is not None:
+        out = out + torch.sigmoid(block.shared_expert_gate(x)).detach() * naive_lrp_gated_ffn(lrp, shared, x)
+    return out
+
+
 def naive_attn_lrp_llama(model, ids: torch.Tensor, position: int, token: int):
     """Relevance of each token of ``ids`` (1-D) for the logit of ``token`` at ``position`` of a Llama model (no
-    biases: RMSNorms, rotary embeddings, grouped-query attention, SwiGLU)."""
+    biases: RMSNorms, rotary embeddings, grouped-query attention, SwiGLU; or a mixture of SwiGLU experts)."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     lrp = NaiveLrp()
@@ -325,8 +351,10 @@ def naive_attn_lrp_llama(model, ids: torch.Tensor, position: int, token: int):
         mixed = lrp.attention(q[0], k, v, width**-0.5).transpose(0, 1).reshape(len(ids), -1)
         hidden = hidden + attn.o_proj(mixed)
         x = lrp.rms_norm(layer.post_attention_layernorm, hidden)
-        gated = lrp.product(lrp.identity(mlp.act_fn, mlp.gate_proj(x)), mlp.up_proj(x))
-        hidden = hidden + mlp.down_proj(gated)
+        if hasattr(mlp, "experts"):
+            hidden = hidden + naive_lrp_mixture(lrp, mlp, x)
+        else:
+            hidden = hidden + naive_lrp_gated_ffn(lrp, mlp, x)
     logit = model.lm_head(lrp.rms_norm(base.norm, hidden))[position, token]
     logit.backward()
     return (h0 * h0.grad).sum(-1), logit.detach(), lrp.softmax_absorbed().detach()

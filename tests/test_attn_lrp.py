@@ -14,7 +14,12 @@ from .conftest import example_kwargs, next_tokens
 from .lxt_reference import LXT_FAMILIES, lxt_available, lxt_relevance
 from .reference import naive_attn_lrp_gpt2, naive_attn_lrp_llama
 
-NAIVE = {"gpt2": naive_attn_lrp_gpt2, "llama": naive_attn_lrp_llama}
+NAIVE = {
+    "gpt2": naive_attn_lrp_gpt2,
+    "llama": naive_attn_lrp_llama,
+    "mixtral": naive_attn_lrp_llama,
+    "qwen2_moe": naive_attn_lrp_llama,  # a shared expert behind a sigmoid gate, a dense first layer
+}
 
 
 def run(model, kwargs, ids, **options):

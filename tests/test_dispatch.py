@@ -17,7 +17,7 @@ from inseq_mixing.testing import encoder_tokenizer, is_seq2seq, tiny_encoder, ti
 #: (family, placement): ``"half"``: every other block on disk, the rest on the CPU; ``"disk"``: every weight on disk
 #: (``device_map="auto"`` with too little CPU memory for any of them). Not Marian: dispatched that way, its own forward
 #: pass fails (accelerate looks for its sinusoidal position table, which is not saved, among the offloaded weights).
-CASES = [("gpt2", "half"), ("llama", "half"), ("bert", "half"), ("bart", "disk")]
+CASES = [("gpt2", "half"), ("llama", "half"), ("bert", "half"), ("bart", "disk"), ("qwen2_moe", "disk")]
 
 
 def device_map(model, placement: str) -> dict:

@@ -9,7 +9,7 @@ import inseq_mixing
 from inseq_mixing.frontends.generation import attribute_texts, split_arguments
 from inseq_mixing.testing import is_seq2seq, load_tiny
 
-FAMILIES = ("marian", "t5", "gpt2", "llama", "gemma2", "gpt_neox", "olmo2")
+FAMILIES = ("marian", "t5", "gpt2", "llama", "gemma2", "gpt_neox", "olmo2", "qwen2_moe")
 SOURCES = ["the cat sat on the mat", "a dog"]
 TARGETS = ["le chat assis sur le tapis", "un chien"]
 PROMPTS = ["the cat sat", "a dog"]

@@ -1,5 +1,7 @@
 """The trace: records match the model, and a failed call leaves the model exactly as it was."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -7,6 +9,7 @@ import inseq_mixing.methods.value_zeroing as vz_math
 from inseq_mixing.methods.blocks import cross_attention_input, finish_layer
 from inseq_mixing.methods.norms import freeze_norm
 from inseq_mixing.specs import get_spec
+from inseq_mixing.specs.base import MoESpec
 from inseq_mixing.testing import is_seq2seq, load_tiny, tiny_model
 from inseq_mixing.trace import trace_model
 
@@ -168,17 +171,44 @@ def test_frozen_norms_reproduce_every_recorded_norm(family):
             torch.testing.assert_close(frozen.dot_linear(parts, vector), frozen.linear(parts) @ vector)
 
 
+def dense_ffn(ffn, hidden: torch.Tensor) -> torch.Tensor:
+    """A dense FFN from the maps its spec names."""
+    inner = ffn.w_in(hidden)
+    inner = ffn.activation(ffn.w_gate(hidden)) * inner if ffn.is_gated else ffn.activation(inner)
+    return ffn.w_out(inner)
+
+
+def mixture_of_named_experts(ffn: MoESpec, hidden: torch.Tensor, routing) -> torch.Tensor:
+    """A mixture of experts from its spec's experts and the trace's recorded routing, one position at a time."""
+    weights, experts = routing
+    out = torch.zeros_like(hidden)
+    for b, t in itertools.product(range(hidden.shape[0]), range(hidden.shape[1])):
+        for weight, expert in zip(weights[b, t].tolist(), experts[b, t].tolist(), strict=True):
+            out[b, t] += weight * dense_ffn(ffn.expert(expert), hidden[b, t])
+    if ffn.shared is not None:
+        gate = 1.0 if ffn.shared_gate is None else torch.sigmoid(ffn.shared_gate(hidden))
+        out += gate * dense_ffn(ffn.shared, hidden)
+    return out
+
+
 def test_ffn_spec_recomposes_the_ffn(family):
-    """The FFN's linear maps and activation, as the spec names them, give the model's own FFN output."""
+    """The FFN's linear maps and activation, as the spec names them, give the model's own FFN output; a mixture of
+    experts' named experts, weighted by the routing the trace recorded, give the block's own output."""
     model = get_tiny(family)
-    trace = trace_of(model, example_kwargs(family))
+    trace = trace_of(model, example_kwargs(family, batch=2))
     for stack_spec, stack in traced_stacks(trace):
         for layer, record in zip(stack_spec.layers, stack.layers, strict=True):
             ffn = layer.ffn
             hidden = record.ffn_norm_input if ffn.in_norm is None else ffn.in_norm(record.ffn_norm_input)
-            inner = ffn.w_in(hidden)
-            inner = ffn.activation(ffn.w_gate(hidden)) * inner if ffn.is_gated else ffn.activation(inner)
-            torch.testing.assert_close(ffn.w_out(inner), ffn.forward(hidden), rtol=0, atol=1e-6)
+            rtol = 0.0
+            if isinstance(ffn, MoESpec):
+                assert record.ffn_routing[1].shape == (*hidden.shape[:2], ffn.top_k)
+                recomposed = mixture_of_named_experts(ffn, hidden, record.ffn_routing)
+                rtol = 16 * torch.finfo(hidden.dtype).eps  # the experts' weighted sum taken in another order
+            else:
+                assert record.ffn_routing is None
+                recomposed = dense_ffn(ffn, hidden)
+            torch.testing.assert_close(recomposed, ffn.forward(hidden), rtol=rtol, atol=1e-6)
 
 
 def test_cross_attention_reruns_read_the_encoders_keys_once(seq2seq_family):

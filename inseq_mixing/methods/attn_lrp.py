@@ -40,7 +40,8 @@ final hidden state along the direction of their head frozen at the forward pass 
 head's activations and norms is that frozen map), the head's biases and norm shifts absorbed. A span of generated
 tokens may be explained as one quantity, its summed logit, in one backward pass (:func:`span_lrp_of_call`; our
 extension, after FlashTrace): the rules are linear in the relevance they pass down, so it equals the sum of the
-tokens' own relevances.
+tokens' own relevances. A mixture of experts (our extension): its routing weights and a shared expert's sigmoid gate
+are constants of the pass (their outputs detached), each expert a gated FFN under the rules above.
 """
 
 from collections.abc import Iterator
@@ -135,6 +136,14 @@ def _value_factor(value_slice, width: int, like: torch.Tensor) -> torch.Tensor:
     return factor
 
 
+def _halved_first_input(_module, args):
+    return (with_gradient_scaled(args[0], 0.5), *args[1:])
+
+
+def _detached_output(_module, _args, output):
+    return tuple(part.detach() for part in output) if isinstance(output, tuple) else output.detach()
+
+
 @contextmanager
 def lrp_rules(model: nn.Module, spec: ModelSpec) -> Iterator[None]:
     """Install the AttnLRP gradient modifications on the model's modules; removed on exit, whatever happens."""
@@ -148,13 +157,17 @@ def lrp_rules(model: nn.Module, spec: ModelSpec) -> Iterator[None]:
                 add(module.register_forward_hook(lambda m, args, out: frozen_norm_rule(m, out, args[0])))
         for layer in (layer for stack in spec.stacks.values() for layer in stack.layers):
             ffn = layer.ffn
-            if not isinstance(ffn.activation, nn.Module) or (ffn.is_gated and not isinstance(ffn.forward, nn.Module)):
+            modules = (*ffn.activations, *ffn.product_inputs)
+            if not all(isinstance(module, nn.Module) for module in modules):
                 raise UnsupportedModelError(
                     f"AttnLRP hooks the FFN's activation (and a gated FFN's module); {spec.family}'s are functions."
                 )
-            add(ffn.activation.register_forward_hook(lambda _m, args, out: identity_rule(out, args[0])))
-            if ffn.is_gated:
-                add(ffn.forward.register_forward_pre_hook(lambda _m, args: (with_gradient_scaled(args[0], 0.5),)))
+            for activation in ffn.activations:
+                add(activation.register_forward_hook(lambda _m, args, out: identity_rule(out, args[0])))
+            for product in ffn.product_inputs:  # both factors of a product read this input: each gets half
+                add(product.register_forward_pre_hook(_halved_first_input))
+            for constant in ffn.constants:  # a mixture's routing weights and gates: constants of the pass
+                add(constant.register_forward_hook(_detached_output))
             for attn in (layer.self_attn, layer.cross_attn):
                 if attn is None:
                     continue

@@ -158,7 +158,7 @@ def fused_activations(spec: ModelSpec) -> Iterator[None]:
     activation runs over many rows (value zeroing's corrupted rows, DecompX's slopes). Each module's own ``forward``
     (and any wrapper on the instance) is put back on exit."""
     stacks = [stack for stack in (spec.decoder, spec.encoder) if stack is not None]
-    modules = {id(act): act for stack in stacks for act in (layer.ffn.activation for layer in stack.layers)}
+    modules = {id(act): act for stack in stacks for layer in stack.layers for act in layer.ffn.activations}
     with contextlib.ExitStack() as replaced:
         for module in modules.values():
             if type(module) is NewGELUActivation:

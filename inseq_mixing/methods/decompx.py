@@ -38,7 +38,7 @@ import torch
 
 from ..memory import release_freed_memory
 from ..specs import AttentionSpec, FFNSpec, LayerSpec, StackSpec
-from ..specs.base import linear_in_out
+from ..specs.base import MoESpec, linear_in_out
 from ..trace import AttentionTrace, LayerTrace, ModelTrace, StackTrace
 from .blocks import fused_activations, host_copies, on_device, refuse_non_finite, upcast
 from .chunking import items_per_chunk
@@ -486,7 +486,7 @@ def linearized_activation(activation, branch: Components, options: DecompXOption
 def decompose_ffn(ffn: FFNSpec, inputs: Components, options: DecompXOptions) -> torch.Tensor:
     """FFN output components ``(B, P, K, D)`` for components of its (normalised) input."""
     if not options.include_ffn:  # the FFN's real output, split like a bias over its input's components
-        output = upcast(ffn.forward(inputs.total().to(ffn.w_in.weight.dtype)))
+        output = upcast(ffn.forward(inputs.total().to(ffn.dtype)))
         return split_bias(inputs, output, options.bias, onto=torch.zeros_like(inputs.parts))
     if not ffn.is_gated and options.ffn_linearization == "zero_origin":
         return linear_parts(ffn.w_out, inputs.like(activated_linear(ffn, inputs, options)), options.bias).parts
@@ -502,14 +502,58 @@ def decompose_ffn(ffn: FFNSpec, inputs: Components, options: DecompXOptions) -> 
     return linear_parts(ffn.w_out, linear.like(hidden), options.bias).parts
 
 
+def mixture_weights(
+    moe: MoESpec, routing: tuple[torch.Tensor, torch.Tensor], norm_input: torch.Tensor
+) -> torch.Tensor:
+    r"""Each position's weight on each expert ``(B, P, E + 1)`` at the traced pass: the router's recorded weights on
+    its selected experts, 0 elsewhere, and the shared expert's last (its sigmoid gate :math:`\sigma(x w_s)` on the
+    block's recorded input where it has one, else 1)."""
+    weights, experts = routing
+    mix = upcast(weights).new_zeros(*weights.shape[:-1], moe.num_experts + 1)
+    mix.scatter_(-1, experts.to(mix.device), upcast(weights))
+    if moe.shared_gate is None:
+        mix[..., -1] = 1.0
+    else:
+        hidden = norm_input if moe.in_norm is None else moe.in_norm(norm_input)
+        mix[..., -1] = upcast(torch.sigmoid(moe.shared_gate(hidden)))[..., 0]
+    return mix
+
+
+def decompose_mixture(moe: MoESpec, inputs: Components, mix: torch.Tensor, options: DecompXOptions) -> torch.Tensor:
+    r"""A mixture of experts' output components ``(B, P, K, D)`` for components of its input, the routing frozen at
+    the traced pass (``mix``, :func:`mixture_weights`): :math:`\sum_e g_e\, \mathrm{FFN}_e(x_{\Leftarrow k})` over
+    the experts each position was routed to (each expert decomposed as a dense gated FFN, on its positions only), plus
+    the shared expert's components times its gate. The positions of each expert are found on the host (one copy of
+    the routing per chunk, as the model's own forward makes). Our extension: DecompX treats dense FFNs."""
+    if not options.include_ffn:
+        return decompose_ffn(moe, inputs, options)
+    parts, available = inputs.parts.flatten(0, 1), inputs.available.flatten(0, 1)
+    routed = mix[..., :-1].flatten(0, 1)
+    out = parts.new_zeros(*parts.shape[:-1], parts.shape[-1])
+    rows, experts = routed.nonzero(as_tuple=True)
+    counts = torch.bincount(experts, minlength=moe.num_experts).tolist()
+    for expert, expert_rows in enumerate(rows[experts.argsort(stable=True)].split(counts)):
+        if not counts[expert]:
+            continue
+        chosen = Components(parts.index_select(0, expert_rows)[None], available.index_select(0, expert_rows)[None],
+                            inputs.bias_index)  # fmt: skip
+        expert_parts = decompose_ffn(moe.expert(expert), chosen, options)[0]
+        out.index_add_(0, expert_rows, expert_parts * routed[expert_rows, expert][:, None, None])
+    out = out.unflatten(0, inputs.parts.shape[:2])
+    if moe.shared is not None:
+        out += decompose_ffn(moe.shared, inputs, options) * mix[..., -1:, None]
+    return out
+
+
 def decompose_ffn_block(
-    ffn: FFNSpec,
+    ffn: FFNSpec | MoESpec,
     norm_input: torch.Tensor,
     block: RowBlock,
     options: DecompXOptions,
     source: Components | None = None,
     out_norm_input: torch.Tensor | None = None,
     causal: bool = False,
+    routing: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> Components:
     """The FFN sub-block on a block of positions: norm (pre-LN), FFN chunked over positions (a causal stream's
     (position, component) pairs packed, :func:`ffn_packing`), output norm (if any), residual, norm (post-LN). The
@@ -517,17 +561,22 @@ def decompose_ffn_block(
     ``norm_input`` is the recorded input of the FFN's norm at these positions, and ``out_norm_input`` that of its
     output norm. ``source``: what a parallel FFN reads (the block input's components), when it is not the block's
     stream. The chunks (and their packing) are found once per block on the host and kept for every layer (the
-    components each position carries are the same at every layer)."""
+    components each position carries are the same at every layer). ``routing``: a mixture of experts' recorded
+    routing at these positions (its chunks are blocks of positions, never packed pairs)."""
     mode = options.bias
     stream = block.stream
     source = stream if source is None else source
     inputs = source if ffn.in_norm is None else decompose_norm(ffn.in_norm, norm_input, source, mode)
-    width = ffn.w_out.weight.numel() // inputs.parts.shape[-1]
-    chunks = ffn_chunks(block, width, inputs, causal, options.max_chunk_elements)
+    width = ffn.hidden_width(inputs.parts.shape[-1])
+    mix = None if routing is None else mixture_weights(ffn, routing, norm_input)
+    chunks = ffn_chunks(block, width, inputs, causal and mix is None, options.max_chunk_elements)
     # the FFN's components go straight onto the residual stream's (each chunk of positions reads its inputs first)
     into = stream.parts if ffn.out_norm is None else torch.zeros_like(inputs.parts)
     for chunk in chunks:
-        chunk.run(lambda part: decompose_ffn(ffn, part, options), inputs, into)
+        if mix is None:
+            chunk.run(lambda part: decompose_ffn(ffn, part, options), inputs, into)
+        else:
+            chunk.run(lambda part, rows=chunk.rows: decompose_mixture(ffn, part, mix[:, rows], options), inputs, into)
         release_freed_memory()  # the heap's holes from this chunk (see ..memory)
     if ffn.out_norm is not None:
         output = decompose_norm(ffn.out_norm, out_norm_input, inputs.like(into), mode, in_place=True).parts
@@ -578,7 +627,8 @@ def decompose_layer(
         norm_input = record.ffn_norm_input[:, block.rows]
         out_input = None if out_norm_input is None else out_norm_input[:, block.rows]
         source = block_input.pop(block.rows.start, None)
-        block.stream = decompose_ffn_block(layer.ffn, norm_input, block, options, source, out_input, causal)
+        routing = None if record.ffn_routing is None else tuple(part[:, block.rows] for part in record.ffn_routing)
+        block.stream = decompose_ffn_block(layer.ffn, norm_input, block, options, source, out_input, causal, routing)
     return stream
 
 

@@ -359,7 +359,7 @@ def ffn_chunks(
     per block and FFN width (what can change between layers) on the host, and kept for every layer."""
     batch, _, num_components, _ = inputs.parts.shape
     per_position = batch * num_components * width
-    key = ("ffn", width)
+    key = ("ffn", width, causal)
     if key not in block.carried:
         packing = None
         if causal and PACK_CAUSAL_FFN and inputs.bias_index in (None, num_components - 1):

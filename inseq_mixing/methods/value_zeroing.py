@@ -17,7 +17,9 @@ norms, FFN, and cross-attention, whose queries come from position :math:`i` alon
 single batched pass of a ``(zeroed tokens, positions, d_model)`` tensor through the rest of the block, chunked over
 zeroed tokens; no re-run of the model per token. The rest of the block is the model's own modules, except that
 transformers' Python ``gelu_new`` (GPT-2, T5 v1.1) runs as torch's fused kernel of the same formula there
-(:func:`.blocks.fused_activations`; equal to float rounding), for the clean and the corrupted rows alike.
+(:func:`.blocks.fused_activations`; equal to float rounding), for the clean and the corrupted rows alike. A mixture of
+experts (our extension) is position-wise too, and re-runs whole, router included: a corrupted row may go to other
+experts, as in a re-run of the model.
 
 Audio units (speech models, :mod:`.units`): zeroing every frame of a unit :math:`u` at once changes the attention
 output of query :math:`i` by :math:`-\sum_h \sum_{j \in u} \alpha^h_{ij}\, v^h_j W^h_O`, so the closed form holds

@@ -139,6 +139,165 @@ class FFNSpec(BranchLayout):
     def is_gated(self) -> bool:
         return self.w_gate is not None
 
+    @property
+    def activations(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], ...]:
+        """The element-wise activations inside the sub-block."""
+        return (self.activation,)
+
+    @property
+    def product_inputs(self) -> tuple[nn.Module, ...]:
+        """Modules whose first input feeds both factors of a product (a gated FFN's ``activation(x W_g) ⊙ x W_in``)."""
+        return (self.forward,) if self.is_gated else ()
+
+    @property
+    def constants(self) -> tuple[nn.Module, ...]:
+        """Modules whose outputs the sub-block uses as per-token constants (a mixture's routing): none here."""
+        return ()
+
+    @property
+    def routers(self) -> tuple[nn.Module, ...]:
+        """Modules whose outputs the trace records as the sub-block's routing: none here."""
+        return ()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.w_out.weight.dtype
+
+    def hidden_width(self, d_model: int) -> int:
+        """Hidden units per position (the FFN's inner width)."""
+        return self.w_out.weight.numel() // d_model
+
+
+class ExpertLinear(nn.Module):
+    """One expert's linear map in a mixture-of-experts module whose experts' weights are stacked in one parameter
+    (transformers' fused experts: ``(experts, out, in)``, or ``(experts, in, out)`` where ``transposed``), as an
+    ``nn.Linear`` of its own (``weight`` ``(out, in)``, a view of the stacked parameter read at every use).
+
+    Args:
+        experts: The module holding the stacked parameter.
+        name: The parameter's name (``"gate_up_proj"``, ``"down_proj"``).
+        expert: Which expert.
+        outputs: Which of its outputs (the gate's or the linear branch's half of a fused ``gate_up_proj``).
+        transposed: The parameter is stored ``(experts, in, out)``.
+    """
+
+    def __init__(self, experts: nn.Module, name: str, expert: int, outputs: slice = slice(None),
+                 transposed: bool = False):  # fmt: skip
+        super().__init__()
+        self.experts = [experts]  # in a list: not a submodule of this view
+        self.name, self.expert, self.outputs, self.transposed = name, expert, outputs, transposed
+
+    @property
+    def weight(self) -> torch.Tensor:
+        stacked = getattr(self.experts[0], self.name)[self.expert]
+        return stacked[:, self.outputs].T if self.transposed else stacked[self.outputs]
+
+    @property
+    def bias(self) -> None:
+        return None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(hidden, self.weight)
+
+
+@dataclass(frozen=True)
+class MoESpec(BranchLayout):
+    r"""A mixture-of-experts FFN sub-block (transformers' fused experts):
+    :math:`y = \sum_{e \in \mathrm{top}_k(x)} g_e(x)\, \mathrm{FFN}_e(x) + \sigma(x w_s)\, \mathrm{FFN}_s(x)`, each
+    expert a gated FFN ``down(act(gate(x)) ⊙ up(x))``, the shared expert (if any) a dense FFN, with a sigmoid gate
+    where the family has one (Qwen2-MoE).
+
+    The methods freeze the routing at the traced pass, as they freeze a norm's statistics: the trace records the
+    router's weights and selected experts (:attr:`routers`), and each expert's FFN is decomposed as a dense FFN is
+    (DecompX), its routing weight a per-token constant (DecompX, AttnLRP); value zeroing re-runs the whole block, so
+    the routing of a corrupted pass is the model's own on that pass.
+
+    Attributes:
+        forward: The block's module ``(batch, positions, D) → (batch, positions, D)``.
+        norm, pre_norm, out_norm: As in :class:`FFNSpec`.
+        router: The router module: ``(N, D) → (logits, weights (N, k), experts (N, k))``.
+        experts: The fused experts module (``gate_up_proj``, ``down_proj``, ``act_fn``; transformers' layout flags
+            ``is_transposed`` and ``is_concatenated``).
+        shared: The shared expert as a dense FFN (its norms None), or None.
+        shared_gate: A linear map to one output whose sigmoid scales the shared expert, or None.
+    """
+
+    forward: nn.Module
+    norm: nn.Module | None
+    pre_norm: bool
+    router: nn.Module
+    experts: nn.Module
+    shared: FFNSpec | None = None
+    shared_gate: nn.Module | None = None
+    out_norm: nn.Module | None = None
+    parallel: bool = False
+
+    @property
+    def num_experts(self) -> int:
+        return self.experts.gate_up_proj.shape[0]
+
+    @property
+    def top_k(self) -> int:
+        return self.router.top_k
+
+    def expert(self, index: int) -> FFNSpec:
+        """Expert ``index`` as a dense gated FFN whose linear maps are views of the stacked weights."""
+        experts = self.experts
+        transposed = getattr(experts, "is_transposed", False)
+        width = experts.down_proj.shape[1 if transposed else 2]
+        if getattr(experts, "is_concatenated", True):
+            gate, linear = slice(0, width), slice(width, 2 * width)
+        else:  # interleaved: gate₀, up₀, gate₁, up₁, ...
+            gate, linear = slice(0, None, 2), slice(1, None, 2)
+        return FFNSpec(
+            forward=experts,
+            norm=None,
+            pre_norm=True,
+            w_in=ExpertLinear(experts, "gate_up_proj", index, linear, transposed),
+            w_out=ExpertLinear(experts, "down_proj", index, slice(None), transposed),
+            activation=experts.act_fn,
+            w_gate=ExpertLinear(experts, "gate_up_proj", index, gate, transposed),
+        )
+
+    @property
+    def activations(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], ...]:
+        return (self.experts.act_fn, *(self.shared.activations if self.shared is not None else ()))
+
+    @property
+    def product_inputs(self) -> tuple[nn.Module, ...]:
+        return (self.experts, *(self.shared.product_inputs if self.shared is not None else ()))
+
+    @property
+    def constants(self) -> tuple[nn.Module, ...]:
+        return (self.router, *((self.shared_gate,) if self.shared_gate is not None else ()))
+
+    @property
+    def routers(self) -> tuple[nn.Module, ...]:
+        return (self.router,)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.experts.down_proj.dtype
+
+    def hidden_width(self, d_model: int) -> int:
+        """Hidden units one position runs through: its ``k`` experts' and the shared expert's."""
+        width = self.experts.down_proj.numel() // (self.num_experts * d_model) * self.top_k
+        return width + (self.shared.hidden_width(d_model) if self.shared is not None else 0)
+
+
+def moe_layout_problem(experts: nn.Module) -> str | None:
+    """Why a fused experts module is outside :class:`MoESpec`'s reading (biases, a gate of its own), or None."""
+    if getattr(experts, "has_bias", False):
+        return "its experts have biases"
+    if not getattr(experts, "has_gate", True):
+        return "its experts are not gated"
+    own_gate = getattr(type(experts), "_apply_gate", None)
+    if own_gate is not None and own_gate.__name__ != "_default_apply_gate":
+        return "its experts apply a gate function of their own (clamped, or not act(gate) ⊙ up)"
+    if not isinstance(getattr(experts, "act_fn", None), nn.Module):
+        return "its experts' activation is not a module"
+    return None
+
 
 @dataclass(frozen=True)
 class LayerSpec:
@@ -146,7 +305,7 @@ class LayerSpec:
 
     module: nn.Module
     self_attn: AttentionSpec
-    ffn: FFNSpec
+    ffn: FFNSpec | MoESpec
     cross_attn: AttentionSpec | None = None
 
 
@@ -358,7 +517,7 @@ def _as_in_out_matrix(module: nn.Module, out_slice: slice) -> tuple[torch.Tensor
     ``nn.Linear`` stores ``(out, in)``, GPT-2's ``Conv1D`` stores ``(in, out)``.
     """
     weight = module.weight
-    if isinstance(module, nn.Linear | SlicedLinear):
+    if isinstance(module, nn.Linear | SlicedLinear | ExpertLinear):
         weight = weight.T
     bias = module.bias[out_slice] if getattr(module, "bias", None) is not None else None
     return weight[:, out_slice], bias

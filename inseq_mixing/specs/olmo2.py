@@ -1,4 +1,5 @@
-"""OLMo-2: the Llama layout with the norms moved to the branch outputs, ``x + norm(f(x))``, and q/k norms.
+"""OLMo-2 and FlexOLMo (OLMo-2 with a mixture of experts as FFN): the Llama layout with the norms moved to the branch
+outputs, ``x + norm(f(x))``, and q/k norms.
 
 Attention and FFN read the residual stream itself (no input norm); ``post_attention_layernorm`` and
 ``post_feedforward_layernorm`` normalise their outputs before the residual sum. The q/k norms act on queries and keys
@@ -7,23 +8,20 @@ only and are read from the recorded probabilities.
 
 from torch import nn
 
-from . import llama
+from . import llama, mixture
 from .base import LayerSpec, ModelSpec
 
-FAMILY = "OLMo-2"
-MODEL_TYPES = {"olmo2"}
+FAMILY = "OLMo-2, FlexOLMo"
+MODEL_TYPES = {"olmo2", "flex_olmo"}
 
 
 def layer_spec(layer: nn.Module, config) -> LayerSpec:
-    mlp = layer.mlp
     return LayerSpec(
         module=layer,
         self_attn=llama.attention_spec(
             layer, config, layer.self_attn.v_proj, norms=(None, layer.post_attention_layernorm)
         ),
-        ffn=llama.gated_ffn(
-            layer, mlp.up_proj, mlp.gate_proj, mlp.act_fn, norms=(None, layer.post_feedforward_layernorm)
-        ),
+        ffn=mixture.ffn_spec(layer, norms=(None, layer.post_feedforward_layernorm)),
     )
 
 
