@@ -53,7 +53,7 @@ DECODER_FAMILIES = (
 #: Mixture-of-experts decoders (tiny: :data:`TINY_EXPERTS` experts, top-:data:`TINY_TOP_K`), generation families like
 #: the others.
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "phimoe", "glm4_moe", "ernie4_5_moe", "hunyuan_v1_moe",
-                "flex_olmo")  # fmt: skip
+                "flex_olmo", "deepseek_v2", "deepseek_v3", "gpt_oss")  # fmt: skip
 DECODER_FAMILIES = DECODER_FAMILIES + MOE_FAMILIES
 ALL_FAMILIES = SEQ2SEQ_FAMILIES + DECODER_FAMILIES
 #: Families with grouped-query attention whose RMSNorms round through float32 (even in a float64 model).
@@ -187,11 +187,14 @@ def _decoder_only(family: str, vocab: int, d_model: int, layers: int, heads: int
 def _mixture(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn: int, kv_heads: int | None):
     """A tiny mixture-of-experts decoder: :data:`TINY_EXPERTS` experts of width ``ffn // 2``, top-:data:`TINY_TOP_K`
     routing; Qwen2-MoE with a gated shared expert and a dense first layer, GLM-4-MoE and ERNIE with a shared
-    expert."""
+    expert; DeepSeek-V2 (keys and values from a latent) and V3 (queries from a latent too) with multi-head latent
+    attention, a shared expert and a dense first layer; GPT-OSS with sinks, alternating sliding-window layers and its
+    clamped experts (a small clamp limit, so that the clamps bite in the tests)."""
     experts, top_k, width = TINY_EXPERTS, TINY_TOP_K, ffn // 2
     name = {"mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe", "olmoe": "Olmoe",
             "phimoe": "Phimoe", "glm4_moe": "Glm4Moe", "ernie4_5_moe": "Ernie4_5_Moe",
-            "hunyuan_v1_moe": "HunYuanMoEV1", "flex_olmo": "FlexOlmo"}[family]  # fmt: skip
+            "hunyuan_v1_moe": "HunYuanMoEV1", "flex_olmo": "FlexOlmo", "deepseek_v2": "DeepseekV2",
+            "deepseek_v3": "DeepseekV3", "gpt_oss": "GptOss"}[family]  # fmt: skip
     extra = {
         "mixtral": dict(intermediate_size=width, num_local_experts=experts, num_experts_per_tok=top_k),
         "phimoe": dict(intermediate_size=width, num_local_experts=experts, num_experts_per_tok=top_k),
@@ -208,7 +211,20 @@ def _mixture(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn
                              moe_k=top_k, moe_num_shared_experts=1, moe_layer_start_index=0),
         "hunyuan_v1_moe": dict(head_dim=d_model // heads, intermediate_size=width, num_experts=experts,
                                moe_topk=top_k),
+        "deepseek_v2": dict(intermediate_size=ffn, moe_intermediate_size=width, n_routed_experts=experts,
+                            num_experts_per_tok=top_k, n_shared_experts=1, first_k_dense_replace=1, n_group=1,
+                            topk_group=1, q_lora_rank=None, kv_lora_rank=max(2, d_model // 2),
+                            qk_rope_head_dim=2, qk_nope_head_dim=2, v_head_dim=d_model // heads),
+        "deepseek_v3": dict(intermediate_size=ffn, moe_intermediate_size=width, n_routed_experts=experts,
+                            num_experts_per_tok=top_k, n_shared_experts=1, first_k_dense_replace=1, n_group=1,
+                            topk_group=1, q_lora_rank=max(2, d_model // 2), kv_lora_rank=max(2, d_model // 2),
+                            qk_rope_head_dim=2, qk_nope_head_dim=2, v_head_dim=d_model // heads),
+        "gpt_oss": dict(head_dim=d_model // heads, intermediate_size=width, num_local_experts=experts,
+                        num_experts_per_tok=top_k, sliding_window=TINY_SLIDING_WINDOW, swiglu_limit=1.0,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
     }[family]  # fmt: skip
+    if family.startswith("deepseek"):  # every head its own keys and values (decompressed from one latent)
+        kv_heads = heads
     config_name = "HunYuanMoEV1Config" if family == "hunyuan_v1_moe" else f"{name}Config"
     config = getattr(transformers, config_name)(
         vocab_size=vocab, hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads,

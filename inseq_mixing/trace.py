@@ -93,6 +93,8 @@ class AttentionTrace:
             on the first re-run (False where the module does not take them from a cache), so that re-runs on new
             queries read them instead of projecting the encoder states again.
         source: Where the probabilities are recomputed from when they are not kept.
+        latent_norm_input: Input of a latent attention's latent norm ``(batch, keys, rank)`` (its statistics frozen
+            there), or None.
     """
 
     kept_probs: torch.Tensor | None
@@ -102,6 +104,7 @@ class AttentionTrace:
     call: tuple[tuple, dict] | None = None
     cross_keys: tuple[torch.Tensor, torch.Tensor] | bool | None = None
     source: ProbsSource | None = None
+    latent_norm_input: torch.Tensor | None = None
 
     @property
     def probs(self) -> torch.Tensor:
@@ -328,6 +331,8 @@ class _Recorder:
                     continue
                 if attn.norm is not None:
                     add(attn.norm, "pre", self._norm_hook(store, f"{name}_norm_input"))
+                if attn.latent is not None:
+                    add(attn.latent.norm, "pre", self._norm_hook(store, f"{name}_latent_norm_input"))
                 keep_call = name == "cross" and self.keep_cross_call
                 add(attn.module, "post_kwargs", self._attn_hook(store, name, attn, keep_call, self.model, self.slot))
                 if attn.output_module is not None:
@@ -391,6 +396,8 @@ class _Recorder:
     def _value_hook(store, name: str, attn: AttentionSpec):
         def hook(module, args, output):
             values = output[..., attn.value_slice].detach()
+            if values.dim() > 3:  # a latent attention's up-projection runs on (batch, 1, keys, rank)
+                values = values.reshape(values.shape[0], -1, values.shape[-1])
             store[f"{name}_values"] = values.reshape(*values.shape[:-1], attn.num_kv_heads, attn.head_dim)
 
         return hook
@@ -417,6 +424,7 @@ class _Recorder:
                         output=store[f"{name}_output"],
                         norm_input=store.get(f"{name}_norm_input", store["input"]),
                         call=store.get(f"{name}_call"),
+                        latent_norm_input=store.get(f"{name}_latent_norm_input"),
                     )
             layers.append(
                 LayerTrace(

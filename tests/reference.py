@@ -63,7 +63,7 @@ def naive_value_zeroing(model, spec: ModelSpec, model_kwargs: dict, stack: str, 
 
             def zero_value(module, args, output, j=j, columns=attn.value_slice):
                 output = output.clone()
-                output[:, j, columns] = 0
+                output[..., j, columns] = 0  # a latent attention's up-projection: (B, 1, T, ·)
                 return output
 
             handle = attn.value_proj.register_forward_hook(zero_value)
@@ -104,7 +104,8 @@ def capture_value_inputs(model, spec: ModelSpec, model_kwargs: dict) -> dict:
 
 def hf_value_vectors(attn, value_input: torch.Tensor) -> torch.Tensor:
     """Batch 0's value vectors ``(keys, kv_heads, head_dim)`` from the HF value projection module."""
-    values = attn.value_proj(value_input)[0, :, attn.value_slice]
+    values = attn.value_proj(value_input)
+    values = values.reshape(values.shape[0], -1, values.shape[-1])[0, :, attn.value_slice]  # a latent's: (B, 1, T, ·)
     return values.reshape(values.shape[0], attn.num_kv_heads, attn.head_dim)
 
 
@@ -172,6 +173,9 @@ def naive_alti_layer(
                     part = frozen_norm_map(attn.norm, total[i])(part)
                 closeness = output[i].abs().sum() - (output[i] - part).abs().sum()
                 scores[slot, i, j] = closeness.clamp(min=0)
+        for i in range(num_queries):  # no part closer than the origin: the documented identity row (own stream)
+            if scores[:, i].sum() == 0:
+                scores[num_heads if per_head else 0, i, i if residual_column is None else residual_column] = 1.0
         scores = scores / scores.sum((0, 2), keepdim=True)
         return scores if per_head else scores[0]
 
@@ -262,13 +266,21 @@ class NaiveLrp:
         """``combine(a, b)``, each factor receiving half of the gradient."""
         return 0.5 * (combine(a, b.detach()) + combine(a.detach(), b))
 
-    def attention(self, q, k, v, scale: float):
-        """Causal attention over ``(heads, positions, head_dim)``."""
+    def attention(self, q, k, v, scale: float, sinks: torch.Tensor | None = None, window: int | None = None):
+        """Causal attention over ``(heads, positions, head_dim)``; with ``sinks``, each head's learned logit joins
+        the softmax and is dropped after it (GPT-OSS); with ``window``, keys ``window`` or more positions back are
+        masked."""
         scores = self.product(q, k.transpose(-1, -2), torch.matmul) * scale
-        future = torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1)
-        scores = scores.masked_fill(future, torch.finfo(scores.dtype).min)
+        hidden = torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1)
+        if window is not None:
+            hidden |= torch.ones_like(hidden).tril(-window)
+        scores = scores.masked_fill(hidden, torch.finfo(scores.dtype).min)
         scores.retain_grad()
-        probs = scores.softmax(-1)
+        if sinks is None:
+            probs = scores.softmax(-1)
+        else:
+            sink = sinks.detach().reshape(-1, 1, 1).expand(-1, scores.shape[1], 1)
+            probs = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]
         probs.retain_grad()
         self.softmaxes.append((scores, probs))
         return self.product(probs, v, torch.matmul)
@@ -329,10 +341,45 @@ def naive_lrp_mixture(lrp: NaiveLrp, block, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def naive_lrp_gpt_oss_experts(lrp: NaiveLrp, block, x: torch.Tensor) -> torch.Tensor:
+    """GPT-OSS's mixture position by position from its stacked weights ``(experts, in, out)`` with biases, gate and
+    linear outputs interleaved: ``(clamp(up, ±l) + 1) ⊙ g σ(α g)``, ``g = min(gate, l)``, the gate activation and the
+    clamp under the identity rule, the product under the uniform rule, the routing weights constants."""
+    experts = block.experts
+    _, weights, selected = block.router(x.detach())
+    alpha, limit = experts.alpha, experts.limit
+
+    def gate_activation(gate):
+        gate = gate.clamp(max=limit)
+        return gate * torch.sigmoid(gate * alpha)
+
+    rows = []
+    for t in range(x.shape[0]):
+        row = torch.zeros_like(x[t])
+        for weight, expert in zip(weights[t], selected[t].tolist(), strict=True):
+            gate_up = x[t] @ experts.gate_up_proj[expert] + experts.gate_up_proj_bias[expert]
+            gate = lrp.identity(gate_activation, gate_up[::2])
+            linear = lrp.identity(lambda up: up.clamp(-limit, limit), gate_up[1::2]) + 1
+            out = lrp.product(gate, linear) @ experts.down_proj[expert] + experts.down_proj_bias[expert]
+            row = row + weight.detach() * out
+        rows.append(row)
+    return torch.stack(rows)
+
+
+def naive_lrp_ffn(lrp: NaiveLrp, mlp, x: torch.Tensor) -> torch.Tensor:
+    """A Llama-layout block's FFN under the rules: dense and gated, a mixture of experts, or GPT-OSS's mixture."""
+    if hasattr(mlp, "router"):
+        return naive_lrp_gpt_oss_experts(lrp, mlp, x)
+    if hasattr(mlp, "experts"):
+        return naive_lrp_mixture(lrp, mlp, x)
+    return naive_lrp_gated_ffn(lrp, mlp, x)
+
+
 def naive_attn_lrp_llama(model, ids: torch.Tensor, position: int, token: int):
-    """Relevance of each token of ``ids`` (1-D) for the logit of ``token`` at ``position`` of a Llama model (no
-    biases: RMSNorms, rotary embeddings, grouped-query attention, SwiGLU; or a mixture of SwiGLU experts)."""
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    """Relevance of each token of ``ids`` (1-D) for the logit of ``token`` at ``position`` of a Llama-layout model:
+    RMSNorms, rotary embeddings, grouped-query attention (GPT-OSS's with biases, learned sinks and sliding windows),
+    SwiGLU or a mixture of experts (GPT-OSS's clamped ones)."""
+    import sys
 
     lrp = NaiveLrp()
     base = model.model
@@ -340,21 +387,18 @@ def naive_attn_lrp_llama(model, ids: torch.Tensor, position: int, token: int):
     cos, sin = base.rotary_emb(h0[None], torch.arange(len(ids))[None])
     hidden = h0
     for layer in base.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        width = attn.head_dim
+        attn = layer.self_attn
+        rotary = sys.modules[type(attn).__module__].apply_rotary_pos_emb  # the family's own layout of cos and sin
         x = lrp.rms_norm(layer.input_layernorm, hidden)
         projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-        q, k, v = (proj(x).reshape(len(ids), -1, width).transpose(0, 1) for proj in projections)
-        q, k = apply_rotary_pos_emb(q[None], k[None], cos, sin)
+        q, k, v = (proj(x).reshape(len(ids), -1, attn.head_dim).transpose(0, 1) for proj in projections)
+        q, k = rotary(q[None], k[None], cos, sin)
         groups = q.shape[1] // k.shape[1]
         k, v = k[0].repeat_interleave(groups, 0), v.repeat_interleave(groups, 0)
-        mixed = lrp.attention(q[0], k, v, width**-0.5).transpose(0, 1).reshape(len(ids), -1)
+        sinks, window = getattr(attn, "sinks", None), getattr(attn, "sliding_window", None)
+        mixed = lrp.attention(q[0], k, v, attn.scaling, sinks, window).transpose(0, 1).reshape(len(ids), -1)
         hidden = hidden + attn.o_proj(mixed)
-        x = lrp.rms_norm(layer.post_attention_layernorm, hidden)
-        if hasattr(mlp, "experts"):
-            hidden = hidden + naive_lrp_mixture(lrp, mlp, x)
-        else:
-            hidden = hidden + naive_lrp_gated_ffn(lrp, mlp, x)
+        hidden = hidden + naive_lrp_ffn(lrp, layer.mlp, lrp.rms_norm(layer.post_attention_layernorm, hidden))
     logit = model.lm_head(lrp.rms_norm(base.norm, hidden))[position, token]
     logit.backward()
     return (h0 * h0.grad).sum(-1), logit.detach(), lrp.softmax_absorbed().detach()

@@ -19,6 +19,7 @@ NAIVE = {
     "llama": naive_attn_lrp_llama,
     "mixtral": naive_attn_lrp_llama,
     "qwen2_moe": naive_attn_lrp_llama,  # a shared expert behind a sigmoid gate, a dense first layer
+    "gpt_oss": naive_attn_lrp_llama,  # sinks, a sliding window, clamped experts with biases
 }
 
 

@@ -194,13 +194,15 @@ def test_reference_logit_bias_split_is_by_each_components_logit_vector():
 
 
 def value_bias_readout(trace, ids) -> dict[str, torch.Tensor]:
-    """``g_t · (b^h_V W^h_O)`` per layer and head, ``(B, L, H, T)``: what each head's value bias adds to its branch
-    along the logit direction (rows of α sum to 1), for ``"self"`` and ``"cross"`` attention."""
+    """``g_t · (Σ_j α^h_tj) (b^h_V W^h_O)`` per layer and head, ``(B, L, H, T)``: what each head's value bias adds to
+    its branch along the logit direction (rows of α sum to 1, or less where a sink takes the rest), for ``"self"`` and
+    ``"cross"`` attention."""
     sweep = sweep_logit(trace, unembedding_direction(trace.spec, ids, None))
     terms = {}
     for name in ("self", "cross"):
         per_layer = []
-        for layer, branches in zip(trace.spec.decoder.layers, sweep.branches, strict=True):
+        for layer, record, branches in zip(trace.spec.decoder.layers, trace.decoder.layers, sweep.branches,
+                                           strict=True):  # fmt: skip
             attn = layer.self_attn if name == "self" else layer.cross_attn
             if attn is None:
                 break
@@ -210,7 +212,8 @@ def value_bias_readout(trace, ids) -> dict[str, torch.Tensor]:
                 torch.zeros(attn.num_heads, attn.head_dim) if bias is None else bias.reshape(-1, attn.head_dim)[heads]
             )
             carried = torch.einsum("he,hed->hd", bias.float(), attn.out_weight_per_head().float())
-            per_layer.append(torch.einsum("hd,btd->bht", carried, branches[name]))
+            rows = (record.self_attn if name == "self" else record.cross_attn).probs.sum(-1).float()  # (B, H, T)
+            per_layer.append(torch.einsum("hd,btd->bht", carried, branches[name]) * rows)
         if per_layer:
             terms[name] = torch.stack(per_layer, dim=1)
     return terms

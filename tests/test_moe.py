@@ -95,10 +95,10 @@ def test_load_tiny_builds_every_mixture():
 @pytest.mark.parametrize(
     ("config", "reason"),
     [
-        ("GptOssConfig", "attention sinks"),
+        ("DeepseekV32Config", "sparse token selector"),
         ("MambaConfig", "state-space"),
         ("Qwen3NextConfig", "Gated DeltaNet"),
-        ("DeepseekV3Config", "latent attention"),
+        ("Lfm2Config", "short gated convolutions"),
     ],
 )
 def test_architectures_not_yet_explained_are_refused_with_the_reason(config, reason):

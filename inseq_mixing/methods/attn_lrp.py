@@ -168,6 +168,9 @@ def lrp_rules(model: nn.Module, spec: ModelSpec) -> Iterator[None]:
                 add(product.register_forward_pre_hook(_halved_first_input))
             for constant in ffn.constants:  # a mixture's routing weights and gates: constants of the pass
                 add(constant.register_forward_hook(_detached_output))
+            for experts, gate in ffn.own_gates:  # the experts' own gate, written with the modules hooked above
+                experts._apply_gate = gate
+                hooks.callback(vars(experts).pop, "_apply_gate", None)
             for attn in (layer.self_attn, layer.cross_attn):
                 if attn is None:
                     continue

@@ -82,8 +82,9 @@ def close_branch(sub_block: AttentionSpec | FFNSpec, residual: torch.Tensor, out
 
 
 def apply_ffn(ffn: FFNSpec, hidden: torch.Tensor) -> torch.Tensor:
-    """The whole FFN sub-block, residual and norms included."""
-    return close_branch(ffn, hidden, ffn.forward(branch_input(ffn, hidden)))
+    """The whole FFN sub-block, residual and norms included (its input made contiguous: a mixture of experts views
+    its rows flat)."""
+    return close_branch(ffn, hidden, ffn.forward(branch_input(ffn, hidden).contiguous()))
 
 
 def cross_attention_input(layer: LayerSpec, record: LayerTrace) -> torch.Tensor:

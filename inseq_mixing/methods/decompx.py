@@ -29,6 +29,9 @@ components into the source block. Decoder-only models (also our extension) decom
 Norms on a sub-block's output (Gemma 2 / 3's sandwich, OLMo-2; our extension) are frozen like every other norm and act
 on the branch's components before the residual sum. A final logit soft-cap :math:`c \tanh(z / c)` (Gemma 2) is not
 linear: the components add up to :math:`z`, the logit before the cap, which is reported beside the capped one.
+Mixtures of experts (our extension): the routing frozen at the traced pass, each chosen expert decomposed as a dense
+gated FFN (:func:`decompose_mixture`). Multi-head latent attention (DeepSeek; our extension): values decompressed from
+a per-token latent, its norm frozen (:class:`LatentMap`).
 """
 
 from dataclasses import dataclass, field
@@ -246,39 +249,60 @@ def attention_bias(attn: AttentionSpec, probs: torch.Tensor) -> torch.Tensor | N
 
 @dataclass
 class KeyNorm:
-    """A key block's pre-attention norm: frozen map and the shares of its shift over the block's components."""
+    """A key block's pre-attention norm: frozen map and the shares of its shift over the block's components; and,
+    for a latent attention, the map to the latent that the values are read from (:class:`LatentMap`)."""
 
-    frozen: object
+    frozen: object | None
     shares: torch.Tensor | None
+    latent: "LatentMap | None" = None
 
     def apply(self, parts: torch.Tensor, local: torch.Tensor, bias_index: int | None) -> torch.Tensor:
-        """The normalised components ``local`` of a block (shift shares included)."""
-        normed = self.frozen.linear(parts)
-        shift = self.frozen.shift
-        if shift is None:
-            return normed
-        if self.shares is None:  # "separate": the whole shift goes to the bias component
+        """The normalised components ``local`` of a block (shift shares included), taken to the latent if any."""
+        normed = parts if self.frozen is None else self.frozen.linear(parts)
+        shift = None if self.frozen is None else self.frozen.shift
+        if shift is not None and self.shares is None:  # "separate": the whole shift goes to the bias component
             is_bias = (local == bias_index).to(normed.dtype)
-            return normed + is_bias[:, None] * shift
-        return normed.addcmul_(self.shares[:, :, local, None], shift)  # one pass, on the fresh normalised parts
+            normed = normed + is_bias[:, None] * shift
+        elif shift is not None:
+            normed = normed.addcmul_(self.shares[:, :, local, None], shift)  # one pass, on the fresh normalised parts
+        return normed if self.latent is None else self.latent.apply(normed)
+
+
+@dataclass
+class LatentMap:
+    r"""A latent attention's map from a key's (normalised) components to its latent's: the down-projection, then the
+    latent's norm at its recorded statistics, :math:`c_{j \Leftarrow k} = N_j(\hat x_{j \Leftarrow k} W_{down})`
+    (linear once the norm is frozen; the latent norm is an RMSNorm, without a shift). Our extension: DecompX treats
+    standard multi-head attention."""
+
+    down: torch.Tensor
+    frozen: FrozenNorm
+
+    def apply(self, parts: torch.Tensor) -> torch.Tensor:
+        return self.frozen.linear(parts @ self.down)
 
 
 def key_norms(attn: AttentionSpec, record: AttentionTrace, stream: BlockedStream, mode: str) -> list[KeyNorm] | None:
     """Per block, the frozen input norm of the attention and its shift's shares (from the stream as it is before the
-    attention adds to it); None without an input norm (post-LN, OLMo-2): the attention reads the stream itself."""
-    if attn.in_norm is None:
+    attention adds to it), and a latent attention's map to the latent; None without either (post-LN, OLMo-2): the
+    attention reads the stream itself."""
+    if attn.in_norm is None and attn.latent is None:
         return None
     norms = []
     for block in stream.blocks:
-        frozen = freeze_norm(attn.in_norm, record.norm_input[:, block.rows])
-        shares = None
-        if frozen.shift is not None and mode == "absdot":  # |A(x_k) · β| without forming A(x_k)
+        frozen, shares, latent = None, None, None
+        if attn.in_norm is not None:
+            frozen = freeze_norm(attn.in_norm, record.norm_input[:, block.rows])
+        if frozen is not None and frozen.shift is not None and mode == "absdot":  # |A(x_k) · β| without A(x_k)
             weights = frozen.dot_linear(block.stream.parts, frozen.shift).abs()
             shares = bias_shares(block.stream, frozen.shift, mode, weights)
-        elif frozen.shift is not None and mode != "separate":
+        elif frozen is not None and frozen.shift is not None and mode != "separate":
             normed = block.stream.like(frozen.linear(block.stream.parts))
             shares = bias_shares(normed, frozen.shift, mode)
-        norms.append(KeyNorm(frozen, shares))
+        if attn.latent is not None:
+            down = upcast(linear_in_out(attn.latent.down)[0])
+            latent = LatentMap(down, freeze_norm(attn.latent.norm, record.latent_norm_input[:, block.rows]))
+        norms.append(KeyNorm(frozen, shares, latent))
     return norms
 
 
@@ -495,11 +519,24 @@ def decompose_ffn(ffn: FFNSpec, inputs: Components, options: DecompXOptions) -> 
         hidden = linearized_activation(ffn.activation, linear, options)
     elif options.gated_split == "linear":
         gate = ffn.activation(linear_total(ffn.w_gate, inputs.total()))
-        hidden = linear.parts * linear.per_part(gate)
+        hidden = linear_branch_parts(ffn, linear, options) * linear.per_part(gate)
     else:
         gate = linear_parts(ffn.w_gate, inputs, options.bias)
-        hidden = linearized_activation(ffn.activation, gate, options) * linear.per_part(linear.total())
+        held = ffn.linear_branch(linear.total())
+        hidden = linearized_activation(ffn.activation, gate, options) * linear.per_part(held)
     return linear_parts(ffn.w_out, linear.like(hidden), options.bias).parts
+
+
+def linear_branch_parts(ffn: FFNSpec, linear: Components, options: DecompXOptions) -> torch.Tensor:
+    """Components of a gated FFN's linear branch: ``x W_in`` as decomposed, through the branch's own map (linearised
+    as an activation) and plus its offset (split like a bias) where the FFN has them (GPT-OSS's ``clamp(·) + 1``)."""
+    parts = linear.parts
+    if ffn.linear_activation is not None:
+        parts = linearized_activation(ffn.linear_activation, linear, options)
+    if ffn.linear_offset:
+        offset = parts.new_full(parts.shape[-1:], ffn.linear_offset)
+        parts = split_bias(linear.like(parts), offset, options.bias)
+    return parts
 
 
 def mixture_weights(

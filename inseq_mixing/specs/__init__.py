@@ -46,10 +46,6 @@ _MAMBA_HYBRID = "Mamba / Mamba-2 state-space layers between its attention layers
 #: Architectures researchers study that no spec covers yet, by ``config.model_type``: what stands in the way. Refused
 #: with this reason (a decomposition of these token mixers is planned, not approximated).
 NOT_YET_EXPLAINED = {
-    "gpt_oss": "learned attention sinks (rows that do not sum to 1 over the tokens) and experts with biases and a "
-    "clamped gate of their own",
-    "deepseek_v2": "multi-head latent attention (values decompressed from a shared latent)",
-    "deepseek_v3": "multi-head latent attention (values decompressed from a shared latent)",
     "deepseek_v32": "multi-head latent attention with a sparse token selector",
     "mamba": "selective state-space token mixers, no attention",
     "mamba2": "selective state-space token mixers, no attention",

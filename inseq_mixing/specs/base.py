@@ -42,6 +42,21 @@ class BranchLayout:
 
 
 @dataclass(frozen=True)
+class LatentValues:
+    """Values decompressed from a per-token latent (DeepSeek's multi-head latent attention): the latent
+    ``c_j = norm(x̂_j W_down)`` (an RMSNorm on a down-projection of the normalised block input), each head's value
+    ``v^h_j = c_j W^h_up`` read from the attention's ``value_proj`` (the up-projection, values at ``value_slice``).
+
+    Attributes:
+        down: The down-projection to the latent (the latent's outputs of a fused projection: a :class:`SlicedLinear`).
+        norm: The latent's norm; the trace records its input, and the methods freeze its statistics there.
+    """
+
+    down: nn.Module
+    norm: nn.Module
+
+
+@dataclass(frozen=True)
 class AttentionSpec(BranchLayout):
     """One multi-head attention sub-block (self- or cross-attention) and its residual branch.
 
@@ -66,6 +81,8 @@ class AttentionSpec(BranchLayout):
         output_module: Where the attention output is read when ``module``'s own first output is not it (BERT's and
             ALBERT's attention modules add the residual and normalise inside): the output projection, whose output
             is the attention output. None: ``module``'s first output.
+        latent: Where values are decompressed from a latent (multi-head latent attention): ``value_proj`` then reads
+            the latent, not the normalised block input. None: ``value_proj`` reads the normalised block input.
     """
 
     module: nn.Module
@@ -80,6 +97,7 @@ class AttentionSpec(BranchLayout):
     probs_index: int = 1
     out_norm: nn.Module | None = None
     output_module: nn.Module | None = None
+    latent: LatentValues | None = None
 
     @property
     def out_weight(self) -> torch.Tensor:
@@ -123,6 +141,9 @@ class FFNSpec(BranchLayout):
         parallel: The FFN reads the block input, like the attention, instead of the attention sub-block's output;
             both branches add to the residual (GPT-NeoX's parallel residual: ``x + attn(ln₁ x) + ffn(ln₂ x)``).
         out_norm: A norm applied to the FFN output before the residual sum (see :class:`AttentionSpec`), or None.
+        linear_activation: An element-wise map on a gated FFN's linear branch (zero at 0), or None (the identity);
+            the branch is ``linear_activation(x W_in) + linear_offset`` (GPT-OSS's experts: ``clamp(·) + 1``).
+        linear_offset: A constant added to the linear branch (split over the components like a bias).
     """
 
     forward: Callable[[torch.Tensor], torch.Tensor]
@@ -134,6 +155,8 @@ class FFNSpec(BranchLayout):
     w_gate: nn.Module | None = None
     parallel: bool = False
     out_norm: nn.Module | None = None
+    linear_activation: Callable[[torch.Tensor], torch.Tensor] | None = None
+    linear_offset: float = 0.0
 
     @property
     def is_gated(self) -> bool:
@@ -142,7 +165,13 @@ class FFNSpec(BranchLayout):
     @property
     def activations(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], ...]:
         """The element-wise activations inside the sub-block."""
-        return (self.activation,)
+        return (self.activation,) + ((self.linear_activation,) if self.linear_activation is not None else ())
+
+    def linear_branch(self, hidden: torch.Tensor) -> torch.Tensor:
+        """A gated FFN's linear branch on ``x W_in`` (its map and offset applied)."""
+        if self.linear_activation is not None:
+            hidden = self.linear_activation(hidden)
+        return hidden + self.linear_offset if self.linear_offset else hidden
 
     @property
     def product_inputs(self) -> tuple[nn.Module, ...]:
@@ -152,6 +181,12 @@ class FFNSpec(BranchLayout):
     @property
     def constants(self) -> tuple[nn.Module, ...]:
         """Modules whose outputs the sub-block uses as per-token constants (a mixture's routing): none here."""
+        return ()
+
+    @property
+    def own_gates(self) -> tuple[tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]], ...]:
+        """Experts modules whose own gate function (``_apply_gate``) the spec writes with its modules (so that a
+        method can hook them), with that function: none here."""
         return ()
 
     @property
@@ -179,13 +214,14 @@ class ExpertLinear(nn.Module):
         expert: Which expert.
         outputs: Which of its outputs (the gate's or the linear branch's half of a fused ``gate_up_proj``).
         transposed: The parameter is stored ``(experts, in, out)``.
+        bias: The name of the stacked biases ``(experts, out)``, or None.
     """
 
     def __init__(self, experts: nn.Module, name: str, expert: int, outputs: slice = slice(None),
-                 transposed: bool = False):  # fmt: skip
+                 transposed: bool = False, bias: str | None = None):  # fmt: skip
         super().__init__()
         self.experts = [experts]  # in a list: not a submodule of this view
-        self.name, self.expert, self.outputs, self.transposed = name, expert, outputs, transposed
+        self.name, self.expert, self.outputs, self.transposed, self.bias_name = name, expert, outputs, transposed, bias
 
     @property
     def weight(self) -> torch.Tensor:
@@ -193,11 +229,13 @@ class ExpertLinear(nn.Module):
         return stacked[:, self.outputs].T if self.transposed else stacked[self.outputs]
 
     @property
-    def bias(self) -> None:
-        return None
+    def bias(self) -> torch.Tensor | None:
+        if self.bias_name is None:
+            return None
+        return getattr(self.experts[0], self.bias_name)[self.expert][self.outputs]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(hidden, self.weight)
+        return nn.functional.linear(hidden, self.weight, self.bias)
 
 
 @dataclass(frozen=True)
@@ -220,6 +258,9 @@ class MoESpec(BranchLayout):
             ``is_transposed`` and ``is_concatenated``).
         shared: The shared expert as a dense FFN (its norms None), or None.
         shared_gate: A linear map to one output whose sigmoid scales the shared expert, or None.
+        activation: The experts' gate activation where they apply a gate of their own (GPT-OSS), as a module; None:
+            ``experts.act_fn``.
+        linear_activation, linear_offset: The experts' map and offset on the linear branch (see :class:`FFNSpec`).
     """
 
     forward: nn.Module
@@ -231,6 +272,9 @@ class MoESpec(BranchLayout):
     shared_gate: nn.Module | None = None
     out_norm: nn.Module | None = None
     parallel: bool = False
+    activation: nn.Module | None = None
+    linear_activation: nn.Module | None = None
+    linear_offset: float = 0.0
 
     @property
     def num_experts(self) -> int:
@@ -240,28 +284,46 @@ class MoESpec(BranchLayout):
     def top_k(self) -> int:
         return self.router.top_k
 
+    @property
+    def gate_slices(self) -> tuple[slice, slice]:
+        """Where the gate and the linear branch lie in ``gate_up_proj``'s outputs: concatenated (the gate's half,
+        then the linear branch's) or interleaved (``gate₀, up₀, gate₁, up₁, ...``)."""
+        experts = self.experts
+        width = experts.down_proj.shape[1 if getattr(experts, "is_transposed", False) else 2]
+        if getattr(experts, "is_concatenated", True):
+            return slice(0, width), slice(width, 2 * width)
+        return slice(0, None, 2), slice(1, None, 2)
+
     def expert(self, index: int) -> FFNSpec:
-        """Expert ``index`` as a dense gated FFN whose linear maps are views of the stacked weights."""
+        """Expert ``index`` as a dense gated FFN whose linear maps are views of the stacked weights (and biases)."""
         experts = self.experts
         transposed = getattr(experts, "is_transposed", False)
-        width = experts.down_proj.shape[1 if transposed else 2]
-        if getattr(experts, "is_concatenated", True):
-            gate, linear = slice(0, width), slice(width, 2 * width)
-        else:  # interleaved: gate₀, up₀, gate₁, up₁, ...
-            gate, linear = slice(0, None, 2), slice(1, None, 2)
+        biased = getattr(experts, "has_bias", False)
+        gate, linear = self.gate_slices
+
+        def view(name: str, outputs: slice) -> ExpertLinear:
+            return ExpertLinear(experts, name, index, outputs, transposed, f"{name}_bias" if biased else None)
+
         return FFNSpec(
             forward=experts,
             norm=None,
             pre_norm=True,
-            w_in=ExpertLinear(experts, "gate_up_proj", index, linear, transposed),
-            w_out=ExpertLinear(experts, "down_proj", index, slice(None), transposed),
-            activation=experts.act_fn,
-            w_gate=ExpertLinear(experts, "gate_up_proj", index, gate, transposed),
+            w_in=view("gate_up_proj", linear),
+            w_out=view("down_proj", slice(None)),
+            activation=self.expert_activation,
+            w_gate=view("gate_up_proj", gate),
+            linear_activation=self.linear_activation,
+            linear_offset=self.linear_offset,
         )
 
     @property
+    def expert_activation(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        return self.activation if self.activation is not None else self.experts.act_fn
+
+    @property
     def activations(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], ...]:
-        return (self.experts.act_fn, *(self.shared.activations if self.shared is not None else ()))
+        own = (self.expert_activation,) + ((self.linear_activation,) if self.linear_activation is not None else ())
+        return (*own, *(self.shared.activations if self.shared is not None else ()))
 
     @property
     def product_inputs(self) -> tuple[nn.Module, ...]:
@@ -270,6 +332,19 @@ class MoESpec(BranchLayout):
     @property
     def constants(self) -> tuple[nn.Module, ...]:
         return (self.router, *((self.shared_gate,) if self.shared_gate is not None else ()))
+
+    @property
+    def own_gates(self) -> tuple[tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]], ...]:
+        return ((self.experts, self.apply_gate),) if self.activation is not None else ()
+
+    def apply_gate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The experts' gate on ``gate_up_proj``'s outputs, from the spec's modules:
+        ``activation(gate) ⊙ (linear_activation(up) + linear_offset)``."""
+        gate, linear = self.gate_slices
+        branch = gate_up[..., linear]
+        if self.linear_activation is not None:
+            branch = self.linear_activation(branch)
+        return self.expert_activation(gate_up[..., gate]) * (branch + self.linear_offset)
 
     @property
     def routers(self) -> tuple[nn.Module, ...]:
@@ -285,18 +360,29 @@ class MoESpec(BranchLayout):
         return width + (self.shared.hidden_width(d_model) if self.shared is not None else 0)
 
 
-def moe_layout_problem(experts: nn.Module) -> str | None:
-    """Why a fused experts module is outside :class:`MoESpec`'s reading (biases, a gate of its own), or None."""
-    if getattr(experts, "has_bias", False):
-        return "its experts have biases"
+def moe_layout_problem(experts: nn.Module, own_gate: bool = False) -> str | None:
+    """Why a fused experts module is outside :class:`MoESpec`'s reading, or None; ``own_gate``: the spec names the
+    experts' own gate function (:attr:`MoESpec.activation`)."""
     if not getattr(experts, "has_gate", True):
         return "its experts are not gated"
-    own_gate = getattr(type(experts), "_apply_gate", None)
-    if own_gate is not None and own_gate.__name__ != "_default_apply_gate":
-        return "its experts apply a gate function of their own (clamped, or not act(gate) ⊙ up)"
-    if not isinstance(getattr(experts, "act_fn", None), nn.Module):
+    default_gate = getattr(getattr(type(experts), "_apply_gate", None), "__name__", None) == "_default_apply_gate"
+    if not default_gate and not own_gate:
+        return "its experts apply a gate function of their own, which no spec names"
+    if default_gate and not isinstance(getattr(experts, "act_fn", None), nn.Module):
         return "its experts' activation is not a module"
     return None
+
+
+class FirstOutput(nn.Module):
+    """A module whose forward returns a tuple (GPT-OSS's MLP: its output and the router's scores), seen through its
+    first output."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.wrapped = [module]  # in a list: not a submodule
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.wrapped[0](hidden)[0]
 
 
 @dataclass(frozen=True)
