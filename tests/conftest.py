@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
-from inseq_mixing.testing import ALL_FAMILIES, DECODER_FAMILIES, SEQ2SEQ_FAMILIES, is_seq2seq, tiny_model
+from inseq_mixing.testing import ALL_FAMILIES, DECODER_FAMILIES, MOE_FAMILIES, SEQ2SEQ_FAMILIES, is_seq2seq, tiny_model
 from inseq_mixing.trace import ModelTrace, trace_model
 
 warnings.filterwarnings("ignore", message=".*Unused arguments.*")
@@ -201,9 +201,23 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "quick: the representative subset of the README's test command (-m quick)")
 
 
+#: Mixtures of experts the quick subset runs every method on (a plain one, latent attention, sinks); the others share
+#: their layouts, and the quick subset runs their logit methods' completeness only (the full suite runs everything).
+QUICK_MIXTURES = ("mixtral", "deepseek_v3", "gpt_oss")
+QUICK_ON_EVERY_MIXTURE = "test_every_logit_method_is_complete_with_its_unattributed_terms"
+
+
+def quick_for_its_family(item) -> bool:
+    """Whether a quick test stays quick for its family (see :data:`QUICK_MIXTURES`)."""
+    family = getattr(getattr(item, "callspec", None), "params", {}).get("family")
+    return family not in MOE_FAMILIES or family in QUICK_MIXTURES or item.originalname == QUICK_ON_EVERY_MIXTURE
+
+
 def pytest_collection_modifyitems(config, items):
     from fnmatch import fnmatchcase
 
     for item in items:
-        if any(fnmatchcase(f"{item.path.name}::{item.name}", pattern) for pattern in QUICK):
+        if any(fnmatchcase(f"{item.path.name}::{item.name}", pattern) for pattern in QUICK) and quick_for_its_family(
+            item
+        ):
             item.add_marker(pytest.mark.quick)

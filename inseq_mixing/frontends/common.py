@@ -117,7 +117,69 @@ class FrontEndModel:
             raise ValueError(f"step_scores: {type(self.model).__name__} is a bare encoder and has no output to score.")
         return targets, steps
 
-    # ----- the one attribution loop -----
+    # ----- the one pre-loop, and the one attribution loop -----
+
+    #: Why a front end takes no foils (``None``: it takes them, through :meth:`call_foils`).
+    NO_FOILS: str | None = "this front end explains the logits of its own outputs, without a foil"
+
+    def attribute_inputs(self, inputs: list, targets=None, foils=None, *, batch_size: int, show_progress: bool,
+                         method_options: dict, call: dict | None = None):  # fmt: skip
+        """What every front end's ``attribute`` ends in once its inputs are a list: the batch size checked, the foils
+        (:meth:`call_foils`) and Inseq's keywords (:meth:`inseq_keywords`) taken out of ``method_options``, one item
+        per input (:meth:`items`: a bad input is named before any work), the call's settings
+        (:meth:`call_settings`), the work announced (:meth:`before_work`), then the batches (:meth:`attribute_items`,
+        as many items per batch as :meth:`batch_size_for` allows) with the output's ``info``
+        (:meth:`info_entries`).
+
+        Args:
+            inputs: One entry per input (texts, images, utterances), in order.
+            targets, foils: As the front end's ``attribute`` takes them.
+            batch_size: Inputs per forward pass, as the user asked.
+            show_progress: Show a progress bar.
+            method_options: The method's options, with Inseq's keywords among them (taken out here).
+            call: The front end's own arguments of this call (positions, words, windows, ...), passed by name to
+                :meth:`items` and :meth:`call_settings`.
+        """
+        if not inputs:
+            raise ValueError(f"Give at least one {self.item_name}.")
+        check_batch_size(batch_size)
+        call = call or {}
+        foils = self.call_foils(plain(foils), method_options)
+        targets, steps = self.inseq_keywords(method_options, targets, foils is not None)
+        items = self.items(inputs, targets, foils, **call)
+        settings = self.call_settings(method_options, **call)
+        self.before_work(items)
+        return self.attribute_items(items, batch_size=self.batch_size_for(batch_size), show_progress=show_progress,
+                                    method_options=method_options, info=self.info_entries(items, settings),
+                                    settings=settings, step_scores=steps)  # fmt: skip
+
+    def call_foils(self, foils, options: dict):
+        """The call's foils, from ``foils=`` or Inseq's ``contrast_targets=`` (taken out of ``options``); here
+        refused with :data:`NO_FOILS` (front ends that take foils fill this hook)."""
+        contrast = [name for name in ("contrast_targets", "contrast_targets_alignments")
+                    if options.pop(name, None) is not None]  # fmt: skip
+        if contrast or foils is not None:
+            raise ValueError(f"{contrast[0] if contrast else 'foils'}: {self.NO_FOILS}.")
+        return None
+
+    def items(self, inputs: list, targets, foils, **call) -> list:
+        """One item per input as :meth:`prepare` takes them (each read and checked, named in errors)."""
+        raise NotImplementedError
+
+    def call_settings(self, options: dict, **call):
+        """What every :meth:`prepare` of this call reads besides its items (None here)."""
+        return None
+
+    def before_work(self, items: list) -> None:
+        """What the front end readies once the inputs are checked, before the first batch (nothing here)."""
+
+    def info_entries(self, items: list, settings=None) -> dict:
+        """The front end's entries of the output's ``info``."""
+        return {}
+
+    def batch_size_for(self, batch_size: int) -> int:
+        """The batch size this model runs (a model whose padding changes the real rows runs one input at a time)."""
+        return batch_size
 
     def attribute_items(
         self,

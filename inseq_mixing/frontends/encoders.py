@@ -40,7 +40,7 @@ from ..methods.results import LogitScores
 from ..specs import get_spec
 from ..specs.encoder_heads import model_task
 from ..trace import trace_model
-from .common import FrontEndModel, check_batch_size, plain, saved_model
+from .common import FrontEndModel, plain, saved_model
 from .layout import logit_step_scores, row_steps, sequence_output, token_list, tokens_first
 from .words import token_words
 
@@ -214,27 +214,17 @@ class EncoderAttributionModel(FrontEndModel):
             ``inseq.FeatureAttributionOutput``, one sequence per text.
         """
         texts = [texts] if isinstance(texts, str) else list(texts)
+        return self.attribute_inputs(texts, targets, foils, batch_size=batch_size, show_progress=show_progress,
+                                     method_options=method_options, call={"positions": positions})  # fmt: skip
+
+    def batch_size_for(self, batch_size: int) -> int:
+        """One text at a time where transformers' float64 masking of padded rows would put NaN into real tokens
+        (ModernBERT), else ``batch_size``."""
         if self.spec.float64_padding_nan and next(self.model.parameters()).dtype == torch.float64:
-            batch_size = 1  # transformers' float64 masking of padded rows would put NaN into real tokens
-        return self.attribute_inputs(texts, targets, foils, positions, batch_size, show_progress, method_options)
+            return 1
+        return batch_size
 
-    def attribute_inputs(self, inputs: list, targets, foils, positions, batch_size: int, show_progress: bool,
-                         method_options: dict):  # fmt: skip
-        """What ``attribute`` does once its inputs are a list (the vision front end shares it): the batch size, the
-        foils and Inseq's keywords checked, one item per input (:meth:`_items`), the work announced
-        (:meth:`before_work`), the batches attributed with the output's ``info`` (:meth:`_info`)."""
-        if not inputs:
-            raise ValueError(f"Give at least one {self.item_name}.")
-        check_batch_size(batch_size)
-        foils = self._foils(plain(foils), method_options)
-        targets, steps = self.inseq_keywords(method_options, targets, foils is not None)
-        items = self._items(inputs, targets, foils, positions)
-        self.before_work(items)
-        return self.attribute_items(items, batch_size=batch_size, show_progress=show_progress,
-                                    method_options=method_options, info=self._info(items),
-                                    step_scores=steps)  # fmt: skip
-
-    def _items(self, texts: list[str], targets, foils, positions) -> list[_Text]:
+    def items(self, texts: list[str], targets, foils, positions=None) -> list[_Text]:
         """One item per text, with its target, foil and positions."""
         targets, foils = per_text(plain(targets), len(texts), "targets"), per_text(foils, len(texts), "foils")
         positions = per_text_positions(plain(positions), len(texts))
@@ -242,10 +232,7 @@ class EncoderAttributionModel(FrontEndModel):
                 for index, (text, target, foil, chosen) in enumerate(zip(texts, targets, foils, positions,
                                                                          strict=True))]  # fmt: skip
 
-    def before_work(self, items: list) -> None:
-        """What the front end readies once the inputs are checked, before the first batch (nothing here)."""
-
-    def _info(self, items: list[_Text]) -> dict:
+    def info_entries(self, items: list[_Text], settings=None) -> dict:
         """The front end's entries of the output's ``info``."""
         return {
             "tokenizer_name": getattr(self.tokenizer, "name_or_path", ""),
@@ -255,10 +242,12 @@ class EncoderAttributionModel(FrontEndModel):
             "explained": (
                 EXPLAINED if self.declaration is None or self.declaration.explains_logit else EXPLAINED_BY_MAPS
             )[self.task],  # fmt: skip
-            "attributed_fn": self._explained_quantity([item.foil for item in items]),
+            "attributed_fn": self.explained_quantity([item.foil for item in items]),
         }
 
-    def _foils(self, foils, options: dict):
+    NO_FOILS = None
+
+    def call_foils(self, foils, options: dict):
         """The foils, from ``foils=`` or Inseq's name for them, ``contrast_targets=`` (taken out of ``options``);
         refused for map methods, which have no contrastive form."""
         contrast = options.pop("contrast_targets", None)
@@ -279,7 +268,7 @@ class EncoderAttributionModel(FrontEndModel):
             )
         return foils
 
-    def _explained_quantity(self, foils) -> str:
+    def explained_quantity(self, foils) -> str:
         if self.declaration is not None and not self.declaration.explains_logit:
             return f"{self.method} map: context mixing into each explained position"
         return "contrast_logits_diff" if any(foil is not None for foil in foils) else "logit"
@@ -300,8 +289,8 @@ class EncoderAttributionModel(FrontEndModel):
         foils = per_text(plain(foils), len(texts), "foils")
         names = names or [f"Text {index}" for index in range(len(texts))]
         inputs = self._encode(texts)
-        explained = self._explained(inputs, per_text_positions(plain(positions), len(texts)), names)
-        self._output_ids(inputs["input_ids"], explained, targets, foils, torch.zeros_like(inputs["input_ids"]), names)
+        explained = self.explained_cells(inputs, per_text_positions(plain(positions), len(texts)), names)
+        self.output_ids(inputs["input_ids"], explained, targets, foils, torch.zeros_like(inputs["input_ids"]), names)
 
     def input_sizes(self, items: list[_Text], settings=None) -> list[InputSize]:
         """Each text's tokens (its one stack's positions)."""
@@ -314,11 +303,11 @@ class EncoderAttributionModel(FrontEndModel):
         accepted = inspect.signature(self.model.forward).parameters
         return {name: value.to(self.device) for name, value in encoded.items() if name in accepted}
 
-    def _explained(self, inputs: dict, positions: list, names: list[str]) -> list[list[int]]:
+    def explained_cells(self, inputs: dict, positions: list, names: list[str]) -> list[list[int]]:
         ids, mask = inputs["input_ids"], inputs["attention_mask"]
-        return [self._explained_positions(ids[row], mask[row], positions[row], names[row]) for row in range(len(ids))]
+        return [self.explained_positions(ids[row], mask[row], positions[row], names[row]) for row in range(len(ids))]
 
-    def _output_ids(self, ids, explained, targets, foils, predictions, names: list[str]):
+    def output_ids(self, ids, explained, targets, foils, predictions, names: list[str]):
         """The explained output at every position ``(B, T)`` (``predictions`` where no target is given) and the
         foils', or None without foils."""
         target_ids = predictions.clone()
@@ -344,15 +333,15 @@ class EncoderAttributionModel(FrontEndModel):
         targets, foils = [item.target for item in items], [item.foil for item in items]
         inputs = self._encode(texts)
         ids, mask = inputs["input_ids"], inputs["attention_mask"]
-        explained = self._explained(inputs, [item.positions for item in items], names)
-        self._output_ids(ids, explained, targets, foils, torch.zeros_like(ids), names)
+        explained = self.explained_cells(inputs, [item.positions for item in items], names)
+        self.output_ids(ids, explained, targets, foils, torch.zeros_like(ids), names)
         extra = {name: value for name, value in inputs.items() if name not in ("input_ids", "attention_mask")}
         trace = trace_model(self.model, ids, mask, spec=self.spec, extra=extra)
         where = torch.zeros_like(mask, dtype=torch.bool)
         for row, cells in enumerate(explained):
             where[row, cells] = True
         predictions = torch.zeros_like(ids) if trace.logits is None else trace.logits.argmax(-1)
-        target_ids, foil_ids = self._output_ids(ids, explained, targets, foils, predictions, names)
+        target_ids, foil_ids = self.output_ids(ids, explained, targets, foils, predictions, names)
         batch = EncoderBatch(texts, inputs, where, explained, target_ids, foil_ids, trace.logits)
         if self.declaration is not None:
             batch.request = Request(spec=self.spec, model=self.model, attention_mask=mask,
@@ -366,7 +355,7 @@ class EncoderAttributionModel(FrontEndModel):
             return self._gradient_sequences(batch, **options), None
         return super().explain(batch, options)
 
-    def _explained_positions(self, ids, mask, chosen, name: str) -> list[int]:
+    def explained_positions(self, ids, mask, chosen, name: str) -> list[int]:
         length = int(mask.sum())
         limit = self.spec.max_positions
         if limit is not None and length > limit:
@@ -454,7 +443,7 @@ class EncoderAttributionModel(FrontEndModel):
             sequence_scores["encoder_self_scores"] = tokens_first(result.target[row][..., :length, :length])
         return sequence_output(
             self.row_tokens(batch, row, slice(length)),
-            self._explained_tokens(batch, row, cells),
+            self.explained_tokens(batch, row, cells),
             tokens_first(result.target[row][..., cells, :length]),
             signed=signed,
             step_scores=row_steps(steps, row, cells),
@@ -477,7 +466,7 @@ class EncoderAttributionModel(FrontEndModel):
         ids = ids.tolist()
         return token_list(self.tokenizer.convert_ids_to_tokens(ids), ids)
 
-    def _explained_tokens(self, batch: EncoderBatch, row: int, cells: list[int]) -> list:
+    def explained_tokens(self, batch: EncoderBatch, row: int, cells: list[int]) -> list:
         """One entry per explained position: the target token (masked LM), the label's name (classifiers), or the
         position's own token (bare encoders)."""
         own = batch.inputs["input_ids"][row, cells]
@@ -506,7 +495,7 @@ class EncoderAttributionModel(FrontEndModel):
                    "saliency": captum.attr.Saliency, "input_x_gradient": captum.attr.InputXGradient}  # fmt: skip
         inputs = batch.inputs
         embeds = self.input_embeddings(batch)
-        baseline = self._baseline(baselines, embeds)
+        baseline = self.baseline(baselines, embeds)
         if self.method == "integrated_gradients":
             captum_options.setdefault("n_steps", 50)
         sequences = []
@@ -540,7 +529,7 @@ class EncoderAttributionModel(FrontEndModel):
             sequences.append(
                 sequence_output(
                     self.row_tokens(batch, row, slice(length)),
-                    self._explained_tokens(batch, row, cells),
+                    self.explained_tokens(batch, row, cells),
                     torch.stack(columns, dim=1),
                     signed=True,
                     step_scores=steps,
@@ -558,7 +547,7 @@ class EncoderAttributionModel(FrontEndModel):
         others = {name: value[row : row + 1] for name, value in batch.inputs.items() if name != "input_ids"}
         return _ExplainedLogit(self.model, self.task, others, cell, target, foil)
 
-    def _baseline(self, baselines, embeds: torch.Tensor) -> torch.Tensor | None:
+    def baseline(self, baselines, embeds: torch.Tensor) -> torch.Tensor | None:
         """Captum's ``baselines`` on the input embeddings ``(B, T, D)``: None (zeros), a number, a token (its
         embedding at every position), or a tensor broadcastable to ``(T, D)``."""
         if baselines is None:

@@ -146,6 +146,13 @@ class SpanAttributionModel(FrontEndModel):
         """
         check_batch_size(batch_size)
         check_span_arguments(spans, units, hops)
+        foils = self._call_foils(options, hops)
+        self.check_options(options)
+        return self._attribute_checked(input_texts, generated_texts, foils, spans, units, hops, (separator, language),
+                                       batch_size, show_progress, generation_args, options)  # fmt: skip
+
+    def _call_foils(self, options: dict, hops: int):
+        """The call's contrast texts, and the keywords a span call refuses, taken out of ``options``."""
         if options.pop("contrast_targets_alignments", None) is not None:
             raise ValueError("contrast_targets_alignments: a span's foil is a contrast text as long as the generated "
                              "text in tokens, aligned one to one; give contrast_targets only.")  # fmt: skip
@@ -163,7 +170,12 @@ class SpanAttributionModel(FrontEndModel):
                 "several predictions, whose routes do not add up to one; explain the answer's tokens without spans= "
                 "(model.attribute(prompt, generated, contribution_graphs=True)) for each token's route."
             )
-        self.check_options(options)
+        return foils
+
+    def _attribute_checked(self, input_texts, generated_texts, foils, spans, units, hops: int, settings: tuple,
+                           batch_size: int, show_progress: bool, generation_args, options: dict):  # fmt: skip
+        """:meth:`attribute` once its arguments and the method's options are checked (a dataset run checked them
+        once, before any work: its batches come here)."""
         prompts = [input_texts] if isinstance(input_texts, str) else list(input_texts)
         if generated_texts is None:
             continuations = generated_continuations(self.inseq_model, prompts, generation_args or {})
@@ -181,7 +193,6 @@ class SpanAttributionModel(FrontEndModel):
             raise ValueError(f"contrast_targets gives {len(foils)} text(s) for {len(prompts)} input(s): one each.")
         per_row_spans = _per_row(spans, len(prompts), "spans")
         per_row_units = _per_row(units, len(prompts), "units")
-        settings = (separator, language)
         items = [
             self._item(f"Input {index}", prompt, text, row_spans, row_units, settings, None if foils is None else
                        foils[index])
@@ -212,11 +223,12 @@ class SpanAttributionModel(FrontEndModel):
 
     def check_rows(self, sources: list, targets: list, words: list, own: dict, names: list[str]) -> None:
         """Each row's spans and units found in its texts (the tokenizer alone, no model run), an error naming the
-        row; rows without a target yet (None) are checked once it is generated (:meth:`attribute_rows`)."""
-        settings = {name: own[name] for name in ("spans", "units", "separator", "language") if name in own}
+        row; rows without a target yet (None) are checked once it is generated (:meth:`attribute_rows`). The span
+        arguments in ``own`` were checked once, by the run's :meth:`run_arguments`."""
+        spans, units, settings = own.get("spans", "answer"), own.get("units", "tokens"), _settings(own)
         for name, source, text in zip(names, sources, targets, strict=True):
             if text is not None:
-                self.item_of(name, source, text, **settings)
+                self._item(name, source, text, spans, units, settings, None)
 
     def attribute_rows(self, sources: list, targets: list, words: list, own: dict, options: dict,
                        names: list[str] | None = None, progress=None, generated: list[int] = ()) -> list:  # fmt: skip
@@ -227,9 +239,20 @@ class SpanAttributionModel(FrontEndModel):
                         [names[i] for i in generated])  # fmt: skip
         if progress is not None:
             progress.doing("attributing spans")
-        sequences = self.attribute(sources, targets, batch_size=len(sources), show_progress=False, **own,
-                                   **options).sequence_attributions  # fmt: skip
-        return list(zip(sequences, targets, strict=True))
+        out = self._attribute_checked(
+            sources,
+            targets,
+            None,
+            own.get("spans", "answer"),
+            own.get("units", "tokens"),
+            own.get("hops", 0),
+            _settings(own),
+            len(sources),
+            False,
+            None,
+            dict(options),
+        )
+        return list(zip(out.sequence_attributions, targets, strict=True))
 
     # ----- inputs -----
 
@@ -483,6 +506,11 @@ def generated_continuations(inseq_model, prompts: list[str], generation_args: di
         return list(generated)
     return [("" if not text or text[0].isspace() or prompt[-1:].isspace() else " ") + text
             for prompt, text in zip(prompts, generated, strict=True)]  # fmt: skip
+
+
+def _settings(own: dict) -> tuple[str, str]:
+    """A run's ``(separator, language)`` of the units, defaults where not given."""
+    return own.get("separator", "\n\n"), own.get("language", "en")
 
 
 def check_span_arguments(spans="answer", units="tokens", hops: int = 0, **_) -> None:

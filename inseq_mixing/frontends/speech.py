@@ -36,7 +36,7 @@ from ..methods.units import FrameUnits
 from ..specs import get_spec
 from ..trace import ModelCall, trace_call
 from .audio import DEFAULT_WINDOW_S, AudioError, Unit, audio_units, item_name, read_audio
-from .common import FrontEndModel, check_batch_size, plain, saved_model
+from .common import FrontEndModel, plain, saved_model
 from .layout import decoder_layout, logit_step_scores, row_steps, sequence_output, token_list, tokens_first
 
 
@@ -195,32 +195,42 @@ class SpeechAttributionModel(FrontEndModel):
             ``inseq.FeatureAttributionOutput``, one sequence per utterance.
         """
         single = not isinstance(audio, list | tuple)
-        items = [audio] if single else list(audio)
-        if not items:
-            raise ValueError("Give at least one utterance.")
-        contrast = [name for name in ("contrast_targets", "contrast_targets_alignments")
-                    if method_options.pop(name, None) is not None]  # fmt: skip
-        if contrast:
-            raise ValueError(
-                f"{contrast[0]}: speech models explain the logits of their own transcript or frames, without a foil "
-                "(contrastive explanations are offered on text models)."
-            )
-        targets, steps = self.inseq_keywords(method_options, targets, False)
-        check_batch_size(batch_size)
-        names = [f"Audio {index}" for index in range(len(items))]
+        call = {"words": words, "window_s": window_s, "prompt_ids": prompt_ids, "max_new_tokens": max_new_tokens,
+                "single": single}  # fmt: skip
+        return self.attribute_inputs([audio] if single else list(audio), targets, batch_size=batch_size,
+                                     show_progress=show_progress, method_options=method_options,
+                                     call=call)  # fmt: skip
+
+    NO_FOILS = (
+        "speech models explain the logits of their own transcript or frames, without a foil (contrastive "
+        "explanations are offered on text models)"
+    )
+
+    def items(self, inputs: list, targets, foils, *, words=None, single: bool = False, **_call) -> list[Utterance]:
+        """Each utterance read and checked (too short, too long: named before any work), with its targets and
+        words."""
+        names = [f"Audio {index}" for index in range(len(inputs))]
         signals = [self.check_length(read_audio(item, self.sampling_rate, name), name)
-                   for name, item in zip(names, items, strict=True)]  # fmt: skip
-        targets = _per_item(plain(targets), len(items), "targets", single)
-        words = _per_item(words, len(items), "words", single)
-        if getattr(self.model.config, "feat_extract_norm", None) == "group":
-            batch_size = 1
-        utterances = [Utterance(*entry) for entry in zip(signals, targets, words, names, strict=True)]
-        settings = CallSettings(window_s, prompt_ids, max_new_tokens, self.declaration.word_frames(method_options))
-        info = {
+                   for name, item in zip(names, inputs, strict=True)]  # fmt: skip
+        targets = _per_item(plain(targets), len(inputs), "targets", single)
+        words = _per_item(words, len(inputs), "words", single)
+        return [Utterance(*entry) for entry in zip(signals, targets, words, names, strict=True)]
+
+    def call_settings(self, options: dict, *, window_s: float = DEFAULT_WINDOW_S, prompt_ids=None,
+                      max_new_tokens: int = 64, **_call) -> CallSettings:  # fmt: skip
+        return CallSettings(window_s, prompt_ids, max_new_tokens, self.declaration.word_frames(options))
+
+    def batch_size_for(self, batch_size: int) -> int:
+        """One utterance at a time where a group-norm feature encoder reads the whole padded signal."""
+        return 1 if getattr(self.model.config, "feat_extract_norm", None) == "group" else batch_size
+
+    def info_entries(self, items: list[Utterance], settings: CallSettings | None = None) -> dict:
+        window_s = settings.window_s
+        return {
             "task": self.task or "encoder",
             "sampling_rate": self.sampling_rate,
             "frame_seconds": self.frame_seconds,
-            "units": "words" if any(entry is not None for entry in words) else f"windows of {window_s} s",
+            "units": "words" if any(item.words is not None for item in items) else f"windows of {window_s} s",
             "attributed_fn": "logit" if self.declaration.explains_logit else f"{self.method} map",
             # each source unit's interval, per utterance (the explorer places the units on the waveform)
             "unit_seconds": [
@@ -228,12 +238,9 @@ class SpeechAttributionModel(FrontEndModel):
                     [unit.start_s, unit.end_s]
                     for unit in self.units(u.signal, u.words, window_s, u.name, settings.word_frames)
                 ]
-                for u in utterances
+                for u in items
             ],  # fmt: skip
         }
-        return self.attribute_items(utterances, batch_size=batch_size, show_progress=show_progress,
-                                    method_options=method_options, info=info, step_scores=steps,
-                                    settings=settings)  # fmt: skip
 
     # ----- inputs -----
 

@@ -276,7 +276,8 @@ class VisionAttributionModel(EncoderAttributionModel):
             ``inseq.FeatureAttributionOutput``, one sequence per image.
         """
         images = list(images) if isinstance(images, list | tuple) else [images]
-        out = self.attribute_inputs(images, targets, foils, positions, batch_size, show_progress, method_options)
+        out = self.attribute_inputs(images, targets, foils, batch_size=batch_size, show_progress=show_progress,
+                                    method_options=method_options, call={"positions": positions})  # fmt: skip
         out.images = images  # what out.show() draws over (not saved)
         return out
 
@@ -285,13 +286,13 @@ class VisionAttributionModel(EncoderAttributionModel):
         if self.similarity and self.texts:
             self._set_texts()
 
-    def _info(self, items: list[_Image]) -> dict:
+    def info_entries(self, items: list[_Image], settings=None) -> dict:
         return {
             "image_processor": type(self.processor).__name__,
             "input_images": [item.name for item in items],
             "task": self._task_name(),
             "explained": self._explained_words(),
-            "attributed_fn": self._explained_quantity([item.foil for item in items]),
+            "attributed_fn": self.explained_quantity([item.foil for item in items]),
         }
 
     def _task_name(self) -> str:
@@ -320,7 +321,7 @@ class VisionAttributionModel(EncoderAttributionModel):
         embeddings = getattr(embeddings, "pooler_output", embeddings)
         self.spec.head.out_proj.set_texts(embeddings.float())
 
-    def _items(self, images: list, targets, foils, positions, names: list[str] | None = None) -> list[_Image]:
+    def items(self, images: list, targets, foils, positions=None, names: list[str] | None = None) -> list[_Image]:
         """Each image read (a bad one named before any work, as ``names`` says), with its target, foil and
         positions."""
         targets = per_text(plain(targets), len(images), "targets")
@@ -368,7 +369,7 @@ class VisionAttributionModel(EncoderAttributionModel):
     def validate(self, images, targets=None, foils=None, positions=None, names=None) -> None:
         """Raise the error :meth:`attribute` would raise for these inputs, without running the model."""
         images = list(images) if isinstance(images, list | tuple) else [images]
-        self._items(images, targets, foils, positions, names)
+        self.items(images, targets, foils, positions, names)
 
     def _check(self, items: list[_Image]) -> None:
         """Targets, foils and positions checked against each image's tokens, before any work (one image processed
@@ -377,9 +378,9 @@ class VisionAttributionModel(EncoderAttributionModel):
         _, mask, _ = self.encode([item.image for item in checked])
         mask = mask.expand(len(items), -1)
         ids = torch.arange(mask.shape[1]).expand(len(items), -1)
-        explained = self._explained({"input_ids": ids, "attention_mask": mask.cpu()},
+        explained = self.explained_cells({"input_ids": ids, "attention_mask": mask.cpu()},
                                     [item.positions for item in items], [item.name for item in items])  # fmt: skip
-        self._output_ids(ids, explained, [item.target for item in items], [item.foil for item in items],
+        self.output_ids(ids, explained, [item.target for item in items], [item.foil for item in items],
                          torch.zeros_like(ids), [item.name for item in items])  # fmt: skip
 
     def input_sizes(self, items: list[_Image], settings=None) -> list[InputSize]:
@@ -469,7 +470,7 @@ class VisionAttributionModel(EncoderAttributionModel):
         model_inputs, mask, grids = self.encode([item.image for item in items])
         ids = torch.arange(mask.shape[1], device=self.device).expand(len(items), -1).contiguous()
         inputs = {"input_ids": ids, "attention_mask": mask, **model_inputs, "grids": grids}
-        explained = self._explained(inputs, [item.positions for item in items], names)
+        explained = self.explained_cells(inputs, [item.positions for item in items], names)
         call = ModelCall(self.runner, model_inputs, frame_masks={"decoder": mask})
         trace = trace_call(self.spec, call)
         where = torch.zeros_like(mask, dtype=torch.bool)
@@ -477,7 +478,7 @@ class VisionAttributionModel(EncoderAttributionModel):
             where[row, cells] = True
         no_rows = trace.logits is None or trace.logits.shape[-1] == 0  # a bare encoder; CLIP's maps, with no text
         predictions = torch.zeros_like(ids) if no_rows else trace.logits.argmax(-1)
-        target_ids, foil_ids = self._output_ids(ids, explained, targets, foils, predictions, names)
+        target_ids, foil_ids = self.output_ids(ids, explained, targets, foils, predictions, names)
         batch = EncoderBatch(names, inputs, where, explained, target_ids, foil_ids, trace.logits)
         if self.declaration is not None:
             batch.request = Request(spec=self.spec, model=self.model, attention_mask=mask,
@@ -511,15 +512,15 @@ class VisionAttributionModel(EncoderAttributionModel):
         inputs = self.model_inputs(batch, slice(row, row + 1))
         return _EmbeddedLogit(self.runner, self.spec.decoder.layers[0].module, inputs, target, foil, head)
 
-    def _baseline(self, baselines, embeds: torch.Tensor) -> torch.Tensor | None:
+    def baseline(self, baselines, embeds: torch.Tensor) -> torch.Tensor | None:
         if isinstance(baselines, str):
             raise ValueError(
                 f"baselines={baselines!r}: a token baseline is for text; on images give a number (every embedding "
                 f"coordinate) or a tensor broadcastable to (tokens, {embeds.shape[-1]}), or nothing (zeros)."
             )
-        return super()._baseline(baselines, embeds)
+        return super().baseline(baselines, embeds)
 
-    def _explained_positions(self, ids, mask, chosen, name: str) -> list[int]:
+    def explained_positions(self, ids, mask, chosen, name: str) -> list[int]:
         explains_logit = self.declaration is None or self.declaration.explains_logit
         if self.task == "sequence_classification" and explains_logit:
             return [0]  # the logit's row (a pooled read-out's shares are summed there)
@@ -542,14 +543,14 @@ class VisionAttributionModel(EncoderAttributionModel):
                   for idx in ids]  # fmt: skip
         return token_list(labels, ids)
 
-    def _explained_tokens(self, batch: EncoderBatch, row: int, cells: list[int]) -> list:
+    def explained_tokens(self, batch: EncoderBatch, row: int, cells: list[int]) -> list:
         """A logit's label (or an image–text model's text), or the explained tokens' own labels (map methods)."""
         if self.declaration is not None and not self.declaration.explains_logit or self.task is None:
             return self.row_tokens(batch, row, cells)
         if self.similarity:
             ids = batch.target_ids[row, cells].tolist()
             return token_list([self.texts[idx] for idx in ids], ids)
-        return super()._explained_tokens(batch, row, cells)
+        return super().explained_tokens(batch, row, cells)
 
     def source_words(self, sequence, text) -> list[int]:
         """Each token is its own unit."""
