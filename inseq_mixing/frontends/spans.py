@@ -225,7 +225,7 @@ class SpanAttributionModel(FrontEndModel):
         """Each row's spans and units found in its texts (the tokenizer alone, no model run), an error naming the
         row; rows without a target yet (None) are checked once it is generated (:meth:`attribute_rows`). The span
         arguments in ``own`` were checked once, by the run's :meth:`run_arguments`."""
-        spans, units, settings = own.get("spans", "answer"), own.get("units", "tokens"), _settings(own)
+        spans, units, _, settings = _run_settings(own)
         for name, source, text in zip(names, sources, targets, strict=True):
             if text is not None:
                 self._item(name, source, text, spans, units, settings, None)
@@ -239,19 +239,9 @@ class SpanAttributionModel(FrontEndModel):
                         [names[i] for i in generated])  # fmt: skip
         if progress is not None:
             progress.doing("attributing spans")
-        out = self._attribute_checked(
-            sources,
-            targets,
-            None,
-            own.get("spans", "answer"),
-            own.get("units", "tokens"),
-            own.get("hops", 0),
-            _settings(own),
-            len(sources),
-            False,
-            None,
-            dict(options),
-        )
+        spans, units, hops, settings = _run_settings(own)
+        out = self._attribute_checked(sources, targets, None, spans, units, hops, settings, len(sources), False, None,
+                                      dict(options))  # fmt: skip
         return list(zip(out.sequence_attributions, targets, strict=True))
 
     # ----- inputs -----
@@ -508,9 +498,11 @@ def generated_continuations(inseq_model, prompts: list[str], generation_args: di
             for prompt, text in zip(prompts, generated, strict=True)]  # fmt: skip
 
 
-def _settings(own: dict) -> tuple[str, str]:
-    """A run's ``(separator, language)`` of the units, defaults where not given."""
-    return own.get("separator", "\n\n"), own.get("language", "en")
+def _run_settings(own: dict) -> tuple:
+    """A dataset run's ``spans``, ``units``, ``hops`` and ``(separator, language)``, :meth:`SpanAttributionModel.
+    attribute`'s defaults where not given."""
+    settings = own.get("separator", "\n\n"), own.get("language", "en")
+    return own.get("spans", "answer"), own.get("units", "tokens"), own.get("hops", 0), settings
 
 
 def check_span_arguments(spans="answer", units="tokens", hops: int = 0, **_) -> None:

@@ -562,8 +562,6 @@ def decompose_mixture(moe: MoESpec, inputs: Components, mix: torch.Tensor, optio
     the experts each position was routed to (each expert decomposed as a dense gated FFN, on its positions only), plus
     the shared expert's components times its gate. The positions of each expert are found on the host (one copy of
     the routing per chunk, as the model's own forward makes). Our extension: DecompX treats dense FFNs."""
-    if not options.include_ffn:
-        return decompose_ffn(moe, inputs, options)
     parts, available = inputs.parts.flatten(0, 1), inputs.available.flatten(0, 1)
     routed = mix[..., :-1].flatten(0, 1)
     out = parts.new_zeros(*parts.shape[:-1], parts.shape[-1])
@@ -599,13 +597,14 @@ def decompose_ffn_block(
     output norm. ``source``: what a parallel FFN reads (the block input's components), when it is not the block's
     stream. The chunks (and their packing) are found once per block on the host and kept for every layer (the
     components each position carries are the same at every layer). ``routing``: a mixture of experts' recorded
-    routing at these positions (its chunks are blocks of positions, never packed pairs)."""
+    routing at these positions (its chunks are blocks of positions, never packed pairs; without ``include_ffn`` the
+    mixture's real output is split like a dense FFN's)."""
     mode = options.bias
     stream = block.stream
     source = stream if source is None else source
     inputs = source if ffn.in_norm is None else decompose_norm(ffn.in_norm, norm_input, source, mode)
     width = ffn.hidden_width(inputs.parts.shape[-1])
-    mix = None if routing is None else mixture_weights(ffn, routing, norm_input)
+    mix = None if routing is None or not options.include_ffn else mixture_weights(ffn, routing, norm_input)
     chunks = ffn_chunks(block, width, inputs, causal and mix is None, options.max_chunk_elements)
     # the FFN's components go straight onto the residual stream's (each chunk of positions reads its inputs first)
     into = stream.parts if ffn.out_norm is None else torch.zeros_like(inputs.parts)

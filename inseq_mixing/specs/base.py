@@ -169,9 +169,7 @@ class FFNSpec(BranchLayout):
 
     def linear_branch(self, hidden: torch.Tensor) -> torch.Tensor:
         """A gated FFN's linear branch on ``x W_in`` (its map and offset applied)."""
-        if self.linear_activation is not None:
-            hidden = self.linear_activation(hidden)
-        return hidden + self.linear_offset if self.linear_offset else hidden
+        return linear_branch(hidden, self.linear_activation, self.linear_offset)
 
     @property
     def product_inputs(self) -> tuple[nn.Module, ...]:
@@ -201,6 +199,13 @@ class FFNSpec(BranchLayout):
     def hidden_width(self, d_model: int) -> int:
         """Hidden units per position (the FFN's inner width)."""
         return self.w_out.weight.numel() // d_model
+
+
+def linear_branch(hidden: torch.Tensor, activation: Callable | None, offset: float) -> torch.Tensor:
+    """``activation(hidden) + offset``, each where given: a gated FFN's linear branch on ``x W_in``."""
+    if activation is not None:
+        hidden = activation(hidden)
+    return hidden + offset if offset else hidden
 
 
 class ExpertLinear(nn.Module):
@@ -285,12 +290,16 @@ class MoESpec(BranchLayout):
         return self.router.top_k
 
     @property
+    def expert_width(self) -> int:
+        """Hidden units of one expert (``down_proj``'s inputs)."""
+        return self.experts.down_proj.shape[1 if getattr(self.experts, "is_transposed", False) else 2]
+
+    @property
     def gate_slices(self) -> tuple[slice, slice]:
         """Where the gate and the linear branch lie in ``gate_up_proj``'s outputs: concatenated (the gate's half,
         then the linear branch's) or interleaved (``gate₀, up₀, gate₁, up₁, ...``)."""
-        experts = self.experts
-        width = experts.down_proj.shape[1 if getattr(experts, "is_transposed", False) else 2]
-        if getattr(experts, "is_concatenated", True):
+        width = self.expert_width
+        if getattr(self.experts, "is_concatenated", True):
             return slice(0, width), slice(width, 2 * width)
         return slice(0, None, 2), slice(1, None, 2)
 
@@ -341,10 +350,8 @@ class MoESpec(BranchLayout):
         """The experts' gate on ``gate_up_proj``'s outputs, from the spec's modules:
         ``activation(gate) ⊙ (linear_activation(up) + linear_offset)``."""
         gate, linear = self.gate_slices
-        branch = gate_up[..., linear]
-        if self.linear_activation is not None:
-            branch = self.linear_activation(branch)
-        return self.expert_activation(gate_up[..., gate]) * (branch + self.linear_offset)
+        branch = linear_branch(gate_up[..., linear], self.linear_activation, self.linear_offset)
+        return self.expert_activation(gate_up[..., gate]) * branch
 
     @property
     def routers(self) -> tuple[nn.Module, ...]:
@@ -356,21 +363,27 @@ class MoESpec(BranchLayout):
 
     def hidden_width(self, d_model: int) -> int:
         """Hidden units one position runs through: its ``k`` experts' and the shared expert's."""
-        width = self.experts.down_proj.numel() // (self.num_experts * d_model) * self.top_k
-        return width + (self.shared.hidden_width(d_model) if self.shared is not None else 0)
+        return self.expert_width * self.top_k + (self.shared.hidden_width(d_model) if self.shared is not None else 0)
 
 
-def moe_layout_problem(experts: nn.Module, own_gate: bool = False) -> str | None:
-    """Why a fused experts module is outside :class:`MoESpec`'s reading, or None; ``own_gate``: the spec names the
-    experts' own gate function (:attr:`MoESpec.activation`)."""
-    if not getattr(experts, "has_gate", True):
-        return "its experts are not gated"
+def check_experts(block: nn.Module, own_gate: bool = False) -> None:
+    """Refuse a mixture whose fused experts are outside :class:`MoESpec`'s reading; ``own_gate``: the spec names the
+    experts' own gate function (:attr:`MoESpec.activation`).
+
+    Raises:
+        UnsupportedModelError: Naming the block and what is outside the reading.
+    """
+    experts = block.experts
     default_gate = getattr(getattr(type(experts), "_apply_gate", None), "__name__", None) == "_default_apply_gate"
-    if not default_gate and not own_gate:
-        return "its experts apply a gate function of their own, which no spec names"
-    if default_gate and not isinstance(getattr(experts, "act_fn", None), nn.Module):
-        return "its experts' activation is not a module"
-    return None
+    problem = None
+    if not getattr(experts, "has_gate", True):
+        problem = "its experts are not gated"
+    elif not default_gate and not own_gate:
+        problem = "its experts apply a gate function of their own, which no spec names"
+    elif default_gate and not isinstance(getattr(experts, "act_fn", None), nn.Module):
+        problem = "its experts' activation is not a module"
+    if problem is not None:
+        raise UnsupportedModelError(f"{type(block).__name__} cannot be decomposed here: {problem}.")
 
 
 class FirstOutput(nn.Module):

@@ -11,6 +11,8 @@ statistics (our extension for every method: the papers treat standard multi-head
 (sigmoid scores, group-limited top-k, a bias on the choice) is read through its recorded output, as every router's.
 """
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -36,7 +38,7 @@ def latent_attention_spec(layer: nn.Module, config) -> AttentionSpec:
     spec = attention(attn, attn.kv_b_proj, attn.o_proj, (heads, heads, value_width), layer.input_layernorm, True,
                      values)  # fmt: skip
     down = SlicedLinear(attn.kv_a_proj_with_mqa, slice(0, config.kv_lora_rank))
-    return AttentionSpec(**{**spec.__dict__, "latent": LatentValues(down, attn.kv_a_layernorm)})
+    return dataclasses.replace(spec, latent=LatentValues(down, attn.kv_a_layernorm))
 
 
 def layer_spec(layer: nn.Module, config) -> LayerSpec:

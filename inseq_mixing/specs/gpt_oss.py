@@ -5,8 +5,8 @@ Sinks: each head's softmax runs over the keys and one learned logit with no valu
 softmax; a row's probabilities over the tokens then sum to less than 1, the rest going to the sink. The recorded
 probabilities are these rows: parts of the attention output (ALTI, DecompX, the norms, value zeroing) read them as
 they are (the sink adds nothing to the output); AttnLRP's softmax rule runs through the model's own softmax, the
-sink's logit absorbing its share. Maps that renormalise rows over the tokens (rollout, flow) say where the rest went
-in the mass they renormalise away (see docs/supported-models.md).
+sink's logit absorbing its share. Maps that renormalise rows over the tokens (rollout, flow) do not show the sink's
+share (see docs/supported-models.md).
 
 Experts: ``gate_up_proj`` interleaves gate and linear outputs (``gate₀, up₀, ...``) and is stored ``(experts, in,
 out)``, with biases; each expert computes ``(clamp(up, ±l) + 1) ⊙ g σ(α g)`` with ``g = min(gate, l)``: the spec writes
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from . import llama
-from .base import FirstOutput, LayerSpec, ModelSpec, MoESpec, UnsupportedModelError, moe_layout_problem
+from .base import FirstOutput, LayerSpec, ModelSpec, MoESpec, check_experts
 
 FAMILY = "GPT-OSS (attention sinks, mixture of clamped experts)"
 MODEL_TYPES = {"gpt_oss"}
@@ -50,9 +50,7 @@ class SymmetricClamp(nn.Module):
 def layer_spec(layer: nn.Module, config) -> LayerSpec:
     mlp = layer.mlp
     experts = mlp.experts
-    problem = moe_layout_problem(experts, own_gate=True)
-    if problem is not None:
-        raise UnsupportedModelError(f"{type(mlp).__name__} cannot be decomposed here: {problem}.")
+    check_experts(mlp, own_gate=True)
     return LayerSpec(
         module=layer,
         self_attn=llama.attention_spec(layer, config, layer.self_attn.v_proj),

@@ -10,7 +10,7 @@ methods' papers treats a mixture of experts.
 from torch import nn
 
 from . import llama
-from .base import FFNSpec, LayerSpec, ModelSpec, MoESpec, UnsupportedModelError, moe_layout_problem
+from .base import FFNSpec, LayerSpec, ModelSpec, MoESpec, check_experts
 
 FAMILY = "Mixture of experts, Llama layout (Mixtral, Qwen-MoE, OLMoE, PhiMoE, GLM-4-MoE, ERNIE-4.5, Hunyuan)"
 MODEL_TYPES = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "phimoe", "glm4_moe", "ernie4_5_moe", "hunyuan_v1_moe"}
@@ -39,9 +39,7 @@ def ffn_spec(layer: nn.Module, norms: tuple[nn.Module | None, nn.Module | None] 
     block = layer.mlp
     if not hasattr(block, "experts"):
         return llama.gated_ffn(layer, block.up_proj, block.gate_proj, block.act_fn, norms)
-    problem = moe_layout_problem(block.experts)
-    if problem is not None:
-        raise UnsupportedModelError(f"{type(block).__name__} cannot be decomposed here: {problem}.")
+    check_experts(block)
     in_norm, out_norm = norms or (layer.post_attention_layernorm, None)
     shared = _first(block, SHARED_EXPERT_NAMES)
     return MoESpec(
