@@ -3,18 +3,23 @@ registered from outside the package, without editing any of its files; the route
 dataset-run columns, the explorer and ``evaluate`` then treat it as its own kind."""
 
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import inseq_mixing
+from inseq_mixing.declarations import InputSize
 from inseq_mixing.evaluation.protocols import PROTOCOLS, Protocol, register_protocol
 from inseq_mixing.evaluation.scores import Evaluation, MethodResult
 from inseq_mixing.frontends import identify
+from inseq_mixing.frontends.encoder_base import EncoderFrontEnd, per_text
 from inseq_mixing.frontends.encoders import EncoderAttributionModel
 from inseq_mixing.frontends.kinds import KINDS, Kind, register_kind, unregister_kind
+from inseq_mixing.frontends.layout import token_list
 from inseq_mixing.frontends.router import inseq_refusal
 from inseq_mixing.testing import encoder_tokenizer, tiny_encoder
+from inseq_mixing.trace import trace_model
 
 KIND = "bare_text"
 
@@ -97,3 +102,76 @@ def test_without_the_record_the_model_is_the_encoder_kind_again(fifth_kind):
     bare = tiny_encoder("bert", task="bare")
     assert identify(bare).kind == "encoder"
     assert type(inseq_mixing.load_model(bare, "alti", tokenizer=encoder_tokenizer())) is EncoderAttributionModel
+
+
+class TokenIdsModel(EncoderFrontEnd):
+    """A modality written on the encoder base alone (issue 53): inputs are lists of token ids, no tokenizer. It fills
+    the base's public hooks and nothing else; every check, foil, layout and gradient baseline is the base's."""
+
+    item_name = "id list"
+
+    def __init__(self, model, method):
+        super().__init__(model, method)
+
+    def for_method(self, method):
+        return type(self)(self.model, method)
+
+    def model_task(self):
+        return "sequence_classification"
+
+    def attribute(self, id_lists, targets=None, foils=None, **options):
+        return self.attribute_inputs(list(id_lists), targets, foils, batch_size=8, show_progress=False,
+                                     method_options=options)  # fmt: skip
+
+    def items(self, id_lists, targets, foils):
+        targets, foils = per_text(targets, len(id_lists), "targets"), per_text(foils, len(id_lists), "foils")
+        return [SimpleNamespace(ids=ids, target=target, foil=foil, name=f"List {index}")
+                for index, (ids, target, foil) in enumerate(zip(id_lists, targets, foils, strict=True))]  # fmt: skip
+
+    def input_sizes(self, items, settings=None):
+        return [InputSize(len(item.ids)) for item in items]
+
+    def prepare(self, items, settings=None):
+        ids = torch.nn.utils.rnn.pad_sequence([torch.tensor(item.ids) for item in items], batch_first=True)
+        mask = torch.nn.utils.rnn.pad_sequence([torch.ones(len(item.ids), dtype=torch.long) for item in items],
+                                               batch_first=True)  # fmt: skip
+        inputs = {"input_ids": ids, "attention_mask": mask}
+        names = [item.name for item in items]
+        explained = self.explained_cells(inputs, [None] * len(items), names)
+        trace = trace_model(self.model, ids, mask, spec=self.spec)
+        return self.finish_batch(names, inputs, explained, [item.target for item in items],
+                                 [item.foil for item in items], trace)  # fmt: skip
+
+    def explained_positions(self, ids, mask, chosen, name):
+        return [0]
+
+    def row_tokens(self, batch, row, cells):
+        ids = batch.inputs["input_ids"][row, cells].tolist()
+        return token_list([f"#{idx}" for idx in ids], ids)
+
+    def input_embeddings(self, batch):
+        return self.model.get_input_embeddings()(batch.inputs["input_ids"]).detach()
+
+    def explained_logit(self, batch, row, cell, target, foil):
+        text = EncoderAttributionModel(self.model, encoder_tokenizer(), "alti_logit")
+        return text.explained_logit(batch, row, cell, target, foil)
+
+
+@pytest.mark.parametrize("method", ["alti_logit", "alti", "integrated_gradients"])
+def test_a_modality_on_the_encoder_base_alone_gives_the_text_front_end_s_scores(method):
+    """The base knows no tokenizer: a front end of token-id lists, written on it from here, gives the text front end's
+    scores and labels for the same tokens (logit method with a foil, map method, Captum's baseline)."""
+    model, tokenizer = tiny_encoder("bert", task="sequence_classification"), encoder_tokenizer()
+    texts = ["the cat sat on the mat", "a dog ran"]
+    foils = None if method == "alti" else ["positive", 0]
+    options = {"n_steps": 8} if method == "integrated_gradients" else {}
+    text_front = EncoderAttributionModel(model, tokenizer, method)
+    expected = text_front.attribute(texts, foils=foils, show_progress=False, **options)
+    got = TokenIdsModel(model, method).attribute(tokenizer(texts)["input_ids"], foils=foils, **options)
+    assert got.info["attributed_fn"] == expected.info["attributed_fn"]
+    for mine, theirs in zip(got.sequence_attributions, expected.sequence_attributions, strict=True):
+        torch.testing.assert_close(mine.source_attributions, theirs.source_attributions)
+        assert [token.token for token in mine.target] == [token.token for token in theirs.target]
+        assert mine.step_scores.keys() == theirs.step_scores.keys()
+    with pytest.raises(ValueError, match="List 1: Unknown label 'nope'"):  # the base's checks name the input
+        TokenIdsModel(model, method).attribute(tokenizer(texts)["input_ids"], targets=[0, "nope"], **options)

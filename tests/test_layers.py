@@ -283,3 +283,39 @@ def test_the_runner_imports_no_inseq():
     """A dataset run drives every kind through its front end's hooks; the Inseq glue is the generation front end's."""
     assert not inseq_imports("inseq_mixing.runs.runner")
     assert inseq_imports("inseq_mixing.frontends.generation")  # the check sees an import where there is one
+
+
+#: Names in the modality-free encoder base that would tie it to one modality.
+MODALITY_NAMES = ("tokenizer", "processor", "pixel_values", "mask_token_id", "input_features")
+
+
+def private_uses(source: str, base: type) -> list[tuple[int, str]]:
+    """Where a modality's module defines or reads a private name of ``base`` (``self._fill``, ``super()._x``,
+    ``def _gradient_sequences``): a modality reaches the base through its public hooks only."""
+    private = {name for name in vars(base) if name.startswith("_") and not name.startswith("__")}
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in private:
+            found.append((node.lineno, node.attr))
+        if isinstance(node, ast.FunctionDef) and node.name in private:
+            found.append((node.lineno, node.name))
+    return found
+
+
+def test_the_encoder_modalities_share_a_base_that_knows_no_modality():
+    """Text and images are two modalities of one encoder base (issue 53): neither extends the other, the base names no
+    tokenizer or processor, and each modality uses the base's public hooks only."""
+    from inseq_mixing.frontends.encoder_base import EncoderFrontEnd
+    from inseq_mixing.frontends.encoders import EncoderAttributionModel
+    from inseq_mixing.frontends.vision import VisionAttributionModel
+
+    assert VisionAttributionModel.__bases__ == (EncoderFrontEnd,) == EncoderAttributionModel.__bases__
+    tree = ast.parse(MODULES["inseq_mixing.frontends.encoder_base"].read_text(encoding="utf-8"))
+    words = [getattr(node, "attr", None) or getattr(node, "id", None) or getattr(node, "value", None)
+             for node in ast.walk(tree) if isinstance(node, ast.Attribute | ast.Name | ast.Constant)]  # fmt: skip
+    named = [word for word in words if word in MODALITY_NAMES]
+    assert not named
+    for name in ("inseq_mixing.frontends.encoders", "inseq_mixing.frontends.vision"):
+        assert not private_uses(MODULES[name].read_text(encoding="utf-8"), EncoderFrontEnd), name
+    broken = "class X(EncoderFrontEnd):\n    def f(self):\n        return self._fill\n"
+    assert private_uses(broken, EncoderFrontEnd)  # the check sees a private use where there is one

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from ..frontends.common import plain
-from ..frontends.encoders import per_text
+from ..frontends.encoder_base import per_text
 from ..frontends.vision import ImageError, read_image
 from ..runs.data import cell_value, read_rows
 from .explain import Explanation

@@ -3,7 +3,7 @@ explained over image patches.
 
 :func:`inseq_mixing.load_model` gives ViT, DeiT, DINOv2, BEiT, Data2Vec-vision, CLIP's, SigLIP's and SigLIP 2's image
 models (``...ForImageClassification``, the bare encoders, ``CLIPModel``) a :class:`VisionAttributionModel` with the
-surface of the encoder front end (:class:`~.encoders.EncoderAttributionModel`, which it extends):
+surface of the text encoder front end (both are modalities of :class:`~.encoder_base.EncoderFrontEnd`):
 ``.attribute(images, targets=None, foils=None, *, positions=None, batch_size=8, **options)`` returns
 ``inseq.FeatureAttributionOutput``.
 
@@ -41,11 +41,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..declarations import InputSize, Request
+from ..declarations import InputSize
 from ..specs.clip import TextRows, tower
 from ..trace import ModelCall, head_logits, trace_call
 from .common import plain, saved_model
-from .encoders import EncoderAttributionModel, EncoderBatch, per_text, per_text_positions
+from .encoder_base import EncoderBatch, EncoderFrontEnd, per_text, per_text_positions
 from .layout import token_list
 
 #: Extra tokens before the patches, by ``config.model_type``: their labels, in order (registers: see
@@ -210,8 +210,9 @@ def _one(value):
     return value[0] if isinstance(value, list | tuple) and len(value) == 1 else value
 
 
-class VisionAttributionModel(EncoderAttributionModel):
-    """A Vision Transformer with one attribution method (see the module docstring).
+class VisionAttributionModel(EncoderFrontEnd):
+    """A Vision Transformer with one attribution method (see the module docstring): the image modality of
+    :class:`~.encoder_base.EncoderFrontEnd`.
 
     Args:
         model: A ViT or DeiT image classifier, or a bare ViT, DeiT or DINOv2 encoder.
@@ -220,12 +221,13 @@ class VisionAttributionModel(EncoderAttributionModel):
     """
 
     item_name = "image"
+    NO_HEAD = "load the model with its read-out (...ForImageClassification, or CLIPModel for an image–text similarity)"
 
     def __init__(self, model: nn.Module, processor, method: str):
         if processor is None:
             raise ValueError("Pass the image processor of this vision model: load_model(model, method, processor=).")
         _check_image_processor(processor, model)
-        super().__init__(model, tokenizer=None, method=method)
+        super().__init__(model, method)
         self.processor = processor
         self.config = vision_config(model.config)
         self.leading = leading_tokens(self.config)
@@ -292,7 +294,7 @@ class VisionAttributionModel(EncoderAttributionModel):
             "input_images": [item.name for item in items],
             "task": self._task_name(),
             "explained": self._explained_words(),
-            "attributed_fn": self.explained_quantity([item.foil for item in items]),
+            **super().info_entries(items, settings),
         }
 
     def _task_name(self) -> str:
@@ -303,7 +305,7 @@ class VisionAttributionModel(EncoderAttributionModel):
     def _explained_words(self) -> str:
         """What is explained, in words (``info["explained"]``)."""
         leading = "([CLS] by default)" if self.leading else "(every token by default: no [CLS])"
-        if self.declaration is not None and not self.declaration.explains_logit or self.task is None:
+        if not self.explains_logit or self.task is None:
             return f"the rows of the explained tokens {leading} in the token-to-token maps; no logit"
         head = self.spec.head
         read = " beside ".join(POOLED_WORDS[name] for name in head.pooling) or "[CLS]"
@@ -340,7 +342,7 @@ class VisionAttributionModel(EncoderAttributionModel):
 
     def _check_texts(self, targets: list, foils: list) -> list[str]:
         """An image–text model's texts (one per image, and its foil's): each a non-empty string."""
-        required = self.declaration is None or self.declaration.explains_logit  # map methods read no text
+        required = self.explains_logit  # map methods read no text
         for what, values in (("targets", targets), ("foils", foils)):
             for index, value in enumerate(values):
                 if (value is None and what == "targets" and required) or not isinstance(value, str | None):
@@ -473,18 +475,7 @@ class VisionAttributionModel(EncoderAttributionModel):
         explained = self.explained_cells(inputs, [item.positions for item in items], names)
         call = ModelCall(self.runner, model_inputs, frame_masks={"decoder": mask})
         trace = trace_call(self.spec, call)
-        where = torch.zeros_like(mask, dtype=torch.bool)
-        for row, cells in enumerate(explained):
-            where[row, cells] = True
-        no_rows = trace.logits is None or trace.logits.shape[-1] == 0  # a bare encoder; CLIP's maps, with no text
-        predictions = torch.zeros_like(ids) if no_rows else trace.logits.argmax(-1)
-        target_ids, foil_ids = self.output_ids(ids, explained, targets, foils, predictions, names)
-        batch = EncoderBatch(names, inputs, where, explained, target_ids, foil_ids, trace.logits)
-        if self.declaration is not None:
-            batch.request = Request(spec=self.spec, model=self.model, attention_mask=mask,
-                                    target_ids=None, target_mask=None, predicted_ids=target_ids, foil_ids=foil_ids,
-                                    positions=where, tracer=lambda: trace, caller=lambda: call)  # fmt: skip
-        return batch
+        return self.finish_batch(names, inputs, explained, targets, foils, trace, caller=lambda: call)
 
     def model_inputs(self, batch: EncoderBatch, rows: slice = slice(None)) -> dict:
         """What the model reads of a batch's images (of ``rows``)."""
@@ -521,18 +512,13 @@ class VisionAttributionModel(EncoderAttributionModel):
         return super().baseline(baselines, embeds)
 
     def explained_positions(self, ids, mask, chosen, name: str) -> list[int]:
-        explains_logit = self.declaration is None or self.declaration.explains_logit
-        if self.task == "sequence_classification" and explains_logit:
+        if self.task == "sequence_classification" and self.explains_logit:
             return [0]  # the logit's row (a pooled read-out's shares are summed there)
         length = int(mask.sum())  # SigLIP 2's padding after the patches is not a token
         if chosen is None:
             return [0] if self.leading else list(range(length))
-        cells = [int(cell) for cell in chosen]
-        bad = [cell for cell in cells if not 0 <= cell < length]
-        if bad:
-            what = "[CLS] and the like, then the patches" if self.leading else "its patches"
-            raise ValueError(f"{name} has {length} tokens ({what}): positions {bad} are outside it.")
-        return cells
+        what = "[CLS] and the like, then the patches" if self.leading else "its patches"
+        return self.chosen_positions(chosen, length, name, f"tokens ({what})")
 
     def row_tokens(self, batch: EncoderBatch, row: int, cells) -> list:
         """Token labels of one image's ``cells``: the leading tokens, then ``r{row}c{column}`` per patch of its
@@ -545,7 +531,7 @@ class VisionAttributionModel(EncoderAttributionModel):
 
     def explained_tokens(self, batch: EncoderBatch, row: int, cells: list[int]) -> list:
         """A logit's label (or an image–text model's text), or the explained tokens' own labels (map methods)."""
-        if self.declaration is not None and not self.declaration.explains_logit or self.task is None:
+        if not self.explains_logit or self.task is None:
             return self.row_tokens(batch, row, cells)
         if self.similarity:
             ids = batch.target_ids[row, cells].tolist()
