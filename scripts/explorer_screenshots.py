@@ -1,8 +1,9 @@
 """Make the README's explorer screenshots (``docs/explorer_*.png``) from the code, offline: the explorer page of a
 generation output (the embedded demo translation model), an encoder output (a tiny BERT-style masked LM with random
 weights), a speech output (a tiny wav2vec 2.0 CTC model with random weights on a synthetic tone) and a vision output
-(a tiny ViT classifier with random weights on a synthetic image), each loaded in headless Chromium (Playwright, with
-Debian's ``chromium``) at 1,280 px, the layer slider moved to the last layer, a column and a row clicked.
+(a tiny ViT classifier with random weights, 196 patches, on matplotlib's sample photo), each loaded in headless
+Chromium (Playwright, with Debian's ``chromium``) at 1,280 px, the layer slider moved to the last layer, a column and
+a row clicked.
 
     python scripts/explorer_screenshots.py [--out docs]
 """
@@ -12,18 +13,18 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from matplotlib import cbook
 from playwright.sync_api import sync_playwright
 
 import inseq_mixing
 from inseq_mixing.testing import (
     encoder_tokenizer,
+    image_processor,
     speech_processor,
     synthetic_audio,
-    synthetic_image,
     tiny_encoder,
     tiny_speech,
     tiny_vision,
-    vision_processor,
 )
 from inseq_mixing.views.explorer import explore, explore_model
 
@@ -50,11 +51,11 @@ def pages(folder: Path) -> dict[str, tuple[Path, int, int]]:
     path = folder / "speech.html"
     explore(outputs, path, audio=[audio], title="Explorer: wav2vec 2.0 CTC (tiny, random weights) on a synthetic tone")
     made["speech"] = (path, 0, 1)
-    image = synthetic_image()
+    image = str(cbook.get_sample_data("grace_hopper.jpg", asfileobj=False))  # a real photo in matplotlib
     path = folder / "vision.html"
-    explore_model(tiny_vision("vit"), image, path=path, processor=vision_processor("vit"),
+    explore_model(tiny_vision("vit", image_size=56, patch_size=4), image, path=path, processor=image_processor(56),
                   methods={"alti": {"rollout": False}, "alti_logit": {}},
-                  title="Explorer: a ViT classifier (tiny, random weights) on a synthetic image")  # fmt: skip
+                  title="Explorer: a ViT classifier (tiny, random weights; 196 patches) on a photo")  # fmt: skip
     made["vision"] = (path, 0, 5)
     return made
 

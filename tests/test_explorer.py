@@ -7,22 +7,27 @@ import json
 import math
 import re
 
+import inseq
 import pytest
 import torch
 
 import inseq_mixing
 from inseq_mixing.testing import (
+    WORDS,
     encoder_tokenizer,
+    image_processor,
     load_tiny,
     speech_processor,
     synthetic_audio,
     synthetic_image,
     tiny_encoder,
+    tiny_model,
     tiny_speech,
     tiny_vision,
     vision_processor,
+    word_tokenizer,
 )
-from inseq_mixing.views.explorer import ALL, explore
+from inseq_mixing.views.explorer import ALL, explore, row_groups
 
 PROMPT, GENERATED = "the cat", "the cat sat on the"
 
@@ -204,22 +209,167 @@ def test_speech_page_in_chromium(page, speech, tmp_path):
         assert values[unit] == pytest.approx(truth, rel=1e-3)
 
 
-def test_vision_page_in_chromium(page, vision, tmp_path):
-    (alti,), image = vision
-    path = alti.explore(tmp_path / "vision.html", images=[image])
-    drive(page, path, tmp_path, "vision", column=0, unit=0)
-    patches = page.eval_on_selector_all("#media rect.patch", "rs => rs.map(r => r.textContent)")
+def opened_within(page, path, seconds: float, selector: str) -> float:
+    """Open the page and wait until ``selector`` is drawn: the time it took (the page's clock), under ``seconds``."""
+    page.goto(path.as_uri())
+    page.wait_for_selector(selector)
+    elapsed = page.evaluate("performance.now()") / 1000
+    assert elapsed < seconds, f"the page took {elapsed:.2f} s to open and draw"
+    return elapsed
+
+
+def within_budget(page, tmp_path, name: str) -> None:
+    """The page fits 1,280 px wide and 2,000 px tall."""
+    fits(page, tmp_path, name)
+    assert page.evaluate("document.documentElement.scrollHeight") <= 2000
+
+
+def hovered(page, selector: str) -> list[tuple[str, float | None]]:
+    """(label, value) of each element's hover text (``label: value``, 3 significant digits)."""
+    titles = page.eval_on_selector_all(selector, "nodes => nodes.map(n => n.getAttribute('title'))")
+    pairs = [title.rsplit(": ", 1) for title in titles]
+    return [(label, None if value == "–" else float(value)) for label, value in pairs]
+
+
+@pytest.fixture(scope="module")
+def vision_196():
+    """A ViT on a 56-pixel image in patches of 4: [CLS] and 196 patches (ViT-B/16's count), ALTI per layer with its
+    contribution graphs, and attention rollout."""
+    image = synthetic_image(56)
+    model, processor = tiny_vision("vit", image_size=56, patch_size=4), image_processor(56)
+    alti = inseq_mixing.load_model(model, "alti", processor=processor)
+    outputs = [alti.attribute(image, show_progress=False, rollout=False, contribution_graphs={"threshold": 0.02}),
+               alti.for_method("attention_rollout").attribute(image, show_progress=False)]  # fmt: skip
+    return outputs, image
+
+
+def test_vision_page_at_196_patches_in_chromium(page, vision_196, tmp_path):
+    """The overlays come first, one per method with its colour bar; a patch clicked is what the "mixes into" list
+    shows; the route's input row is the patch grid; the page fits 1,280 × 2,000 px and opens within 2 s."""
+    (alti, rollout), image = vision_196
+    path = alti.explore(tmp_path / "vision.html", images=[image], others=[rollout])
+    opened_within(page, path, 2.0, "#overlays .overlay")
+    overlays = page.locator("#overlays .overlay")
+    assert overlays.count() == 2
+    first_box, table_box = overlays.nth(0).bounding_box(), page.locator("#panels").bounding_box()
+    assert first_box["y"] < table_box["y"]  # the overlay is the main view, above the tables
     tokens = [t.token for t in alti.sequence_attributions[0].source]
-    expected = dict(zip(tokens, scores(alti)[:, 0, 1].tolist(), strict=True))
-    assert len(patches) == sum(1 for token in tokens if re.match(r"r\d+c\d+$", token)) > 0
-    for text in patches:
+    patches = [index for index, token in enumerate(tokens) if re.match(r"r\d+c\d+$", token)]
+    assert len(tokens) == 197 and len(patches) == 196
+    page.focus("#layer")
+    page.keyboard.press("ArrowRight")  # layer 1
+    for method, output in enumerate((alti, rollout)):
+        full = scores(output)
+        expected = full[:, 0, 1] if full.dim() == 3 else full[:, 0]
+        drawn = page.eval_on_selector_all(f"#overlays .overlay[data-method='{method}'] rect.patch",
+                                          "rs => rs.map(r => r.textContent)")  # fmt: skip
+        assert len(drawn) == 196
+        values = dict(zip(tokens, expected.tolist(), strict=True))
+        for text in drawn:
+            name, value = text.split(": ")
+            assert float(value) == pytest.approx(values[name], rel=1e-3, abs=1e-6)
+        bar = page.text_content(f"#overlays .overlay[data-method='{method}'] .colourbar .high")
+        top = expected[patches].abs().max().item()  # the scale spans the patches ([CLS] would wash them out)
+        assert float(bar) == pytest.approx(top, rel=5e-3)
+        fills = page.eval_on_selector_all(f"#overlays .overlay[data-method='{method}'] rect.patch",
+                                          "rs => rs.map(r => r.getAttribute('fill'))")  # fmt: skip
+        for text, fill in zip(drawn, fills, strict=True):
+            alpha = float(re.search(r",([\d.]+)\)$", fill)[1])
+            assert alpha == pytest.approx(abs(values[text.split(": ")[0]]) / top, abs=2e-3)
+        caption = page.text_content(f"#overlays .overlay[data-method='{method}'] .what")
+        assert f"[CLS] {expected[0].item():.3g}"[:10] in caption  # [CLS]'s own value said beside the image
+    # a click on patch r3c5: it is outlined, and "mixes into" lists its row of each method
+    unit = tokens.index("r3c5")
+    page.click(f"#overlays .overlay[data-method='0'] rect.patch[data-unit='{unit}']")
+    assert "r3c5" in page.text_content("#into-title")
+    assert page.locator(f"#overlays rect.patch.selected[data-unit='{unit}']").count() == 2
+    assert_shown(shown(page, "#into .item[data-method='0']"), scores(alti)[unit, :, 1])
+    # what [CLS] mixes from: a heat strip of 197 cells, values on hover with 3 significant digits
+    page.click("#panels .panel >> nth=0 >> th.col[data-col='0']")
+    cells = hovered(page, "#from .strip[data-method='0'] .cell")
+    assert [label for label, _ in cells] == tokens
+    for (_, value), truth in zip(cells, scores(alti)[:, 0, 1].tolist(), strict=True):
+        assert value == pytest.approx(truth, rel=6e-3, abs=1e-9)
+    graph = alti.info["contribution_graphs"][0][0]
+    grid = page.eval_on_selector_all("#graph .input-grid rect", "rs => rs.map(r => r.textContent)")
+    assert len(grid) == 196 and page.locator("#graph-svg text.token").count() == 0  # no smear of 197 labels
+    leaving = {}
+    for edge in graph["edges"]:
+        if edge["source"]["stage"] == "embedding":
+            leaving[edge["source"]["position"]] = leaving.get(edge["source"]["position"], 0) + edge["weight"]
+    for text in grid:
         name, value = text.split(": ")
-        assert float(value) == pytest.approx(expected[name], rel=1e-3, abs=1e-6)
-    fills = page.eval_on_selector_all("#media rect.patch", "rs => rs.map(r => r.getAttribute('fill'))")
-    alphas = [float(re.search(r",([\d.]+)\)$", fill)[1]) for fill in fills]
-    top = max(abs(v) for v in expected.values())  # the colour scale: the largest score of the map
-    for text, alpha in zip(patches, alphas, strict=True):
-        assert alpha == pytest.approx(abs(expected[text.split(": ")[0]]) / top, abs=2e-3)
+        assert float(value) == pytest.approx(leaving.get(tokens.index(name), 0.0), rel=6e-3, abs=1e-9)
+    within_budget(page, tmp_path, "vision")
+
+
+@pytest.fixture(scope="module")
+def long_prompt():
+    """A 4,024-token prompt of 20 passages (200 words and a full stop each) and a 3-token answer explained as one
+    span by ALTI-logit and attention rollout, on a tiny Llama whose positions reach 8,192."""
+    import random
+
+    from inseq_mixing.frontends.patches import register
+
+    register()
+    model = tiny_model("llama")
+    model.config.max_position_embeddings = 8192
+    words = [word for word in WORDS if word.isalpha()][:30]
+    rng = random.Random(0)
+    prompt = " ".join(" ".join(rng.choice(words) for _ in range(200)) + " ." for _ in range(20))
+    outputs = []
+    for method in ("alti_logit", "attention_rollout"):
+        front = inseq.load_model(model, method, tokenizer=word_tokenizer())
+        outputs.append(front.attribute(prompt, prompt + " the cat sat", spans="answer", show_progress=False))
+    return outputs
+
+
+def test_long_prompt_page_at_4000_tokens_in_chromium(page, long_prompt, tmp_path):
+    """20 passage rows to start with, each the sum of its tokens; one opened shows its tokens' rows; "mixes from" is
+    20 passage chips and a heat strip of every token; the page fits 1,280 × 2,000 px and opens within 2 s."""
+    alti_logit, rollout = long_prompt
+    path = alti_logit.explore(tmp_path / "long.html", others=[rollout])
+    opened_within(page, path, 2.0, "#panels table.map")
+    units = scores(alti_logit)[:, 0]
+    assert len(units) > 4000
+    groups = page_data(path.read_text(encoding="utf-8"))["sequences"][0]["groups"]
+    assert len(groups) == 20 and groups[0]["start"] == 0 and groups[-1]["end"] == len(units)
+    assert all(group["end"] == following["start"] for group, following in zip(groups, groups[1:], strict=False))
+    rows = page.locator("#panels .panel >> nth=0 >> tr.group-row")
+    assert rows.count() == 20 and page.locator("#panels .panel >> nth=0 >> th.unit").count() == 0
+    sums = page.eval_on_selector_all("#panels .panel >> nth=0 >> td[data-group]", "ts => ts.map(t => +t.dataset.v)")
+    for value, group in zip(sums, groups, strict=True):
+        assert value == pytest.approx(units[group["start"] : group["end"]].sum().item(), rel=1e-4, abs=1e-6)
+    page.click("#panels .panel >> nth=0 >> th.group[data-group='3']")  # drill down into passage 3
+    opened = page.eval_on_selector_all(
+        "#panels .panel >> nth=0 >> tr.member th.unit", "ts => ts.map(t => +t.dataset.unit)"
+    )
+    assert opened == list(range(groups[3]["start"], groups[3]["end"]))
+    page.click(f"#panels .panel >> nth=0 >> th.unit[data-unit='{groups[3]['start'] + 5}']")
+    page.click("#panels .panel >> nth=0 >> th.col[data-col='0']")
+    chips = shown(page, "#from .list .item[data-method='0']")
+    assert len(chips) == 20
+    strip = hovered(page, "#from .strip[data-method='0'] .cell")
+    assert len(strip) == len(units)
+    for (_, value), truth in zip(strip[::97], units[::97].tolist(), strict=True):
+        assert value == pytest.approx(truth, rel=6e-3, abs=1e-9)
+    page.click("#panels .panel >> nth=0 >> th.group[data-group='3']")  # closed again
+    assert page.locator("#panels .panel >> nth=0 >> tr.member").count() == 0
+    within_budget(page, tmp_path, "long")
+
+
+def test_rows_group_into_passages_or_runs_of_sentences():
+    words = [{"token": "w", "group": "source"}] * 9 + [{"token": "Ġ.", "group": "source"}]
+    assert row_groups(words * 6) is None  # 60 units: each its own row
+    grouped = row_groups(words * 40)  # 400 units, a sentence end every 10: 20 runs of 20
+    assert [group["end"] - group["start"] for group in grouped] == [20] * 20
+    breaks = words * 10 + [{"token": "ĊĊ", "group": "source"}] + words * 3  # a blank line: two passages
+    assert [(group["start"], group["end"]) for group in row_groups(breaks)] == [(0, 101), (101, 131)]
+    plain = [{"token": "w", "group": "source"}] * 100 + [{"token": "w", "group": "target"}] * 3  # no sentence end
+    bounds = [(group["start"], group["end"]) for group in row_groups(plain)]
+    assert (100 in [start for start, _ in bounds]) and all(end - start <= 6 for start, end in bounds)  # multiples of 6
+    assert bounds[0][0] == 0 and bounds[-1][1] == 103
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
 
 
 def test_the_explore_command_on_the_demo_model_and_on_saved_outputs(tmp_path, generation, capsys):

@@ -11,11 +11,14 @@ vision, spans), and writes a page with, per input:
   row) to list what it mixes into;
 - the contribution graph (Ferrando & Voita 2024) of the clicked entry, where the output was made with
   ``contribution_graphs=True``, drawn layer by layer (edge width: importance);
-- the image with the clicked entry's patch scores over it (``images=``), or the audio's waveform with its units
-  shaded (``audio=``).
+- images (``images=``): the overlays first, one per method with a colour bar spanning the patches, a patch clickable
+  (what it mixes into), the graph's input row drawn as the patch grid; audio (``audio=``): the waveform with its units
+  shaded;
+- long texts (more than :data:`LONG_UNITS` units): rows grouped (:func:`row_groups`), a group opened into its tokens
+  by a click; lists of many entries drawn as heat strips.
 
 The page is made from :data:`TEMPLATE` (``explorer_template.html`` beside this module): its one script reads the
-page's JSON data. Values are written with 6 significant digits and shown with 4.
+page's JSON data. Values are written with 6 significant digits, shown with 4, and with 3 on hover.
 """
 
 from __future__ import annotations
@@ -87,8 +90,10 @@ def explore(outputs, path=None, *, images=None, audio=None, sampling_rate: int =
         graphs = _graphs(named.values(), index, units)
         seconds = (first.info or {}).get("unit_seconds")
         seconds = seconds[index] if isinstance(seconds, list) and index < len(seconds) else None
+        placed = _place_units(media[index], units, seconds)
+        groups = None if placed is not None and placed["kind"] == "image" else row_groups(units)
         sequence = {"name": _sequence_name(first, index), "units": units, "columns": columns, "methods": methods,
-                    "graphs": graphs, "media": _place_units(media[index], units, seconds)}  # fmt: skip
+                    "graphs": graphs, "media": placed, "groups": groups}  # fmt: skip
         sequences.append(sequence)
     data = {"title": title or "Context mixing explorer", "sequences": sequences,
             "note": next((o.info.get("contribution_graphs_note") for o in named.values()
@@ -176,6 +181,48 @@ def contribution_graphs(output, sequence: int = 0) -> list:
         raise ValueError(f"sequence={sequence}: the output has {count} sequence(s).")
     units = _units(output.sequence_attributions[sequence])
     return [ContributionGraph.from_dict(graph) for graph in _graphs([output], sequence, units)]
+
+
+#: Above this many input units, a text's rows start as groups (passages, or runs of sentences) to drill into, and the
+#: lists of what an entry mixes from are heat strips (values on hover) rather than chips.
+LONG_UNITS = 64
+#: About how many groups the rows of a long text start as, where the text has no passage breaks.
+GROUPS = 20
+_NEWLINE = re.compile(
+    r"\n|Ċ|<0x0A>"
+)  # a newline as tokenizers write it (GPT-2's byte level: Ċ; SentencePiece: <0x0A>)
+_SENTENCE_END = re.compile(r"^[\s▁Ġ]*[.!?。]+[\s▁Ġ]*$")
+
+
+def row_groups(units: list[dict]) -> list[dict] | None:
+    """The groups of units a long text's rows start as (None for :data:`LONG_UNITS` units or fewer): its passages
+    where newlines cut it into 2–200 of them, else about :data:`GROUPS` runs of whole sentences (each cut at the
+    sentence end nearest to a multiple of ``units / GROUPS``, or there where no sentence ends within half of that);
+    never across the source and target units. Each group: its ``label`` (first words and unit range), ``start`` and
+    ``end`` (unit indices, end excluded)."""
+    if len(units) <= LONG_UNITS:
+        return None
+    newline = [bool(_NEWLINE.search(unit["token"])) for unit in units]
+    passages = 2 <= sum(newline) + 1 <= 200
+    size = math.ceil(len(units) / GROUPS)
+    cuts = {index for index in range(1, len(units)) if units[index]["group"] != units[index - 1]["group"]}
+    if passages:
+        cuts |= {index + 1 for index, cut in enumerate(newline) if cut}
+    else:
+        ends = [index + 1 for index, unit in enumerate(units) if _SENTENCE_END.match(unit["token"])]
+        for mark in range(size, len(units), size):
+            nearest = min(ends, key=lambda end: abs(end - mark), default=mark)
+            cuts.add(nearest if abs(nearest - mark) <= size // 2 else mark)
+    bounds = sorted({0, *cuts, len(units)})
+    return [{"label": _group_label(units, start, end), "start": start, "end": end}
+            for start, end in zip(bounds, bounds[1:], strict=False) if end > start]  # fmt: skip
+
+
+def _group_label(units: list[dict], start: int, end: int) -> str:
+    words = " ".join(unit["token"] for unit in units[start : min(end, start + 8)])
+    words = " ".join(re.sub(r"[▁ĠĊ]", " ", words).split())
+    words = words if len(words) <= 32 else words[:31] + "…"
+    return f"{words} ({start}–{end - 1})"
 
 
 def _named_outputs(outputs) -> dict:
