@@ -147,3 +147,23 @@ def test_a_dataset_run_of_a_mixture_killed_mid_run_resumes_to_the_uninterrupted_
     order = ["id", "side", "generated_index", "context_index"]
     frames = [run_.to_pandas().sort_values(order).reset_index(drop=True) for run_ in (resumed, whole)]
     pd.testing.assert_frame_equal(frames[0], frames[1], check_exact=True)
+
+
+@pytest.mark.parametrize("units", ["tokens", "sentences"])
+def test_attention_rollout_says_where_a_sink_s_share_went(units):
+    """GPT-OSS's learned sinks take part of every attention row and pass nothing on: a span's rolled-out row over the
+    prompt's units and the share ``sink_share`` that went to the sinks add up to 1, and that share is not nothing; a
+    model without sinks has no such share and its span rows sum to 1."""
+    prompt, answer = "the cat sat on the mat . the dog ran .", " she read a book"
+    for family in ("gpt_oss", "llama"):
+        model = load_tiny(family, "attention_rollout")
+        out = model.attribute(prompt, prompt + answer, spans="answer", units=units, show_progress=False)
+        sequence = out.sequence_attributions[0]
+        total = sequence.source_attributions.sum(0)
+        if family == "gpt_oss":
+            share = sequence.step_scores["sink_share"]
+            assert float(share.min()) > 1e-3
+            torch.testing.assert_close(total + share, torch.ones_like(total))
+        else:
+            assert "sink_share" not in sequence.step_scores
+            torch.testing.assert_close(total, torch.ones_like(total))

@@ -97,10 +97,16 @@ def test_attention_rollout_matches_the_definition(family):
         torch.testing.assert_close(maps.encoder[0], encoder, atol=1e-6, rtol=1e-5)
         return
     expected = torch.eye(trace.decoder.mask.shape[1])
+    sinks = trace.spec.attention_sinks  # GPT-OSS: a row's rest went to the sink, which passes nothing on
     for record in trace.decoder.layers:
         layer = 0.5 * record.self_attn.probs[0].mean(0) + 0.5 * torch.eye(expected.shape[0])
-        expected = (layer / layer.sum(-1, keepdim=True)) @ expected
+        expected = (layer if sinks else layer / layer.sum(-1, keepdim=True)) @ expected
     torch.testing.assert_close(maps.target[0], expected, atol=1e-6, rtol=1e-5)
+    if sinks:  # the sink's share says where the rest of each row went, and it is not nothing
+        torch.testing.assert_close(maps.positions["sink_share"][0], 1 - expected.sum(-1), atol=1e-6, rtol=1e-5)
+        assert float(maps.positions["sink_share"].min()) > 1e-3
+    else:
+        assert "sink_share" not in maps.positions
 
 
 METHODS = {
@@ -124,9 +130,12 @@ def test_through_inseq(family, method):
         assert seq.target_attributions.shape[-1] == model.model.config.num_hidden_layers
         ratio = seq.sequence_scores["context_mixing_ratio"]
         assert ratio.shape[-1] == model.model.config.num_hidden_layers and ((ratio >= 0) & (ratio <= 1)).all()
-    else:  # rolled out: each generated token's scores sum to 1 over source and target
+    else:  # rolled out: each generated token's scores sum to 1 over source and target (and the sink, if any)
         total = seq.target_attributions.nansum(0)
         if seq.source_attributions is not None:
             total = total + seq.source_attributions.sum(0)
+        if "sink_share" in (seq.sequence_scores or {}):  # per traced position: the rows predicting generated tokens
+            start = seq.attr_pos_start - 1
+            total = total + seq.sequence_scores["sink_share"][start : start + generated]
         torch.testing.assert_close(total, torch.ones(generated))
     assert "Target Saliency Heatmap" in seq.show(display=False, return_html=True)

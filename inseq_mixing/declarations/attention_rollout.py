@@ -28,7 +28,9 @@ DECLARATION = Declaration(
     description=(
         "Each layer's map is 0.5 · mean_h(A) + 0.5 · I, rows renormalised; the maps are multiplied through the "
         "layers. Encoder–decoders (our extension): cross-attention gets the residual as a last column and the maps "
-        "are rolled out with ALTI+'s joint bookkeeping, so source and target columns sum to 1 together. Works "
+        "are rolled out with ALTI+'s joint bookkeeping, so source and target columns sum to 1 together. Learned "
+        "attention sinks (GPT-OSS, our extension): rows are not renormalised, and each row's rest, the share that "
+        "went to the sinks, is in sequence_scores['sink_share'] (a span's: step_scores['sink_share']). Works "
         "whatever attention implementation the model was loaded with (the pass is traced with eager attention)."
     ),
     options=AttentionRolloutOptions,

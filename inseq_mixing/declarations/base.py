@@ -159,7 +159,8 @@ class Declaration:
             fit in the device's free memory) before any work, so that a refusal never comes after part of the call
             was computed.
         rows_sum_to_one: A map method whose every explained row is a distribution over the positions (ALTI,
-            rollout, GlobEnc); the tests check it of every such method and family.
+            rollout, GlobEnc; rollout on a model with attention sinks: with the sink's share beside the row); the
+            tests check it of every such method and family.
     """
 
     name: str

@@ -474,6 +474,9 @@ class SpanAttributionModel(FrontEndModel):
         steps = {}
         if signed:
             steps = row_steps(logit_step_scores(result, batch.request.foil_ids is not None), row, slice(span_count))
+        else:  # a map's per-span values (a sink's share of the rows: where the rest went)
+            per_span = {name: value for name, value in result.positions.items() if value.dim() == 2}
+            steps = row_steps(per_span, row, slice(span_count))
         sequence_scores = {}
         if hop_units is not None:  # (B, N, hops + 1, U) → (U, N, hops + 1)
             sequence_scores["hops"] = upcast(hop_units[row, :span_count, :, :count].permute(2, 0, 1).detach()).cpu()

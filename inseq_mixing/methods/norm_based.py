@@ -151,9 +151,10 @@ def globenc(trace: ModelTrace, rollout: bool = True, max_chunk_elements: int = D
 
 
 def rollout_layer_maps(stack: StackTrace, sub_block: str, key_mask: torch.Tensor,
-                       layers: slice = slice(None)) -> torch.Tensor:  # fmt: skip
+                       layers: slice = slice(None), sinks: bool = False) -> torch.Tensor:  # fmt: skip
     """Abnar & Zuidema's per-layer maps ``(B, L, Q, K[+1])`` of one kind of sub-block (of the ``layers`` a slice
-    picks), rows normalised."""
+    picks), rows normalised; with ``sinks`` (self-attention whose rows sum to less than 1, the rest on a learned
+    sink without a value) not normalised: a row's missing mass, ``0.5 · mean_h(1 − Σ_j A_ij)``, is the sink's share."""
     maps = []
     for record in stack.layers[layers]:
         attn_record = record.self_attn if sub_block == "self" else record.cross_attn
@@ -167,7 +168,10 @@ def rollout_layer_maps(stack: StackTrace, sub_block: str, key_mask: torch.Tensor
     if sub_block != "self":
         key_mask = torch.cat([key_mask, torch.ones_like(key_mask[:, :1])], dim=-1)
     valid = valid_cells(stack.mask, key_mask, stack.causal and sub_block == "self")
-    return _normalised(stacked.masked_fill(~valid[:, None], 0.0), stack)
+    stacked = stacked.masked_fill(~valid[:, None], 0.0)
+    if sinks and sub_block == "self":
+        return stacked * stack.mask[:, None, :, None]
+    return _normalised(stacked, stack)
 
 
 def rollout_scores(trace: ModelTrace, method: str = "attention_rollout") -> AltiScores:
@@ -186,14 +190,24 @@ def rollout_scores(trace: ModelTrace, method: str = "attention_rollout") -> Alti
 def attention_rollout(trace: ModelTrace, first_row: int = 0) -> LayerMaps:
     """Attention rollout through all layers: ``target`` (and ``source``, ``encoder`` for encoder–decoders); a
     decoder-only or encoder-only model's rows from ``first_row`` on (the others 0), one layer's map at a time
-    (:func:`.rollout.rolled_out_rows`)."""
+    (:func:`.rollout.rolled_out_rows`).
+
+    A model with attention sinks (``spec.attention_sinks``): each layer's share of a row that went to the sink stays
+    out of the map (the sink passes nothing on), so a rolled-out row sums to less than 1 and
+    ``positions["sink_share"]`` ``(B, T)`` holds the rest, ``1 − Σ_j R_ij`` (NaN on rows before ``first_row``, which
+    are not computed; 0 on padding): our extension of the rollout to sinks."""
     if trace.spec.is_encoder_decoder:
         return alti_maps(rollout_scores(trace), rollout=True)
-    stack = trace.decoder
+    stack, sinks = trace.decoder, trace.spec.attention_sinks
 
     def layer_map(index: int) -> torch.Tensor:
-        found = rollout_layer_maps(stack, "self", stack.mask, slice(index, index + 1))[:, 0]
+        found = rollout_layer_maps(stack, "self", stack.mask, slice(index, index + 1), sinks)[:, 0]
         refuse_non_finite("attention_rollout", found)
         return found
 
-    return LayerMaps(target=rolled_out_rows(layer_map, len(stack.layers), first_row))
+    result = LayerMaps(target=rolled_out_rows(layer_map, len(stack.layers), first_row))
+    if sinks:
+        share = (1 - result.target.sum(-1)) * stack.mask
+        share[:, :first_row] = torch.nan
+        result.positions["sink_share"] = share
+    return result

@@ -81,11 +81,15 @@ class SpanRows:
                 terms={name: self.per_span(value) for name, value in result.terms.items()},
                 logit_after_softcap=None if softcap is None else self.per_span(softcap),
             )
+        positions = {}  # per-position values (B, T[, X]) averaged like the rows: a sink's share becomes each span's
+        for name, value in result.positions.items():  # (NaN marks rows not computed, never a span's)
+            averaged = self.averaged(torch.nan_to_num(value if value.dim() == 3 else value[..., None]))
+            positions[name] = averaged if value.dim() == 3 else averaged[..., 0]
         return replace(
             result,
             target=self.averaged(result.target),
             source=None if result.source is None else self.averaged(result.source),
-            positions={},
+            positions=positions,
         )
 
 

@@ -497,6 +497,8 @@ class ModelSpec:
             with ``output_attentions=True`` (DeBERTa-v2's own argument).
         float64_padding_nan: In float64, transformers' masking of a padded batch gives NaN that reaches the real
             tokens (ModernBERT): the front ends then run texts one at a time in float64.
+        attention_sinks: Each head's softmax also runs over a learned logit without a value (GPT-OSS), so the
+            recorded rows sum to less than 1 over the tokens: attention rollout keeps the rest as the sink's share.
     """
 
     family: str
@@ -512,6 +514,7 @@ class ModelSpec:
     head: HeadSpec | None = None
     output_attentions: bool = False
     float64_padding_nan: bool = False
+    attention_sinks: bool = False
 
     @property
     def is_encoder_only(self) -> bool:

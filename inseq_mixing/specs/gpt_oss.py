@@ -5,14 +5,17 @@ Sinks: each head's softmax runs over the keys and one learned logit with no valu
 softmax; a row's probabilities over the tokens then sum to less than 1, the rest going to the sink. The recorded
 probabilities are these rows: parts of the attention output (ALTI, DecompX, the norms, value zeroing) read them as
 they are (the sink adds nothing to the output); AttnLRP's softmax rule runs through the model's own softmax, the
-sink's logit absorbing its share. Maps that renormalise rows over the tokens (rollout, flow) do not show the sink's
-share (see docs/supported-models.md).
+sink's logit absorbing its share. Attention rollout keeps each layer's share of the sink out of its rows (the spec's
+``attention_sinks``): its rows then sum to less than 1 and ``sink_share`` says where the rest went; attention flow
+renormalises each layer's rows over the tokens and does not show it (see docs/supported-models.md).
 
 Experts: ``gate_up_proj`` interleaves gate and linear outputs (``gate₀, up₀, ...``) and is stored ``(experts, in,
 out)``, with biases; each expert computes ``(clamp(up, ±l) + 1) ⊙ g σ(α g)`` with ``g = min(gate, l)``: the spec writes
 the gate as :class:`ClampedSwish` and the linear branch as :class:`SymmetricClamp` plus 1, which the methods
 linearise at the traced pass like any activation (our extension, as for every mixture of experts).
 """
+
+import dataclasses
 
 import torch
 from torch import nn
@@ -68,4 +71,4 @@ def layer_spec(layer: nn.Module, config) -> LayerSpec:
 
 
 def build(model: nn.Module) -> ModelSpec:
-    return llama.build(model, layer_spec)
+    return dataclasses.replace(llama.build(model, layer_spec), attention_sinks=True)
