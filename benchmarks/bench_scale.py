@@ -12,7 +12,12 @@ the passages from the first block, ``unit_components=True``).
 
 Models: ``gpt2`` (GPT-2-small-sized: d_model 768, 12 layers, 12 heads, FFN 3,072, learned positions) and ``llama``
 (the same width, 12 layers, 12 query heads sharing 4 key/value heads, RoPE, SwiGLU FFN 2,048, RMSNorm), or
-``llama8b`` (Llama-3-8B-shaped: 32 layers, d_model 4,096, 32 / 8 heads, FFN 14,336; for a GPU).
+``llama8b`` (Llama-3-8B-shaped: 32 layers, d_model 4,096, 32 / 8 heads, FFN 14,336; for a GPU). The new families of
+issue 55 at ``llama``'s width and depth, transformers' default kernels (SDPA, ``grouped_mm`` experts): ``mixtral`` (8
+experts of width 1,024, top-2), ``deepseek_v3`` (multi-head latent attention: KV latent 256, query latent 384, 32
+rotary + 32 plain query/key dimensions per head, values of 64; 8 routed experts of width 512, top-2, one shared;
+the first layer dense, FFN 2,048) and ``gpt_oss`` (learned sinks, sliding windows of 128 tokens on every other
+layer, 8 clamped experts of width 1,024, top-2); a mixture's floor counts the experts a token is routed to.
 
 The FLOP floor of each method is what its definition must compute for a span of ``k`` explained rows over ``T``
 tokens (``L`` layers, width ``D``, ``P`` parameters, ``U`` units); the forward pass is about ``2·P·T + 2·L·T²·D``
@@ -37,7 +42,25 @@ SHAPES = {
     "gpt2": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 12, "ffn": 3072},
     "llama": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 4, "ffn": 2048},
     "llama8b": {"layers": 32, "width": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336},
+    # mixtures: ``ffn`` is what a token goes through (its top-k experts and the shared one)
+    "mixtral": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 4, "ffn": 2 * 1024},
+    "deepseek_v3": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 12, "ffn": 3 * 512},
+    "gpt_oss": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 4, "ffn": 2 * 1024},
 }
+#: The mixtures' own config fields (transformers 5.24's names).
+MIXTURES = {
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                {"intermediate_size": 1024, "num_local_experts": 8, "num_experts_per_tok": 2}),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    {"intermediate_size": 2048, "moe_intermediate_size": 512, "n_routed_experts": 8,
+                     "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 1,
+                     "topk_group": 1, "kv_lora_rank": 256, "q_lora_rank": 384, "qk_rope_head_dim": 32,
+                     "qk_nope_head_dim": 32, "v_head_dim": 64,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                {"intermediate_size": 1024, "num_local_experts": 8, "num_experts_per_tok": 2, "head_dim": 64,
+                 "sliding_window": 128, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+}  # fmt: skip
 
 
 def build(family: str, length: int, dtype, device: str):
@@ -53,6 +76,14 @@ def build(family: str, length: int, dtype, device: str):
         config = transformers.GPT2Config(n_embd=shape["width"], n_layer=shape["layers"], n_head=shape["heads"],
                                          n_inner=shape["ffn"], n_positions=length + 8, **common)  # fmt: skip
         model = transformers.GPT2LMHeadModel(config)
+    elif family in MIXTURES:
+        config_class, model_class, own = MIXTURES[family]
+        config = getattr(transformers, config_class)(
+            hidden_size=shape["width"], num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+            num_key_value_heads=shape["kv_heads"], max_position_embeddings=length + 8, **own, **common,
+        )  # fmt: skip
+        model = getattr(transformers, model_class)(config)
+        model.set_experts_implementation("grouped_mm")  # transformers' default kernel
     else:
         config = transformers.LlamaConfig(hidden_size=shape["width"], num_hidden_layers=shape["layers"],
                                           num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
@@ -140,7 +171,7 @@ def floor_over_forward(family: str, name: str, length: int) -> float:
     layers, width, tokens, rows = shape["layers"], shape["width"], length, ANSWER
     per_layer = width * width * (2 + 2 * shape["kv_heads"] / shape["heads"]) + width * shape["ffn"] * (
         3 if family != "gpt2" else 2
-    )  # the blocks' weights
+    )  # the blocks' weights a token goes through (a mixture: its experts'; latent attention counted as plain)
     blocks = layers * per_layer
     forward = 2 * (blocks + 50257 * width) * tokens + 2 * layers * tokens * tokens * width
     method = name.partition(":")[0]
