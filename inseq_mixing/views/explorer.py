@@ -188,9 +188,8 @@ def contribution_graphs(output, sequence: int = 0) -> list:
 LONG_UNITS = 64
 #: About how many groups the rows of a long text start as, where the text has no passage breaks.
 GROUPS = 20
-_NEWLINE = re.compile(
-    r"\n|Ċ|<0x0A>"
-)  # a newline as tokenizers write it (GPT-2's byte level: Ċ; SentencePiece: <0x0A>)
+#: A newline as tokenizers write it (byte-level BPE: Ċ; SentencePiece: <0x0A>), and a token that ends a sentence.
+_NEWLINE = re.compile(r"\n|Ċ|<0x0A>")
 _SENTENCE_END = re.compile(r"^[\s▁Ġ]*[.!?。]+[\s▁Ġ]*$")
 
 
@@ -215,7 +214,7 @@ def row_groups(units: list[dict]) -> list[dict] | None:
             cuts.add(nearest if abs(nearest - mark) <= size // 2 else mark)
     bounds = sorted({0, *cuts, len(units)})
     return [{"label": _group_label(units, start, end), "start": start, "end": end}
-            for start, end in zip(bounds, bounds[1:], strict=False) if end > start]  # fmt: skip
+            for start, end in zip(bounds, bounds[1:], strict=False)]  # fmt: skip
 
 
 def _group_label(units: list[dict], start: int, end: int) -> str:
