@@ -7,7 +7,7 @@ downloaded) run on a sentence of ``T`` tokens; both solvers get the same capacit
 renormalised). The largest difference between the two solutions is printed beside the times (the rounding bound is
 E / 2^30). The networkx reference is slow: it is timed once per length, ours the best of ``--repeats``, for every
 layer's positions (what the reference computes) and, in the last column, for the last layer's alone (the method's
-default, ``every_layer=False``).
+default, ``per_layer=False``).
 
     python benchmarks/bench_flow.py [--lengths 8 12 16 32 64] [--layers 12] [--repeats 3] [--reference-max 16]
 """

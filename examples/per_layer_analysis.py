@@ -23,7 +23,7 @@ def main() -> None:
     model, tokenizer = load_demo_model()
     example = demo_examples(count=2)[1]  # a sentence with an attractor before the verb
     source, target = " ".join(example.source), " ".join(example.target)
-    for method, options in (("value_zeroing", {}), ("alti", {"rollout": False})):
+    for method, options in (("value_zeroing", {"per_layer": True}), ("alti", {"per_layer": True})):
         attribution_model = inseq.load_model(model, method, tokenizer=tokenizer)
         seq = attribution_model.attribute(
             source, target, attribute_target=True, show_progress=False, **options

@@ -41,7 +41,8 @@ def main() -> None:
 
     model = tiny_model("marian", d_model=64, layers=3, heads=4, ffn=128)
     attribution_model = inseq.load_model(model, "value_zeroing", tokenizer=word_tokenizer())
-    out = attribution_model.attribute(SOURCE, TARGET, attribute_target=True, show_progress=False)
+    # one map per layer (the default is one map: their mean)
+    out = attribution_model.attribute(SOURCE, TARGET, attribute_target=True, show_progress=False, per_layer=True)
     seq = out.sequence_attributions[0]
     print(f"source scores {tuple(seq.source_attributions.shape)} = (source tokens, generated tokens, layers)")
     print(f"target scores {tuple(seq.target_attributions.shape)} = (target tokens, generated tokens, layers)")

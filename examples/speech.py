@@ -30,7 +30,7 @@ def main() -> None:
     html = ""
     # Value zeroing: all frames of a word are zeroed at once; source = the audio's words, silences and padding
     vz = inseq_mixing.load_model(whisper, "value_zeroing", processor=processor)
-    result = vz.attribute(str(wav), "the knight rode", words=WORDS, show_progress=False)
+    result = vz.attribute(str(wav), "the knight rode", words=WORDS, show_progress=False, per_layer=True)
     seq = result.sequence_attributions[0]
     print("units:", [token.token for token in seq.source])
     print("encoder unit map (units, units, layers):", tuple(seq.sequence_scores["encoder_self_scores"].shape))

@@ -40,7 +40,7 @@ def main() -> None:
 
     # Value zeroing on DeiT ([CLS] and its distillation token are units of their own), one map per layer
     deit = inseq_mixing.load_model(tiny_vision("deit"), "value_zeroing", processor=processor)
-    sequence = deit.attribute(str(picture), show_progress=False).sequence_attributions[0]
+    sequence = deit.attribute(str(picture), show_progress=False, per_layer=True).sequence_attributions[0]
     layers = out.with_name(out.stem + "_layers.png")
     layer_image_grid(sequence, picture, path=layers)
     print("[CLS]'s mixing per layer:", layers)

@@ -229,6 +229,7 @@ def run_compare(args: argparse.Namespace) -> int:
             random_draws=args.random_draws,
             max_new_tokens=args.max_new_tokens,
             attributed_fn=None if args.attributed_fn == "own" else args.attributed_fn,
+            method_kwargs=method_options(args.option),
         )
     except (UserError, RuntimeError, ValueError, OSError) as error:  # RuntimeError: every method failed; ValueError:
         print(f"error: {error}", file=sys.stderr)  # an input refused (a missing image or audio file, a bad label)
@@ -527,6 +528,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="what every method explains, one quantity for all (default: logit; 'own': each "
                               "method's default, e.g. Inseq's probability for gradient methods)")  # fmt: skip
     compare.add_argument("--overwrite", action="store_true", help="replace --out / --json if they exist")
+    compare.add_argument("--option", action="append", default=[], metavar="METHOD:KEY=VALUE",
+                         help="a method option (e.g. value_zeroing:per_layer=true)")  # fmt: skip
     dataset = commands.add_parser(
         "attribute-dataset", help="attribute every example of a JSONL/CSV/Parquet file into a resumable run store"
     )
@@ -632,7 +635,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--methods",
         nargs="+",
         default=None,
-        help="methods side by side (default: alti with per_head=true, value_zeroing, alti_logit)",
+        help="methods side by side (default: alti with per_head=true, value_zeroing with per_layer=true, alti_logit)",
     )
     explore.add_argument("--option", action="append", default=[], metavar="METHOD:KEY=VALUE", help="a method option")
     explore.add_argument(

@@ -399,10 +399,12 @@ def main() -> int:
     spec = get_spec(model)
     request = Request(spec, model, mask, None, None, ids, None, mask.bool(), lambda: trace_model(model, ids, mask))
     print(f"ours: transformers {transformers.__version__}, torch {torch.__version__}")
+    rollouts_asked = {"value_zeroing": {"rollout": True}, "alti": {}}  # value zeroing's default is the layers' mean
     for method, maps, rollouts in (("value_zeroing", "scores", "rollout"), ("alti", "alti", "alti_rollout")):
         declaration = DECLARATIONS[method]
-        ours = declaration.compute(request, declaration.make_options({"rollout": False})).target[0].double().numpy()
-        rolled = declaration.compute(request, declaration.make_options({"rollout": True})).target[0].double().numpy()
+        ours = declaration.compute(request, declaration.make_options({"per_layer": True})).target[0].double().numpy()
+        rolled = declaration.compute(request, declaration.make_options(rollouts_asked[method]))
+        rolled = rolled.target[0].double().numpy()
         theirs, their_rollout = np.load(out / f"{maps}.npy"), np.load(out / f"{rollouts}.npy")
         print(f"{method}: per-layer maps {theirs.shape}: max |ours - theirs| = {np.abs(ours - theirs).max():.2e}; "
               f"rollout (last layer): {np.abs(rolled - their_rollout[-1]).max():.2e}")  # fmt: skip

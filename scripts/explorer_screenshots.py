@@ -39,14 +39,14 @@ def pages(folder: Path) -> dict[str, tuple[Path, int, int]]:
     model, tokenizer = tiny_encoder("bert", "masked_lm"), encoder_tokenizer()
     path = folder / "encoder.html"
     explore_model(model, "the cat [MASK] on the old mat", path=path, tokenizer=tokenizer,
-                  methods={"alti": {"rollout": False}, "attention_flow": {"every_layer": True}, "decompx": {}},
+                  methods={"alti": {"per_layer": True}, "attention_flow": {"per_layer": True}, "decompx": {}},
                   title="Explorer: a masked LM (tiny BERT, random weights)")  # fmt: skip
     made["encoder"] = (path, 0, 3)
     model, processor = tiny_speech("wav2vec2"), speech_processor("wav2vec2")
     audio = synthetic_audio(2.0)
     front = inseq_mixing.load_model(model, "alti", processor=processor)
     graphs = {"threshold": 0.012, "heads": False}  # 100 frames: each head's part is small, a token's heads summed
-    outputs = [front.attribute(audio, show_progress=False, rollout=False, contribution_graphs=graphs),
+    outputs = [front.attribute(audio, show_progress=False, per_layer=True, contribution_graphs=graphs),
                inseq_mixing.load_model(front, "value_zeroing").attribute(audio, show_progress=False)]  # fmt: skip
     path = folder / "speech.html"
     explore(outputs, path, audio=[audio], title="Explorer: wav2vec 2.0 CTC (tiny, random weights) on a synthetic tone")
@@ -54,7 +54,7 @@ def pages(folder: Path) -> dict[str, tuple[Path, int, int]]:
     image = str(cbook.get_sample_data("grace_hopper.jpg", asfileobj=False))  # a real photo in matplotlib
     path = folder / "vision.html"
     explore_model(tiny_vision("vit", image_size=56, patch_size=4), image, path=path, processor=image_processor(56),
-                  methods={"alti": {"rollout": False}, "alti_logit": {}},
+                  methods={"alti": {"per_layer": True}, "alti_logit": {}},
                   title="Explorer: a ViT classifier (tiny, random weights; 196 patches) on a photo")  # fmt: skip
     made["vision"] = (path, 0, 5)
     return made

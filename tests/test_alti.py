@@ -223,7 +223,7 @@ def test_per_head_rows_sum_to_one_with_the_residual_in_its_own_slot(family):
         source, target = joint_layer_blocks(scores)
         total = source.sum((2, 4)) + target.sum((2, 4))
         torch.testing.assert_close(total, torch.ones_like(total))
-    with pytest.raises(ValueError, match="rollout=False"):
+    with pytest.raises(ValueError, match="per_layer=True"):
         alti_maps(scores)
 
 

@@ -105,12 +105,14 @@ def test_one_chunk_default():
 @pytest.mark.parametrize(
     ("family", "method", "options", "count", "example"),
     [
-        ("gpt2", "value_zeroing", {}, 2, "layer 1"),
+        ("gpt2", "value_zeroing", {"per_layer": True}, 2, "layer 1"),
+        ("gpt2", "value_zeroing", {}, 0, None),
         ("gpt2", "alti", {"per_head": True}, 2 * 5, "layer 0 residual"),
         ("marian", "alti", {"per_head": True}, 2 * 2 * 5, "cross-attention layer 1 head 3"),
         ("marian", "alti_logit", {"per_head": True}, 2 * 2 * 4, "self-attention layer 0 head 0"),
         ("llama", "decompx", {"per_head": True}, 2 * 4, "layer 1 head 3"),
-        ("marian", "attention_norm", {}, 2, "layer 0"),
+        ("marian", "attention_norm", {"per_layer": True}, 2, "layer 0"),
+        ("marian", "attention_rollout", {"per_layer": True}, 2, "layer 1"),
         ("marian", "alti", {}, 0, None),
     ],
 )

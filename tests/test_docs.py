@@ -135,27 +135,40 @@ def test_every_task_page_shows_its_example_first_fits_and_navigates_from_a_file(
 
 
 def test_the_table_of_default_layouts_says_what_every_method_returns():
-    """docs/methods/index.md's table: a method listed with a layers axis by default gives one, the others do not, and
-    the option it names for the other layout gives it (on a tiny GPT-2)."""
+    """docs/methods/index.md's table: every method gives one map by default; a method whose per-layer cell is filled
+    takes ``per_layer=True`` and gives one map per layer, labelled, the default being their mean or the last one where
+    the table says so; a method whose cell is empty does not take the option (on a tiny GPT-2)."""
+    import torch
+
     import inseq_mixing
     from inseq_mixing.testing import tiny_model, word_tokenizer
 
     text = (ROOT / "docs" / "methods" / "index.md").read_text()
     table = text[text.index("## What each method returns by default") :]
-    rows = {match[1]: (match[2], match[3], match[4]) for match in
-            re.finditer(r"^\| `(\w+)` \| `([^`]+)` \| ([^|]+) \| ([^|]+) \|$", table, re.M)}  # fmt: skip
+    rows = {match[1]: (match[2].strip(), match[3].strip()) for match in
+            re.finditer(r"^\| `(\w+)` \| ([^|]+) \| ([^|]+) \| [^|]+ \|$", table, re.M)}  # fmt: skip
     assert sorted(rows) == sorted(DECLARATIONS)
     model, tokenizer = tiny_model("gpt2"), word_tokenizer(seq2seq=False)
+    layers = model.config.num_hidden_layers
 
-    def layout(method: str, **options) -> int:
+    def attribute(method: str, **options):
         out = inseq_mixing.load_model(model, method, tokenizer=tokenizer).attribute(
             "the cat sat", "the cat sat on the mat", show_progress=False, **options
         )
-        return out.sequence_attributions[0].target_attributions.dim()
+        return out.sequence_attributions[0].target_attributions, out.info
 
-    for method, (default, per_layer, over_layers) in rows.items():
-        assert layout(method) == default.count(",") + 1, method
-        for cell, expected in ((per_layer, 3), (over_layers, 2)):
-            option = re.match(r"`(\w+)=(True|False)`", cell.strip())
-            if option and cell.strip() != "default":
-                assert layout(method, **{option[1]: option[2] == "True"}) == expected, (method, cell)
+    for method, (default, per_layer) in rows.items():
+        one, info = attribute(method)
+        assert one.dim() == 2 and "score_axis" not in info, method
+        if per_layer == "—":
+            assert "per_layer" not in DECLARATIONS[method].option_names(), method
+            continue
+        each, info = attribute(method, per_layer=True)
+        assert each.shape == (*one.shape, layers), method
+        assert info["score_axis"] == [f"layer {layer}" for layer in range(layers)], method
+        if default.startswith("the layers' mean"):
+            torch.testing.assert_close(one, each.mean(-1), equal_nan=True, msg=method)
+        elif "the last slot is the default" in per_layer:
+            torch.testing.assert_close(one, each[..., -1], equal_nan=True, msg=method)
+        else:  # a rollout: a product of the layer maps, not their mean
+            assert not torch.allclose(one.nan_to_num(), each.mean(-1).nan_to_num()), method

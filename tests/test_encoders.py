@@ -207,9 +207,9 @@ def test_alti_reference_convention_is_the_released_codes_formula():
 
 
 def _options(method: str, **values):
-    """Per-layer maps: ``rollout=False`` where the method has the option."""
+    """Per-layer maps: ``per_layer=True``, which every map method takes."""
     declaration = inseq_mixing.declarations.DECLARATIONS[method]
-    per_layer = {"rollout": False} if "rollout" in declaration.option_names() else {}
+    per_layer = {"per_layer": True}
     return declaration.make_options({**per_layer, **values})
 
 
@@ -307,7 +307,7 @@ def test_bare_encoders_take_map_methods_and_explain_the_first_token_by_default(f
     chosen = inseq_mixing.load_model(model, "value_zeroing", tokenizer=tokenizer())
     out = chosen.attribute(TEXTS[0], positions=[2, 3], show_progress=False)
     assert [token.token for token in out.sequence_attributions[0].target] == ["dog", "[MASK]"]
-    assert out.sequence_attributions[0].source_attributions.shape[1:] == (2, 2)  # (tokens, explained, layers)
+    assert out.sequence_attributions[0].source_attributions.shape[1:] == (2,)  # (tokens, explained): one map
     for method in LOGIT_METHODS + ("integrated_gradients",):
         with pytest.raises(ValueError, match="ForMaskedLM, ...ForSequenceClassification"):
             inseq_mixing.load_model(model, method, tokenizer=tokenizer())
@@ -518,7 +518,8 @@ def test_the_commands_take_encoder_models(encoder_dirs, tmp_path, capsys):
         assert out.is_file()
     page = tmp_path / "c.html"
     code = main(["compare", "the dog sat on the mat and read many books", "--model", str(encoder_dirs["clf"]),
-                 "--methods", "decompx", "value_zeroing", "integrated_gradients", "--out", str(page)])  # fmt: skip
+                 "--methods", "decompx", "value_zeroing", "integrated_gradients", "--out", str(page),
+                 "--option", "value_zeroing:per_layer=true"])  # fmt: skip
     assert code == 0, capsys.readouterr().err
     assert page.read_text().count('class="heatmap"') >= 3 and "per layer" in page.read_text()
 
@@ -553,8 +554,8 @@ def test_cue_and_evidence_on_a_masked_lm_read_the_mask_row(encoder_dirs, tmp_pat
     front = inseq_mixing.load_model(str(encoder_dirs["mlm"]), "value_zeroing")
     shares = []
     for row in MLM_ROWS[:2]:
-        seq = front.attribute(row["source"], row["target"], show_progress=False).sequence_attributions[0]
-        words = row["source"].split()
+        seq = front.attribute(row["source"], row["target"], show_progress=False, per_layer=True)
+        seq, words = seq.sequence_attributions[0], row["source"].split()
         scores = seq.source_attributions[1:-1, 0]  # (words, layers): one token per word, [CLS] and [SEP] left out
         cue = scores[[words.index(word) for word in row["cues"]]].sum(0)
         shares.append(cue / scores.sum(0))

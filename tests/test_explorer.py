@@ -35,7 +35,7 @@ PROMPT, GENERATED = "the cat", "the cat sat on the"
 @pytest.fixture(scope="module")
 def generation():
     value_zeroing = load_tiny("gpt2", "value_zeroing").attribute(PROMPT, GENERATED, show_progress=False,
-                                                                 contribution_graphs=True)  # fmt: skip
+                                                                 contribution_graphs=True, per_layer=True)  # fmt: skip
     alti = load_tiny("gpt2", "alti").attribute(PROMPT, GENERATED, show_progress=False, per_head=True)
     return [value_zeroing, alti]
 
@@ -45,8 +45,8 @@ def encoder():
     model, tokenizer = tiny_encoder("bert", "masked_lm"), encoder_tokenizer()
     text = "the [MASK] sat on the [MASK]"
     return [inseq_mixing.load_model(model, method, tokenizer=tokenizer).attribute(text, show_progress=False, **kw)
-            for method, kw in (("alti", {"rollout": False, "contribution_graphs": True}),
-                               ("attention_flow", {"every_layer": True}))]  # fmt: skip
+            for method, kw in (("alti", {"per_layer": True, "contribution_graphs": True}),
+                               ("attention_flow", {"per_layer": True}))]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +54,14 @@ def speech():
     model, processor = tiny_speech("wav2vec2"), speech_processor("wav2vec2")
     audio = synthetic_audio(1.0)
     front = inseq_mixing.load_model(model, "alti", processor=processor)
-    return [front.attribute(audio, show_progress=False, rollout=False, contribution_graphs=True)], audio
+    return [front.attribute(audio, show_progress=False, per_layer=True, contribution_graphs=True)], audio
 
 
 @pytest.fixture(scope="module")
 def vision():
     image = synthetic_image()
     front = inseq_mixing.load_model(tiny_vision("vit"), "alti", processor=vision_processor("vit"))
-    return [front.attribute(image, show_progress=False, rollout=False)], image
+    return [front.attribute(image, show_progress=False, per_layer=True)], image
 
 
 def tensor(values) -> torch.Tensor:
@@ -238,7 +238,7 @@ def vision_196():
     image = synthetic_image(56)
     model, processor = tiny_vision("vit", image_size=56, patch_size=4), image_processor(56)
     alti = inseq_mixing.load_model(model, "alti", processor=processor)
-    outputs = [alti.attribute(image, show_progress=False, rollout=False, contribution_graphs={"threshold": 0.02}),
+    outputs = [alti.attribute(image, show_progress=False, per_layer=True, contribution_graphs={"threshold": 0.02}),
                alti.for_method("attention_rollout").attribute(image, show_progress=False)]  # fmt: skip
     return outputs, image
 

@@ -64,7 +64,7 @@ def run_flow(model, ids, every_layer=True, **extra):
                       target_ids=None, target_mask=None, predicted_ids=ids, foil_ids=None,
                       positions=torch.ones_like(ids, dtype=torch.bool), tracer=lambda: trace)  # fmt: skip
     declaration = DECLARATIONS["attention_flow"]
-    return declaration.run(request, declaration.make_options({"every_layer": every_layer}))
+    return declaration.run(request, declaration.make_options({"per_layer": every_layer}))
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "bert"])
@@ -141,7 +141,7 @@ def test_flows_are_maximum_flows_within_capacity(layers):
 
 def test_attention_flow_is_an_inseq_method():
     model = load_tiny("gpt2", "attention_flow")
-    out = model.attribute("the cat", "the cat sat on", show_progress=False, every_layer=True)
+    out = model.attribute("the cat", "the cat sat on", show_progress=False, per_layer=True)
     scores = out.sequence_attributions[0].target_attributions
     assert scores.shape[-1] == 2 and out.info["score_axis"] == ["layer 0", "layer 1"]
     column_sums = scores.nansum(0)
@@ -155,7 +155,7 @@ def test_too_many_flows_are_refused_before_solving():
 
         def attribute(max_flows, every_layer=every_layer):
             model.attribute("the cat", "the cat sat on the", show_progress=False, max_flows=max_flows,
-                            every_layer=every_layer)  # fmt: skip
+                            per_layer=every_layer)  # fmt: skip
 
         with pytest.raises(ValueError, match=r"needs (\d+) maximum flows.*max_flows=1:.*attention_rollout") as refused:
             attribute(1)

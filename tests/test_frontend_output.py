@@ -46,7 +46,7 @@ def test_every_per_layer_figure_has_one_layout():
     from inseq_mixing.views.images import layer_image_grid
 
     out = inseq_mixing.load_model(tiny_vision("vit", layers=5), "value_zeroing", processor=image_processor())
-    sequence = out.attribute(synthetic_image(32), show_progress=False).sequence_attributions[0]
+    sequence = out.attribute(synthetic_image(32), show_progress=False, per_layer=True).sequence_attributions[0]
     tokens = [token.token for token in sequence.source]
     figures = [layer_figure(sequence.source_attributions, tokens, ["[CLS]"]),
                layer_image_grid(sequence, synthetic_image(32))]  # fmt: skip

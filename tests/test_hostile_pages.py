@@ -182,7 +182,7 @@ def test_the_image_report_runs_no_injected_script(browser, tmp_path):
     from PIL import Image
 
     Image.fromarray(synthetic_image()).save(image)
-    out = front.attribute(str(image), show_progress=False, rollout=False)
+    out = front.attribute(str(image), show_progress=False, per_layer=True)
     out.sequence_attributions[0].target[0].token = hostile(0)
     path = tmp_path / "images.html"
     image_report(out, [str(image)], path, title=hostile(1))

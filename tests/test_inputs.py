@@ -280,7 +280,7 @@ def test_map_methods_give_a_masked_lms_maps_for_a_text_without_a_mask():
     """The maps are there without a mask (the authors' code gives them on any sentence): the rows of ``positions=``
     (default: the first token) with the full token-to-token map, and the output says nothing is explained; the logit
     methods, which explain a mask's logit, refuse the text."""
-    out = front("value_zeroing").attribute(["the cat sat", "the [MASK] sat"], show_progress=False)
+    out = front("value_zeroing").attribute(["the cat sat", "the [MASK] sat"], show_progress=False, per_layer=True)
     plain, masked = out.sequence_attributions
     assert [token.token for token in plain.target] == ["[CLS]"]
     maps = plain.sequence_scores["encoder_self_scores"]  # (tokens, tokens, layers)

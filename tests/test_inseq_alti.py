@@ -77,7 +77,7 @@ def test_alti_rollout_columns_sum_to_one_and_layers_on_request(family):
     if is_seq2seq(family):
         num_source = len(seq.source)
         assert seq.sequence_scores["encoder_self_scores"].shape == (num_source, num_source)
-    layers = attribute(model, family, rollout=False).sequence_attributions[0]
+    layers = attribute(model, family, per_layer=True).sequence_attributions[0]
     assert layers.target_attributions.shape[-1] == model.model.config.num_hidden_layers
     html = layers.show(display=False, return_html=True)
     assert "Target Saliency Heatmap" in html

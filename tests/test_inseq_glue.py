@@ -48,7 +48,7 @@ def test_value_zeroing_name_loads_ours():
 
 def test_shapes_with_attribute_target(family):
     model = load_tiny(family, "value_zeroing")
-    out = attribute(model, family)
+    out = attribute(model, family, per_layer=True)
     seq = out.sequence_attributions[0]
     num_layers = model.model.config.num_hidden_layers
     generated = len(seq.target) - seq.attr_pos_start
@@ -77,7 +77,7 @@ def test_show_renders_source_and_target_heatmaps(family):
 
 
 def test_save_load_round_trip_renders_heatmap(tmp_path):
-    out = attribute(load_tiny("marian", "value_zeroing"), "marian")
+    out = attribute(load_tiny("marian", "value_zeroing"), "marian", per_layer=True)
     path = tmp_path / "out.json"
     out.save(path)
     loaded = inseq.FeatureAttributionOutput.load(path)

@@ -119,10 +119,11 @@ METHODS = {
 @pytest.mark.parametrize("method", list(METHODS))
 def test_through_inseq(family, method):
     model = load_tiny(family, method)
+    layers = {"per_layer": True} if method == "attention_norm" else {}  # its maps per layer, as the papers read them
     if model.is_encoder_decoder:
-        out = model.attribute(SOURCE, TARGET, attribute_target=True, show_progress=False)
+        out = model.attribute(SOURCE, TARGET, attribute_target=True, show_progress=False, **layers)
     else:
-        out = model.attribute(PROMPT, PROMPT + CONTINUATION, show_progress=False)
+        out = model.attribute(PROMPT, PROMPT + CONTINUATION, show_progress=False, **layers)
     seq = out.sequence_attributions[0]
     generated = len(seq.target) - seq.attr_pos_start
     assert seq.target_attributions.shape[:2] == (len(seq.target), generated)

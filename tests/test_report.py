@@ -27,7 +27,7 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 def comparison():
     return inseq_mixing.compare(
         load_tiny("marian", "alti"), METHODS, SOURCE, TARGET, fractions=(0.5,), random_draws=1,
-        method_kwargs={"integrated_gradients": {"n_steps": 4}},
+        method_kwargs={"integrated_gradients": {"n_steps": 4}, "value_zeroing": {"per_layer": True}},
     )  # fmt: skip
 
 

@@ -184,7 +184,8 @@ def test_inseq_methods_run_through_inseqs_loop_into_the_same_store(family, tmp_p
 def test_to_pandas_has_one_row_per_score(tmp_path):
     model = load("marian", "value_zeroing")
     rows = rows_for("marian")[:2]
-    attribute_dataset(model, "value_zeroing", rows, tmp_path / "run", show_progress=False, id_column="id")
+    attribute_dataset(model, "value_zeroing", rows, tmp_path / "run", show_progress=False, id_column="id",
+                      per_layer=True)  # fmt: skip
     run = load_run(tmp_path / "run")
     frame = run.to_pandas()
     assert list(frame.columns) == [
@@ -221,7 +222,7 @@ def test_finished_run_does_nothing_and_other_runs_are_refused(tmp_path):
             load("gpt2", "decompx"), "decompx", rows, out, batch_size=2, show_progress=False, id_column="id"
         )
     with pytest.raises(RunStoreError, match="options"):
-        attribute_dataset(model, "alti", rows, out, batch_size=2, show_progress=False, rollout=False, id_column="id")
+        attribute_dataset(model, "alti", rows, out, batch_size=2, show_progress=False, per_layer=True, id_column="id")
     with pytest.raises(RunStoreError, match="data"):
         attribute_dataset(model, "alti", rows[:3], out, batch_size=2, show_progress=False, id_column="id")
     other = inseq.load_model(
@@ -267,8 +268,8 @@ def test_readers_and_bad_input(tmp_path):
 def test_bad_calls_are_refused_before_any_work(tmp_path):
     model = load("gpt2", "alti")
     rows = rows_for("gpt2")
-    with pytest.raises(ValueError, match="rollout"):
-        attribute_dataset(model, "alti", rows, tmp_path / "a", rolout=True, show_progress=False)
+    with pytest.raises(ValueError, match="per_layer"):
+        attribute_dataset(model, "alti", rows, tmp_path / "a", per_layr=True, show_progress=False)
     with pytest.raises(ValueError, match="choose one of"):
         attribute_dataset(model, "no_such_method", rows, tmp_path / "b", show_progress=False, id_column="id")
     with pytest.raises(DatasetInputError, match="must start with the prompt"):

@@ -239,7 +239,7 @@ def cosine_distance(a, b):
 def test_value_zeroing_equals_zeroing_each_units_values_through_a_hook(family, unit_rows):
     model, processor = speech(family)
     row = 1
-    out = run(family, "value_zeroing", unit_rows=unit_rows)
+    out = run(family, "value_zeroing", unit_rows=unit_rows, per_layer=True)
     seq = out.sequence_attributions[row]
     units = unit_spans(family, row)
     whisper = family == "whisper"
@@ -459,7 +459,7 @@ def test_value_zeroing_rolls_out_ctc_and_bare_encoders_over_units(head):
     model, processor = speech("wav2vec2", head)
     front = inseq_mixing.load_model(model, "value_zeroing", processor=processor)
     kwargs = {"words": [WORDS[0]], "show_progress": False}
-    layers = front.attribute([AUDIO[0]], **kwargs).sequence_attributions[0]
+    layers = front.attribute([AUDIO[0]], per_layer=True, **kwargs).sequence_attributions[0]
     rolled = front.attribute([AUDIO[0]], rollout=True, **kwargs).sequence_attributions[0]
     units = layers.sequence_scores["encoder_self_scores"].permute(2, 1, 0)  # (layers, query units, key units)
     below = units[0]
@@ -706,7 +706,7 @@ def test_the_speech_studys_conventions_on_request_against_hidden_states_zeroed_t
     model, processor = speech("whisper")
     row = 1
     out = attribution_model("whisper", "value_zeroing").attribute(
-        AUDIO[row], TEXTS[row], words=WORDS[row], show_progress=False, convention="reference"
+        AUDIO[row], TEXTS[row], words=WORDS[row], show_progress=False, convention="reference", per_layer=True
     )
     seq = out.sequence_attributions[0]
     real = int(np.ceil(len(AUDIO[row]) / SAMPLING_RATE / 0.02 - 1e-9))

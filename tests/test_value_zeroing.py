@@ -139,7 +139,7 @@ def test_inseq_columns_are_the_full_maps_rows_of_the_generated_tokens():
 
     model = load_tiny("gpt2", "value_zeroing")
     prompt, text = "the cat sat", "the cat sat on the mat"
-    sequence = model.attribute(prompt, text, show_progress=False).sequence_attributions[0]
+    sequence = model.attribute(prompt, text, show_progress=False, per_layer=True).sequence_attributions[0]
     ids = torch.tensor([[token.id for token in sequence.target]])
     maps = value_zeroing_maps(value_zeroing(trace_model(model.model, ids[:, :-1]))).target[0]  # (L, T, T)
     first = len(prompt.split())

@@ -335,7 +335,7 @@ def test_the_heatmap_puts_each_patch_score_on_its_cell_and_draws_over_the_image(
 
     model = tiny_vision("deit")
     per_layer = inseq_mixing.load_model(model, "alti", processor=processor()).attribute(
-        images()[0], rollout=False, show_progress=False
+        images()[0], per_layer=True, show_progress=False
     )
     sequence = per_layer.sequence_attributions[0]
     scores = sequence.source_attributions  # (tokens, 1, layers)
@@ -431,7 +431,9 @@ def test_the_image_report_renders_in_chromium_fits_1280_pixels_and_says_its_scal
     path = tmp_path / "vision.html"
     page = image_report(logit, images(), path)
     assert page.count("data:image/png;base64,") == 2 and "red raises the explained output, blue lowers it" in page
-    per_layer = inseq_mixing.load_model(model, "value_zeroing", processor=processor()).attribute(images()[0])
+    per_layer = inseq_mixing.load_model(model, "value_zeroing", processor=processor()).attribute(
+        images()[0], per_layer=True
+    )
     layers = image_report(per_layer, images()[0], tmp_path / "layers.html")
     assert layers.count("data:image/png;base64,") == 2 and "layer by layer" in layers
     with pytest.raises(ValueError, match="2 image"):

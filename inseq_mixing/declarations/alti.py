@@ -10,6 +10,7 @@ from .base import (
     Declaration,
     EncoderMaps,
     Heads,
+    Layers,
     Request,
     head_axis_maps,
     layer_axis,
@@ -19,12 +20,10 @@ from .base import (
 
 
 @dataclass(frozen=True)
-class AltiOptions(EncoderMaps, Chunking, Compiling, Heads):
-    rollout: bool = option(
-        True,
-        "Roll the layer maps out through the model (ALTI+'s joint rollout for encoder–decoders); with False, each "
-        "layer's map (last dimension: layer). per_head=True implies per-layer maps.",
-    )
+class AltiOptions(Layers, EncoderMaps, Chunking, Compiling, Heads):
+    """The default rolls the layer maps out through the model (ALTI+'s joint rollout for encoder–decoders);
+    ``per_layer=True``: each layer's map; ``per_head=True`` implies per-layer maps."""
+
     convention: str = option(
         "paper",
         "'paper' (the paper's proximity, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁, a post-LN norm frozen with its eps) or "
@@ -45,12 +44,13 @@ def compute(request: Request, options: AltiOptions):
         layers, slots = maps.target.shape[1:3]
         maps = replace(maps, **head_axis_maps(maps.target, None, maps.source, encoder=maps.encoder))
         maps.axis = self_and_cross_axis(request.spec, layers, slots - 1, residual=True)
-    elif options.rollout and not request.spec.is_encoder_decoder:  # one layer's map at a time, the rows read
+    elif not options.per_layer and not request.spec.is_encoder_decoder:  # one layer's map at a time, the rows read
         maps = alti_rollout(trace, request.first_explained_row(), options.max_chunk_elements, convention)
     else:
-        scores = alti(trace, options.rollout or encoder, options.max_chunk_elements, convention=convention)
-        maps = alti_maps(scores, options.rollout)
-        maps.axis = None if options.rollout else layer_axis(maps.target.shape[1])
+        rollout = not options.per_layer
+        scores = alti(trace, rollout or encoder, options.max_chunk_elements, convention=convention)
+        maps = alti_maps(scores, rollout)
+        maps.axis = None if rollout else layer_axis(maps.target.shape[1])
     if not encoder:
         maps.encoder = None
     return maps
@@ -67,7 +67,7 @@ DECLARATION = Declaration(
         "Post-LN blocks apply their norm, frozen at the forward pass, to every part.\n\n"
         "Outputs: by default the rollout through all layers: for encoder–decoders the ALTI+ joint rollout, whose "
         "source and target columns sum to 1 together for each generated token; encoder rollout in "
-        "sequence_scores['encoder_self_scores']. With rollout=False, per-layer maps (last dimension: layer; for "
+        "sequence_scores['encoder_self_scores']. With per_layer=True, per-layer maps (last dimension: layer; for "
         "encoder–decoders the joint ALTI+ layer blocks). With per_head=True (our extension), per-layer maps split by "
         "attention head, the residual stream in a slot of its own: the last dimension indexes (layer, slot) as "
         "layer · (H + 1) + slot (encoder–decoders: self-attention slots, then cross-attention slots), labelled in "

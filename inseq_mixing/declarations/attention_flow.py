@@ -3,19 +3,18 @@
 
 from dataclasses import dataclass
 
-from .base import Declaration, EncoderMaps, InputSize, Request, layer_axis, option
+from .base import Declaration, EncoderMaps, InputSize, Layers, Request, layer_axis, option
 
 
 @dataclass(frozen=True)
-class AttentionFlowOptions(EncoderMaps):
-    every_layer: bool = option(
-        False,
-        "The flows into the states after every layer (last dimension: layer) instead of after the last layer only.",
-    )
+class AttentionFlowOptions(Layers, EncoderMaps):
+    """The default gives the flows from the states after the last layer; ``per_layer=True``: from the states after
+    every layer (cumulative, unlike the other methods' layer maps: a flow is through all the layers below)."""
+
     max_flows: int = option(
         200_000,
         "Refuse, before solving anything, a call in which one input needs more maximum flows than this (its "
-        "positions × tokens, × layers with every_layer=True; about 1 ms each at 100 tokens on a 2-core CPU): raise "
+        "positions × tokens, × layers with per_layer=True; about 1 ms each at 100 tokens on a 2-core CPU): raise "
         "it to wait longer.",
     )
 
@@ -24,7 +23,7 @@ def too_many_flows(size: InputSize, layers: int, options: AttentionFlowOptions) 
     """Why one input of ``size`` needs more flows than ``max_flows`` allows (the count and what to change), or None."""
     from ..methods.flow import flow_count
 
-    count = flow_count(size.decoder, size.encoder, layers, options.every_layer)
+    count = flow_count(size.decoder, size.encoder, layers, options.per_layer)
     if count <= options.max_flows:
         return None
     return (
@@ -44,8 +43,8 @@ def compute(request: Request, options: AttentionFlowOptions):
         if reason is not None:
             raise ValueError(f"Row {row} of the batch: {reason}")
 
-    maps = attention_flow(request.trace, every_layer=options.every_layer, check_row=check_row)
-    if options.every_layer:
+    maps = attention_flow(request.trace, every_layer=options.per_layer, check_row=check_row)
+    if options.per_layer:
         maps.axis = layer_axis(maps.target.shape[1])
     if not options.output_encoder_self_scores:
         maps.encoder = None
@@ -58,13 +57,13 @@ DECLARATION = Declaration(
     summary="Attention flow (Abnar & Zuidema, ACL 2020): maximum flows through the graph of head-averaged attention.",
     description=(
         "The layers form a graph whose edges carry the rollout's layer maps (0.5 · mean_h(A) + 0.5 · I, rows "
-        "renormalised) as capacities; a token's score at a position is the maximum flow from that position's "
-        "state after the last layer (every_layer=True: after each layer) down to the token's input node, rows "
-        "normalised to 1 as in the authors' code. Solved exactly, one maximum flow per (position, token) pair, with "
-        "SciPy's compiled solver (capacities scaled by 2^29 and rounded: each flow within E/2^30 of the exact "
-        "value, E the edges of a cut). Encoder–decoders (our extension): the graph the joint rollout multiplies "
-        "through, source and target flows of a row normalised together. Cost: positions × tokens maximum flows "
-        "(× layers with every_layer=True): seconds for a sentence, not meant for long contexts."
+        "renormalised) as capacities; a token's score at a position is the maximum flow from that position's state "
+        "after the last layer (per_layer=True: after each layer, last dimension: layer) down to the token's input "
+        "node, rows normalised to 1 as in the authors' code. Solved exactly, one maximum flow per (position, token) "
+        "pair, with SciPy's compiled solver (capacities scaled by 2^29 and rounded: each flow within E/2^30 of the "
+        "exact value, E the edges of a cut). Encoder–decoders (our extension): the graph the joint rollout multiplies "
+        "through, source and target flows of a row normalised together. Cost: positions × tokens maximum flows (× "
+        "layers with per_layer=True): seconds for a sentence, not meant for long contexts."
     ),
     options=AttentionFlowOptions,
     compute=compute,

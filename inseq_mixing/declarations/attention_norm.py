@@ -3,11 +3,11 @@
 
 from dataclasses import dataclass
 
-from .base import Chunking, Declaration, EncoderMaps, Request, layer_axis, option
+from .base import Chunking, Declaration, EncoderMaps, Layers, Request, layer_axis, option
 
 
 @dataclass(frozen=True)
-class AttentionNormOptions(EncoderMaps, Chunking):
+class AttentionNormOptions(Layers, EncoderMaps, Chunking):
     residual: bool = option(False, "Add the residual to each token's own vector (Kobayashi et al., 2021, 'N-Res').")
     layer_norm: bool = option(
         False, "Also pass every vector through the block's frozen layer norm ('N-ResLN'; implies the residual)."
@@ -22,6 +22,8 @@ def compute(request: Request, options: AttentionNormOptions):
         options.max_chunk_elements,
     )  # fmt: skip
     maps.positions = {name: value.permute(0, 2, 1) for name, value in maps.positions.items()}  # (B, T, L)
+    if not options.per_layer:
+        return maps.layer_mean()
     maps.axis = layer_axis(maps.target.shape[1])
     return maps
 
@@ -32,11 +34,13 @@ DECLARATION = Declaration(
     summary="Attention norm (Kobayashi et al., EMNLP 2020): ‖Σ_h α^h_ij f^h(x_j)‖ per layer, with the residual "
     "('N-Res') and layer-norm ('N-ResLN') extensions of Kobayashi et al. (EMNLP 2021) as options.",
     description=(
-        "Outputs: per-layer maps (last dimension: layer), not normalised; the decoder's context-mixing ratio per "
+        "Outputs: one map, the mean of the layers' maps (our choice of one map: the papers read each layer's), not "
+        "normalised; per_layer=True: each layer's map (last dimension: layer). The decoder's context-mixing ratio per "
         "position and layer in sequence_scores['context_mixing_ratio'] (T, L). Pre-LN blocks with layer_norm use the "
         "norm that next reads the residual stream (our extension); encoder–decoders and decoders are our extension "
         "too."
     ),
     options=AttentionNormOptions,
     compute=compute,
+    paper_layout={"per_layer": True},
 )

@@ -17,13 +17,13 @@ import dataclasses
 import types
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from ..deferred import one_read
 from ..methods.compiled import compiling
-from ..methods.options import Chunking, Compiling, Contrast, EncoderMaps, Heads, option
+from ..methods.options import Chunking, Compiling, Contrast, EncoderMaps, Heads, Layers, option
 from ..methods.results import LayerMaps, LogitScores
 from .graphs import record_graphs
 
@@ -129,6 +129,14 @@ def attention_bytes(sizes: list[InputSize], spec: ModelSpec, element_size: int) 
     return 2 * batch * largest * element_size
 
 
+#: Options that every map method now spells ``per_layer`` (one layout for all: docs/methods/index.md), with what a
+#: caller who gives the old name should write instead.
+RENAMED_OPTIONS = {
+    "rollout": "rollout=False is now per_layer=True (one map per layer); the default is the rollout.",
+    "every_layer": "every_layer=True is now per_layer=True (the flows at every layer).",
+}
+
+
 @dataclass(frozen=True)
 class Declaration:
     """One method.
@@ -158,6 +166,10 @@ class Declaration:
             every input of a call (:meth:`check_sizes`, which also refuses a batch whose traced forward pass cannot
             fit in the device's free memory) before any work, so that a refusal never comes after part of the call
             was computed.
+        paper_layout: The options that give the layout its paper reads where the default differs (value zeroing and
+            the attention norm: ``per_layer=True``; their default map is the layers' mean); the cue protocols, whose
+            papers measure the cue's share per layer, ask for it
+            (:func:`~inseq_mixing.evaluation.protocols.paper_options`).
         rows_sum_to_one: A map method whose every explained row is a distribution over the positions (ALTI,
             rollout, GlobEnc; rollout on a model with attention sinks: with the sink's share beside the row); the
             tests check it of every such method and family.
@@ -177,6 +189,7 @@ class Declaration:
     reference_word_frames: bool = False
     size_check: Callable[[InputSize, int, Any], str | None] | None = None
     rows_sum_to_one: bool = False
+    paper_layout: dict[str, Any] = field(default_factory=dict)
 
     def word_frames(self, options: dict) -> str:
         """How a speech front end gives a word its frames for these options (as the user gave them): ``"reference"``
@@ -271,9 +284,9 @@ class Declaration:
         from ..methods.spans import hop_weights, hopped, keys_of
 
         refusal = ("hops pass a span's score through each generated token's one row; {what}: ask for one map per "
-                   "token (rollout=True, per_head=False), or use a method that rolls out (alti, globenc, "
+                   "token (per_layer=False, per_head=False), or use a method that rolls out (alti, globenc, "
                    "attention_rollout) or a logit method.")  # fmt: skip
-        if getattr(options, "per_head", False) or not getattr(options, "rollout", True):  # known before the work
+        if getattr(options, "per_head", False) or getattr(options, "per_layer", False):  # known before the work
             raise ValueError(refusal.format(what=f"{self.name} gives one per layer or head with these options"))
         result = self.run(request, options)
         rows = keys_of(result)
@@ -311,6 +324,8 @@ class Declaration:
         unknown = sorted(set(values) - set(names))
         if unknown:
             hint = " Contrastive sources are not supported: use contrast_targets." * ("contrast_sources" in unknown)
+            renamed = sorted(set(unknown) & set(RENAMED_OPTIONS)) if "per_layer" in names else []
+            hint += "".join(f" {RENAMED_OPTIONS[name]}" for name in renamed)
             raise ValueError(f"Unknown option(s) {unknown} for method {self.name!r}: its options are {names}.{hint}")
         fields = {item.name: item for item in self.option_fields()}
         for name, value in values.items():
@@ -410,6 +425,7 @@ __all__ = [
     "EncoderMaps",
     "Heads",
     "InputSize",
+    "Layers",
     "Request",
     "option",
 ]

@@ -8,11 +8,11 @@ through the rest of that block (:mod:`inseq_mixing.methods.value_zeroing`). A ch
 from dataclasses import dataclass
 
 from ..methods.options import CONVENTIONS, NORMALIZATIONS, SIMILARITY_METRICS, UNIT_ROWS
-from .base import Chunking, Compiling, Declaration, EncoderMaps, Request, layer_axis, option
+from .base import Chunking, Compiling, Declaration, EncoderMaps, Layers, Request, layer_axis, option
 
 
 @dataclass(frozen=True)
-class ValueZeroingOptions(EncoderMaps, Chunking, Compiling):
+class ValueZeroingOptions(Layers, EncoderMaps, Chunking, Compiling):
     similarity_metric: str = option(
         "cosine", "Distance between corrupted and clean outputs: cosine distance (the paper's) or Euclidean.",
         SIMILARITY_METRICS,
@@ -24,7 +24,9 @@ class ValueZeroingOptions(EncoderMaps, Chunking, Compiling):
         NORMALIZATIONS,
     )
     rollout: bool = option(
-        False, "Return the rollout across layers instead of per-layer maps (encoder–decoders: our extension)."
+        False,
+        "Return the rollout across layers instead of the layers' mean (encoder–decoders: our extension); it reads "
+        "every position's row at every layer below the last, the layers' mean only the explained rows.",
     )
     unit_rows: str = option(
         "mean", "Speech models: a query unit's row is the mean (the speech study's) or max of its frames' rows.",
@@ -38,6 +40,13 @@ class ValueZeroingOptions(EncoderMaps, Chunking, Compiling):
         "ceil(50·start) to ceil(50·end) inclusive (20 ms frames; neighbouring words may share one).",
         CONVENTIONS,
     )
+
+    def __post_init__(self):
+        if self.per_layer and self.rollout:
+            raise ValueError(
+                "value_zeroing: per_layer=True gives each layer's map and rollout=True one map rolled out through "
+                "them: ask for one of the two."
+            )
 
 
 def compute(request: Request, options: ValueZeroingOptions):
@@ -67,8 +76,11 @@ def compute(request: Request, options: ValueZeroingOptions):
     maps = value_zeroing_maps(scores, options.normalization, options.rollout)
     if unit_map is not None:
         maps.encoder = unit_map
-    if not options.rollout:
-        maps.axis = layer_axis(maps.target.shape[1])
+    if options.rollout:
+        return maps
+    if not options.per_layer:
+        return maps.layer_mean()
+    maps.axis = layer_axis(maps.target.shape[1])
     return maps
 
 
@@ -81,11 +93,13 @@ DECLARATION = Declaration(
         "-Σ_h α^h_ij v^h_j W^h_O; the rest of the block is position-wise, so every zeroing of a layer is one batched "
         "pass through the rest of that block. Scores are the cosine (or Euclidean) distance between corrupted and "
         "clean layer outputs, rows normalised to sum to 1, with no clipping threshold.\n\n"
-        "Outputs: per-layer scores (last dimension: layer). Encoder–decoders: source = cross-attention zeroing, "
-        "target = decoder self-attention zeroing (with attribute_target=True, else in "
+        "Outputs: one map, the mean of the layers' maps (our choice of one map: the paper reads each layer's; its "
+        "rows still sum to 1); per_layer=True: each layer's map (last dimension: layer); rollout=True: the layer maps "
+        "rolled out (the authors' code has a rollout too; it reads every position's row at every layer, so on a "
+        "decoder it costs the zeroings of the whole prompt, not of the explained rows only). Encoder–decoders: source "
+        "= cross-attention zeroing, target = decoder self-attention zeroing (with attribute_target=True, else in "
         "sequence_scores['decoder_self_scores']), encoder self-attention zeroing in "
-        "sequence_scores['encoder_self_scores']. Decoder-only: target scores. With rollout=True, one rolled-out map "
-        "instead of per-layer scores.\n\n"
+        "sequence_scores['encoder_self_scores']. Decoder-only: target scores.\n\n"
         "Speech models (inseq_mixing.load_model): the frames of an audio unit (a word, a window, a silence) are "
         "zeroed at once, -Σ_h Σ_(j in unit) α^h_ij v^h_j W^h_O, and a unit's row is the mean (unit_rows='max': the "
         "max) of its frames' rows before normalising. With rollout=True on a CTC or bare speech encoder, the unit "
@@ -101,5 +115,6 @@ DECLARATION = Declaration(
     options=ValueZeroingOptions,
     compute=compute,
     pools_units=True,
+    paper_layout={"per_layer": True},
     reference_word_frames=True,
 )

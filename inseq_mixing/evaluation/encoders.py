@@ -23,6 +23,7 @@ import torch
 from .explain import Explanation
 from .faithfulness import DEFAULT_FRACTIONS, removal_faithfulness
 from .items import EvaluationInputError, Item, Skipped, read_items_skipping
+from .protocols import paper_options
 from .scores import Evaluation, faithfulness_baseline, faithfulness_result, score_methods
 from .text_scores import BASELINES, SCORERS
 from .words import word_scores
@@ -202,7 +203,9 @@ def evaluate_encoder(model, methods: list[str], data, protocol: str, found, sett
 
     def score(method: str):
         attribution = load_model(model, method)  # the same model and tokenizer, with this method
-        explained = explain_encoder_items(attribution, kept, batch_size, method_kwargs.get(method, {}))
+        options = method_kwargs.get(method, {})
+        options = paper_options(method, options) if protocol == "cue" else options
+        explained = explain_encoder_items(attribution, kept, batch_size, options)
         if protocol != "faithfulness":
             return SCORERS[protocol](explained), explained
         rows = encoder_faithfulness(attribution, explained, random_draws=random_draws, seed=seed)

@@ -39,8 +39,10 @@ def evaluate(
     * ``evidence``: reciprocal rank of the best-ranked evidence word among the context words (ALTI-logit paper); with a
       ``foil`` column the explanation is contrastive. Metric ``mrr``; baseline: the expected MRR of a random ranking.
     * ``cue``: share of the target word's scores on its cue words (Value Zeroing paper), per layer for per-layer
-      methods (``per_layer``; the headline value is their mean), the total for rolled-out and logit methods. Metric
-      ``cue_contribution``; baseline: the share of cue words among the context words.
+      outputs (``per_layer``; the headline value is their mean), the total for rolled-out and logit methods. Value
+      zeroing and the attention norm are read per layer, as their papers read them, unless ``method_kwargs`` choose a
+      layout (``per_layer``, ``rollout``, ``per_head``). Metric ``cue_contribution``; baseline: the share of cue words
+      among the context words.
     * ``alignment``: ``aer`` and top-1 ``accuracy`` of the source word with the highest score for each target word
       against gold Pharaoh alignments (ALTI+ paper); encoder–decoders only.
     * ``faithfulness``: AOPC comprehensiveness and sufficiency of every generated token (:mod:`.faithfulness`),

@@ -12,7 +12,7 @@ from .comparison import Comparison, candidate_scores, each_method, token_example
 from .explain import Explanation, explain_items
 from .faithfulness import DEFAULT_FRACTIONS, faithfulness, random_baseline, rank_correlation, target_scores
 from .items import EvaluationInputError, read_items_skipping
-from .protocols import ComparisonSettings
+from .protocols import ComparisonSettings, paper_options
 from .scores import Evaluation, faithfulness_baseline, faithfulness_result, score_methods
 from .targets import prepare_targets
 from .text_scores import BASELINES, SCORERS
@@ -44,7 +44,9 @@ def evaluate_generation(model, methods: list[str], data, protocol: str, found, s
 
     def score(method: str):
         attribution_model = inseq.load_model(base.model, method, tokenizer=base.tokenizer)
-        explained = explain_items(attribution_model, items, batch_size, method_kwargs.get(method, {}))
+        options = method_kwargs.get(method, {})
+        options = paper_options(method, options) if protocol == "cue" else options
+        explained = explain_items(attribution_model, items, batch_size, options)
         return SCORERS[protocol](explained), explained
 
     score_methods(evaluation, methods, score, examples, show_progress)

@@ -44,6 +44,23 @@ class Settings:
     columns: dict = field(default_factory=dict)
 
 
+#: Options that choose a map's layout: a protocol that reads maps as their papers do leaves the layout to a caller who
+#: gives one of them.
+LAYOUT_OPTIONS = ("per_layer", "rollout", "per_head")
+
+
+def paper_options(method: str, options: dict) -> dict:
+    """``options`` for ``method`` in a protocol that reads maps as their papers do (the cue protocols: the cue's share
+    per layer): the method's declared ``paper_layout`` (value zeroing and the attention norm: per layer, not their
+    default layers' mean) added, unless ``options`` choose a layout themselves or the method has none."""
+    from ..declarations import DECLARATIONS
+
+    declaration = DECLARATIONS.get(method)
+    if declaration is None or any(name in options for name in LAYOUT_OPTIONS):
+        return dict(options)
+    return {**declaration.paper_layout, **options}
+
+
 #: Settings a protocol reads only where it says so (:attr:`Protocol.options`), with the value that means "not asked".
 OPTIONAL = {"random_baseline": False, "hops": 0, "replacement": "mean", "steps": 10, "separator": "\n\n"}
 

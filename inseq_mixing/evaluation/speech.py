@@ -32,6 +32,7 @@ from ..frontends.audio import AudioError, read_audio
 from ..runs.data import read_rows
 from .items import EvaluationInputError, Skipped
 from .metrics import Statistic, cue_share, mean_statistic
+from .protocols import paper_options
 from .scores import RANDOM_SUFFIX, Evaluation, MethodResult, random_copy, score_methods
 
 SPEECH_PROTOCOLS = ("cue", "blankout")
@@ -161,7 +162,7 @@ def evaluate_speech(
         suffix = RANDOM_SUFFIX if name.endswith(RANDOM_SUFFIX) else ""
         method = name.removesuffix(suffix)
         attribution = model.for_method(method, copies[suffix])
-        return _score_cue(attribution, kept, method_kwargs.get(method, {})), []
+        return _score_cue(attribution, kept, paper_options(method, method_kwargs.get(method, {}))), []
 
     names = [f"{method}{suffix}" for suffix in copies for method in methods]
     score_methods(evaluation, names, score, 0, show_progress)

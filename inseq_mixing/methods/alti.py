@@ -292,7 +292,7 @@ def alti_maps(scores: AltiScores, rollout: bool = True) -> LayerMaps:
     """
     encoder = scores.encoder
     if rollout and scores.decoder.dim() == 5:
-        raise ValueError("Per-head ALTI maps do not roll out: ask for per-layer maps (rollout=False).")
+        raise ValueError("Per-head ALTI maps do not roll out: ask for per-layer maps (per_layer=True).")
     if rollout:
         rolled = alti_rollouts(scores)
         source = None if rolled.source is None else rolled.source[:, -1]

@@ -187,7 +187,7 @@ def rollout_scores(trace: ModelTrace, method: str = "attention_rollout") -> Alti
 
 
 @torch.no_grad()
-def attention_rollout(trace: ModelTrace, first_row: int = 0) -> LayerMaps:
+def attention_rollout(trace: ModelTrace, first_row: int = 0, per_layer: bool = False) -> LayerMaps:
     """Attention rollout through all layers: ``target`` (and ``source``, ``encoder`` for encoder–decoders); a
     decoder-only or encoder-only model's rows from ``first_row`` on (the others 0), one layer's map at a time
     (:func:`.rollout.rolled_out_rows`).
@@ -195,10 +195,20 @@ def attention_rollout(trace: ModelTrace, first_row: int = 0) -> LayerMaps:
     A model with attention sinks (``spec.attention_sinks``): each layer's share of a row that went to the sink stays
     out of the map (the sink passes nothing on), so a rolled-out row sums to less than 1 and
     ``positions["sink_share"]`` ``(B, T)`` holds the rest, ``1 − Σ_j R_ij`` (NaN on rows before ``first_row``, which
-    are not computed; 0 on padding): our extension of the rollout to sinks."""
+    are not computed; 0 on padding): our extension of the rollout to sinks.
+
+    With ``per_layer``, the layer maps instead of their product: ``(B, L, T, T)`` (encoder–decoders: ALTI+'s joint
+    layer blocks), every row; with sinks, each layer's share ``(B, L, T)``."""
     if trace.spec.is_encoder_decoder:
-        return alti_maps(rollout_scores(trace), rollout=True)
+        return alti_maps(rollout_scores(trace), rollout=not per_layer)
     stack, sinks = trace.decoder, trace.spec.attention_sinks
+    if per_layer:
+        maps = rollout_layer_maps(stack, "self", stack.mask, sinks=sinks)
+        refuse_non_finite("attention_rollout", maps)
+        result = LayerMaps(target=maps)
+        if sinks:
+            result.positions["sink_share"] = (1 - maps.sum(-1)) * stack.mask[:, None]
+        return result
 
     def layer_map(index: int) -> torch.Tensor:
         found = rollout_layer_maps(stack, "self", stack.mask, slice(index, index + 1), sinks)[:, 0]

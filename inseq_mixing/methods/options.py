@@ -45,6 +45,15 @@ class EncoderMaps:
 
 
 @dataclass(frozen=True)
+class Layers:
+    per_layer: bool = option(
+        False,
+        "One map per layer (last dimension: layer, named in info['score_axis']) instead of the default one map; what "
+        "a layer's map is, per method: docs/methods/index.md's table of layouts.",
+    )
+
+
+@dataclass(frozen=True)
 class Heads:
     per_head: bool = option(False, "Split the scores by attention head on the last axis (our extension).")
 

@@ -30,6 +30,14 @@ class LayerMaps:
     positions: dict[str, torch.Tensor] = field(default_factory=dict)
     axis: list[str] | None = None
 
+    def layer_mean(self) -> LayerMaps:
+        """Per-layer maps ``(B, L, ...)`` averaged over their layers (a map method's one map where its papers read
+        maps per layer: value zeroing, the attention norm); ``positions`` as they are. Rows that sum to 1 in every
+        layer still do."""
+        mean = {name: None if value is None else value.mean(1) for name, value in
+                (("target", self.target), ("source", self.source), ("encoder", self.encoder))}  # fmt: skip
+        return LayerMaps(**mean, positions=self.positions)
+
 
 @dataclass
 class LogitScores:

@@ -110,7 +110,7 @@ def explore(outputs, path=None, *, images=None, audio=None, sampling_rate: int =
 
 #: The methods the explorer compares by default, with the options that give them a layer axis (per-layer maps,
 #: (layer, head) slots): value zeroing per layer, ALTI per layer and head, and ALTI-logit's logit scores.
-DEFAULT_METHODS = {"alti": {"per_head": True}, "value_zeroing": {}, "alti_logit": {}}
+DEFAULT_METHODS = {"alti": {"per_head": True}, "value_zeroing": {"per_layer": True}, "alti_logit": {}}
 
 
 def explore_model(

@@ -129,7 +129,7 @@ def layer_image_grid(sequence, image, *, entry: int = 0, signed: bool | None = N
 
     scores = sequence.source_attributions
     if scores is None or scores.dim() != 3:
-        raise ValueError("This output has no layer axis: ask the method for per-layer maps (e.g. rollout=False).")
+        raise ValueError("This output has no layer axis: ask the method for per-layer maps (per_layer=True).")
     picture = np.asarray(read_image(image, "The image"))
     layers = scores.shape[-1]
     grids = [patch_grid(sequence, entry, layer)[0] for layer in range(layers)]
