@@ -110,6 +110,21 @@ def test_a_map_span_is_the_mean_of_its_rows(family, method):
     torch.testing.assert_close(sequence.source_attributions[:, 0].double(), expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_span_s_context_mixing_ratio_is_its_rows_mean_per_layer(family):
+    """The attention norm's context-mixing ratio (per position and layer) of each span, in its sequence scores
+    ``(spans, layers)``: the mean of the rows that predict the span's tokens, layer by layer."""
+    model = loaded(family, "attention_norm")
+    prompt, generated = texts(family)
+    ratio = model.attribute(prompt, generated, show_progress=False).sequence_attributions[0]
+    ratio = ratio.sequence_scores["context_mixing_ratio"]  # (positions, layers): row t predicts token t + 1
+    out = model.attribute(prompt, generated, spans="sentences", units="tokens", show_progress=False)
+    spans, tokens = out.sequence_attributions[0].sequence_scores["context_mixing_ratio"], out.info["span_tokens"][0]
+    assert spans.shape == (2, ratio.shape[1])
+    for span, span_tokens in enumerate(tokens):
+        torch.testing.assert_close(spans[span], ratio[[token - 1 for token in span_tokens]].mean(0))
+
+
 @pytest.mark.parametrize("family", ALL_FAMILIES)
 def test_units_are_the_sum_of_their_tokens_and_partition_the_text(family):
     """Sentences, passages and given documents: each unit's score is the sum of its tokens' scores, units cover every

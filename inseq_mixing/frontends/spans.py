@@ -478,6 +478,10 @@ class SpanAttributionModel(FrontEndModel):
             per_span = {name: value for name, value in result.positions.items() if value.dim() == 2}
             steps = row_steps(per_span, row, slice(span_count))
         sequence_scores = {}
+        if not signed:  # a map's per-span values per layer (the attention norm's context-mixing ratio) (spans, layers)
+            for name, value in result.positions.items():
+                if value.dim() == 3:
+                    sequence_scores[name] = upcast(value[row, :span_count].detach()).cpu()
         if hop_units is not None:  # (B, N, hops + 1, U) → (U, N, hops + 1)
             sequence_scores["hops"] = upcast(hop_units[row, :span_count, :, :count].permute(2, 0, 1).detach()).cpu()
         return sequence_output(
