@@ -22,8 +22,25 @@ group RMS, the mixer is linear in the tokens' conv inputs ``ξ_j``, and token ``
 What no token carries: the convolution's bias ``b`` (through the same path) and ``out_proj``'s bias. The parts add up
 to the mixer's own output (the tests check it against the Hugging Face module's PyTorch path).
 
-**Our extension** throughout: the SSD paper reads ``M^h`` as attention-like but defines no token attribution through
-the convolution, the gate and the norm.
+Gated DeltaNet (Yang, Kautz & Hatamizadeh, ICLR 2025, *Gated Delta Networks: Improving Mamba2 with Delta Rule*;
+Qwen3-Next's linear-attention layers): the state ``S_t = α_t S_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ`` read by
+``o_t = S_t q_t`` is, unrolled, ``o_t = Σ_s W_ts v_s`` with one scalar per (position, token, head)::
+
+    W = tril(Q Kᵀ ⊙ Γ) (I + A)⁻¹ diag(β),   Γ_ts = Π_{r=s+1..t} α_r,   A_ts = β_t (k_t · k_s) Γ_ts  (s < t)
+
+(the delta rule's pseudo-values ``u = (I + A)⁻¹ diag(β) v``, after Yang et al., NeurIPS 2024, *Parallelizing Linear
+Transformers with the Delta Rule over Sequence Length*; one triangular solve per head, not the state products). With
+``q``, ``k``, ``β`` and ``α`` frozen (they come through the convolution too: frozen as attention's queries and keys
+are), the values' path is Mamba-2's: a convolution, ``silu``, ``W``, a gated per-head RMS norm, ``out_proj``.
+
+LFM2's short convolutions (Liquid AI, LFM2 technical report, 2025): ``out_proj(C_t ⊙ conv(B ⊙ x)_t)``, a gated
+depthwise convolution of ``K`` taps: with the gates frozen, token ``j``'s part of position ``t`` is its own
+``B_j ⊙ x_j`` through tap ``K − 1 − (t − j)``, then ``C_t`` and ``out_proj``: exact, and zero beyond ``K − 1``
+positions.
+
+**Our extension** throughout: the papers read ``M^h`` (and the delta rule's ``W``) as attention-like but define no
+token attribution through the convolution, the gate and the norm. Not yet read by any method: models with these mixers
+are still refused (``docs/supported-models.md``).
 """
 
 from __future__ import annotations
@@ -35,15 +52,16 @@ import torch.nn.functional as F
 
 
 @dataclass
-class FrozenMamba2:
-    """One Mamba-2 mixer's data-dependent quantities frozen at a traced pass (batch ``B``, positions ``T``).
+class FrozenMixer:
+    """One mixer's data-dependent quantities frozen at a traced pass (batch ``B``, positions ``T``), for a mixer that
+    is ``out_proj(scale ⊙ Σ_s W^h_{ts} silu(conv(ξ))_s)``: built by :meth:`mamba2` or :meth:`gated_deltanet`.
 
     Attributes:
-        conv_input: ``ξ`` ``(B, T, I)``: each token's conv input of the ``x`` channels (its own ``in_proj`` output).
-        ratio: ``ρ = silu(u)/u`` of the ``x`` channels ``(B, T, I)`` (0 on padding: the module zeroes it there).
-        mixing: ``M̃`` ``(B, H, T, T)``: the SSD matrix per head, ``D`` on its diagonal.
-        conv_weight: ``(I, K)`` taps of the ``x`` channels; ``conv_bias``: ``(I,)`` or None.
-        scale: ``γ ⊙ silu(z_t) / rms_t`` per channel ``(B, T, I)``: the gate and the frozen group norm.
+        conv_input: ``ξ`` ``(B, T, I)``: each token's conv input of the mixed channels (its own ``in_proj`` output).
+        ratio: ``ρ = silu(u)/u`` of those channels ``(B, T, I)`` (0 where the module zeroes them: padding).
+        mixing: ``W`` ``(B, H, T, T)``: the mixing matrix per head (Mamba-2: the SSD's ``M̃``, ``D`` on its diagonal).
+        conv_weight: ``(I, K)`` taps of the mixed channels; ``conv_bias``: ``(I,)`` or None.
+        scale: ``γ ⊙ silu(z_t) / rms_t`` per channel ``(B, T, I)``: the gate and the frozen norm.
         out_proj: The module's output projection.
     """
 
@@ -56,12 +74,10 @@ class FrozenMamba2:
     out_proj: torch.nn.Linear
 
     @classmethod
-    def freeze(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMamba2:
+    def mamba2(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:
         """Freeze ``mixer`` (a transformers ``Mamba2Mixer``) at its input ``hidden`` ``(B, T, d)``, recomputing every
         quantity on the module's PyTorch path (the CUDA kernels, where installed, run the model's own forward)."""
-        mask = torch.ones(hidden.shape[:2], dtype=hidden.dtype, device=hidden.device)
-        if attention_mask is not None:
-            mask = attention_mask.to(hidden.dtype)
+        mask = _mask(hidden, attention_mask)
         hidden = hidden * mask[..., None]
         inner, heads, groups, state = mixer.intermediate_size, mixer.num_heads, mixer.n_groups, mixer.ssm_state_size
         gate, xbc, step = mixer.in_proj(hidden).split([inner, mixer.conv_dim, heads], dim=-1)
@@ -91,20 +107,94 @@ class FrozenMamba2:
         bias = None if mixer.conv1d.bias is None else mixer.conv1d.bias[:inner].float()
         return cls(xbc[..., :inner].float(), ratio, mixing, taps[:inner].float(), bias, scale, mixer.out_proj)
 
+    @classmethod
+    def mamba(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:
+        """Freeze ``mixer`` (a transformers ``MambaMixer``: Mamba's selective scan) at its input ``hidden``
+        ``(B, T, d)`` on the module's PyTorch path. Its state matrix is diagonal per channel, so the mixing is one
+        ``T × T`` matrix per channel (every channel a head of one):
+        ``M^c_{ts} = Δ_{s,c} Σ_n C_{t,n} B_{s,n} exp(A_{c,n} Σ_{r=s+1..t} Δ_{r,c})``, ``D_c`` on its diagonal; the gate
+        ``silu(z)`` scales it (no norm). ``B``, ``C`` and ``Δ`` come from the convolved tokens: frozen."""
+        mask = _mask(hidden, attention_mask)
+        xi, gate = mixer.in_proj(hidden * mask[..., None]).chunk(2, dim=-1)
+        length, rank, state = hidden.shape[1], mixer.time_step_rank, mixer.ssm_state_size
+        taps = mixer.conv1d.weight.squeeze(1)
+        convolved = F.conv1d(xi.transpose(1, 2), mixer.conv1d.weight, mixer.conv1d.bias, padding=taps.shape[1] - 1,
+                             groups=mixer.intermediate_size)[..., :length].transpose(1, 2)  # fmt: skip
+        activated = F.silu(convolved) * mask[..., None]
+        step, b, c = mixer.x_proj(activated).float().split([rank, state, state], dim=-1)
+        dt = F.softplus(step @ mixer.dt_proj.weight.float().T + mixer.dt_proj.bias.float())
+        dt = dt.transpose(1, 2)  # (B, I, T)
+        total = dt.cumsum(-1)
+        causal = torch.ones(length, length, dtype=torch.bool, device=hidden.device).tril()
+        elapsed = (total[..., :, None] - total[..., None, :]).masked_fill(~causal, 0.0)  # (B, I, T, T)
+        rates = -torch.exp(mixer.A_log.float())[None, :, None, None, :]  # A (1, I, 1, 1, N)
+        decay = torch.exp(rates * elapsed[..., None])  # (B, I, T, T, N)
+        mixing = torch.einsum("btn,bsn,bctsn->bcts", c, b, decay) * dt[:, :, None, :] * causal
+        mixing = mixing + torch.diag_embed(mixer.D.float()[None, :, None].expand(*mixing.shape[:2], length))
+        x_pre = convolved.float()
+        ratio = torch.where(x_pre == 0, torch.full_like(x_pre, 0.5), F.silu(x_pre) / x_pre) * mask[..., None]
+        bias = None if mixer.conv1d.bias is None else mixer.conv1d.bias.float()
+        return cls(xi.float(), ratio, mixing, taps.float(), bias, F.silu(gate.float()), mixer.out_proj)
+
+    @classmethod
+    def gated_deltanet(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:
+        """Freeze ``mixer`` (a transformers Gated DeltaNet layer: ``Qwen3NextGatedDeltaNet`` and its copies) at its
+        input ``hidden`` ``(B, T, d)`` on the module's PyTorch path. Its mixing per value head is
+        ``W = tril(Q Kᵀ ⊙ Γ) (I + A)⁻¹ diag(β)`` with ``Γ_ts = Π_{r=s+1..t} α_r`` and
+        ``A_ts = β_t (k_t · k_s) Γ_ts`` for ``s < t`` (the delta rule's pseudo-values ``u = (I + A)⁻¹ diag(β) v``), so
+        ``o_t = Σ_s W_ts v_s``: one scalar per (position, token, head), ``q``, ``k``, ``β`` and ``α`` frozen."""
+        mask = _mask(hidden, attention_mask)
+        hidden = hidden * mask[..., None]
+        query, key, value, gate, b, a = mixer.fix_query_key_value_ordering(
+            mixer.in_proj_qkvz(hidden), mixer.in_proj_ba(hidden)
+        )
+        xi = torch.cat([part.flatten(2) for part in (query, key, value)], dim=-1)  # (B, T, conv channels)
+        length, keys, heads = hidden.shape[1], mixer.key_dim, mixer.num_v_heads
+        taps = mixer.conv1d.weight.squeeze(1)
+        convolved = F.conv1d(xi.transpose(1, 2), mixer.conv1d.weight, mixer.conv1d.bias, padding=taps.shape[1] - 1,
+                             groups=mixer.conv_dim)[..., :length].transpose(1, 2).float()  # fmt: skip
+        q, k, _ = F.silu(convolved).split([keys, keys, mixer.value_dim], dim=-1)
+        v_pre = convolved[..., 2 * keys :]
+        q, k = (x.unflatten(-1, (mixer.num_k_heads, mixer.head_k_dim)) for x in (q, k))
+        q, k = (x.repeat_interleave(heads // mixer.num_k_heads, dim=2) for x in (q, k))  # (B, T, H, dk)
+        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) / mixer.head_k_dim**0.5
+        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+        beta = b.float().sigmoid().transpose(1, 2)  # (B, H, T)
+        log_decay = -mixer.A_log.float().exp() * F.softplus(a.float() + mixer.dt_bias.float())  # (B, T, H)
+        total = log_decay.cumsum(1).transpose(1, 2)
+        causal = torch.ones(length, length, dtype=torch.bool, device=hidden.device).tril()
+        decay = (total[..., :, None] - total[..., None, :]).masked_fill(~causal, -torch.inf).exp()  # Γ (B, H, T, T)
+        reads = torch.einsum("bthd,bshd->bhts", q, k) * decay
+        overlap = torch.einsum("bthd,bshd->bhts", k, k) * decay * beta[..., :, None]
+        unit = overlap.tril(-1) + torch.eye(length, dtype=overlap.dtype, device=overlap.device)
+        pseudo = torch.linalg.solve_triangular(unit, torch.diag_embed(beta), upper=False, unitriangular=True)
+        mixing = reads @ pseudo  # (B, H, T, T)
+        ratio = torch.where(v_pre == 0, torch.full_like(v_pre, 0.5), F.silu(v_pre) / v_pre)
+        out = _ssd(mixing, F.silu(v_pre), heads).unflatten(-1, (heads, mixer.head_v_dim))
+        rms = torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + mixer.norm.variance_epsilon)
+        scale = (rms * mixer.norm.weight.float() * F.silu(gate.float())).flatten(-2)
+        bias = None if mixer.conv1d.bias is None else mixer.conv1d.bias[2 * keys :].float()
+        return cls(xi[..., 2 * keys :].float(), ratio, mixing, taps[2 * keys :].float(), bias, scale, mixer.out_proj)
+
+    @classmethod
+    def lfm2(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:
+        """Freeze ``mixer`` (a transformers ``Lfm2ShortConv``: ``out_proj(C_t ⊙ conv(B ⊙ x)_t)``) at its input
+        ``hidden`` ``(B, T, d)``: token ``j`` enters with its own gated input ``B_j ⊙ x_j``, the convolution's taps
+        carry it to the next ``K − 1`` positions, and the output gate ``C_t`` is frozen (the mixing is the identity,
+        one head over every channel: the taps are the whole token mixing)."""
+        mask = _mask(hidden, attention_mask)
+        gate_in, gate_out, inputs = mixer.in_proj(hidden * mask[..., None]).float().chunk(3, dim=-1)
+        batch, length, _ = inputs.shape
+        identity = torch.eye(length, dtype=inputs.dtype, device=inputs.device).expand(batch, 1, length, length)
+        bias = None if mixer.conv.bias is None else mixer.conv.bias.float()
+        taps = mixer.conv.weight.squeeze(1).float()
+        return cls(gate_in * inputs, torch.ones_like(inputs), identity, taps, bias, gate_out, mixer.out_proj)
+
     def kernel(self, rows: slice = slice(None)) -> torch.Tensor:
         """``κ`` ``(B, R, T, I)``: how much of token ``j``'s conv input (column) reaches position ``t``'s SSD output
         (row), per channel, through the convolution's taps and the SSD matrix, for the positions ``rows`` picks (a
         chunk of rows holds ``R × T × I`` elements: chunk the rows to bound memory)."""
-        batch, length, inner = self.conv_input.shape
-        heads = self.mixing.shape[1]
-        mixing = self.mixing[:, :, rows]
-        per_channel = mixing.repeat_interleave(inner // heads, dim=1).permute(0, 2, 3, 1)  # (B, R, S, I)
-        taps = self.conv_weight.shape[1]
-        kernel = per_channel.new_zeros(batch, mixing.shape[2], length, inner)
-        for offset in range(min(taps, length)):  # s = j + offset reads token j through tap K − 1 − offset
-            reached = per_channel[:, :, offset:, :] * self.ratio[:, None, offset:, :]  # (B, R, T − offset, I)
-            kernel[:, :, : length - offset, :] += reached * self.conv_weight[:, taps - 1 - offset]
-        return kernel
+        return through_taps(self.mixing[:, :, rows], self.ratio, self.conv_weight)
 
     def token_parts(self, rows: slice = slice(None)) -> torch.Tensor:
         """Each token's part of the mixer output of the positions ``rows`` picks ``(B, R, T, d)`` (row: position,
@@ -124,6 +214,27 @@ class FrozenMamba2:
         if self.out_proj.bias is not None:
             rest = rest + self.out_proj.bias.float()
         return rest
+
+
+def _mask(hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """The padding mask ``(B, T)`` in ``hidden``'s dtype (all ones without one): the modules zero padded inputs."""
+    if attention_mask is None:
+        return torch.ones(hidden.shape[:2], dtype=hidden.dtype, device=hidden.device)
+    return attention_mask.to(hidden.dtype)
+
+
+def through_taps(mixing: torch.Tensor, ratio: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
+    """``κ_{t,j,c} = Σ_{d<K} W^{h(c)}_{t,j+d} ρ_{j+d,c} w_{c,K−1−d}`` ``(B, R, T, I)``: a per-head mixing
+    ``(B, H, R, T)`` (rows ``R`` of it) read through a causal depthwise convolution's taps ``(I, K)`` and the frozen
+    activation ratio ``(B, T, I)``, the channels of a head consecutive."""
+    batch, length, inner = ratio.shape
+    per_channel = mixing.repeat_interleave(inner // mixing.shape[1], dim=1).permute(0, 2, 3, 1)  # (B, R, S, I)
+    size = taps.shape[1]
+    kernel = per_channel.new_zeros(batch, mixing.shape[2], length, inner)
+    for offset in range(min(size, length)):  # s = j + offset reads token j through tap K − 1 − offset
+        reached = per_channel[:, :, offset:, :] * ratio[:, None, offset:, :]  # (B, R, T − offset, I)
+        kernel[:, :, : length - offset, :] += reached * taps[:, size - 1 - offset]
+    return kernel
 
 
 def _ssd(mixing: torch.Tensor, inputs: torch.Tensor, heads: int) -> torch.Tensor:
