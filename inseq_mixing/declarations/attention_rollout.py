@@ -18,7 +18,6 @@ def compute(request: Request, options: AttentionRolloutOptions):
     if not options.output_encoder_self_scores:
         maps.encoder = None
     if options.per_layer:
-        maps.positions = {name: value.permute(0, 2, 1) for name, value in maps.positions.items()}  # (B, T, L)
         maps.axis = layer_axis(maps.target.shape[1])
     return maps
 

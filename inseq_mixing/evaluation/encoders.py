@@ -203,8 +203,7 @@ def evaluate_encoder(model, methods: list[str], data, protocol: str, found, sett
 
     def score(method: str):
         attribution = load_model(model, method)  # the same model and tokenizer, with this method
-        options = method_kwargs.get(method, {})
-        options = paper_options(method, options) if protocol == "cue" else options
+        options = paper_options(method, method_kwargs.get(method, {}), protocol)
         explained = explain_encoder_items(attribution, kept, batch_size, options)
         if protocol != "faithfulness":
             return SCORERS[protocol](explained), explained

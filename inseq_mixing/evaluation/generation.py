@@ -44,8 +44,7 @@ def evaluate_generation(model, methods: list[str], data, protocol: str, found, s
 
     def score(method: str):
         attribution_model = inseq.load_model(base.model, method, tokenizer=base.tokenizer)
-        options = method_kwargs.get(method, {})
-        options = paper_options(method, options) if protocol == "cue" else options
+        options = paper_options(method, method_kwargs.get(method, {}), protocol)
         explained = explain_items(attribution_model, items, batch_size, options)
         return SCORERS[protocol](explained), explained
 

@@ -48,15 +48,19 @@ class Settings:
 #: gives one of them.
 LAYOUT_OPTIONS = ("per_layer", "rollout", "per_head")
 
+#: The protocols that read maps as their papers do (the cue's share per layer, in both Value Zeroing papers).
+PAPER_LAYOUT_PROTOCOLS = ("cue",)
 
-def paper_options(method: str, options: dict) -> dict:
-    """``options`` for ``method`` in a protocol that reads maps as their papers do (the cue protocols: the cue's share
-    per layer): the method's declared ``paper_layout`` (value zeroing and the attention norm: per layer, not their
-    default layers' mean) added, unless ``options`` choose a layout themselves or the method has none."""
+
+def paper_options(method: str, options: dict, protocol: str) -> dict:
+    """``options`` for ``method`` in ``protocol``: in one of :data:`PAPER_LAYOUT_PROTOCOLS`, the method's declared
+    ``paper_layout`` (value zeroing and the attention norm: per layer, not their default layers' mean) added, unless
+    ``options`` choose a layout themselves or the method has none; in the others, ``options`` as given."""
     from ..declarations import DECLARATIONS
 
     declaration = DECLARATIONS.get(method)
-    if declaration is None or any(name in options for name in LAYOUT_OPTIONS):
+    chosen = any(name in options for name in LAYOUT_OPTIONS)
+    if protocol not in PAPER_LAYOUT_PROTOCOLS or declaration is None or chosen:
         return dict(options)
     return {**declaration.paper_layout, **options}
 

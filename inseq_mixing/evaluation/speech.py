@@ -162,7 +162,7 @@ def evaluate_speech(
         suffix = RANDOM_SUFFIX if name.endswith(RANDOM_SUFFIX) else ""
         method = name.removesuffix(suffix)
         attribution = model.for_method(method, copies[suffix])
-        return _score_cue(attribution, kept, paper_options(method, method_kwargs.get(method, {}))), []
+        return _score_cue(attribution, kept, paper_options(method, method_kwargs.get(method, {}), protocol)), []
 
     names = [f"{method}{suffix}" for suffix in copies for method in methods]
     score_methods(evaluation, names, score, 0, show_progress)

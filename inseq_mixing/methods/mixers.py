@@ -82,23 +82,19 @@ class FrozenMixer:
         inner, heads, groups, state = mixer.intermediate_size, mixer.num_heads, mixer.n_groups, mixer.ssm_state_size
         gate, xbc, step = mixer.in_proj(hidden).split([inner, mixer.conv_dim, heads], dim=-1)
         taps = mixer.conv1d.weight.squeeze(1)  # (channels, K)
-        length = hidden.shape[1]
-        convolved = F.conv1d(xbc.transpose(1, 2), mixer.conv1d.weight, mixer.conv1d.bias, padding=taps.shape[1] - 1,
-                             groups=mixer.conv_dim)[..., :length].transpose(1, 2)  # fmt: skip
+        convolved = _causal_conv(mixer.conv1d, xbc)
         activated = F.silu(convolved) * mask[..., None]
         x_pre = convolved[..., :inner].float()
-        ratio = torch.where(x_pre == 0, torch.full_like(x_pre, 0.5), F.silu(x_pre) / x_pre) * mask[..., None]
+        ratio = _silu_ratio(x_pre) * mask[..., None]
         b, c = activated[..., inner:].float().split([groups * state, groups * state], dim=-1)
         b = b.unflatten(-1, (groups, state)).repeat_interleave(heads // groups, dim=2)  # (B, T, H, N)
         c = c.unflatten(-1, (groups, state)).repeat_interleave(heads // groups, dim=2)
         dt = F.softplus(step.float() + mixer.dt_bias.float())
         dt = dt.clamp(*mixer.time_step_limit)  # (B, T, H)
         decay = -torch.exp(mixer.A_log.float()) * dt  # (B, T, H): A_h Δ_{r,h}
-        total = decay.cumsum(1).transpose(1, 2)  # (B, H, T)
-        causal = torch.ones(length, length, dtype=torch.bool, device=hidden.device).tril()
-        exponent = (total[..., :, None] - total[..., None, :]).masked_fill(~causal, -torch.inf)
-        mixing = torch.einsum("bthn,bshn->bhts", c, b) * exponent.exp() * dt.transpose(1, 2)[:, :, None, :]
-        mixing = mixing + torch.diag_embed(mixer.D.float()[None, :, None].expand(*mixing.shape[:2], length))
+        elapsed, causal = _elapsed(decay.cumsum(1).transpose(1, 2))  # (B, H, T, T)
+        mixing = torch.einsum("bthn,bshn->bhts", c, b) * (elapsed.exp() * causal) * dt.transpose(1, 2)[:, :, None, :]
+        mixing = _with_skip(mixing, mixer.D)
         y = _ssd(mixing, activated[..., :inner].float(), heads)
         gated = y * F.silu(gate.float())
         grouped = gated.unflatten(-1, (groups, inner // groups))
@@ -116,23 +112,19 @@ class FrozenMixer:
         ``silu(z)`` scales it (no norm). ``B``, ``C`` and ``Δ`` come from the convolved tokens: frozen."""
         mask = _mask(hidden, attention_mask)
         xi, gate = mixer.in_proj(hidden * mask[..., None]).chunk(2, dim=-1)
-        length, rank, state = hidden.shape[1], mixer.time_step_rank, mixer.ssm_state_size
+        rank, state = mixer.time_step_rank, mixer.ssm_state_size
         taps = mixer.conv1d.weight.squeeze(1)
-        convolved = F.conv1d(xi.transpose(1, 2), mixer.conv1d.weight, mixer.conv1d.bias, padding=taps.shape[1] - 1,
-                             groups=mixer.intermediate_size)[..., :length].transpose(1, 2)  # fmt: skip
+        convolved = _causal_conv(mixer.conv1d, xi)
         activated = F.silu(convolved) * mask[..., None]
         step, b, c = mixer.x_proj(activated).float().split([rank, state, state], dim=-1)
         dt = F.softplus(step @ mixer.dt_proj.weight.float().T + mixer.dt_proj.bias.float())
         dt = dt.transpose(1, 2)  # (B, I, T)
-        total = dt.cumsum(-1)
-        causal = torch.ones(length, length, dtype=torch.bool, device=hidden.device).tril()
-        elapsed = (total[..., :, None] - total[..., None, :]).masked_fill(~causal, 0.0)  # (B, I, T, T)
+        elapsed, causal = _elapsed(dt.cumsum(-1))  # (B, I, T, T)
         rates = -torch.exp(mixer.A_log.float())[None, :, None, None, :]  # A (1, I, 1, 1, N)
         decay = torch.exp(rates * elapsed[..., None])  # (B, I, T, T, N)
-        mixing = torch.einsum("btn,bsn,bctsn->bcts", c, b, decay) * dt[:, :, None, :] * causal
-        mixing = mixing + torch.diag_embed(mixer.D.float()[None, :, None].expand(*mixing.shape[:2], length))
+        mixing = _with_skip(torch.einsum("btn,bsn,bctsn->bcts", c, b, decay) * dt[:, :, None, :] * causal, mixer.D)
         x_pre = convolved.float()
-        ratio = torch.where(x_pre == 0, torch.full_like(x_pre, 0.5), F.silu(x_pre) / x_pre) * mask[..., None]
+        ratio = _silu_ratio(x_pre) * mask[..., None]
         bias = None if mixer.conv1d.bias is None else mixer.conv1d.bias.float()
         return cls(xi.float(), ratio, mixing, taps.float(), bias, F.silu(gate.float()), mixer.out_proj)
 
@@ -151,8 +143,7 @@ class FrozenMixer:
         xi = torch.cat([part.flatten(2) for part in (query, key, value)], dim=-1)  # (B, T, conv channels)
         length, keys, heads = hidden.shape[1], mixer.key_dim, mixer.num_v_heads
         taps = mixer.conv1d.weight.squeeze(1)
-        convolved = F.conv1d(xi.transpose(1, 2), mixer.conv1d.weight, mixer.conv1d.bias, padding=taps.shape[1] - 1,
-                             groups=mixer.conv_dim)[..., :length].transpose(1, 2).float()  # fmt: skip
+        convolved = _causal_conv(mixer.conv1d, xi).float()
         q, k, _ = F.silu(convolved).split([keys, keys, mixer.value_dim], dim=-1)
         v_pre = convolved[..., 2 * keys :]
         q, k = (x.unflatten(-1, (mixer.num_k_heads, mixer.head_k_dim)) for x in (q, k))
@@ -161,15 +152,14 @@ class FrozenMixer:
         k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
         beta = b.float().sigmoid().transpose(1, 2)  # (B, H, T)
         log_decay = -mixer.A_log.float().exp() * F.softplus(a.float() + mixer.dt_bias.float())  # (B, T, H)
-        total = log_decay.cumsum(1).transpose(1, 2)
-        causal = torch.ones(length, length, dtype=torch.bool, device=hidden.device).tril()
-        decay = (total[..., :, None] - total[..., None, :]).masked_fill(~causal, -torch.inf).exp()  # Γ (B, H, T, T)
+        elapsed, causal = _elapsed(log_decay.cumsum(1).transpose(1, 2))
+        decay = elapsed.exp() * causal  # Γ (B, H, T, T)
         reads = torch.einsum("bthd,bshd->bhts", q, k) * decay
         overlap = torch.einsum("bthd,bshd->bhts", k, k) * decay * beta[..., :, None]
         unit = overlap.tril(-1) + torch.eye(length, dtype=overlap.dtype, device=overlap.device)
         pseudo = torch.linalg.solve_triangular(unit, torch.diag_embed(beta), upper=False, unitriangular=True)
         mixing = reads @ pseudo  # (B, H, T, T)
-        ratio = torch.where(v_pre == 0, torch.full_like(v_pre, 0.5), F.silu(v_pre) / v_pre)
+        ratio = _silu_ratio(v_pre)
         out = _ssd(mixing, F.silu(v_pre), heads).unflatten(-1, (heads, mixer.head_v_dim))
         rms = torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + mixer.norm.variance_epsilon)
         scale = (rms * mixer.norm.weight.float() * F.silu(gate.float())).flatten(-2)
@@ -214,6 +204,32 @@ class FrozenMixer:
         if self.out_proj.bias is not None:
             rest = rest + self.out_proj.bias.float()
         return rest
+
+
+def _causal_conv(conv: torch.nn.Conv1d, inputs: torch.Tensor) -> torch.Tensor:
+    """A module's causal depthwise convolution (padded by ``K − 1``, cut to the input's length) of ``(B, T, C)``."""
+    convolved = F.conv1d(inputs.transpose(1, 2), conv.weight, conv.bias, padding=conv.kernel_size[0] - 1,
+                         groups=conv.groups)  # fmt: skip
+    return convolved[..., : inputs.shape[1]].transpose(1, 2)
+
+
+def _silu_ratio(pre: torch.Tensor) -> torch.Tensor:
+    """``silu(u) / u``, the activation frozen as a slope at the true pre-activation (its limit 0.5 at ``u = 0``)."""
+    return torch.where(pre == 0, torch.full_like(pre, 0.5), F.silu(pre) / pre)
+
+
+def _elapsed(total: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``total_t − total_s`` ``(..., T, T)`` of running sums ``total`` ``(..., T)`` (the sum over ``r = s+1..t``), 0
+    above the diagonal, and the causal mask ``s ≤ t``."""
+    length = total.shape[-1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=total.device).tril()
+    return (total[..., :, None] - total[..., None, :]).masked_fill(~causal, 0.0), causal
+
+
+def _with_skip(mixing: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+    """A mixing ``(B, H, T, T)`` with a per-head (or per-channel) skip ``D`` ``(H,)`` added on its diagonal."""
+    batch, heads, length, _ = mixing.shape
+    return mixing + torch.diag_embed(skip.float()[None, :, None].expand(batch, heads, length))
 
 
 def _mask(hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:

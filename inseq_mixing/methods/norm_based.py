@@ -198,7 +198,7 @@ def attention_rollout(trace: ModelTrace, first_row: int = 0, per_layer: bool = F
     are not computed; 0 on padding): our extension of the rollout to sinks.
 
     With ``per_layer``, the layer maps instead of their product: ``(B, L, T, T)`` (encoder–decoders: ALTI+'s joint
-    layer blocks), every row; with sinks, each layer's share ``(B, L, T)``."""
+    layer blocks), every row; with sinks, each layer's share ``(B, T, L)``."""
     if trace.spec.is_encoder_decoder:
         return alti_maps(rollout_scores(trace), rollout=not per_layer)
     stack, sinks = trace.decoder, trace.spec.attention_sinks
@@ -207,7 +207,7 @@ def attention_rollout(trace: ModelTrace, first_row: int = 0, per_layer: bool = F
         refuse_non_finite("attention_rollout", maps)
         result = LayerMaps(target=maps)
         if sinks:
-            result.positions["sink_share"] = (1 - maps.sum(-1)) * stack.mask[:, None]
+            result.positions["sink_share"] = ((1 - maps.sum(-1)) * stack.mask[:, None]).transpose(1, 2)
         return result
 
     def layer_map(index: int) -> torch.Tensor:
