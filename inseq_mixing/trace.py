@@ -12,6 +12,14 @@ each attention call's arguments instead (the sub-block's input, the shared mask 
 and recomputes a layer's probabilities when a method reads them (:class:`ProbsSource`: the same module on the same
 arguments, in eager attention and eval mode: the same numbers, bit for bit), holding the last layer read and no
 other. The methods read the probabilities a layer at a time, so a trace holds one layer's ``heads × T²`` at most.
+
+**Blocks of query rows.** Such a long trace also runs the forward pass's eager attention a block of query rows at a
+time (:func:`eager_in_row_blocks`: the family's own eager function on the block's queries, every key; softmax is per
+row, so each row is what the whole call gives), and a method that reads a layer's probabilities by rows
+(:meth:`AttentionTrace.probs_rows`) gets each block recomputed from the call's query and key states, captured once per
+layer: neither the forward pass nor such a read holds a layer's ``heads × T²``, only a block's
+(:data:`ROW_BLOCK_BYTES`). Modules that do not take their attention function from transformers' ``AttentionInterface``
+run whole, as before.
 """
 
 import functools
@@ -47,6 +55,81 @@ class TraceError(RuntimeError):
 KEPT_PROBS_BYTES = 2**28
 
 
+#: The bytes of one block of query rows' attention scores (float32), in a long trace's forward pass and its reads.
+ROW_BLOCK_BYTES = 2**26
+
+
+def rows_per_block(batch: int, heads: int, keys: int, block_bytes: int | None = None) -> int:
+    """How many query rows of ``(batch, heads, rows, keys)`` float32 scores fit in ``block_bytes`` (default
+    :data:`ROW_BLOCK_BYTES`); at least 1."""
+    return max(1, (ROW_BLOCK_BYTES if block_bytes is None else block_bytes) // (4 * batch * heads * max(keys, 1)))
+
+
+def _mask_rows(mask, rows: slice, num_queries: int):
+    """An attention mask or bias ``(..., queries | 1, keys)`` (T5's position bias) for the query ``rows`` only
+    (broadcast ones, and arguments that are not such tensors, stay)."""
+    if isinstance(mask, torch.Tensor) and mask.dim() >= 2 and mask.shape[-2] == num_queries and num_queries > 1:
+        return mask[..., rows, :]
+    return mask
+
+
+def _block_call(default, module, query, key, value, mask, args, kwargs, rows: slice):
+    """The eager function ``default`` on the query ``rows`` of a call: the queries, mask and every per-row bias cut."""
+    num_queries = query.shape[2]
+    args = [_mask_rows(arg, rows, num_queries) for arg in args]
+    kwargs = {name: _mask_rows(arg, rows, num_queries) for name, arg in kwargs.items()}
+    return default(module, query[:, :, rows], key, value, _mask_rows(mask, rows, num_queries), *args, **kwargs)
+
+
+class _Captured(Exception):
+    """Stops an attention module once its attention function has been given its query and key states."""
+
+
+def _eager_by_rows(default, module, query, key, value, attention_mask, *args, **kwargs):
+    """The family's eager attention ``default`` run a block of query rows at a time; its outputs joined, no
+    probabilities returned (the long trace recomputes them when read)."""
+    batch, heads, num_queries = query.shape[:3]
+    rows = rows_per_block(batch, heads, key.shape[-2])
+    if rows >= num_queries:
+        return default(module, query, key, value, attention_mask, *args, **kwargs)[0], None
+    rows += rows == heads  # a block's length must not equal the heads, so that the output's query axis is found
+    blocks = [slice(start, start + rows) for start in range(0, num_queries, rows)]
+    outputs = [
+        _block_call(default, module, query, key, value, attention_mask, args, kwargs, block)[0] for block in blocks
+    ]
+    axis = 1 if outputs[0].shape[1] == rows else 2  # (batch, queries, ...) or (batch, heads, queries, ...)
+    return torch.cat(outputs, dim=axis), None
+
+
+def _capture(store: dict, default, module, query, key, value, attention_mask, *args, **kwargs):
+    store.update(function=default, call=(module, query, key, value, attention_mask, args, kwargs))
+    raise _Captured
+
+
+@contextmanager
+def eager_in_row_blocks(capture: dict | None = None) -> Iterator[None]:
+    """While active, an attention module that asks transformers' ``AttentionInterface`` for eager attention gets its
+    family's eager function run a block of query rows at a time (:func:`_eager_by_rows`), or, with ``capture``, the
+    call's function and arguments stored there and the module stopped (:class:`_Captured`). Put back afterwards."""
+    from transformers.modeling_utils import AttentionInterface
+
+    own = AttentionInterface.__dict__["get_interface"]
+
+    def get_interface(self, implementation, default):
+        function = own(self, implementation, default)
+        if implementation != "eager" or function is not default:
+            return function
+        if capture is not None:
+            return functools.partial(_capture, capture, default)
+        return functools.partial(_eager_by_rows, default)
+
+    AttentionInterface.get_interface = get_interface
+    try:
+        yield
+    finally:
+        AttentionInterface.get_interface = own
+
+
 class ProbsSource:
     """One attention call's probabilities, recomputed from its recorded arguments when read: the module run again on
     the same arguments under eager attention and in eval mode (the same numbers the forward pass computed). The
@@ -65,16 +148,45 @@ class ProbsSource:
         self.versions = [(tensor, tensor._version) for tensor in tensors]
 
     def probs(self) -> torch.Tensor:
-        if self.slot.get("owner") is self:
+        if self.slot.get("owner") is self and "probs" in self.slot:
             return self.slot["probs"]
+        self._check()
+        self.slot.clear()  # the previous layer's probabilities are freed before this one's are computed
+        with torch.no_grad(), eval_mode(self.module), eager_attention(self.model):
+            probs = self._probs_of(self.module(*self.args, **self.kwargs))
+        self.slot.update(owner=self, probs=probs)
+        return probs
+
+    def rows(self, queries: slice) -> torch.Tensor:
+        """The probabilities of the query rows ``queries`` ``(batch, heads, rows, keys)``: computed by the family's
+        eager function from the call's query and key states (captured once, then held as the slot's), or, for a
+        module that does not take its attention function from transformers, sliced from the whole layer's."""
+        if self.slot.get("owner") is not self:
+            self._check()
+            self.slot.clear()
+            captured = {}
+            with torch.no_grad(), eval_mode(self.module), eager_attention(self.model), eager_in_row_blocks(captured):
+                try:
+                    probs = self._probs_of(self.module(*self.args, **self.kwargs))
+                except _Captured:
+                    probs = None
+            self.slot.update(owner=self, **({"probs": probs} if probs is not None else captured))
+        if "probs" in self.slot:
+            return self.slot["probs"][:, :, queries]
+        with torch.no_grad():
+            return _block_call(self.slot["function"], *self.slot["call"], queries)[1].detach()
+
+    def _probs_of(self, output: tuple) -> torch.Tensor:
+        probs = output[self.index]
+        if probs is None:
+            raise TraceError("An attention module returned no probabilities under eager attention, so its "
+                             "attention cannot be read; load the model with attn_implementation='eager'.")  # fmt: skip
+        return probs.detach()
+
+    def _check(self) -> None:
         if any(tensor._version != version for tensor, version in self.versions):
             raise TraceError("An attention call's recorded inputs were changed in place after the forward pass: its "
                              "probabilities cannot be recomputed. Trace again.")  # fmt: skip
-        self.slot.clear()  # the previous layer's probabilities are freed before this one's are computed
-        with torch.no_grad(), eval_mode(self.module), eager_attention(self.model):
-            probs = self.module(*self.args, **self.kwargs)[self.index].detach()
-        self.slot.update(owner=self, probs=probs)
-        return probs
 
 
 @dataclass
@@ -95,6 +207,7 @@ class AttentionTrace:
         source: Where the probabilities are recomputed from when they are not kept.
         latent_norm_input: Input of a latent attention's latent norm ``(batch, keys, rank)`` (its statistics frozen
             there), or None.
+        num_heads: The query heads (the probabilities' second axis), for sizing blocks of rows.
     """
 
     kept_probs: torch.Tensor | None
@@ -105,11 +218,37 @@ class AttentionTrace:
     cross_keys: tuple[torch.Tensor, torch.Tensor] | bool | None = None
     source: ProbsSource | None = None
     latent_norm_input: torch.Tensor | None = None
+    num_heads: int | None = None
 
     @property
     def probs(self) -> torch.Tensor:
         """Attention probabilities ``(batch, heads, queries, keys)``: kept, or recomputed (:class:`ProbsSource`)."""
         return self.kept_probs if self.kept_probs is not None else self.source.probs()
+
+    @property
+    def heads(self) -> int:
+        """The query heads (the probabilities' second axis)."""
+        if self.kept_probs is not None:
+            return self.kept_probs.shape[1]
+        return self.num_heads or self.values.shape[2]
+
+    def probs_rows(self, queries: slice) -> torch.Tensor:
+        """The probabilities of the query rows ``queries`` ``(batch, heads, rows, keys)``: a long trace computes only
+        those (:meth:`ProbsSource.rows`), so that reading a layer block by block never holds all of it."""
+        return self.kept_probs[:, :, queries] if self.kept_probs is not None else self.source.rows(queries)
+
+    def row_blocks(self, block_bytes: int | None = None) -> Iterator[tuple[slice, torch.Tensor]]:
+        """``(queries, probabilities of those rows)`` for consecutive blocks of query rows covering the layer, each
+        block's float32 probabilities within ``block_bytes`` (default :data:`ROW_BLOCK_BYTES`); a kept layer is one
+        block."""
+        batch, num_queries = self.output.shape[:2]
+        if self.kept_probs is not None:
+            yield slice(0, num_queries), self.kept_probs
+            return
+        rows = rows_per_block(batch, self.heads, self.values.shape[1], block_bytes)
+        for start in range(0, num_queries, rows):
+            queries = slice(start, min(start + rows, num_queries))
+            yield queries, self.source.rows(queries)
 
     def rerun(
         self, module: nn.Module, query_states: torch.Tensor, batch_index: torch.Tensor, queries: slice
@@ -383,7 +522,7 @@ class _Recorder:
             if attn.output_module is None:
                 store[f"{name}_output"] = output[0].detach()
             probs = output[attn.probs_index]
-            if slot is None or probs is None:  # kept (or missing: refused in result())
+            if slot is None:  # kept (or missing: refused in result())
                 store[f"{name}_probs"] = probs
             else:  # recomputed when read: the call's arguments kept instead
                 store[f"{name}_probs"] = ProbsSource(model, module, args, kwargs, attn.probs_index, slot)
@@ -425,6 +564,7 @@ class _Recorder:
                         norm_input=store.get(f"{name}_norm_input", store["input"]),
                         call=store.get(f"{name}_call"),
                         latent_norm_input=store.get(f"{name}_latent_norm_input"),
+                        num_heads=getattr(self.stack.layers[idx], f"{name}_attn").num_heads,
                     )
             layers.append(
                 LayerTrace(
@@ -786,6 +926,8 @@ def trace_call(spec: ModelSpec, call: ModelCall, full_logits: bool = True, keep_
     with ExitStack() as hooks:
         hooks.enter_context(eval_mode(model))
         hooks.enter_context(eager_attention(model))
+        if not keep_probs:  # nobody reads the forward's probabilities: its attention runs by blocks of query rows
+            hooks.enter_context(eager_in_row_blocks())
         for recorder in recorders.values():
             recorder.register(hooks)
         for block in spec.block_modules():

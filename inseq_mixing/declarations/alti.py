@@ -75,4 +75,5 @@ DECLARATION = Declaration(
     ),
     options=AltiOptions,
     compute=compute,
+    reads_rows=True,
 )

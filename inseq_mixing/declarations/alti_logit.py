@@ -50,4 +50,5 @@ DECLARATION = Declaration(
     options=AltiLogitOptions,
     compute=compute,
     explains_logit=True,
+    reads_rows=True,
 )

@@ -43,4 +43,5 @@ DECLARATION = Declaration(
     options=AttentionNormOptions,
     compute=compute,
     paper_layout={"per_layer": True},
+    reads_rows=True,
 )

@@ -39,4 +39,5 @@ DECLARATION = Declaration(
     ),
     options=AttentionRolloutOptions,
     compute=compute,
+    reads_rows=True,
 )

@@ -113,19 +113,22 @@ class InputSize:
     encoder: int = 0
 
 
-def attention_bytes(sizes: list[InputSize], spec: ModelSpec, element_size: int) -> int:
+def attention_bytes(sizes: list[InputSize], spec: ModelSpec, element_size: int, heads: bool = True) -> int:
     """The most memory one layer's eager attention holds at once for a batch of inputs of ``sizes``: its scores and
     probabilities, ``2 × batch × heads × queries × keys`` elements (the largest of the self-attention's, the
-    cross-attention's and the encoder's); what a traced forward pass (and AttnLRP's own passes) cannot do without."""
+    cross-attention's and the encoder's); what a method that reads a layer's probabilities whole (and AttnLRP's own
+    passes) cannot do without. ``heads=False``: ``2 × batch × queries × keys``, one layer's map and the product it
+    enters, what a method that reads a long trace by blocks of query rows holds at most
+    (:attr:`Declaration.reads_rows`; the traced forward pass of such a trace runs by blocks of rows too)."""
     batch = len(sizes)
     decoder, encoder = max(size.decoder for size in sizes), max(size.encoder for size in sizes)
     largest = 0
     for name, stack in spec.stacks.items():
         for layer in stack.layers:
             queries = encoder if name == "encoder" else decoder
-            largest = max(largest, layer.self_attn.num_heads * queries * queries)
+            largest = max(largest, (layer.self_attn.num_heads if heads else 1) * queries * queries)
             if layer.cross_attn is not None:
-                largest = max(largest, layer.cross_attn.num_heads * decoder * encoder)
+                largest = max(largest, (layer.cross_attn.num_heads if heads else 1) * decoder * encoder)
     return 2 * batch * largest * element_size
 
 
@@ -173,6 +176,9 @@ class Declaration:
         rows_sum_to_one: A map method whose every explained row is a distribution over the positions (ALTI,
             rollout, GlobEnc; rollout on a model with attention sinks: with the sink's share beside the row); the
             tests check it of every such method and family.
+        reads_rows: The method reads a long trace's probabilities a block of query rows at a time
+            (:meth:`~inseq_mixing.trace.AttentionTrace.probs_rows`), never a whole layer's: :meth:`check_sizes`
+            estimates one layer's map, not one layer's attention (``heads`` times more).
     """
 
     name: str
@@ -190,6 +196,7 @@ class Declaration:
     size_check: Callable[[InputSize, int, Any], str | None] | None = None
     rows_sum_to_one: bool = False
     paper_layout: dict[str, Any] = field(default_factory=dict)
+    reads_rows: bool = False
 
     def word_frames(self, options: dict) -> str:
         """How a speech front end gives a word its frames for these options (as the user gave them): ``"reference"``
@@ -213,12 +220,14 @@ class Declaration:
         layers = len(spec.decoder.layers)
         for start in range(0, len(sizes), batch_size):
             batch = sizes[start : start + batch_size]
-            needed = attention_bytes(batch, spec, memory[0])
+            needed = attention_bytes(batch, spec, memory[0], heads=not self.reads_rows)
+            length = max(size.decoder for size in batch)
+            what = (f"one layer's map and the product it enters, {length:,}²" if self.reads_rows
+                    else f"one layer's attention scores and probabilities, heads × {length:,}²")  # fmt: skip
             if memory[1] is not None and needed > memory[1]:
                 raise ValueError(
-                    f"{names[start]}{' and the rest of its batch' if len(batch) > 1 else ''}: the traced forward pass "
-                    f"needs about {needed / 2**30:.1f} GiB at once (one layer's attention scores and probabilities, "
-                    f"heads × {max(size.decoder for size in batch):,}² positions, for {len(batch)} input(s)), and "
+                    f"{names[start]}{' and the rest of its batch' if len(batch) > 1 else ''}: {self.name} "
+                    f"needs about {needed / 2**30:.1f} GiB at once ({what} positions, for {len(batch)} input(s)), and "
                     f"{memory[1] / 2**30:.1f} GiB are free: give {'batch_size=1, ' if len(batch) > 1 else ''}a "
                     "shorter input (spans= and units= explain an answer over a long context; a shorter context costs "
                     "quadratically less), or a device with more memory."

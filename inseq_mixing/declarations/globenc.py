@@ -40,4 +40,5 @@ DECLARATION = Declaration(
     ),
     options=GlobEncOptions,
     compute=compute,
+    reads_rows=True,
 )

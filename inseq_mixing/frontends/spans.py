@@ -419,7 +419,9 @@ class SpanAttributionModel(FrontEndModel):
             predicted_ids=predicted,
             foil_ids=foils,
             positions=positions,
-            tracer=lambda: trace_model(model, input_ids, input_mask, target_ids, target_mask, spec=spec),
+            tracer=lambda: trace_model(  # no step score reads the full-vocabulary logits: the head's product skipped
+                model, input_ids, input_mask, target_ids, target_mask, spec=spec, full_logits=False
+            ),
             caller=lambda: ModelCall(
                 model, forward_arguments(model, spec, input_ids, input_mask, target_ids, target_mask)
             ),  # fmt: skip

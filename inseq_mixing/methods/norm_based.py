@@ -63,9 +63,14 @@ def globenc_norms(layer: LayerSpec, record: LayerTrace, attn: AttentionSpec, att
 
 def mixing_ratio(attn: AttentionSpec, record: AttentionTrace, residual: torch.Tensor, maps: list[FrozenNorm]):
     """Context-mixing ratio of every position of a self-attention sub-block ``(B, Q)``."""
-    probs, values = upcast(record.probs), head_value_outputs(attn, record)
-    total = torch.einsum("bhqk,bhkd->bqd", probs, values)
-    own = torch.einsum("bhq,bhqd->bqd", probs.diagonal(dim1=-2, dim2=-1), values)
+    values = head_value_outputs(attn, record)
+    total, own = [], []
+    for queries, probs in record.row_blocks():  # one block of query rows' probabilities at a time
+        probs = upcast(probs)
+        total.append(torch.einsum("bhqk,bhkd->bqd", probs, values))
+        diagonal = probs[..., queries].diagonal(dim1=-2, dim2=-1)
+        own.append(torch.einsum("bhq,bhqd->bqd", diagonal, values[:, :, queries]))
+    total, own = torch.cat(total, dim=1), torch.cat(own, dim=1)
     mixed = total - own
     if attn.out_norm is not None:
         out_frozen = freeze_norm(attn.out_norm, record.output)
@@ -158,7 +163,7 @@ def rollout_layer_maps(stack: StackTrace, sub_block: str, key_mask: torch.Tensor
     maps = []
     for record in stack.layers[layers]:
         attn_record = record.self_attn if sub_block == "self" else record.cross_attn
-        mean = upcast(attn_record.probs).mean(1) * 0.5
+        mean = torch.cat([upcast(probs).mean(1) * 0.5 for _, probs in attn_record.row_blocks()], dim=1)
         if sub_block == "self":
             mean = mean + 0.5 * torch.eye(mean.shape[-1], dtype=mean.dtype, device=mean.device)
         else:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..specs import AttentionSpec, LayerSpec, StackSpec
-from ..trace import AttentionTrace, LayerTrace, StackTrace
+from ..trace import AttentionTrace, LayerTrace, StackTrace, rows_per_block
 from .blocks import cross_attention_input, head_value_outputs, upcast, valid_cells
 from .chunking import DEFAULT_CHUNK_ELEMENTS, chunk_slices, pair_tiles
 from .compiled import kernel
@@ -58,12 +58,13 @@ def part_scores(
         ``(B, Q, K)``, or ``(B, Q, K + 1)`` for cross-attention with the residual.
     """
     probs, residual, values, out_frozen, output = _part_inputs(attn, record, residual, output)
-    batch, num_keys, num_queries = probs.shape[:3]
+    batch, num_keys, num_queries = values.shape[0], values.shape[1], output.shape[1]
     scorer = kernel(scorer)
-    scores = probs.new_zeros(batch, num_queries, num_keys + int(with_residual and not self_mixing))
+    scores = values.new_zeros(batch, num_queries, num_keys + int(with_residual and not self_mixing))
     per_pair = batch * output.shape[-1]
-    for queries, keys in pair_tiles(num_queries, num_keys, per_pair, max_chunk_elements, probs.device.type, causal):
-        parts = torch.matmul(probs[:, keys, queries], values[:, keys]).transpose(1, 2)  # (B, q, k, D)
+    tiles = probs.tiles(pair_tiles(num_queries, num_keys, per_pair, max_chunk_elements, values.device.type, causal))
+    for queries, keys in tiles:
+        parts = torch.matmul(probs(queries)[:, keys], values[:, keys]).transpose(1, 2)  # (B, q, k, D)
         if out_frozen is not None:  # a norm on the attention output acts on every part (its shift stays outside)
             parts = out_frozen.linear(parts, queries, in_place=True)
         if with_residual and self_mixing:
@@ -90,21 +91,58 @@ def _add_residual_on_diagonal(parts: torch.Tensor, residual: torch.Tensor, queri
     parts[:, own - queries.start, own - keys.start] += residual[:, first:stop]
 
 
+class RowBlocks:
+    """A sub-block's attention probabilities for the tiles' query rows, laid out ``(B, K, q, H)`` (keys first), one
+    block of query rows held at a time: a kept layer is one block (the whole layer, as it was traced); a long trace's
+    layer is recomputed block by block (:meth:`~inseq_mixing.trace.AttentionTrace.probs_rows`), each block at least
+    :data:`~inseq_mixing.trace.ROW_BLOCK_BYTES` of rows, so that the layer's ``heads × T²`` is never held at once.
+    The tiles come in order of their queries (:func:`.chunking.pair_tiles`), so each block is computed once."""
+
+    def __init__(self, record: AttentionTrace):
+        self.record = record
+        self.rows, self.block = slice(0, 0), None
+
+    def tiles(self, tiles: list[tuple[slice, slice]]) -> list[tuple[slice, slice]]:
+        """``tiles`` with each tile's queries cut to at most one block of rows (a kept layer's stay whole)."""
+        if self.record.kept_probs is not None:
+            return tiles
+        batch = self.record.output.shape[0]
+        rows = rows_per_block(batch, self.record.heads, self.record.values.shape[1])
+        return [
+            (slice(start, min(start + rows, queries.stop)), keys)
+            for queries, keys in tiles
+            for start in range(queries.start, queries.stop, rows)
+        ]
+
+    def __call__(self, queries: slice) -> torch.Tensor:
+        if not (self.rows.start <= queries.start and queries.stop <= self.rows.stop):
+            self.block = None  # freed before the next block is computed
+            batch, num_queries = self.record.output.shape[:2]
+            if self.record.kept_probs is not None:
+                self.rows = slice(0, num_queries)
+            else:
+                rows = rows_per_block(batch, self.record.heads, self.record.values.shape[1])
+                self.rows = slice(
+                    queries.start, min(num_queries, queries.start + max(rows, queries.stop - queries.start))
+                )
+            self.block = upcast(self.record.probs_rows(self.rows)).permute(0, 3, 2, 1).contiguous()
+        return self.block[:, :, queries.start - self.rows.start : queries.stop - self.rows.start]
+
+
 def _part_inputs(
     attn: AttentionSpec, record: AttentionTrace, residual: torch.Tensor, output: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, FrozenNorm | None, torch.Tensor]:
-    """What the parts of one sub-block are built from, upcast: attention probabilities ``(B, K, Q, H)`` and each
-    head's value outputs ``(B, K, H, D)`` (keys first, so that a tile's parts are one batched product over its keys),
-    the residual, the frozen norm on the attention output (sandwich layouts) or None, and what the parts sum to
-    (default: residual plus the branch output)."""
+) -> tuple[RowBlocks, torch.Tensor, torch.Tensor, FrozenNorm | None, torch.Tensor]:
+    """What the parts of one sub-block are built from, upcast: attention probabilities by query rows
+    (:class:`RowBlocks`, ``(B, K, q, H)``) and each head's value outputs ``(B, K, H, D)`` (keys first, so that a
+    tile's parts are one batched product over its keys), the residual, the frozen norm on the attention output
+    (sandwich layouts) or None, and what the parts sum to (default: residual plus the branch output)."""
     residual = upcast(residual)
     out_frozen = None if attn.out_norm is None else freeze_norm(attn.out_norm, record.output)
     if output is None:
         branch = upcast(record.output if attn.out_norm is None else attn.out_norm(record.output))
         output = residual + branch
-    probs = upcast(record.probs).permute(0, 3, 2, 1).contiguous()
     values = head_value_outputs(attn, record).transpose(1, 2).contiguous()
-    return probs, residual, values, out_frozen, output
+    return RowBlocks(record), residual, values, out_frozen, output
 
 
 def head_part_scores(
@@ -126,12 +164,13 @@ def head_part_scores(
         (self-attention) or in the last column (cross-attention).
     """
     probs, residual, values, out_frozen, output = _part_inputs(attn, record, residual, output)
-    batch, num_keys, num_queries, num_heads = probs.shape
+    batch, num_keys, num_heads, num_queries = *values.shape[:3], output.shape[1]
     scorer = kernel(scorer)
-    scores = probs.new_zeros(batch, num_heads + 1, num_queries, num_keys + (not self_mixing))
+    scores = values.new_zeros(batch, num_heads + 1, num_queries, num_keys + (not self_mixing))
     per_pair = batch * num_heads * output.shape[-1]
-    for queries, keys in pair_tiles(num_queries, num_keys, per_pair, max_chunk_elements, probs.device.type, causal):
-        parts = (probs[:, keys, queries, :, None] * values[:, keys, None]).permute(0, 2, 3, 1, 4)  # (B, q, H, k, D)
+    tiles = probs.tiles(pair_tiles(num_queries, num_keys, per_pair, max_chunk_elements, values.device.type, causal))
+    for queries, keys in tiles:
+        parts = (probs(queries)[:, keys, :, :, None] * values[:, keys, None]).permute(0, 2, 3, 1, 4)  # (B, q, H, k, D)
         if out_frozen is not None:
             parts = out_frozen.linear(parts, queries, in_place=True)
         for frozen in maps:

@@ -15,7 +15,7 @@ import torch
 
 from ..specs import AttentionSpec, ModelSpec
 from ..specs.base import linear_in_out
-from ..trace import AttentionTrace, ModelTrace
+from ..trace import AttentionTrace, ModelTrace, rows_per_block
 from .blocks import ffn_output, upcast
 from .head import FrozenHead
 from .norms import freeze_norm
@@ -111,12 +111,18 @@ def attention_logit_parts(
     with ``per_head``, each head's term :math:`g_t \cdot \alpha^h_{tj} v^h_j W^h_O`, ``(B, H, T, K)``. ``direction``
     holds the query positions ``rows`` only (and so does the result)."""
     values = upcast(record.values[:, :, attn.kv_head_of_query_head().to(record.values.device)])
-    projected = torch.einsum("hed,bqd->bhqe", upcast(attn.out_weight_per_head()), direction)
-    per_key = torch.einsum("bkhe,bhqe->bhqk", values, projected)
-    probs = upcast(record.probs[:, :, rows])
-    if per_head:
-        return probs * per_key
-    return torch.einsum("bhqk,bhqk->bqk", probs, per_key)
+    weights = upcast(attn.out_weight_per_head())
+    start, stop, _ = rows.indices(record.output.shape[1])
+    whole = record.kept_probs is not None
+    step = max(1, stop - start if whole else rows_per_block(len(values), record.heads, values.shape[1]))
+    blocks = []
+    for first in range(start, stop, step) or [start]:  # a long trace: one block of query rows' probabilities at a time
+        queries = slice(first, min(first + step, stop))
+        projected = torch.einsum("hed,bqd->bhqe", weights, direction[:, first - start : queries.stop - start])
+        per_key = torch.einsum("bkhe,bhqe->bhqk", values, projected)
+        probs = upcast(record.probs_rows(queries))
+        blocks.append(probs * per_key if per_head else torch.einsum("bhqk,bhqk->bqk", probs, per_key))
+    return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)
 
 
 def _dot(direction: torch.Tensor, vector: torch.Tensor | None) -> torch.Tensor:

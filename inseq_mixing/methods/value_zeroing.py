@@ -148,13 +148,17 @@ def zeroing_distances(
     attn = layer.self_attn if sub_block == "self" else layer.cross_attn
     attn_record = record.self_attn if sub_block == "self" else record.cross_attn
     residual = record.input if sub_block == "self" else cross_attention_input(layer, record)
-    probs = upcast(attn_record.probs)
+    # a long trace: the probabilities of the rows that get a score only (from first_row on), recomputed by blocks
+    skipped = first_row if attn_record.kept_probs is None and key_units is None else 0
+    probs = upcast(attn_record.probs_rows(slice(skipped, None)))  # rows skipped.. of the layer's
     batch, _, num_queries, num_keys = probs.shape
+    num_queries += skipped
     dtype, score_dtype = residual.dtype, probs.dtype
     value_outputs = head_value_outputs(attn, attn_record)
     attn_output = upcast(attn_record.output)
     if attn.out_norm is not None:
-        probs, value_outputs, attn_output = resummed_attention_output(attn, probs, value_outputs)
+        probs, value_outputs, resummed = resummed_attention_output(attn, probs, value_outputs)
+        attn_output = resummed if not skipped else torch.cat([attn_output[:, :skipped].double(), resummed], dim=1)
     full = slice(first_row, None)
     clean = finish_layer(
         layer,
@@ -206,9 +210,12 @@ def zeroing_distances(
     for keys in chunks:
         start = keys.start
         queries = slice(max(start, first_row), None) if causal else full
-        delta = torch.einsum("bhqk,bhkd->bkqd", probs[:, :, queries, keys], value_outputs[:, :, keys])
+        read = slice(queries.start - skipped, None)  # the same rows of the probabilities held
+        delta = torch.einsum("bhqk,bhkd->bkqd", probs[:, :, read, keys], value_outputs[:, :, keys])
         scores[:, queries, keys] = distances(delta, queries).transpose(1, 2)
     attended = (probs > 0).any(dim=1)
+    if skipped:  # rows before first_row hold no score (0) whatever they attend
+        attended = torch.nn.functional.pad(attended, (0, 0, skipped, 0))
     return scores.clamp(min=0).masked_fill(~attended, 0.0).to(score_dtype)
 
 
