@@ -73,12 +73,51 @@ def _mask_rows(mask, rows: slice, num_queries: int):
     return mask
 
 
-def _block_call(default, module, query, key, value, mask, args, kwargs, rows: slice):
-    """The eager function ``default`` on the query ``rows`` of a call: the queries, mask and every per-row bias cut."""
-    num_queries = query.shape[2]
+def _mask_keys(mask, num_keys: int, keys: int):
+    """A per-row mask or bias cut by :func:`_mask_rows` to its first ``keys`` key columns (others stay)."""
+    if isinstance(mask, torch.Tensor) and mask.dim() >= 3 and mask.shape[-1] == num_keys:  # (batch, [heads,] q, k)
+        return mask[..., :keys]
+    return mask
+
+
+def key_limits(mask, num_queries: int) -> torch.Tensor | None:
+    """For each query row, one past the last key its attention ``mask`` (additive, or boolean: True attends) lets it
+    see, over the batch and heads, on the host ``(queries,)``: the keys after it get probability exactly 0 in that
+    row, so a block of rows may leave them out (a causal layer's masked half). A row that sees no key (a left-padded
+    row) gets every key: its softmax spreads over all of them. None without a mask. One read of the device per call;
+    computed a block of rows at a time."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() < 2:
+        return None
+    num_keys = mask.shape[-1]
+    rows = rows_per_block(1, max(mask[..., :1, :1].numel(), 1), num_keys)
+    limits = []
+    for start in range(0, mask.shape[-2], rows):
+        block = mask[..., start : start + rows, :]
+        allowed = block if block.dtype == torch.bool else block > torch.finfo(block.dtype).min / 2
+        last = num_keys - allowed.flip(-1).to(torch.uint8).argmax(-1)  # no key seen: argmax 0, every key
+        limits.append(last.reshape(-1, last.shape[-1]).amax(0))
+    limits = torch.cat(limits).cpu()
+    return limits.expand(num_queries) if limits.numel() == 1 else limits
+
+
+def _block_call(default, module, query, key, value, mask, args, kwargs, rows: slice, keys: int | None = None):
+    """The eager function ``default`` on the query ``rows`` of a call: the queries, mask and every per-row bias cut;
+    with ``keys``, the keys, values, mask and per-row biases cut to the first ``keys`` keys as well (the rows' later
+    keys masked: see :func:`key_limits`)."""
+    num_queries, num_keys = query.shape[2], key.shape[-2]
     args = [_mask_rows(arg, rows, num_queries) for arg in args]
     kwargs = {name: _mask_rows(arg, rows, num_queries) for name, arg in kwargs.items()}
-    return default(module, query[:, :, rows], key, value, _mask_rows(mask, rows, num_queries), *args, **kwargs)
+    mask = _mask_rows(mask, rows, num_queries)
+    if keys is not None and keys < num_keys:
+        args = [_mask_keys(arg, num_keys, keys) for arg in args]
+        kwargs = {name: _mask_keys(arg, num_keys, keys) for name, arg in kwargs.items()}
+        key, value, mask = key[:, :, :keys], value[:, :, :keys], _mask_keys(mask, num_keys, keys)
+    return default(module, query[:, :, rows], key, value, mask, *args, **kwargs)
+
+
+def _keys_of(limits: torch.Tensor | None, rows: slice) -> int | None:
+    """The keys a block of query ``rows`` sees (:func:`key_limits`), None for all."""
+    return None if limits is None else int(limits[rows].max())
 
 
 class _Captured(Exception):
@@ -94,9 +133,9 @@ def _eager_by_rows(default, module, query, key, value, attention_mask, *args, **
         return default(module, query, key, value, attention_mask, *args, **kwargs)[0], None
     rows += rows == heads  # a block's length must not equal the heads, so that the output's query axis is found
     blocks = [slice(start, start + rows) for start in range(0, num_queries, rows)]
-    outputs = [
-        _block_call(default, module, query, key, value, attention_mask, args, kwargs, block)[0] for block in blocks
-    ]
+    limits = key_limits(attention_mask, num_queries)
+    call = (default, module, query, key, value, attention_mask, args, kwargs)
+    outputs = [_block_call(*call, block, _keys_of(limits, block))[0] for block in blocks]
     axis = 1 if outputs[0].shape[1] == rows else 2  # (batch, queries, ...) or (batch, heads, queries, ...)
     return torch.cat(outputs, dim=axis), None
 
@@ -170,11 +209,19 @@ class ProbsSource:
                     probs = self._probs_of(self.module(*self.args, **self.kwargs))
                 except _Captured:
                     probs = None
+            if probs is None:
+                captured["limits"] = key_limits(captured["call"][4], captured["call"][1].shape[2])
             self.slot.update(owner=self, **({"probs": probs} if probs is not None else captured))
         if "probs" in self.slot:
             return self.slot["probs"][:, :, queries]
+        num_keys = self.slot["call"][2].shape[-2]
         with torch.no_grad():
-            return _block_call(self.slot["function"], *self.slot["call"], queries)[1].detach()
+            probs = _block_call(
+                self.slot["function"], *self.slot["call"], queries, _keys_of(self.slot["limits"], queries)
+            )[1].detach()
+        return (
+            probs if probs.shape[-1] == num_keys else torch.nn.functional.pad(probs, (0, num_keys - probs.shape[-1]))
+        )
 
     def _probs_of(self, output: tuple) -> torch.Tensor:
         probs = output[self.index]
@@ -237,15 +284,22 @@ class AttentionTrace:
         those (:meth:`ProbsSource.rows`), so that reading a layer block by block never holds all of it."""
         return self.kept_probs[:, :, queries] if self.kept_probs is not None else self.source.rows(queries)
 
-    def row_blocks(self, block_bytes: int | None = None) -> Iterator[tuple[slice, torch.Tensor]]:
-        """``(queries, probabilities of those rows)`` for consecutive blocks of query rows covering the layer, each
-        block's float32 probabilities within ``block_bytes`` (default :data:`ROW_BLOCK_BYTES`); a kept layer is one
-        block."""
+    def block_rows(self, block_bytes: int | None = None) -> int:
+        """How many query rows a read takes at once: a kept layer's every row; a long trace's, as many as keep a
+        block's float32 probabilities within ``block_bytes`` (default :data:`ROW_BLOCK_BYTES`)."""
         batch, num_queries = self.output.shape[:2]
+        if self.kept_probs is not None:
+            return max(num_queries, 1)
+        return rows_per_block(batch, self.heads, self.values.shape[1], block_bytes)
+
+    def row_blocks(self, block_bytes: int | None = None) -> Iterator[tuple[slice, torch.Tensor]]:
+        """``(queries, probabilities of those rows)`` for consecutive blocks of :meth:`block_rows` query rows
+        covering the layer; a kept layer is one block."""
+        num_queries = self.output.shape[1]
         if self.kept_probs is not None:
             yield slice(0, num_queries), self.kept_probs
             return
-        rows = rows_per_block(batch, self.heads, self.values.shape[1], block_bytes)
+        rows = self.block_rows(block_bytes)
         for start in range(0, num_queries, rows):
             queries = slice(start, min(start + rows, num_queries))
             yield queries, self.source.rows(queries)

@@ -157,6 +157,34 @@ def test_every_method_gives_the_same_scores_without_kept_probabilities(family, m
     assert_same_results(*results)
 
 
+@pytest.mark.parametrize("method", ("alti_logit", "attention_rollout", "value_zeroing"))
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_a_padded_batch_gives_the_same_scores_without_kept_probabilities(family, method, small_blocks):
+    """A left-padded batch (a right-padded source for encoder–decoders): its fully masked rows see every key in a
+    block run, the other blocks only the keys their rows see (:func:`~inseq_mixing.trace.key_limits`); the scores
+    are those of the trace that kept every layer's probabilities."""
+    from inseq_mixing.specs import get_spec
+
+    model, spec = get_tiny(family), get_spec(get_tiny(family))
+    kwargs = example_kwargs(family, batch=2, seed=3)
+    ids, target = kwargs["input_ids"], kwargs.get("decoder_input_ids")
+    mask = torch.ones_like(ids)
+    if target is None:
+        mask[0, :3] = 0
+    else:
+        mask[0, -2:] = 0
+    kwargs["attention_mask"] = mask
+    decoder_mask = mask if target is None else torch.ones_like(target)
+    results = []
+    for keep in (True, False):
+        traced = trace_of(model, kwargs, keep_probs=keep)
+        request = Request(spec, model, mask, target, None if target is None else decoder_mask, next_tokens(kwargs),
+                          None, decoder_mask.bool(), lambda traced=traced: traced)  # fmt: skip
+        declaration = DECLARATIONS[method]
+        results.append(declaration.run(request, declaration.options()))
+    assert_same_results(*results)
+
+
 def reachable_tensors(root) -> list[torch.Tensor]:
     """Every tensor a trace holds (through its dataclasses, lists, tuples, dictionaries and probability sources),
     each storage once."""
@@ -227,25 +255,31 @@ def test_a_long_trace_runs_and_reads_attention_by_blocks_of_query_rows(monkeypat
     length, heads, rows = 384, 4, 16
     model = tiny_model("gpt2", layers=2, heads=heads, d_model=32)
     ids = torch.randint(5, 60, (1, length), generator=torch.Generator().manual_seed(0))
-    seen = []
+    seen, keys = [], []
     eager = gpt2.eager_attention_forward
 
-    def counted(module, query, *args, **kwargs):
+    def counted(module, query, key, *args, **kwargs):
         seen.append(query.shape[2])
-        return eager(module, query, *args, **kwargs)
+        keys.append(key.shape[2])
+        return eager(module, query, key, *args, **kwargs)
 
     monkeypatch.setattr(gpt2, "eager_attention_forward", counted)
     kept = trace_model(model, ids, keep_probs=True)
     assert set(seen) == {length}  # the kept trace: whole layers, as before
     monkeypatch.setattr(trace_module, "ROW_BLOCK_BYTES", 4 * heads * length * rows)
     seen.clear()
+    keys.clear()
     trace = trace_model(model, ids, keep_probs=False)
     assert max(seen) == rows and len(seen) == 2 * length // rows  # the forward pass: 24 blocks a layer
+    # each block gives the eager function the keys its rows see, none after the block's last row (causal)
+    assert keys == 2 * list(range(rows, length + 1, rows))
     for method in ROW_READERS:
         declaration = DECLARATIONS[method]
         seen.clear()
+        keys.clear()
         lazy = declaration.compute(_request(model, ids, trace), declaration.options())
         assert seen and max(seen) <= rows, method
+        assert sum(keys) <= sum(seen) * length / 2 + rows * len(seen), method  # about half the keys: the seen ones
         whole = declaration.compute(_request(model, ids, kept), declaration.options())
         torch.testing.assert_close(lazy.target, whole.target, rtol=0, atol=ROUNDING)
     # value zeroing reads only the rows it explains (an answer's), whatever their number: here one block's

@@ -19,12 +19,11 @@ def compute(request: Request, options: AttentionNormOptions):
 
     maps = attention_norm(
         request.trace, options.residual, options.layer_norm, options.output_encoder_self_scores,
-        options.max_chunk_elements,
+        options.max_chunk_elements, options.per_layer, request.first_explained_row(),
     )  # fmt: skip
     maps.positions = {name: value.permute(0, 2, 1) for name, value in maps.positions.items()}  # (B, T, L)
-    if not options.per_layer:
-        return maps.layer_mean()
-    maps.axis = layer_axis(maps.target.shape[1])
+    if options.per_layer:
+        maps.axis = layer_axis(maps.target.shape[1])
     return maps
 
 

@@ -34,7 +34,7 @@ from .blocks import head_value_outputs, refuse_non_finite, upcast, valid_cells
 from .norms import FrozenNorm, freeze_norm
 from .parts import DEFAULT_CHUNK_ELEMENTS, l2_norms, part_scores, stack_scores
 from .results import LayerMaps
-from .rollout import normalize_rows, rolled_out_rows
+from .rollout import normalize_rows, normalize_rows_, rolled_out_rows
 
 
 def following_norms(layer: LayerSpec, record: LayerTrace, attn: AttentionSpec, attn_record: AttentionTrace):
@@ -89,32 +89,46 @@ def attention_norm(
     layer_norm: bool = False,
     encoder_scores: bool = True,
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    per_layer: bool = True,
+    first_row: int = 0,
 ) -> LayerMaps:
-    """Attention-norm maps of every layer (N, N-Res with ``residual``, N-ResLN with ``layer_norm`` as well).
+    """Attention-norm maps of every layer (N, N-Res with ``residual``, N-ResLN with ``layer_norm`` as well), or with
+    ``per_layer=False`` their mean over the layers (summed a layer at a time: one layer's map held, not every
+    layer's); a decoder-only or encoder-only model's rows from ``first_row`` on (the others 0: nothing reads them).
 
     Cross-attention maps hold the source tokens only (the residual column, the decoder's own stream, is dropped).
     """
     with_residual = residual or layer_norm
+    first_row = 0 if trace.spec.is_encoder_decoder else first_row  # the encoder's rows are all read
 
     def layer_scores(layer, record, attn, attn_record, stream, self_mixing, causal):
         maps = following_norms(layer, record, attn, attn_record) if layer_norm else []
         return part_scores(
             attn, attn_record, stream, self_mixing, causal, l2_norms, with_residual, maps,
-            max_chunk_elements=max_chunk_elements,
+            max_chunk_elements=max_chunk_elements, first_row=first_row,
         )  # fmt: skip
 
+    def scores(stack_spec, stack, sub_block, key_mask):
+        if per_layer:
+            return stack_scores(stack_spec, stack, sub_block, key_mask, layer_scores, with_residual)
+        total = None
+        for index in range(len(stack.layers)):
+            found = stack_scores(stack_spec, stack, sub_block, key_mask, layer_scores, with_residual,
+                                 slice(index, index + 1))[:, 0]  # fmt: skip
+            total = found if total is None else total.add_(found)
+        return total / len(stack.layers)
+
     spec, dec, enc = trace.spec, trace.decoder, trace.encoder
-    result = LayerMaps(target=stack_scores(spec.decoder, dec, "self", dec.mask, layer_scores, with_residual))
+    result = LayerMaps(target=scores(spec.decoder, dec, "self", dec.mask))
     ratios = []
     for layer, record in zip(spec.decoder.layers, dec.layers, strict=True):
         maps = following_norms(layer, record, layer.self_attn, record.self_attn) if layer_norm else []
         ratios.append(mixing_ratio(layer.self_attn, record.self_attn, record.input, maps) * dec.mask)
     result.positions["context_mixing_ratio"] = torch.stack(ratios, dim=1)
     if spec.is_encoder_decoder:
-        cross = stack_scores(spec.decoder, dec, "cross", enc.mask, layer_scores, with_residual)
-        result.source = cross[..., : enc.mask.shape[1]]
+        result.source = scores(spec.decoder, dec, "cross", enc.mask)[..., : enc.mask.shape[1]]
         if encoder_scores:
-            result.encoder = stack_scores(spec.encoder, enc, "self", enc.mask, layer_scores, with_residual)
+            result.encoder = scores(spec.encoder, enc, "self", enc.mask)
     refuse_non_finite("attention_norm", result.target, result.source, result.encoder, *result.positions.values())
     return result
 
@@ -160,23 +174,27 @@ def rollout_layer_maps(stack: StackTrace, sub_block: str, key_mask: torch.Tensor
     """Abnar & Zuidema's per-layer maps ``(B, L, Q, K[+1])`` of one kind of sub-block (of the ``layers`` a slice
     picks), rows normalised; with ``sinks`` (self-attention whose rows sum to less than 1, the rest on a learned
     sink without a value) not normalised: a row's missing mass, ``0.5 · mean_h(1 − Σ_j A_ij)``, is the sink's share."""
-    maps = []
-    for record in stack.layers[layers]:
+    records = stack.layers[layers]
+    keys = key_mask.shape[1] + (sub_block != "self")  # cross-attention: the residual's column last
+    stacked = None  # (B, L, Q, K[+1]), filled in place: one map's memory a layer, no temporaries of its size
+    for index, record in enumerate(records):
         attn_record = record.self_attn if sub_block == "self" else record.cross_attn
-        mean = torch.cat([upcast(probs).mean(1) * 0.5 for _, probs in attn_record.row_blocks()], dim=1)
+        for rows, probs in attn_record.row_blocks():
+            block = upcast(probs).mean(1) * 0.5
+            if stacked is None:
+                stacked = block.new_zeros(block.shape[0], len(records), stack.mask.shape[1], keys)
+            stacked[:, index, rows, : block.shape[-1]] = block
         if sub_block == "self":
-            mean = mean + 0.5 * torch.eye(mean.shape[-1], dtype=mean.dtype, device=mean.device)
+            stacked[:, index].diagonal(dim1=-2, dim2=-1).add_(0.5)
         else:
-            mean = torch.cat([mean, torch.full_like(mean[..., :1], 0.5)], dim=-1)
-        maps.append(mean)
-    stacked = torch.stack(maps, dim=1)
+            stacked[:, index, :, -1] = 0.5
     if sub_block != "self":
         key_mask = torch.cat([key_mask, torch.ones_like(key_mask[:, :1])], dim=-1)
     valid = valid_cells(stack.mask, key_mask, stack.causal and sub_block == "self")
-    stacked = stacked.masked_fill(~valid[:, None], 0.0)
+    stacked.masked_fill_(~valid[:, None], 0.0)
     if sinks and sub_block == "self":
-        return stacked * stack.mask[:, None, :, None]
-    return _normalised(stacked, stack)
+        return stacked.mul_(stack.mask[:, None, :, None])
+    return normalize_rows_(stacked).mul_(stack.mask[:, None, :, None])
 
 
 def rollout_scores(trace: ModelTrace, method: str = "attention_rollout") -> AltiScores:

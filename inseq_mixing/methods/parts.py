@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..specs import AttentionSpec, LayerSpec, StackSpec
-from ..trace import AttentionTrace, LayerTrace, StackTrace, rows_per_block
+from ..trace import AttentionTrace, LayerTrace, StackTrace
 from .blocks import cross_attention_input, head_value_outputs, upcast, valid_cells
 from .chunking import DEFAULT_CHUNK_ELEMENTS, chunk_slices, pair_tiles
 from .compiled import kernel
@@ -37,6 +37,7 @@ def part_scores(
     maps: Sequence[FrozenNorm] = (),
     output: torch.Tensor | None = None,
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    first_row: int = 0,
 ) -> torch.Tensor:
     """Score every part of one attention sub-block.
 
@@ -53,6 +54,7 @@ def part_scores(
         output: What the parts sum to with their shifts (given to the scorer); default: residual plus the branch
             output.
         max_chunk_elements: Memory bound of one tile of parts.
+        first_row: Query rows before it are not scored (they stay 0): nothing reads them.
 
     Returns:
         ``(B, Q, K)``, or ``(B, Q, K + 1)`` for cross-attention with the residual.
@@ -62,7 +64,8 @@ def part_scores(
     scorer = kernel(scorer)
     scores = values.new_zeros(batch, num_queries, num_keys + int(with_residual and not self_mixing))
     per_pair = batch * output.shape[-1]
-    tiles = probs.tiles(pair_tiles(num_queries, num_keys, per_pair, max_chunk_elements, values.device.type, causal))
+    tiles = pair_tiles(num_queries, num_keys, per_pair, max_chunk_elements, values.device.type, causal)
+    tiles = probs.tiles(from_row(tiles, first_row))
     for queries, keys in tiles:
         parts = torch.matmul(probs(queries)[:, keys], values[:, keys]).transpose(1, 2)  # (B, q, k, D)
         if out_frozen is not None:  # a norm on the attention output acts on every part (its shift stays outside)
@@ -74,11 +77,21 @@ def part_scores(
         scores[:, queries, keys] = scorer(output[:, queries], parts)
     if with_residual and not self_mixing:  # cross-attention: the residual is the last column
         for queries in chunk_slices(num_queries, per_pair, max_chunk_elements):
+            if queries.stop <= first_row:
+                continue
             own = residual[:, queries, None].clone()  # the scorer may overwrite its parts
             for frozen in maps:
                 own = frozen.linear(own, queries, in_place=True)
             scores[:, queries, num_keys:] = scorer(output[:, queries], own)
     return scores
+
+
+def from_row(tiles: list[tuple[slice, slice]], first_row: int) -> list[tuple[slice, slice]]:
+    """``tiles`` without their query rows before ``first_row``."""
+    if not first_row:
+        return tiles
+    return [(slice(max(queries.start, first_row), queries.stop), keys) for queries, keys in tiles
+            if queries.stop > first_row]  # fmt: skip
 
 
 def _add_residual_on_diagonal(parts: torch.Tensor, residual: torch.Tensor, queries: slice, keys: slice) -> None:
@@ -106,8 +119,7 @@ class RowBlocks:
         """``tiles`` with each tile's queries cut to at most one block of rows (a kept layer's stay whole)."""
         if self.record.kept_probs is not None:
             return tiles
-        batch = self.record.output.shape[0]
-        rows = rows_per_block(batch, self.record.heads, self.record.values.shape[1])
+        rows = self.record.block_rows()
         return [
             (slice(start, min(start + rows, queries.stop)), keys)
             for queries, keys in tiles
@@ -117,14 +129,9 @@ class RowBlocks:
     def __call__(self, queries: slice) -> torch.Tensor:
         if not (self.rows.start <= queries.start and queries.stop <= self.rows.stop):
             self.block = None  # freed before the next block is computed
-            batch, num_queries = self.record.output.shape[:2]
-            if self.record.kept_probs is not None:
-                self.rows = slice(0, num_queries)
-            else:
-                rows = rows_per_block(batch, self.record.heads, self.record.values.shape[1])
-                self.rows = slice(
-                    queries.start, min(num_queries, queries.start + max(rows, queries.stop - queries.start))
-                )
+            num_queries = self.record.output.shape[1]
+            start = 0 if self.record.kept_probs is not None else queries.start  # a kept layer: one block, all of it
+            self.rows = slice(start, min(num_queries, start + max(self.record.block_rows(), queries.stop - start)))
             self.block = upcast(self.record.probs_rows(self.rows)).permute(0, 3, 2, 1).contiguous()
         return self.block[:, :, queries.start - self.rows.start : queries.stop - self.rows.start]
 

@@ -15,7 +15,7 @@ import torch
 
 from ..specs import AttentionSpec, ModelSpec
 from ..specs.base import linear_in_out
-from ..trace import AttentionTrace, ModelTrace, rows_per_block
+from ..trace import AttentionTrace, ModelTrace
 from .blocks import ffn_output, upcast
 from .head import FrozenHead
 from .norms import freeze_norm
@@ -113,8 +113,7 @@ def attention_logit_parts(
     values = upcast(record.values[:, :, attn.kv_head_of_query_head().to(record.values.device)])
     weights = upcast(attn.out_weight_per_head())
     start, stop, _ = rows.indices(record.output.shape[1])
-    whole = record.kept_probs is not None
-    step = max(1, stop - start if whole else rows_per_block(len(values), record.heads, values.shape[1]))
+    step = record.block_rows()
     blocks = []
     for first in range(start, stop, step) or [start]:  # a long trace: one block of query rows' probabilities at a time
         queries = slice(first, min(first + step, stop))

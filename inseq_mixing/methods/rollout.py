@@ -23,6 +23,13 @@ def normalize_rows(scores: torch.Tensor) -> torch.Tensor:
     return torch.where(sums > 0, scores / torch.where(sums > 0, sums, 1), torch.zeros_like(scores))
 
 
+def normalize_rows_(scores: torch.Tensor) -> torch.Tensor:
+    """:func:`normalize_rows` in place (no temporary of the scores' size): ``scores`` returned."""
+    sums = scores.sum(-1, keepdim=True)
+    positive = sums > 0
+    return scores.div_(torch.where(positive, sums, 1)).masked_fill_(~positive, 0.0)
+
+
 def rollout(layers: torch.Tensor) -> torch.Tensor:
     """Rollout at every depth of per-layer matrices ``(batch, layers, n, n)``; returns the same shape."""
     result = [layers[:, 0]]
