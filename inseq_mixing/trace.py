@@ -589,6 +589,8 @@ class _Recorder:
     def _value_hook(store, name: str, attn: AttentionSpec):
         def hook(module, args, output):
             values = output[..., attn.value_slice].detach()
+            if values.untyped_storage().nbytes() > values.numel() * values.element_size():
+                values = values.clone()  # a fused projection's slice (GPT-2's c_attn): not its queries' and keys'
             if values.dim() > 3:  # a latent attention's up-projection runs on (batch, 1, keys, rank)
                 values = values.reshape(values.shape[0], -1, values.shape[-1])
             store[f"{name}_values"] = values.reshape(*values.shape[:-1], attn.num_kv_heads, attn.head_dim)

@@ -237,6 +237,24 @@ def test_a_long_trace_holds_one_layers_probabilities_at_most(monkeypatch):
     assert torch.equal(kept_scores.target, lazy_scores.target)
 
 
+@pytest.mark.parametrize("family", ("gpt2", "llama"))
+def test_a_long_traces_records_hold_their_own_bytes_and_a_few_rows_of_d_model_a_layer(family):
+    """What a long trace keeps besides attention: no record holds more memory than its own elements (GPT-2's values
+    are a slice of its fused query-key-value projection: kept alone, not with the queries and keys), and all records
+    together are at most five ``T × d_model`` tensors a layer (the attention's input, values, attention output, the
+    FFN's norm input, the layer's output), the embeddings and final norm's input, and the logits."""
+    layers, length, d_model = 6, 384, 32
+    model = tiny_model(family, layers=layers, heads=4, d_model=d_model)
+    ids = torch.randint(5, 60, (1, length), generator=torch.Generator().manual_seed(0))
+    trace = trace_model(model, ids, keep_probs=False)
+    records = [t for t in reachable_tensors(trace) if t.numel() < length * length]  # not the shared causal mask
+    assert all(t.untyped_storage().nbytes() <= t.numel() * t.element_size() for t in records)
+    row = length * d_model * 4
+    logits = trace.logits.untyped_storage().nbytes()
+    vectors = 16 * length * 8  # masks, positions, the rows' key limits: a few (T,) vectors
+    assert sum(t.untyped_storage().nbytes() for t in records) <= (5 * layers + 2) * row + logits + vectors
+
+
 #: The methods that read a long trace's probabilities by blocks of query rows (DecompX and value zeroing read a whole
 #: layer's at a time), as their declarations say.
 ROW_READERS = tuple(name for name, declaration in DECLARATIONS.items() if declaration.reads_rows)
