@@ -1025,12 +1025,15 @@ def trace_call(spec: ModelSpec, call: ModelCall, full_logits: bool = True, keep_
 
 
 @contextmanager
-def head_skipped(head: nn.Module) -> Iterator[None]:
+def head_skipped(head: nn.Module, store: dict | None = None) -> Iterator[None]:
     """Make the LM head return zeros of its output's shape (a broadcast view: no memory, no product) instead of the
-    full-vocabulary logits nobody reads (:func:`replaced_forward`)."""
+    full-vocabulary logits nobody reads (:func:`replaced_forward`); with ``store``, the hidden states it was given
+    are put there (``store["input"]``, graph kept) for the logits that are read to be gathered from them."""
     outputs = head.weight.shape[0]
 
     def forward(hidden: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if store is not None:
+            store["input"] = hidden
         return hidden.new_zeros(()).expand(*hidden.shape[:-1], outputs)
 
     with replaced_forward(head, forward):

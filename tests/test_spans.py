@@ -92,7 +92,7 @@ def test_a_span_is_the_sum_of_its_tokens_and_complete(family, method):
         torch.testing.assert_close(scores[:, span].sum() + terms, own, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("method", ["alti_logit", "decompx", "attention_rollout"])
+@pytest.mark.parametrize("method", ["alti_logit", "decompx", "attention_rollout", "attn_lrp"])
 @pytest.mark.parametrize("family", ["gpt2", "marian"])
 def test_a_span_call_never_computes_the_full_vocabulary_logits(family, method):
     """No step score of a span call reads the LM head's logits over the vocabulary (at 4,096 tokens of a GPT-2-sized

@@ -60,6 +60,7 @@ from ..trace import (
     decoder_mask,
     eval_mode,
     forward_arguments,
+    head_skipped,
     refuse_non_finite_forward,
     replaced_forward,
     trace_model,
@@ -67,7 +68,7 @@ from ..trace import (
 from .blocks import refuse_non_finite
 from .chunking import DEFAULT_CHUNK_ELEMENTS, items_per_chunk
 from .norms import freeze_norm
-from .readout import NO_HEAD, readout
+from .readout import NO_HEAD, head_input_logit, readout
 
 #: Bound on the activations of one chunk of explained positions (copies × layers × tokens × (tokens · heads + 8 ·
 #: d_model) elements).
@@ -361,8 +362,10 @@ def span_lrp_of_call(
     one pass per target span): the relevance starts at :math:`\sum_{t \in \text{span}} z_t`, the sum of the logits
     explained at the sentence's ``positions`` ``(B, T)``, instead of at each :math:`z_t` in a copy of its own. Every
     rule passes relevance linearly (the real backward pass, its gradients scaled by factors of the forward pass alone),
-    so the result is the sum of the positions' own relevances, for the cost of one position. Generation models only
-    (an encoder's head explains one entry per row already)."""
+    so the result is the sum of the positions' own relevances, for the cost of one position. The LM head's
+    full-vocabulary product is skipped: the explained logits are the unembedding rows of their tokens times what the
+    head was given (:func:`.readout.head_input_logit`), the same linear map with the same gradient. Generation models
+    only (an encoder's head explains one entry per row already)."""
     if spec.head is not None:
         raise ValueError("A span is a run of generated tokens: explain an encoder's entries one by one.")
     model, kwargs = call.model, call.kwargs
@@ -380,12 +383,12 @@ def span_lrp_of_call(
         for start in range(0, len(rows), chunk):
             copies = rows[start : start + chunk]
             copy_kwargs = {key: value[copies] if torch.is_tensor(value) else value for key, value in kwargs.items()}
-            output = model(**copy_kwargs)
-            refuse_non_finite_forward(model, output.logits.detach(), decoder_mask(copy_kwargs))
-            logits = recorded.get("logits", output.logits)  # before a final soft-cap
-            chosen = logits.gather(-1, explained_ids[copies][..., None])[..., 0]
-            if foil_ids is not None:
-                chosen = chosen - logits.gather(-1, foil_ids[copies][..., None])[..., 0]
+            head = {}
+            with head_skipped(spec.lm_head, head):  # the explained logits alone, before a final soft-cap
+                model(**copy_kwargs)
+            foils = None if foil_ids is None else foil_ids[copies]
+            chosen = head_input_logit(spec, head["input"], explained_ids[copies], foils)
+            refuse_non_finite_forward(model, chosen.detach()[..., None], decoder_mask(copy_kwargs))
             objective = (chosen * positions[copies]).sum(-1)
             relevance = input_relevance(recorded, objective)
             target[copies] = relevance["decoder"].to(dtype)

@@ -97,6 +97,16 @@ def gathered_logit(trace: ModelTrace, ids: torch.Tensor) -> torch.Tensor:
     return _dot(direction, upcast(trace.final_hidden)) + logit_bias(trace.spec, ids, None)
 
 
+def head_input_logit(spec: ModelSpec, head_input: torch.Tensor, ids: torch.Tensor, foil_ids: torch.Tensor | None
+                     ) -> torch.Tensor:  # fmt: skip
+    """The LM head's logit of ``ids`` (minus ``foil_ids``'s) ``(B, T)`` from what the head was given ``(B, T, E)``
+    (after any read-out projection and scale): the unembedding rows of ``ids`` alone and the logit bias, not the
+    full-vocabulary product; differentiable in ``head_input`` (the head is linear: its gradient is those rows)."""
+    rows = spec.lm_head.weight
+    direction = rows[ids] if foil_ids is None else rows[ids] - rows[foil_ids]
+    return _dot(upcast(direction), upcast(head_input)) + logit_bias(spec, ids, foil_ids)
+
+
 def _gather_logit(logits: torch.Tensor, ids: torch.Tensor, foil_ids: torch.Tensor | None) -> torch.Tensor:
     logits = upcast(logits)
     logit = logits.gather(-1, ids[..., None])[..., 0]
