@@ -255,13 +255,13 @@ def test_a_long_traces_records_hold_their_own_bytes_and_a_few_rows_of_d_model_a_
     assert sum(t.untyped_storage().nbytes() for t in records) <= (5 * layers + 2) * row + logits + vectors
 
 
-#: The methods that read a long trace's probabilities by blocks of query rows (value zeroing reads the rows it
-#: explains, a layer's at a time), as their declarations say.
+#: The methods that read a long trace's probabilities by blocks of query rows (DecompX and value zeroing read a whole
+#: layer's at a time), as their declarations say.
 ROW_READERS = tuple(name for name, declaration in DECLARATIONS.items() if declaration.reads_rows)
 
 
-def test_the_row_readers_are_the_map_alti_and_decompx_methods():
-    assert set(ROW_READERS) == {"alti", "alti_logit", "globenc", "attention_rollout", "attention_norm", "decompx"}
+def test_the_row_readers_are_the_five_map_and_alti_methods():
+    assert set(ROW_READERS) == {"alti", "alti_logit", "globenc", "attention_rollout", "attention_norm"}
 
 
 def test_a_long_trace_runs_and_reads_attention_by_blocks_of_query_rows(monkeypatch):
@@ -366,9 +366,10 @@ def test_rollouts_one_layer_at_a_time_equal_every_depths_rollout_on_the_rows_rea
 @pytest.mark.parametrize("front", ["generation", "spans", "encoder"])
 def test_a_batch_that_cannot_fit_is_refused_before_the_forward_pass_with_the_numbers(front, reads, monkeypatch):
     """What a method holds at once must fit in the device's free memory: one layer's eager attention (its scores and
-    probabilities, 2 × batch × heads × T²) for value zeroing, which reads a layer's probabilities whole, one layer's
-    map and the product it enters (2 × batch × T²) for a method that reads them by rows. A call whose batch cannot
-    fit is refused before anything runs, with the estimate; batch_size=1 or a shorter input passes."""
+    probabilities, 2 × batch × heads × T²) for DecompX and value zeroing, which read a layer's probabilities whole,
+    one layer's map
+    and the product it enters (2 × batch × T²) for a method that reads them by rows. A call whose batch cannot fit is
+    refused before anything runs, with the estimate; batch_size=1 or a shorter input passes."""
     import inseq
 
     import inseq_mixing
@@ -380,7 +381,7 @@ def test_a_batch_that_cannot_fit_is_refused_before_the_forward_pass_with_the_num
         raise AssertionError("the model was traced before the call was refused")
 
     text = " ".join(["the cat sat on the mat ."] * 8)  # 56 words
-    row_method, whole_method = ("alti", "value_zeroing") if front == "encoder" else ("alti_logit", "value_zeroing")
+    row_method, whole_method = ("alti", "value_zeroing") if front == "encoder" else ("alti_logit", "decompx")
     method = row_method if reads == "rows" else whole_method
     if front == "encoder":
         model = inseq_mixing.load_model(tiny_encoder("bert"), method, tokenizer=encoder_tokenizer())

@@ -60,5 +60,4 @@ DECLARATION = Declaration(
     compute=compute,
     explains_logit=True,
     pools_units=True,
-    reads_rows=True,
 )

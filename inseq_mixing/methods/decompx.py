@@ -34,7 +34,6 @@ gated FFN (:func:`decompose_mixture`). Multi-head latent attention (DeepSeek; ou
 a per-token latent, its norm frozen (:class:`LatentMap`).
 """
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -230,20 +229,20 @@ def decompose_norm(
     return components.like(parts)
 
 
-def attention_bias(attn: AttentionSpec, row_sums: torch.Tensor) -> torch.Tensor | None:
+def attention_bias(attn: AttentionSpec, probs: torch.Tensor) -> torch.Tensor | None:
     r"""Output bias plus the value bias carried through :math:`W_O`, :math:`b_O + \sum_h (\sum_j \alpha^h_{ij})
     b^h_V W^h_O` for every query :math:`i`: ``(B, queries, D)``, ``(D,)`` without a value bias, or None.
 
     The rows of :math:`\alpha` sum to 1 only to the precision of the softmax, which transformers takes in float32 for
-    most families even in a float64 model; weighting the value bias by the recorded row sums ``(B, H, queries)``
-    keeps the components' sum equal to the model's attention output.
+    most families even in a float64 model; weighting the value bias by the recorded row sums keeps the components'
+    sum equal to the model's attention output.
     """
     _, value_bias = attn.value_weight()
     bias = None if attn.out_bias is None else upcast(attn.out_bias)
     if value_bias is not None:
         per_head = upcast(value_bias).reshape(attn.num_kv_heads, attn.head_dim)[attn.kv_head_of_query_head()]
-        carried = torch.einsum("he,hed->hd", per_head.to(row_sums.device), upcast(attn.out_weight_per_head()))
-        carried = torch.einsum("bhq,hd->bqd", row_sums, carried)  # (B, queries, D)
+        carried = torch.einsum("he,hed->hd", per_head.to(probs.device), upcast(attn.out_weight_per_head()))
+        carried = torch.einsum("bhq,hd->bqd", probs.sum(-1), carried)  # (B, queries, D)
         bias = carried if bias is None else carried + bias.to(carried.device)
     return bias
 
@@ -370,13 +369,13 @@ def attention_sublayer(
     self_attention = keys is None
     keys = stream if self_attention else keys
     norms = key_norms(attn, record, keys, mode) if self_attention else None
-    rows = AttentionRows(record)
-    batch, num_queries, num_keys = record.output.shape[0], record.output.shape[1], record.values.shape[1]
+    probs = upcast(record.probs)
+    batch, _, num_queries, num_keys = probs.shape
     out_weight = upcast(attn.out_weight_per_head())
-    weights = [torch.zeros_like(block.stream.available, dtype=rows.dtype) for block in stream.blocks]
+    weights = [torch.zeros_like(block.stream.available, dtype=probs.dtype) for block in stream.blocks]
     # one slab's largest tensors are (B, positions, slab width, heads, head_dim): at most max_chunk_elements
     width = items_per_chunk(batch * max(num_queries, num_keys) * out_weight.shape[-1], options.max_chunk_elements)
-    bias = attention_bias(attn, rows.sums())
+    bias = attention_bias(attn, probs)
     value_bias = None
     if own_offset is not None and self_attention and attn.value_weight()[1] is not None:
         bias = None if attn.out_bias is None else upcast(attn.out_bias)
@@ -387,31 +386,27 @@ def attention_sublayer(
     weighted = mode in ("absdot", "norm")
     floor = next((block.rows.start for block in stream.blocks if block.rows.stop > first_row), num_queries)
     out_matrix = out_weight.flatten(0, 1)  # (H · head_dim, D): W_O as one matrix against (heads, head_dim)
-    device = record.output.device
     for slab in attention_slabs(keys, num_queries, num_keys, width, causal, self_attention, place, floor):
         values = slab_values(attn, keys, norms, slab)
         if value_bias is not None:  # each component's own token keeps the value bias (the first layer, 'reference')
             own = slab.components - own_offset - slab.key_rows.start
             mine = np.flatnonzero((own >= 0) & (own < values.shape[1]))
-            values[:, on_device(own[mine], device), on_device(mine, device)] += value_bias
-        for query_rows, probs in rows.pieces(slab.query_rows, stream):  # a kept layer: the slab's rows at once
-            part = torch.einsum("bhqj,bjkhe->bqkhe", probs[..., slab.key_rows], values)
-            del probs
-            if heads is not None:
-                heads.read(part, out_weight, query_rows, on_device(slab.query_components, device))
-            packed = slab.packed and out_frozen is None and query_rows == slab.query_rows
-            for target in slab_targets(stream, slab, packed, query_rows):
-                contribution = part[target.read].flatten(-2) @ out_matrix
-                if out_frozen is not None:  # the norm on the attention output, frozen, acts on every component
-                    contribution = out_frozen.linear(contribution, target.rows)
-                target.block.stream.parts[target.write] += contribution
-                block_bias = biases[target.number]
-                if block_bias is not None and weighted and options.convention == "paper":  # over the attention output
-                    if block_bias.dim() > 1:
-                        block_bias = block_bias[:, target.write[1] if target.pair_rows is None else target.pair_rows]
-                    weights[target.number][target.write] = bias_weights(contribution, block_bias, mode)
-            del part
+            values[:, on_device(own[mine], probs.device), on_device(mine, probs.device)] += value_bias
+        part = torch.einsum("bhqj,bjkhe->bqkhe", probs[:, :, slab.query_rows, slab.key_rows], values)
+        if heads is not None:
+            heads.read(part, out_weight, slab.query_rows, on_device(slab.query_components, probs.device))
         del values
+        for target in slab_targets(stream, slab, packed=slab.packed and out_frozen is None):
+            contribution = part[target.read].flatten(-2) @ out_matrix
+            if out_frozen is not None:  # the norm on the attention output, frozen, acts on every component
+                contribution = out_frozen.linear(contribution, target.block.rows)
+            target.block.stream.parts[target.write] += contribution
+            block_bias = biases[target.number]
+            if block_bias is not None and weighted and options.convention == "paper":  # over the attention output
+                if target.pair_rows is not None and block_bias.dim() > 1:
+                    block_bias = block_bias[:, target.pair_rows]
+                weights[target.number][target.write] = bias_weights(contribution, block_bias, mode)
+        del part
         release_freed_memory()  # the heap's holes from this slab (see ..memory)
     if first_row:  # every key is read: the blocks before the first kept row leave the stream
         kept = [index for index, block in enumerate(stream.blocks) if block.rows.stop > first_row]
@@ -428,39 +423,6 @@ def attention_sublayer(
     return stream.map(
         lambda block: decompose_norm(attn.post_norm, record.norm_input[:, block.rows], block.stream, mode, True)
     )
-
-
-class AttentionRows:
-    """A sub-block's recorded probabilities as DecompX reads them: a kept layer's whole; a long trace's (none kept)
-    recomputed a block of query rows at a time (:meth:`~inseq_mixing.trace.AttentionTrace.probs_rows`), each block
-    cut at the stream's blocks of positions, so that a slab's product never holds the layer's ``heads × T²``."""
-
-    def __init__(self, record: AttentionTrace):
-        self.record = record
-        kept = record.kept_probs
-        self.dtype = upcast(kept if kept is not None else record.probs_rows(slice(0, 1))).dtype
-
-    def sums(self) -> torch.Tensor:
-        """Each query row's sum ``(B, H, Q)`` (the value bias's weight; a long trace: one more read of the layer)."""
-        if self.record.kept_probs is not None:
-            return upcast(self.record.kept_probs).sum(-1)
-        return torch.cat([upcast(probs).sum(-1) for _, probs in self.record.row_blocks()], dim=-1)
-
-    def pieces(self, query_rows: slice, stream: BlockedStream) -> Iterator[tuple[slice, torch.Tensor]]:
-        """``(rows, probabilities of those rows (B, H, rows, keys))`` covering ``query_rows``: a kept layer's in one
-        piece; a long trace's by blocks of :meth:`~inseq_mixing.trace.AttentionTrace.block_rows`, each within one of
-        the stream's blocks of positions."""
-        if self.record.kept_probs is not None:
-            yield query_rows, upcast(self.record.kept_probs[:, :, query_rows])
-            return
-        step = self.record.block_rows()
-        for start in range(query_rows.start, query_rows.stop, step):
-            block = slice(start, min(start + step, query_rows.stop))
-            probs = upcast(self.record.probs_rows(block))
-            for rows in stream.blocks:
-                first, stop = max(block.start, rows.rows.start), min(block.stop, rows.rows.stop)
-                if first < stop:
-                    yield slice(first, stop), probs[:, :, first - block.start : stop - block.start]
 
 
 @dataclass

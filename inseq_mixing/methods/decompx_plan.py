@@ -464,29 +464,19 @@ def slab_key_parts(keys: "BlockedStream", slab: AttentionSlab, read, project, in
 class SlabTarget:
     """Where a slab's attention output lands in one query block: read ``part[read]`` (``part``: the slab's output
     ``(B, query rows, |slab|, heads, head_dim)``), add to ``block.stream.parts[write]``; ``pair_rows``: the carried
-    pairs' block rows (None: dense); ``rows``: the positions written."""
+    pairs' block rows (None: the whole block, dense)."""
 
     number: int
     block: RowBlock
     read: tuple
     write: tuple
     pair_rows: torch.Tensor | None
-    rows: slice
 
 
-def slab_targets(stream: "BlockedStream", slab: AttentionSlab, packed: bool, query_rows: slice | None = None):
+def slab_targets(stream: "BlockedStream", slab: AttentionSlab, packed: bool):
     """The query blocks a slab's output lands in (those with rows from ``slab.query_rows`` on), each as a
-    :class:`SlabTarget`: only its carried pairs where ``packed`` and the block's pairs are few, else dense. With
-    ``query_rows`` other than the slab's (a piece within one block, :class:`.decompx.AttentionRows`), that block's
-    piece, dense."""
+    :class:`SlabTarget`: only its carried pairs where ``packed`` and the block's pairs are few, else dense."""
     every = slice(None)
-    if query_rows is not None and query_rows != slab.query_rows:
-        for number, block in enumerate(stream.blocks):
-            if block.rows.start <= query_rows.start and query_rows.stop <= block.rows.stop:
-                kept, local = block.local(slab.query_components, slab.query_key)
-                write = slice(query_rows.start - block.rows.start, query_rows.stop - block.rows.start)
-                yield SlabTarget(number, block, (every, every, kept), (every, write, local), None, query_rows)
-        return
     for number, block in enumerate(stream.blocks):
         if block.rows.stop <= slab.query_rows.start:
             continue
@@ -495,6 +485,6 @@ def slab_targets(stream: "BlockedStream", slab: AttentionSlab, packed: bool, que
         pairs = block.carried_pairs(slab.query_key) if packed else None
         if pairs is not None:  # the carried pairs alone, gathered and added where they go (distinct pairs)
             yield SlabTarget(number, block, (every, rows.start + pairs.rows, pairs.kept),
-                             (every, pairs.rows, pairs.local), pairs.rows, block.rows)  # fmt: skip
+                             (every, pairs.rows, pairs.local), pairs.rows)  # fmt: skip
         else:
-            yield SlabTarget(number, block, (every, rows, kept), (every, every, local), None, block.rows)
+            yield SlabTarget(number, block, (every, rows, kept), (every, every, local), None)
