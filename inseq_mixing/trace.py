@@ -210,7 +210,8 @@ class ProbsSource:
                 except _Captured:
                     probs = None
             if probs is None:
-                captured["limits"] = key_limits(captured["call"][4], captured["call"][1].shape[2])
+                _, query, _, _, mask, _, _ = captured["call"]
+                captured["limits"] = key_limits(mask, query.shape[2])
             self.slot.update(owner=self, **({"probs": probs} if probs is not None else captured))
         if "probs" in self.slot:
             return self.slot["probs"][:, :, queries]

@@ -27,9 +27,14 @@ UNATTRIBUTED_TERMS = ("ffn", "attention_bias", "norm_bias", "logit_bias")
 def unembedding_direction(spec: ModelSpec, ids: torch.Tensor, foil_ids: torch.Tensor | None) -> torch.Tensor:
     """:math:`U_w` (or :math:`U_w - U_{foil}`) for the token at every position, ``(B, T, D)``; through the transpose
     of the read-out projection :math:`P` when the model has one (:math:`U_w P`)."""
-    rows = upcast(spec.lm_head.weight)
-    direction = rows[ids]
-    return through_readout(spec, direction if foil_ids is None else direction - rows[foil_ids])
+    return through_readout(spec, unembedding_rows(spec, ids, foil_ids))
+
+
+def unembedding_rows(spec: ModelSpec, ids: torch.Tensor, foil_ids: torch.Tensor | None) -> torch.Tensor:
+    """The LM head's rows :math:`U_w` (or :math:`U_w - U_{foil}`) of ``ids`` ``(B, T, E)``, gathered, then upcast."""
+    rows = spec.lm_head.weight
+    direction = upcast(rows[ids])
+    return direction if foil_ids is None else direction - upcast(rows[foil_ids])
 
 
 #: Raised by the logit methods on a model without a read-out.
@@ -102,9 +107,7 @@ def head_input_logit(spec: ModelSpec, head_input: torch.Tensor, ids: torch.Tenso
     """The LM head's logit of ``ids`` (minus ``foil_ids``'s) ``(B, T)`` from what the head was given ``(B, T, E)``
     (after any read-out projection and scale): the unembedding rows of ``ids`` alone and the logit bias, not the
     full-vocabulary product; differentiable in ``head_input`` (the head is linear: its gradient is those rows)."""
-    rows = spec.lm_head.weight
-    direction = rows[ids] if foil_ids is None else rows[ids] - rows[foil_ids]
-    return _dot(upcast(direction), upcast(head_input)) + logit_bias(spec, ids, foil_ids)
+    return _dot(unembedding_rows(spec, ids, foil_ids), upcast(head_input)) + logit_bias(spec, ids, foil_ids)
 
 
 def _gather_logit(logits: torch.Tensor, ids: torch.Tensor, foil_ids: torch.Tensor | None) -> torch.Tensor:
