@@ -20,6 +20,11 @@ row, so each row is what the whole call gives), and a method that reads a layer'
 layer: neither the forward pass nor such a read holds a layer's ``heads × T²``, only a block's
 (:data:`ROW_BLOCK_BYTES`). Modules that do not take their attention function from transformers' ``AttentionInterface``
 run whole, as before.
+
+**Records a method reads.** ``records="attention"`` (attention rollout and flow, which read the probabilities and
+nothing else) keeps of each layer only its input and output and what recomputes its probabilities; the value vectors,
+the attention output and the norms' inputs are dropped as they are recorded (:class:`Unrecorded` holds their shape):
+three ``T × d_model`` tensors a layer fewer on GPT-2.
 """
 
 import functools
@@ -48,6 +53,29 @@ NEEDS_OUTPUT_ATTENTIONS = int(transformers.__version__.split(".")[0]) < 5
 
 class TraceError(RuntimeError):
     """Raised when the forward pass cannot be recorded as needed."""
+
+
+#: What a trace can keep of each layer: everything the methods read (``"all"``), or only what rollout and attention
+#: flow read (``"attention"``: the layer's input and output, and what recomputes its attention probabilities).
+RECORDS = ("all", "attention")
+
+
+class Unrecorded:
+    """A record a trace taken with ``records="attention"`` dropped: its ``shape`` only (what sizes the blocks a
+    layer is read by); reading anything else raises :class:`TraceError`, never a wrong number."""
+
+    def __init__(self, name: str, shape: torch.Size):
+        self.name, self.shape = name, torch.Size(shape)
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def __getattr__(self, attribute: str):
+        raise TraceError(f"This trace kept only what attention rollout and flow read; its {self.name} were not "
+                         f"recorded. Trace with records='all' to read them.")  # fmt: skip
+
+    def __repr__(self) -> str:
+        return f"Unrecorded({self.name!r}, {tuple(self.shape)})"
 
 
 #: Above this many bytes of attention probabilities (every layer's together), a trace keeps none of them and
@@ -488,12 +516,14 @@ class ModelTrace:
 class _Recorder:
     """Collects one stack's tensors through forward hooks."""
 
-    def __init__(self, stack: StackSpec, keep_cross_call: bool, model: nn.Module, slot: dict | None = None):
+    def __init__(self, stack: StackSpec, keep_cross_call: bool, model: nn.Module, slot: dict | None = None,
+                 records: str = "all"):  # fmt: skip
         self.stack = stack
         self.keep_cross_call = keep_cross_call
         self.model = model
         self.slot = slot  # None: keep the probabilities; else the trace's one slot of recomputed ones
-        self.store: list[dict] = [{} for _ in stack.layers]
+        layer_store = dict if records == "all" else _AttentionRecords
+        self.store: list[dict] = [layer_store() for _ in stack.layers]
         self.final: dict = {}
 
     def register(self, hooks: ExitStack) -> None:
@@ -602,7 +632,8 @@ class _Recorder:
         layers = []
         for idx, store in enumerate(self.store):
             for key in [key for key in store if key.endswith("norm_input")]:  # OPT flattens before its FFN norm
-                store[key] = store[key].reshape(*store["input"].shape[:-1], -1)
+                if not isinstance(store[key], Unrecorded):
+                    store[key] = store[key].reshape(*store["input"].shape[:-1], -1)
             if store.get("self_probs") is None:
                 raise TraceError(
                     f"Layer {idx} returned no attention probabilities. inseq-mixing needs eager attention; "
@@ -637,6 +668,19 @@ class _Recorder:
         final = self.final.get("input")
         final = None if final is None else final.reshape(*mask.shape, -1)
         return StackTrace(layers=layers, mask=mask.bool(), causal=causal, final_norm_input=final)
+
+
+class _AttentionRecords(dict):
+    """One layer's records under ``records="attention"``: the layer's input and output and what recomputes its
+    probabilities are kept; any other tensor is dropped as its hook stores it (:class:`Unrecorded`: its shape), a
+    mixture's routing too (None)."""
+
+    KEPT = ("input", "output", "self_probs", "cross_probs", "self_call", "cross_call")
+
+    def __setitem__(self, key: str, value) -> None:
+        if key not in self.KEPT:
+            value = None if key == "ffn_routing" else Unrecorded(key.replace("_", " "), value.shape)
+        super().__setitem__(key, value)
 
 
 def _routing_by_position(routing: tuple | None, positions: torch.Size) -> tuple | None:
@@ -925,6 +969,7 @@ def trace_model(
     extra: dict | None = None,
     full_logits: bool = True,
     keep_probs: bool | None = None,
+    records: str = "all",
 ) -> ModelTrace:
     """Run one teacher-forced forward pass and record every layer.
 
@@ -943,6 +988,8 @@ def trace_model(
             models always keep their head's output.
         keep_probs: Keep every layer's attention probabilities (True), or recompute a layer's when it is read
             (False: :class:`ProbsSource`); None: keep them up to :data:`KEPT_PROBS_BYTES` for the whole trace.
+        records: ``"all"``, or ``"attention"``: keep only what attention rollout and flow read (each layer's input,
+            output and probabilities; the rest :class:`Unrecorded`).
 
     Returns:
         The recorded :class:`ModelTrace`.
@@ -950,7 +997,7 @@ def trace_model(
     spec = spec or get_spec(model)
     call = ModelCall(model, forward_arguments(model, spec, input_ids, attention_mask, decoder_input_ids,
                                               decoder_attention_mask, extra))  # fmt: skip
-    return trace_call(spec, call, full_logits, keep_probs)
+    return trace_call(spec, call, full_logits, keep_probs, records)
 
 
 def probs_bytes(spec: ModelSpec, call: ModelCall) -> int:
@@ -968,17 +1015,21 @@ def probs_bytes(spec: ModelSpec, call: ModelCall) -> int:
     return total * decoder[0] * size
 
 
-def trace_call(spec: ModelSpec, call: ModelCall, full_logits: bool = True, keep_probs: bool | None = None
-               ) -> ModelTrace:  # fmt: skip
+def trace_call(spec: ModelSpec, call: ModelCall, full_logits: bool = True, keep_probs: bool | None = None,
+               records: str = "all") -> ModelTrace:  # fmt: skip
     """:func:`trace_model` on prepared forward arguments (text: :func:`forward_arguments`; speech: the speech front
     end's, with the frame masks of the stacks that read audio)."""
+    if records not in RECORDS:
+        raise ValueError(f"records={records!r}: give one of {RECORDS}.")
     model = call.model
     asked = NEEDS_OUTPUT_ATTENTIONS or spec.output_attentions
     kwargs = {**call.kwargs, "output_attentions": True} if asked else dict(call.kwargs)
     if keep_probs is None:
         keep_probs = probs_bytes(spec, call) <= KEPT_PROBS_BYTES
     slot = None if keep_probs else {}  # the one layer of recomputed probabilities the trace holds
-    recorders = {name: _Recorder(stack, name == "decoder", model, slot) for name, stack in spec.stacks.items()}
+    recorders = {
+        name: _Recorder(stack, name == "decoder", model, slot, records) for name, stack in spec.stacks.items()
+    }
     skip_head = not full_logits and spec.lm_head is not None and not spec.is_encoder_only
     with ExitStack() as hooks:
         hooks.enter_context(eval_mode(model))

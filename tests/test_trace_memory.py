@@ -16,6 +16,7 @@ from inseq_mixing.testing import (
     SPEECH_FAMILIES,
     VISION_FAMILIES,
     is_seq2seq,
+    load_tiny,
     speech_processor,
     synthetic_audio,
     synthetic_image,
@@ -25,7 +26,7 @@ from inseq_mixing.testing import (
     tiny_vision,
     vision_processor,
 )
-from inseq_mixing.trace import ModelCall, ProbsSource, trace_call, trace_model
+from inseq_mixing.trace import ModelCall, ProbsSource, TraceError, Unrecorded, trace_call, trace_model
 
 from .conftest import example_kwargs, get_tiny, next_tokens, trace_of
 
@@ -253,6 +254,89 @@ def test_a_long_traces_records_hold_their_own_bytes_and_a_few_rows_of_d_model_a_
     logits = trace.logits.untyped_storage().nbytes()
     vectors = 16 * length * 8  # masks, positions, the rows' key limits: a few (T,) vectors
     assert sum(t.untyped_storage().nbytes() for t in records) <= (5 * layers + 2) * row + logits + vectors
+
+
+#: The methods that read the probabilities and nothing else of a trace, as their declarations say.
+ATTENTION_READERS = tuple(name for name, declaration in DECLARATIONS.items() if declaration.records == "attention")
+
+
+def test_the_methods_tracing_attention_alone_are_rollout_and_flow():
+    assert set(ATTENTION_READERS) == {"attention_rollout", "attention_flow"}
+
+
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_rollout_and_flow_give_the_same_maps_from_a_trace_of_attention_alone(family, small_blocks):
+    """A trace that keeps only each layer's input, output and what recomputes its probabilities (and reads them by
+    blocks of one to three rows) gives rollout and flow the maps (rolled out and per layer) of a trace that keeps
+    everything; a method that reads more than attention is refused on it, never given a number."""
+    from inseq_mixing.specs import get_spec
+
+    model, spec = get_tiny(family), get_spec(get_tiny(family))
+    kwargs = example_kwargs(family, batch=2, seed=2)
+    ids, target = kwargs["input_ids"], kwargs.get("decoder_input_ids")
+    decoder = ids if target is None else target
+    traces = {
+        "all": trace_of(model, kwargs, keep_probs=True),
+        "attention": trace_of(model, kwargs, keep_probs=False, records="attention"),
+    }
+    dropped = traces["attention"].decoder.layers[0]
+    assert isinstance(dropped.self_attn.values, Unrecorded) and isinstance(dropped.ffn_norm_input, Unrecorded)
+
+    def request(traced) -> Request:
+        target_mask = None if target is None else torch.ones_like(target)
+        return Request(spec, model, torch.ones_like(ids), target, target_mask, next_tokens(kwargs), None,
+                       torch.ones_like(decoder, dtype=torch.bool), lambda: traced)  # fmt: skip
+
+    for method, options in (("attention_rollout", {}), ("attention_rollout", {"per_layer": True}),
+                            ("attention_flow", {})):  # fmt: skip
+        declaration = DECLARATIONS[method]
+        found = [declaration.run(request(traces[records]), declaration.options(**options)) for records in traces]
+        assert_same_results(*found)
+    with pytest.raises(TraceError, match="records='all'"):
+        DECLARATIONS["alti"].run(request(traces["attention"]), DECLARATIONS["alti"].options())
+
+
+def test_a_trace_of_attention_alone_holds_two_rows_of_d_model_a_layer():
+    """What a long trace for rollout keeps: each layer's output (the next one's input) and the attention's input
+    (what recomputes its probabilities), about two ``T × d_model`` a layer; the values, attention outputs and norms'
+    inputs are dropped as they are recorded."""
+    layers, length, d_model = 6, 384, 32
+    model = tiny_model("gpt2", layers=layers, heads=4, d_model=d_model)
+    ids = torch.randint(5, 60, (1, length), generator=torch.Generator().manual_seed(0))
+    row = length * d_model * 4
+
+    def record_bytes(trace) -> int:
+        records = [t for t in reachable_tensors(trace) if t.numel() < length * length]
+        return sum(t.untyped_storage().nbytes() for t in records) - trace.logits.untyped_storage().nbytes()
+
+    everything = record_bytes(trace_model(model, ids, keep_probs=False))
+    attention = record_bytes(trace_model(model, ids, keep_probs=False, records="attention"))
+    assert everything >= (4 * layers) * row  # the values, attention output and FFN's norm input too
+    assert attention <= (2 * layers + 2) * row + 16 * length * 8  # and a few (T,) vectors
+    with pytest.raises(ValueError, match="records='values'"):
+        trace_model(model, ids, records="values")
+
+
+def test_model_attribute_traces_attention_alone_for_rollout_and_everything_for_graphs(monkeypatch):
+    """The front ends ask the declaration what to record: rollout's call through Inseq and through spans records
+    attention alone, the same call with contribution graphs (which read ALTI's) records everything, and ALTI's does
+    too; the maps are the same either way."""
+    asked = []
+    own = trace_module.trace_call
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs.get("records", args[4] if len(args) > 4 else "all"))
+        return own(*args, **kwargs)
+
+    monkeypatch.setattr(trace_module, "trace_call", spy)
+    rollout = load_tiny("gpt2", "attention_rollout")
+    plain = rollout.attribute("the cat", "the cat sat on the", show_progress=False)
+    graphs = rollout.attribute("the cat", "the cat sat on the", show_progress=False, contribution_graphs=True)
+    rollout.attribute("the cat", "the cat sat on the", show_progress=False, spans="answer")
+    load_tiny("gpt2", "alti").attribute("the cat", "the cat sat on the", show_progress=False)
+    assert asked == ["attention", "all", "attention", "all"]
+    torch.testing.assert_close(plain.sequence_attributions[0].target_attributions,
+                               graphs.sequence_attributions[0].target_attributions, equal_nan=True)  # fmt: skip
 
 
 #: The methods that read a long trace's probabilities by blocks of query rows (DecompX and value zeroing read a whole

@@ -69,4 +69,5 @@ DECLARATION = Declaration(
     compute=compute,
     in_demo=False,
     size_check=too_many_flows,
+    records="attention",
 )

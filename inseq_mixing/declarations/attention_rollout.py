@@ -40,4 +40,5 @@ DECLARATION = Declaration(
     options=AttentionRolloutOptions,
     compute=compute,
     reads_rows=True,
+    records="attention",
 )

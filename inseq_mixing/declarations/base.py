@@ -25,7 +25,7 @@ from ..deferred import one_read
 from ..methods.compiled import compiling
 from ..methods.options import Chunking, Compiling, Contrast, EncoderMaps, Heads, Layers, option
 from ..methods.results import LayerMaps, LogitScores
-from .graphs import record_graphs
+from .graphs import graphs_collected, record_graphs
 
 if TYPE_CHECKING:  # reading declarations (the CLI's listing) needs no torch; computing imports it
     import torch
@@ -179,6 +179,9 @@ class Declaration:
         reads_rows: The method reads a long trace's probabilities a block of query rows at a time
             (:meth:`~inseq_mixing.trace.AttentionTrace.probs_rows`), never a whole layer's: :meth:`check_sizes`
             estimates one layer's map, not one layer's attention (``heads`` times more).
+        records: What the method reads of the trace (:func:`~inseq_mixing.trace.trace_model`'s ``records``):
+            ``"all"``, or ``"attention"`` (the probabilities alone: rollout and flow), whose trace drops the value
+            vectors, attention outputs and norms' inputs; read it as :meth:`trace_records`.
     """
 
     name: str
@@ -197,6 +200,12 @@ class Declaration:
     rows_sum_to_one: bool = False
     paper_layout: dict[str, Any] = field(default_factory=dict)
     reads_rows: bool = False
+    records: str = "all"
+
+    def trace_records(self) -> str:
+        """What a trace taken for this method keeps: its :attr:`records`, everything while contribution graphs are
+        collected (:func:`~.graphs.collecting_graphs`: their routes read ALTI's, the whole trace)."""
+        return "all" if graphs_collected() else self.records
 
     def word_frames(self, options: dict) -> str:
         """How a speech front end gives a word its frames for these options (as the user gave them): ``"reference"``

@@ -100,6 +100,11 @@ def collecting_graphs(value: Any) -> Iterator[GraphCollector | None]:
         _ACTIVE.reset(token)
 
 
+def graphs_collected() -> bool:
+    """Whether a graph collection is active (a trace taken now must keep what ALTI reads)."""
+    return _ACTIVE.get() is not None
+
+
 def record_graphs(request: Any, positions: Any = None) -> None:
     """Called by :meth:`~.base.Declaration.run`: add the request's graphs where a collection is active."""
     collector = _ACTIVE.get()

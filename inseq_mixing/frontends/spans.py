@@ -409,7 +409,7 @@ class SpanAttributionModel(FrontEndModel):
             input_ids, input_mask, target_ids, target_mask = source, source_mask, ids, mask
         else:
             input_ids, input_mask, target_ids, target_mask = ids, mask, None, None
-        model, spec = self.model, self.spec
+        model, spec, records = self.model, self.spec, self.declaration.trace_records  # what the method reads
         request = Request(
             spec=spec,
             model=model,
@@ -420,7 +420,7 @@ class SpanAttributionModel(FrontEndModel):
             foil_ids=foils,
             positions=positions,
             tracer=lambda: trace_model(  # no step score reads the full-vocabulary logits: the head's product skipped
-                model, input_ids, input_mask, target_ids, target_mask, spec=spec, full_logits=False
+                model, input_ids, input_mask, target_ids, target_mask, spec=spec, full_logits=False, records=records()
             ),
             caller=lambda: ModelCall(
                 model, forward_arguments(model, spec, input_ids, input_mask, target_ids, target_mask)

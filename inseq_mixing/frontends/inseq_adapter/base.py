@@ -292,7 +292,8 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
 
     def trace(self, steps: StepInputs) -> ModelTrace:
         """One forward pass of the wrapped model on the step's ids; the LM head's full-vocabulary logits only where
-        step scores read them (the methods gather the explained tokens' logits from the final hidden state)."""
+        step scores read them (the methods gather the explained tokens' logits from the final hidden state); only the
+        records the method reads (:meth:`~inseq_mixing.declarations.base.Declaration.trace_records`)."""
         return trace_model(
             self.attribution_model.model,
             steps.input_ids,
@@ -301,6 +302,7 @@ class ContextMixingAttribution(FeatureAttribution, Registry):
             steps.target_mask,
             spec=self.spec,
             full_logits=bool(self.call.own_pass_step_scores),
+            records=self.declaration.trace_records(),
         )
 
     def model_call(self, steps: StepInputs) -> ModelCall:
