@@ -18,6 +18,9 @@ experts of width 1,024, top-2), ``deepseek_v3`` (multi-head latent attention: KV
 rotary + 32 plain query/key dimensions per head, values of 64; 8 routed experts of width 512, top-2, one shared;
 the first layer dense, FFN 2,048) and ``gpt_oss`` (learned sinks, sliding windows of 128 tokens on every other
 layer, 8 clamped experts of width 1,024, top-2); a mixture's floor counts the experts a token is routed to.
+``bamba``: a hybrid at ``llama``'s width and depth whose layers 2, 5, 8 and 11 are attention and the others Mamba-2
+(12 heads of 128 channels, 128 states, 4 taps; transformers' PyTorch path here, no CUDA kernels); its floor counts
+the mixer layers as attention layers.
 
 The FLOP floor of each method is what its definition must compute for a span of ``k`` explained rows over ``T``
 tokens (``L`` layers, width ``D``, ``P`` parameters, ``U`` units); the forward pass is about ``2·P·T + 2·L·T²·D``
@@ -46,6 +49,8 @@ SHAPES = {
     "mixtral": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 4, "ffn": 2 * 1024},
     "deepseek_v3": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 12, "ffn": 3 * 512},
     "gpt_oss": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 4, "ffn": 2 * 1024},
+    # a hybrid: Mamba-2 layers (12 heads of 128 channels, 128 states, 4 taps), attention at every third layer
+    "bamba": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 4, "ffn": 2048},
 }
 #: The mixtures' own config fields (transformers 5.24's names).
 MIXTURES = {
@@ -84,6 +89,14 @@ def build(family: str, length: int, dtype, device: str):
         )  # fmt: skip
         model = getattr(transformers, model_class)(config)
         model.set_experts_implementation("grouped_mm")  # transformers' default kernel
+    elif family == "bamba":
+        config = transformers.BambaConfig(
+            hidden_size=shape["width"], num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+            num_key_value_heads=shape["kv_heads"], intermediate_size=shape["ffn"], max_position_embeddings=length + 8,
+            attn_layer_indices=list(range(2, shape["layers"], 3)), mamba_n_heads=12, mamba_d_head=128,
+            mamba_n_groups=1, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=256, **common,
+        )  # fmt: skip
+        model = transformers.BambaForCausalLM(config)
     else:
         config = transformers.LlamaConfig(hidden_size=shape["width"], num_hidden_layers=shape["layers"],
                                           num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],

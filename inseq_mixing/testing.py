@@ -56,6 +56,9 @@ MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "phimoe", "glm4_mo
                 "flex_olmo", "deepseek_v2", "deepseek_v3", "gpt_oss")  # fmt: skip
 DECODER_FAMILIES = DECODER_FAMILIES + MOE_FAMILIES
 ALL_FAMILIES = SEQ2SEQ_FAMILIES + DECODER_FAMILIES
+#: Hybrid decoders whose token mixers are not all attention (tests/test_hybrids.py; not among the families above,
+#: whose tests every method runs on).
+HYBRID_FAMILIES = ("bamba", "lfm2")
 #: Families with grouped-query attention whose RMSNorms round through float32 (even in a float64 model).
 LLAMA_STYLE_FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "olmo2",
                         *MOE_FAMILIES)  # fmt: skip
@@ -236,6 +239,24 @@ def _mixture(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn
     return model
 
 
+def _hybrid(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn: int, kv_heads: int | None):
+    """A tiny hybrid decoder: Bamba with Mamba-2 layers (``heads`` heads of ``d_model // 2`` channels, two groups,
+    state 4, four taps, chunks of 4 so that test inputs cross chunks), or LFM2 with short convolutions of three taps;
+    attention at layer 1 (every third layer after it)."""
+    common = dict(vocab_size=vocab, hidden_size=d_model, intermediate_size=ffn, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads or max(1, heads // 2),
+                  max_position_embeddings=1024, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+                  tie_word_embeddings=False)  # fmt: skip
+    if family == "lfm2":
+        layer_types = [("conv", "full_attention", "conv")[i % 3] for i in range(layers)]
+        return transformers.Lfm2ForCausalLM(transformers.Lfm2Config(conv_L_cache=3, layer_types=layer_types, **common))
+    config = transformers.BambaConfig(
+        attn_layer_indices=list(range(1, layers, 3)), mamba_n_heads=heads, mamba_d_head=2 * d_model // heads,
+        mamba_n_groups=2, mamba_d_state=4, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=4, **common,
+    )  # fmt: skip
+    return transformers.BambaForCausalLM(config)
+
+
 def randomize_weights(model: torch.nn.Module, seed: int = 0, scale: float = 0.3) -> None:
     """Give every weight a random value large enough for non-trivial attention: matrices ``N(0, scale²/fan_in·16)``,
     norm gains ``1 + N(0, 0.1²)``, biases ``N(0, 0.1²)``."""
@@ -297,8 +318,10 @@ def tiny_model(
         model = _mixture(family, vocab, d_model, layers, heads, ffn, kv_heads)
     elif family in DECODER_FAMILIES:
         model = _decoder_only(family, vocab, d_model, layers, heads, ffn, kv_heads)
+    elif family in HYBRID_FAMILIES:
+        model = _hybrid(family, vocab, d_model, layers, heads, ffn, kv_heads)
     else:
-        raise ValueError(f"No builder for family {family!r}; known: {ALL_FAMILIES}")
+        raise ValueError(f"No builder for family {family!r}; known: {ALL_FAMILIES + HYBRID_FAMILIES}")
     randomize_weights(model, seed)
     if attn_implementation != model.config._attn_implementation:
         try:

@@ -42,7 +42,7 @@ from torch import nn
 from .deferred import check
 from .memory import release_freed_memory
 from .specs import AttentionSpec, HeadSpec, ModelSpec, StackSpec, get_spec
-from .specs.base import LayerScale
+from .specs.base import LayerScale, MixerSpec
 
 logger = logging.getLogger(__name__)
 
@@ -432,6 +432,26 @@ def _select_rows(value, batch_size: int, num_queries: int, batch_index: torch.Te
 
 
 @dataclass
+class MixerTrace:
+    """What one token mixer that is not attention computed (:class:`~.specs.base.MixerSpec`). The methods freeze its
+    mixing from these when they read it (:mod:`inseq_mixing.methods.mixers`), one layer's at a time.
+
+    Attributes:
+        input: The mixer's input as the module got it (after the branch's norm) ``(batch, positions, d_model)``.
+        mask: The padding mask the module was given (``attention_mask``), or None.
+        output: The mixer's output ``(batch, positions, d_model)``.
+        norm_input: Input of the branch's norm (its statistics frozen there).
+        slot: Shared by a trace's mixers: the one frozen mixer the methods hold (the last one read).
+    """
+
+    input: torch.Tensor
+    mask: torch.Tensor | None
+    output: torch.Tensor
+    norm_input: torch.Tensor
+    slot: dict
+
+
+@dataclass
 class LayerTrace:
     """Input, output and attention records of one block, and the input of its FFN sub-block's norm (without a norm,
     of the FFN), and of the norm on the FFN's output if it has one (``ffn_out_norm_input``: the FFN's raw output); a
@@ -439,7 +459,7 @@ class LayerTrace:
 
     input: torch.Tensor
     output: torch.Tensor
-    self_attn: AttentionTrace
+    self_attn: AttentionTrace | MixerTrace
     ffn_norm_input: torch.Tensor
     cross_attn: AttentionTrace | None = None
     ffn_out_norm_input: torch.Tensor | None = None
@@ -524,6 +544,7 @@ class _Recorder:
         self.slot = slot  # None: keep the probabilities; else the trace's one slot of recomputed ones
         layer_store = dict if records == "all" else _AttentionRecords
         self.store: list[dict] = [layer_store() for _ in stack.layers]
+        self.mixer_slot: dict = {}  # the one frozen token mixer the methods hold (MixerTrace.slot)
         self.final: dict = {}
 
     def register(self, hooks: ExitStack) -> None:
@@ -555,6 +576,9 @@ class _Recorder:
                     continue
                 if attn.norm is not None:
                     add(attn.norm, "pre", self._norm_hook(store, f"{name}_norm_input"))
+                if isinstance(attn, MixerSpec):  # its input, mask and output: the methods freeze its mixing
+                    add(attn.module, "post_kwargs", self._mixer_hook(store, name))
+                    continue
                 if attn.latent is not None:
                     add(attn.latent.norm, "pre", self._norm_hook(store, f"{name}_latent_norm_input"))
                 keep_call = name == "cross" and self.keep_cross_call
@@ -617,6 +641,15 @@ class _Recorder:
         return hook
 
     @staticmethod
+    def _mixer_hook(store, name: str):
+        def hook(module, args, kwargs, output):
+            store[f"{name}_mixer_input"] = (args[0] if args else kwargs["hidden_states"]).detach()
+            store[f"{name}_mixer_mask"] = kwargs.get("attention_mask")
+            store[f"{name}_output"] = (output[0] if isinstance(output, tuple) else output).detach()
+
+        return hook
+
+    @staticmethod
     def _value_hook(store, name: str, attn: AttentionSpec):
         def hook(module, args, output):
             values = output[..., attn.value_slice].detach()
@@ -628,12 +661,24 @@ class _Recorder:
 
         return hook
 
+    def _mixer_layer(self, store: dict) -> LayerTrace:
+        """A block whose token mixer is not attention: its records as a :class:`MixerTrace`."""
+        mixer = MixerTrace(input=store["self_mixer_input"], mask=store["self_mixer_mask"], output=store["self_output"],
+                           norm_input=store.get("self_norm_input", store["input"]), slot=self.mixer_slot)  # fmt: skip
+        routing = _routing_by_position(store.get("ffn_routing"), store["input"].shape[:-1])
+        return LayerTrace(input=store["input"], output=store["output"], self_attn=mixer,
+                          ffn_norm_input=store["ffn_norm_input"], ffn_out_norm_input=store.get("ffn_out_norm_input"),
+                          ffn_routing=routing)  # fmt: skip
+
     def result(self, mask: torch.Tensor, causal: bool) -> StackTrace:
         layers = []
         for idx, store in enumerate(self.store):
             for key in [key for key in store if key.endswith("norm_input")]:  # OPT flattens before its FFN norm
                 if not isinstance(store[key], Unrecorded):
                     store[key] = store[key].reshape(*store["input"].shape[:-1], -1)
+            if "self_mixer_input" in store:
+                layers.append(self._mixer_layer(store))
+                continue
             if store.get("self_probs") is None:
                 raise TraceError(
                     f"Layer {idx} returned no attention probabilities. inseq-mixing needs eager attention; "
@@ -675,7 +720,8 @@ class _AttentionRecords(dict):
     probabilities are kept; any other tensor is dropped as its hook stores it (:class:`Unrecorded`: its shape), a
     mixture's routing too (None)."""
 
-    KEPT = ("input", "output", "self_probs", "cross_probs", "self_call", "cross_call")
+    KEPT = ("input", "output", "self_probs", "cross_probs", "self_call", "cross_call", "self_mixer_input",
+            "self_mixer_mask")  # fmt: skip
 
     def __setitem__(self, key: str, value) -> None:
         if key not in self.KEPT:

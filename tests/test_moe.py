@@ -101,7 +101,7 @@ def test_load_tiny_builds_every_mixture():
         ("DeepseekV32Config", "sparse token selector"),
         ("MambaConfig", "state-space"),
         ("Qwen3NextConfig", "Gated DeltaNet"),
-        ("Lfm2Config", "short gated convolutions"),
+        ("Lfm2MoeConfig", "short gated convolutions"),
     ],
 )
 def test_architectures_not_yet_explained_are_refused_with_the_reason(config, reason):
@@ -117,15 +117,18 @@ class Killed(RuntimeError):
     pass
 
 
-def test_a_dataset_run_of_a_mixture_killed_mid_run_resumes_to_the_uninterrupted_one(tmp_path, monkeypatch):
-    """A dataset run of a mixture of experts (DeepSeek-V3's latent attention and routing), killed after its first
-    shard, resumes to the rows of an uninterrupted run, bit for bit."""
-    model = load_tiny("deepseek_v3", "decompx")
+@pytest.mark.parametrize(("family", "method"), [("deepseek_v3", "decompx"), ("bamba", "alti_logit")])
+def test_a_dataset_run_of_a_mixture_or_hybrid_killed_mid_run_resumes_to_the_uninterrupted_one(
+    family, method, tmp_path, monkeypatch
+):
+    """A dataset run of a mixture of experts (DeepSeek-V3's latent attention and routing) or of a hybrid (Bamba's
+    Mamba-2 layers), killed after its first shard, resumes to the rows of an uninterrupted run, bit for bit."""
+    model = load_tiny(family, method)
     prompts = ["the cat", "a dog sat", "she read", "good morning", "hello"]
     rows = [{"id": f"r{i}", "source": prompt, "target": f"{prompt} on the mat"} for i, prompt in enumerate(prompts)]
 
     def run(out):
-        return attribute_dataset(model, "decompx", rows, out, batch_size=2, show_progress=False, id_column="id")
+        return attribute_dataset(model, method, rows, out, batch_size=2, show_progress=False, id_column="id")
 
     run(tmp_path / "whole")
     write_shard, written = RunStore.write_shard, []

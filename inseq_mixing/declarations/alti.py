@@ -76,4 +76,5 @@ DECLARATION = Declaration(
     options=AltiOptions,
     compute=compute,
     reads_rows=True,
+    reads_mixers=True,
 )

@@ -51,4 +51,5 @@ DECLARATION = Declaration(
     compute=compute,
     explains_logit=True,
     reads_rows=True,
+    reads_mixers=True,
 )

@@ -70,4 +70,5 @@ DECLARATION = Declaration(
     in_demo=False,
     size_check=too_many_flows,
     records="attention",
+    reads_mixers=True,
 )

@@ -43,4 +43,5 @@ DECLARATION = Declaration(
     compute=compute,
     paper_layout={"per_layer": True},
     reads_rows=True,
+    reads_mixers=True,
 )

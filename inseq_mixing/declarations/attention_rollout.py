@@ -41,4 +41,5 @@ DECLARATION = Declaration(
     compute=compute,
     reads_rows=True,
     records="attention",
+    reads_mixers=True,
 )

@@ -140,6 +140,10 @@ RENAMED_OPTIONS = {
 }
 
 
+#: The methods whose declarations say they read token mixers that are not attention (filled as they are declared).
+MIXER_READERS: set[str] = set()
+
+
 @dataclass(frozen=True)
 class Declaration:
     """One method.
@@ -179,6 +183,9 @@ class Declaration:
         reads_rows: The method reads a long trace's probabilities a block of query rows at a time
             (:meth:`~inseq_mixing.trace.AttentionTrace.probs_rows`), never a whole layer's: :meth:`check_sizes`
             estimates one layer's map, not one layer's attention (``heads`` times more).
+        reads_mixers: The method reads token mixers that are not attention (state-space and linear-attention layers,
+            short convolutions: :mod:`inseq_mixing.methods.mixers`); a method that does not refuses a model with
+            them before any work (:meth:`check_model`).
         records: What the method reads of the trace (:func:`~inseq_mixing.trace.trace_model`'s ``records``):
             ``"all"``, or ``"attention"`` (the probabilities alone: rollout and flow), whose trace drops the value
             vectors, attention outputs and norms' inputs; read it as :meth:`trace_records`.
@@ -201,6 +208,28 @@ class Declaration:
     paper_layout: dict[str, Any] = field(default_factory=dict)
     reads_rows: bool = False
     records: str = "all"
+    reads_mixers: bool = False
+
+    def __post_init__(self):
+        if self.reads_mixers:
+            MIXER_READERS.add(self.name)
+
+    def check_model(self, spec: ModelSpec) -> None:
+        """Refuse a model whose token mixers this method does not read (``UnsupportedModelError``, naming the first
+        such layer and the methods that read it)."""
+        if self.reads_mixers:
+            return
+        for index, layer in enumerate(spec.decoder.layers):
+            kind = getattr(layer.self_attn, "kind", None)
+            if kind is not None:
+                from ..specs import UnsupportedModelError
+
+                readers = ", ".join(sorted(MIXER_READERS))
+                raise UnsupportedModelError(
+                    f"{self.name} does not read token mixers that are not attention: layer {index} of this "
+                    f"{spec.family} model mixes its tokens with a {kind} layer. Use a method that reads them "
+                    f"({readers}; docs/supported-models.md)."
+                )
 
     def trace_records(self) -> str:
         """What a trace taken for this method keeps: its :attr:`records`, everything while contribution graphs are
@@ -226,6 +255,7 @@ class Declaration:
                 model's device (None: unknown, not checked).
             batch_size: Inputs per forward pass (consecutive inputs batch together).
         """
+        self.check_model(spec)
         layers = len(spec.decoder.layers)
         for start in range(0, len(sizes), batch_size):
             batch = sizes[start : start + batch_size]
@@ -262,6 +292,7 @@ class Declaration:
         (:func:`~inseq_mixing.methods.head.pooled_scores`)."""
         from ..trace import materialized
 
+        self.check_model(request.spec)
         with compiling(getattr(options, "compile", False)), one_read(), materialized(request.model):
             result = self.compute(request, options)
             record_graphs(request)
@@ -280,6 +311,7 @@ class Declaration:
         if self.compute_span is not None:
             from ..trace import materialized
 
+            self.check_model(request.spec)
             with compiling(getattr(options, "compile", False)), one_read(), materialized(request.model):
                 result = self.compute_span(request, options, spans)
                 record_graphs(request, spans.positions)

@@ -41,4 +41,5 @@ DECLARATION = Declaration(
     options=GlobEncOptions,
     compute=compute,
     reads_rows=True,
+    reads_mixers=True,
 )

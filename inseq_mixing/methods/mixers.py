@@ -39,16 +39,30 @@ depthwise convolution of ``K`` taps: with the gates frozen, token ``j``'s part o
 positions.
 
 **Our extension** throughout: the papers read ``M^h`` (and the delta rule's ``W``) as attention-like but define no
-token attribution through the convolution, the gate and the norm. Not yet read by any method: models with these mixers
-are still refused (``docs/supported-models.md``).
+token attribution through the convolution, the gate and the norm.
+
+**How the methods read a mixer** (:func:`frozen_mixer`, one layer's frozen mixer held at a time): the decomposition
+methods (ALTI, ALTI-logit, GlobEnc, the attention norms) take token ``j``'s part of position ``t`` where they take
+attention's ``Σ_h α^h_tj v^h_j W^h_O`` (:meth:`FrozenMixer.token_parts`, per head :meth:`FrozenMixer.head_parts`),
+and what no token carries where they take attention's output bias (:meth:`FrozenMixer.unattributed`). Rollout and
+attention flow read a map in attention's place (:meth:`FrozenMixer.map_rows`): per channel, the absolute kernel
+``|κ_{t,j,c}|`` (the mixing matrix through the convolution's taps and the frozen activation) normalised over the
+tokens ``j``, averaged over the channels, so that each row sums to 1 like a head-averaged attention row. Ali,
+Zimerman & Wolf (2024, *The Hidden Attention of Mamba Models*) roll out Mamba's hidden attention matrices averaged
+over channels; reading them through the convolution, and every mixer kind here, is our extension.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from ..specs.base import MixerSpec
+    from ..trace import MixerTrace
 
 
 @dataclass
@@ -63,6 +77,10 @@ class FrozenMixer:
         conv_weight: ``(I, K)`` taps of the mixed channels; ``conv_bias``: ``(I,)`` or None.
         scale: ``γ ⊙ silu(z_t) / rms_t`` per channel ``(B, T, I)``: the gate and the frozen norm.
         out_proj: The module's output projection.
+        mask: ``(B, T)``, 1 on real tokens (None: all real). A padding position's conv input (an input bias, its
+            zeroed hidden state's projection) still reaches the real positions through the taps, as in the module:
+            no token's part, it is among what no token carries (:meth:`unattributed`), and padding columns get no
+            part and no map.
     """
 
     conv_input: torch.Tensor
@@ -72,6 +90,7 @@ class FrozenMixer:
     conv_bias: torch.Tensor | None
     scale: torch.Tensor
     out_proj: torch.nn.Linear
+    mask: torch.Tensor | None = None
 
     @classmethod
     def mamba2(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:
@@ -101,7 +120,8 @@ class FrozenMixer:
         rms = torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + mixer.norm.variance_epsilon)
         scale = (rms.expand_as(grouped).flatten(-2) * F.silu(gate.float())) * mixer.norm.weight.float()
         bias = None if mixer.conv1d.bias is None else mixer.conv1d.bias[:inner].float()
-        return cls(xbc[..., :inner].float(), ratio, mixing, taps[:inner].float(), bias, scale, mixer.out_proj)
+        return cls(xbc[..., :inner].float(), ratio, mixing, taps[:inner].float(), bias, scale, mixer.out_proj,
+                   mask.float())  # fmt: skip
 
     @classmethod
     def mamba(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:
@@ -126,7 +146,7 @@ class FrozenMixer:
         x_pre = convolved.float()
         ratio = _silu_ratio(x_pre) * mask[..., None]
         bias = None if mixer.conv1d.bias is None else mixer.conv1d.bias.float()
-        return cls(xi.float(), ratio, mixing, taps.float(), bias, F.silu(gate.float()), mixer.out_proj)
+        return cls(xi.float(), ratio, mixing, taps.float(), bias, F.silu(gate.float()), mixer.out_proj, mask.float())
 
     @classmethod
     def gated_deltanet(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:
@@ -164,7 +184,8 @@ class FrozenMixer:
         rms = torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + mixer.norm.variance_epsilon)
         scale = (rms * mixer.norm.weight.float() * F.silu(gate.float())).flatten(-2)
         bias = None if mixer.conv1d.bias is None else mixer.conv1d.bias[2 * keys :].float()
-        return cls(xi[..., 2 * keys :].float(), ratio, mixing, taps[2 * keys :].float(), bias, scale, mixer.out_proj)
+        return cls(xi[..., 2 * keys :].float(), ratio, mixing, taps[2 * keys :].float(), bias, scale, mixer.out_proj,
+                   mask.float())  # fmt: skip
 
     @classmethod
     def lfm2(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:
@@ -178,28 +199,100 @@ class FrozenMixer:
         identity = torch.eye(length, dtype=inputs.dtype, device=inputs.device).expand(batch, 1, length, length)
         bias = None if mixer.conv.bias is None else mixer.conv.bias.float()
         taps = mixer.conv.weight.squeeze(1).float()
-        return cls(gate_in * inputs, torch.ones_like(inputs), identity, taps, bias, gate_out, mixer.out_proj)
+        return cls(gate_in * inputs, torch.ones_like(inputs), identity, taps, bias, gate_out, mixer.out_proj,
+                   mask.float())  # fmt: skip
 
-    def kernel(self, rows: slice = slice(None)) -> torch.Tensor:
-        """``κ`` ``(B, R, T, I)``: how much of token ``j``'s conv input (column) reaches position ``t``'s SSD output
-        (row), per channel, through the convolution's taps and the SSD matrix, for the positions ``rows`` picks (a
-        chunk of rows holds ``R × T × I`` elements: chunk the rows to bound memory)."""
-        return through_taps(self.mixing[:, :, rows], self.ratio, self.conv_weight)
+    @property
+    def heads(self) -> int:
+        """The mixing matrices per pair of positions."""
+        return self.mixing.shape[1]
 
-    def token_parts(self, rows: slice = slice(None)) -> torch.Tensor:
-        """Each token's part of the mixer output of the positions ``rows`` picks ``(B, R, T, d)`` (row: position,
-        column: token); 0 for later tokens."""
-        parts = self.kernel(rows) * self.conv_input[:, None, :, :] * self.scale[:, rows, None, :]
-        return F.linear(parts, self.out_proj.weight.float())
+    def kernel(self, rows: slice = slice(None), keys: slice = slice(None)) -> torch.Tensor:
+        """``κ`` ``(B, R, K, I)``: how much of token ``j``'s conv input (column) reaches position ``t``'s SSD output
+        (row), per channel, through the convolution's taps and the SSD matrix, for the positions ``rows`` and the
+        tokens ``keys`` pick (a chunk holds ``R × K × I`` elements: chunk the rows to bound memory). A token reaches
+        the SSD through its own position and the ``taps − 1`` after it: only those columns of the mixing are read."""
+        length = self.ratio.shape[1]
+        first, stop, _ = keys.indices(length)
+        window = slice(first, min(length, stop + self.conv_weight.shape[1] - 1))
+        found = through_taps(self.mixing[:, :, rows, window], self.ratio[:, window], self.conv_weight)
+        return found[:, :, : stop - first]
+
+    @property
+    def token_input(self) -> torch.Tensor:
+        """The conv input of the real tokens ``(B, T, I)`` (padding's zeroed)."""
+        return self.conv_input if self.mask is None else self.conv_input * self.mask[..., None]
+
+    def _scaled(self, rows: slice, keys: slice) -> torch.Tensor:
+        """Each token's part before the output projection ``(B, R, K, I)``."""
+        return self.kernel(rows, keys) * self.token_input[:, None, keys, :] * self.scale[:, rows, None, :]
+
+    def token_parts(self, rows: slice = slice(None), keys: slice = slice(None)) -> torch.Tensor:
+        """Each token's part of the mixer output of the positions ``rows`` picks ``(B, R, K, d)`` (row: position,
+        column: token of ``keys``); 0 for later tokens."""
+        return F.linear(self._scaled(rows, keys), self.out_proj.weight.float())
+
+    def head_parts(self, rows: slice = slice(None), keys: slice = slice(None)) -> torch.Tensor:
+        """Each head's part of each token ``(B, R, H, K, d)``: the channels of head ``h`` alone through the output
+        projection (they add up to :meth:`token_parts` over the heads)."""
+        scaled = self._scaled(rows, keys).unflatten(-1, (self.heads, -1))  # (B, R, K, H, P)
+        weight = self.out_proj.weight.float().unflatten(-1, (self.heads, -1))  # (d, H, P)
+        return torch.einsum("brkhp,dhp->brhkd", scaled, weight)
+
+    def logit_parts(self, direction: torch.Tensor, rows: slice = slice(None), per_head: bool = False,
+                    block_elements: int = 2**24) -> torch.Tensor:  # fmt: skip
+        """``g_t · part_t(j)`` ``(B, R, T)`` for directions ``g`` of the positions ``rows`` ``(B, R, d)`` (per head
+        ``(B, H, R, T)``): the direction through the output projection and the frozen scale, then the kernel, a block
+        of rows at a time (at most ``block_elements`` of ``κ``)."""
+        batch, length, inner = self.conv_input.shape
+        first, stop, _ = rows.indices(self.scale.shape[1])
+        read = (upcast_like(direction, self.scale) @ self.out_proj.weight.float()) * self.scale[:, rows]  # (B, R, I)
+        step = max(1, block_elements // max(1, batch * length * inner))
+        blocks = []
+        for start in range(first, stop, step) or [first]:
+            block = slice(start, min(start + step, stop))
+            reached = self.kernel(block) * self.token_input[:, None]  # (B, r, T, I)
+            weights = read[:, block.start - first : block.stop - first]
+            if per_head:
+                found = torch.einsum("brthp,brhp->bhrt", reached.unflatten(-1, (self.heads, -1)),
+                                     weights.unflatten(-1, (self.heads, -1)))  # fmt: skip
+            else:
+                found = torch.einsum("brtc,brc->brt", reached, weights)
+            blocks.append(found)
+        return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)
+
+    def map_rows(self, rows: slice = slice(None)) -> torch.Tensor:
+        """The map rollout and attention flow read in attention's place ``(B, 1, R, T)``: per channel,
+        ``|κ_{t,j,c}|`` normalised over the tokens ``j``, averaged over the channels (each real row sums to 1)."""
+        kernel = self.kernel(rows).abs()
+        if self.mask is not None:  # no share for padding
+            kernel = kernel * self.mask[:, None, :, None]
+        total = kernel.sum(2, keepdim=True)
+        shares = kernel / total.clamp(min=torch.finfo(kernel.dtype).tiny)
+        return shares.mean(-1)[:, None]
+
+    def totals(self, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(Σ_j part_t(j), part_t(t))`` of the positions ``rows`` ``(B, R, d)`` each: the mixer's output without
+        what no token carries, and each position's own part."""
+        first, stop, _ = rows.indices(self.scale.shape[1])
+        parts = self.token_parts(rows)
+        own = parts[:, torch.arange(stop - first), torch.arange(first, stop)]
+        return parts.sum(2), own
 
     def unattributed(self) -> torch.Tensor:
-        """What no token carries ``(B, T, d)``: the convolution's bias through the SSD, gate and norm, and the output
-        projection's bias."""
+        """What no token carries ``(B, T, d)``: the convolution's bias and the padding positions' conv inputs through
+        the taps, the SSD, gate and norm, and the output projection's bias."""
         batch, length, inner = self.conv_input.shape
         heads = self.mixing.shape[1]
         rest = torch.zeros(batch, length, inner, dtype=self.scale.dtype, device=self.scale.device)
         if self.conv_bias is not None:
-            rest = _ssd(self.mixing, self.ratio * self.conv_bias, heads)
+            rest = rest + self.conv_bias
+        if self.mask is not None:  # padding's conv inputs through the taps
+            padding = (self.conv_input * (1 - self.mask[..., None])).transpose(1, 2)
+            size = self.conv_weight.shape[1]
+            tapped = F.conv1d(padding, self.conv_weight[:, None, :], padding=size - 1, groups=inner)[..., :length]
+            rest = rest + tapped.transpose(1, 2)
+        rest = _ssd(self.mixing, self.ratio * rest, heads)
         rest = F.linear(rest * self.scale, self.out_proj.weight.float())
         if self.out_proj.bias is not None:
             rest = rest + self.out_proj.bias.float()
@@ -257,3 +350,20 @@ def _ssd(mixing: torch.Tensor, inputs: torch.Tensor, heads: int) -> torch.Tensor
     """``y_t = Σ_s M̃^h_{ts} x_s`` per head: ``mixing`` ``(B, H, T, T)``, ``inputs`` ``(B, T, I)`` → ``(B, T, I)``."""
     per_head = inputs.unflatten(-1, (heads, -1))  # (B, T, H, P)
     return torch.einsum("bhts,bshp->bthp", mixing, per_head).flatten(-2)
+
+
+def upcast_like(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``value`` in ``like``'s dtype."""
+    return value.to(like.dtype)
+
+
+def frozen_mixer(spec: MixerSpec, record: MixerTrace) -> FrozenMixer:
+    """The token mixer of one traced layer frozen at its pass (:class:`FrozenMixer`, by ``spec.kind``), held in the
+    trace's one slot: reading the layers one after another holds one layer's mixing matrices at a time."""
+    slot = record.slot
+    if slot.get("owner") is not record:
+        slot.clear()  # the previous layer's are freed before this one's are computed
+        with torch.no_grad():
+            frozen = getattr(FrozenMixer, spec.kind)(spec.module, record.input, record.mask)
+        slot.update(owner=record, frozen=frozen)
+    return slot["frozen"]

@@ -27,12 +27,14 @@ extension). It reads the recorded attention probabilities only.
 
 import torch
 
-from ..specs import AttentionSpec, LayerSpec
-from ..trace import AttentionTrace, LayerTrace, ModelTrace, StackTrace
+from ..specs import AttentionSpec, LayerSpec, StackSpec
+from ..specs.base import MixerSpec
+from ..trace import AttentionTrace, LayerTrace, MixerTrace, ModelTrace, StackTrace
 from .alti import AltiScores, alti_maps
-from .blocks import head_value_outputs, refuse_non_finite, upcast, valid_cells
+from .blocks import refuse_non_finite, upcast, valid_cells
+from .mixers import frozen_mixer
 from .norms import FrozenNorm, freeze_norm
-from .parts import DEFAULT_CHUNK_ELEMENTS, l2_norms, part_scores, stack_scores
+from .parts import DEFAULT_CHUNK_ELEMENTS, l2_norms, part_scores, part_source, stack_scores
 from .results import LayerMaps
 from .rollout import normalize_rows, normalize_rows_, rolled_out_rows
 
@@ -63,14 +65,7 @@ def globenc_norms(layer: LayerSpec, record: LayerTrace, attn: AttentionSpec, att
 
 def mixing_ratio(attn: AttentionSpec, record: AttentionTrace, residual: torch.Tensor, maps: list[FrozenNorm]):
     """Context-mixing ratio of every position of a self-attention sub-block ``(B, Q)``."""
-    values = head_value_outputs(attn, record)
-    total, own = [], []
-    for queries, probs in record.row_blocks():  # one block of query rows' probabilities at a time
-        probs = upcast(probs)
-        total.append(torch.einsum("bhqk,bhkd->bqd", probs, values))
-        diagonal = probs[..., queries].diagonal(dim1=-2, dim2=-1)
-        own.append(torch.einsum("bhq,bhqd->bqd", diagonal, values[:, :, queries]))
-    total, own = torch.cat(total, dim=1), torch.cat(own, dim=1)
+    total, own = part_source(attn, record).totals()
     mixed = total - own
     if attn.out_norm is not None:
         out_frozen = freeze_norm(attn.out_norm, record.output)
@@ -169,17 +164,35 @@ def globenc(trace: ModelTrace, rollout: bool = True, max_chunk_elements: int = D
     return alti_maps(scores, rollout)
 
 
-def rollout_layer_maps(stack: StackTrace, sub_block: str, key_mask: torch.Tensor,
+def _mixer_map_blocks(attn: MixerSpec, record: MixerTrace, block_elements: int = 2**24):
+    """``(rows, map rows (B, 1, R, T))`` of a token mixer (:meth:`.mixers.FrozenMixer.map_rows`), by blocks of rows
+    whose kernel holds at most ``block_elements``."""
+    frozen = frozen_mixer(attn, record)
+    batch, length, inner = frozen.conv_input.shape
+    step = max(1, block_elements // max(1, batch * length * inner))
+    for start in range(0, length, step):
+        rows = slice(start, min(start + step, length))
+        yield rows, frozen.map_rows(rows)
+
+
+#: Where rollout's map of each kind of token-mixing sub-block comes from, by its spec's type: attention's
+#: probabilities by blocks of query rows, a mixer's map (:meth:`.mixers.FrozenMixer.map_rows`).
+MAP_BLOCKS = {AttentionSpec: lambda _attn, record: record.row_blocks(), MixerSpec: _mixer_map_blocks}
+
+
+def rollout_layer_maps(stack_spec: StackSpec, stack: StackTrace, sub_block: str, key_mask: torch.Tensor,
                        layers: slice = slice(None), sinks: bool = False) -> torch.Tensor:  # fmt: skip
     """Abnar & Zuidema's per-layer maps ``(B, L, Q, K[+1])`` of one kind of sub-block (of the ``layers`` a slice
     picks), rows normalised; with ``sinks`` (self-attention whose rows sum to less than 1, the rest on a learned
-    sink without a value) not normalised: a row's missing mass, ``0.5 · mean_h(1 − Σ_j A_ij)``, is the sink's share."""
+    sink without a value) not normalised: a row's missing mass, ``0.5 · mean_h(1 − Σ_j A_ij)``, is the sink's share.
+    A token mixer that is not attention gives its map in attention's place (:data:`MAP_BLOCKS`)."""
     records = stack.layers[layers]
     keys = key_mask.shape[1] + (sub_block != "self")  # cross-attention: the residual's column last
     stacked = None  # (B, L, Q, K[+1]), filled in place: one map's memory a layer, no temporaries of its size
-    for index, record in enumerate(records):
+    for index, (layer, record) in enumerate(zip(stack_spec.layers[layers], records, strict=True)):
+        attn = layer.self_attn if sub_block == "self" else layer.cross_attn
         attn_record = record.self_attn if sub_block == "self" else record.cross_attn
-        for rows, probs in attn_record.row_blocks():
+        for rows, probs in MAP_BLOCKS[type(attn)](attn, attn_record):
             block = upcast(probs).mean(1) * 0.5
             if stacked is None:
                 stacked = block.new_zeros(block.shape[0], len(records), stack.mask.shape[1], keys)
@@ -201,10 +214,10 @@ def rollout_scores(trace: ModelTrace, method: str = "attention_rollout") -> Alti
     """Abnar & Zuidema's layer maps of every attention sub-block of a traced model (the graph attention rollout
     multiplies through and attention flow solves on), non-finite maps refused in ``method``'s name."""
     spec, dec, enc = trace.spec, trace.decoder, trace.encoder
-    scores = AltiScores(decoder=rollout_layer_maps(dec, "self", dec.mask))
+    scores = AltiScores(decoder=rollout_layer_maps(spec.decoder, dec, "self", dec.mask))
     if spec.is_encoder_decoder:
-        scores.cross = rollout_layer_maps(dec, "cross", enc.mask)
-        scores.encoder = rollout_layer_maps(enc, "self", enc.mask)
+        scores.cross = rollout_layer_maps(spec.decoder, dec, "cross", enc.mask)
+        scores.encoder = rollout_layer_maps(spec.encoder, enc, "self", enc.mask)
     refuse_non_finite(method, scores.decoder, scores.cross, scores.encoder)
     return scores
 
@@ -226,7 +239,7 @@ def attention_rollout(trace: ModelTrace, first_row: int = 0, per_layer: bool = F
         return alti_maps(rollout_scores(trace), rollout=not per_layer)
     stack, sinks = trace.decoder, trace.spec.attention_sinks
     if per_layer:
-        maps = rollout_layer_maps(stack, "self", stack.mask, sinks=sinks)
+        maps = rollout_layer_maps(trace.spec.decoder, stack, "self", stack.mask, sinks=sinks)
         refuse_non_finite("attention_rollout", maps)
         result = LayerMaps(target=maps)
         if sinks:
@@ -234,7 +247,8 @@ def attention_rollout(trace: ModelTrace, first_row: int = 0, per_layer: bool = F
         return result
 
     def layer_map(index: int) -> torch.Tensor:
-        found = rollout_layer_maps(stack, "self", stack.mask, slice(index, index + 1), sinks)[:, 0]
+        found = rollout_layer_maps(trace.spec.decoder, stack, "self", stack.mask, slice(index, index + 1), sinks)
+        found = found[:, 0]
         refuse_non_finite("attention_rollout", found)
         return found
 

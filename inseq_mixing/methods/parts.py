@@ -17,10 +17,12 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..specs import AttentionSpec, LayerSpec, StackSpec
-from ..trace import AttentionTrace, LayerTrace, StackTrace
+from ..specs.base import MixerSpec
+from ..trace import AttentionTrace, LayerTrace, MixerTrace, StackTrace
 from .blocks import cross_attention_input, head_value_outputs, upcast, valid_cells
 from .chunking import DEFAULT_CHUNK_ELEMENTS, chunk_slices, pair_tiles
 from .compiled import kernel
+from .mixers import frozen_mixer
 from .norms import FrozenNorm, freeze_norm
 
 Scorer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -59,15 +61,15 @@ def part_scores(
     Returns:
         ``(B, Q, K)``, or ``(B, Q, K + 1)`` for cross-attention with the residual.
     """
-    probs, residual, values, out_frozen, output = _part_inputs(attn, record, residual, output)
-    batch, num_keys, num_queries = values.shape[0], values.shape[1], output.shape[1]
+    source, residual, out_frozen, output = _part_inputs(attn, record, residual, output)
+    batch, num_keys, num_queries = output.shape[0], source.num_keys, output.shape[1]
     scorer = kernel(scorer)
-    scores = values.new_zeros(batch, num_queries, num_keys + int(with_residual and not self_mixing))
+    scores = output.new_zeros(batch, num_queries, num_keys + int(with_residual and not self_mixing))
     per_pair = batch * output.shape[-1]
-    tiles = pair_tiles(num_queries, num_keys, per_pair, max_chunk_elements, values.device.type, causal)
-    tiles = probs.tiles(from_row(tiles, first_row))
+    tiles = pair_tiles(num_queries, num_keys, per_pair, max_chunk_elements, output.device.type, causal)
+    tiles = source.tiles(from_row(tiles, first_row))
     for queries, keys in tiles:
-        parts = torch.matmul(probs(queries)[:, keys], values[:, keys]).transpose(1, 2)  # (B, q, k, D)
+        parts = source(queries, keys)  # (B, q, k, D)
         if out_frozen is not None:  # a norm on the attention output acts on every part (its shift stays outside)
             parts = out_frozen.linear(parts, queries, in_place=True)
         if with_residual and self_mixing:
@@ -136,20 +138,82 @@ class RowBlocks:
         return self.block[:, :, queries.start - self.rows.start : queries.stop - self.rows.start]
 
 
+class AttentionParts:
+    """The parts of an attention sub-block, tile by tile: the probabilities by query rows (:class:`RowBlocks`,
+    ``(B, K, q, H)``) times each head's value outputs ``(B, K, H, D)`` (keys first, so that a tile's parts are one
+    batched product over its keys)."""
+
+    def __init__(self, attn: AttentionSpec, record: AttentionTrace):
+        self.attn, self.record = attn, record
+        self.probs = RowBlocks(record)
+        self.values = head_value_outputs(attn, record).transpose(1, 2).contiguous()
+        self.num_keys, self.heads = self.values.shape[1], self.values.shape[2]
+
+    def tiles(self, tiles: list[tuple[slice, slice]]) -> list[tuple[slice, slice]]:
+        return self.probs.tiles(tiles)
+
+    def __call__(self, queries: slice, keys: slice) -> torch.Tensor:
+        """Token parts ``(B, q, k, D)``."""
+        return torch.matmul(self.probs(queries)[:, keys], self.values[:, keys]).transpose(1, 2)
+
+    def head_parts(self, queries: slice, keys: slice) -> torch.Tensor:
+        """Each head's part of each token ``(B, q, H, k, D)``."""
+        return (self.probs(queries)[:, keys, :, :, None] * self.values[:, keys, None]).permute(0, 2, 3, 1, 4)
+
+    def totals(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every position's parts summed and its own part ``(B, Q, D)`` each, a block of query rows at a time."""
+        values = self.values.transpose(1, 2)  # (B, H, K, D)
+        total, own = [], []
+        for queries, probs in self.record.row_blocks():  # one block of query rows' probabilities at a time
+            probs = upcast(probs)
+            total.append(torch.einsum("bhqk,bhkd->bqd", probs, values))
+            diagonal = probs[..., queries].diagonal(dim1=-2, dim2=-1)
+            own.append(torch.einsum("bhq,bhqd->bqd", diagonal, values[:, :, queries]))
+        return torch.cat(total, dim=1), torch.cat(own, dim=1)
+
+
+class MixerParts:
+    """The parts of a token mixer that is not attention, tile by tile (:meth:`.mixers.FrozenMixer.token_parts`)."""
+
+    def __init__(self, attn: MixerSpec, record: MixerTrace):
+        self.frozen = frozen_mixer(attn, record)
+        self.num_keys, self.heads = self.frozen.conv_input.shape[1], self.frozen.heads
+
+    def tiles(self, tiles: list[tuple[slice, slice]]) -> list[tuple[slice, slice]]:
+        return tiles
+
+    def __call__(self, queries: slice, keys: slice) -> torch.Tensor:
+        return self.frozen.token_parts(queries, keys)
+
+    def head_parts(self, queries: slice, keys: slice) -> torch.Tensor:
+        return self.frozen.head_parts(queries, keys)
+
+    def totals(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.frozen.totals()
+
+
+#: Where the parts of each kind of token-mixing sub-block come from, by its spec's type.
+PART_SOURCES = {AttentionSpec: AttentionParts, MixerSpec: MixerParts}
+
+
+def part_source(attn: AttentionSpec | MixerSpec, record: AttentionTrace | MixerTrace) -> AttentionParts | MixerParts:
+    """The parts of one token-mixing sub-block (attention or a mixer), looked up by its spec's type."""
+    return PART_SOURCES[type(attn)](attn, record)
+
+
 def _part_inputs(
-    attn: AttentionSpec, record: AttentionTrace, residual: torch.Tensor, output: torch.Tensor | None
-) -> tuple[RowBlocks, torch.Tensor, torch.Tensor, FrozenNorm | None, torch.Tensor]:
-    """What the parts of one sub-block are built from, upcast: attention probabilities by query rows
-    (:class:`RowBlocks`, ``(B, K, q, H)``) and each head's value outputs ``(B, K, H, D)`` (keys first, so that a
-    tile's parts are one batched product over its keys), the residual, the frozen norm on the attention output
-    (sandwich layouts) or None, and what the parts sum to (default: residual plus the branch output)."""
+    attn: AttentionSpec | MixerSpec, record: AttentionTrace | MixerTrace, residual: torch.Tensor,
+    output: torch.Tensor | None,
+) -> tuple[AttentionParts | MixerParts, torch.Tensor, FrozenNorm | None, torch.Tensor]:  # fmt: skip
+    """What the parts of one sub-block are built from, upcast: their source (:func:`part_source`), the residual, the
+    frozen norm on the sub-block's output (sandwich layouts) or None, and what the parts sum to (default: residual
+    plus the branch output)."""
     residual = upcast(residual)
     out_frozen = None if attn.out_norm is None else freeze_norm(attn.out_norm, record.output)
     if output is None:
         branch = upcast(record.output if attn.out_norm is None else attn.out_norm(record.output))
         output = residual + branch
-    values = head_value_outputs(attn, record).transpose(1, 2).contiguous()
-    return RowBlocks(record), residual, values, out_frozen, output
+    return part_source(attn, record), residual, out_frozen, output
 
 
 def head_part_scores(
@@ -170,14 +234,14 @@ def head_part_scores(
         ``(B, H + 1, Q, K)`` (cross-attention: ``K + 1``); index ``H`` holds the residual's score, on the diagonal
         (self-attention) or in the last column (cross-attention).
     """
-    probs, residual, values, out_frozen, output = _part_inputs(attn, record, residual, output)
-    batch, num_keys, num_heads, num_queries = *values.shape[:3], output.shape[1]
+    source, residual, out_frozen, output = _part_inputs(attn, record, residual, output)
+    batch, num_keys, num_heads, num_queries = output.shape[0], source.num_keys, source.heads, output.shape[1]
     scorer = kernel(scorer)
-    scores = values.new_zeros(batch, num_heads + 1, num_queries, num_keys + (not self_mixing))
+    scores = output.new_zeros(batch, num_heads + 1, num_queries, num_keys + (not self_mixing))
     per_pair = batch * num_heads * output.shape[-1]
-    tiles = probs.tiles(pair_tiles(num_queries, num_keys, per_pair, max_chunk_elements, values.device.type, causal))
+    tiles = source.tiles(pair_tiles(num_queries, num_keys, per_pair, max_chunk_elements, output.device.type, causal))
     for queries, keys in tiles:
-        parts = (probs(queries)[:, keys, :, :, None] * values[:, keys, None]).permute(0, 2, 3, 1, 4)  # (B, q, H, k, D)
+        parts = source.head_parts(queries, keys)  # (B, q, H, k, D)
         if out_frozen is not None:
             parts = out_frozen.linear(parts, queries, in_place=True)
         for frozen in maps:

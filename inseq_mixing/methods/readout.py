@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..specs import AttentionSpec, ModelSpec
-from ..specs.base import linear_in_out
-from ..trace import AttentionTrace, ModelTrace
+from ..specs.base import MixerSpec, linear_in_out
+from ..trace import AttentionTrace, MixerTrace, ModelTrace
 from .blocks import ffn_output, upcast
 from .head import FrozenHead
+from .mixers import frozen_mixer
 from .norms import freeze_norm
 
 #: Names of the logit terms that are not attributed to tokens, in :attr:`AltiLogitScores.unattributed`.
@@ -137,6 +138,24 @@ def attention_logit_parts(
     return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)
 
 
+def mixer_logit_parts(attn: MixerSpec, record: MixerTrace, direction: torch.Tensor, per_head: bool = False,
+                      rows: slice = slice(None)) -> torch.Tensor:  # fmt: skip
+    r""":math:`g_t \cdot \mathrm{part}_t(j)` of a token mixer that is not attention, ``(B, T, K)`` (per head
+    ``(B, H, T, K)``), for the query positions ``rows`` (:meth:`.mixers.FrozenMixer.logit_parts`)."""
+    return frozen_mixer(attn, record).logit_parts(direction, rows, per_head)
+
+
+#: Each kind of token-mixing sub-block's logit parts and its term no token carries (attention: the output
+#: projection's bias; a mixer: :meth:`.mixers.FrozenMixer.unattributed`), by its spec's type.
+BRANCH_LOGITS = {
+    AttentionSpec: (attention_logit_parts, lambda attn, _record, branch, _rows: _dot(branch, attn.out_bias)),
+    MixerSpec: (
+        mixer_logit_parts,
+        lambda attn, record, branch, rows: _dot(branch, frozen_mixer(attn, record).unattributed()[:, rows]),
+    ),
+}
+
+
 def _dot(direction: torch.Tensor, vector: torch.Tensor | None) -> torch.Tensor:
     """Per-position dot product of ``(B, T, D)`` directions with a ``(D,)`` or ``(B, T, D)`` vector."""
     if vector is None:
@@ -199,9 +218,10 @@ def sweep_logit(
             branch = direction  # a norm on the attention output sits on the branch only, not on the residual
             if attn.out_norm is not None:
                 branch = _through_norm(attn.out_norm, attn_record.output, direction, terms, rows)
-            terms["attention_bias"] += _dot(branch, attn.out_bias)
+            logit_parts, bias = BRANCH_LOGITS[type(attn)]
+            terms["attention_bias"] += bias(attn, attn_record, branch, rows)
             if parts:
-                collected.insert(0, attention_logit_parts(attn, attn_record, branch, per_head, rows))
+                collected.insert(0, logit_parts(attn, attn_record, branch, per_head, rows))
             branches[0][name] = branch
     direct = _dot(direction, upcast(stack.layers[0].input[:, rows]))
     return LogitSweep(self_parts, cross_parts, direct, terms, branches)

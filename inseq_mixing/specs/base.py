@@ -398,12 +398,44 @@ class FirstOutput(nn.Module):
         return self.wrapped[0](hidden)[0]
 
 
+#: The token mixers a :class:`MixerSpec` can name, each written as a mixing matrix by
+#: :class:`~inseq_mixing.methods.mixers.FrozenMixer`'s constructor of that name.
+MIXER_KINDS = ("mamba", "mamba2", "gated_deltanet", "lfm2")
+
+
 @dataclass(frozen=True)
-class LayerSpec:
-    """One Transformer block: self-attention, optional cross-attention, FFN, in this order."""
+class MixerSpec(BranchLayout):
+    """A token mixer that is not attention (a state-space or linear-attention layer, a short convolution), in the
+    place of a block's self-attention (``y = x + module(in_norm(x))`` in a pre-norm block).
+
+    Attributes:
+        module: The mixer; the trace records its input, its ``attention_mask`` and its output.
+        kind: How it is written as an exact mixing matrix (:data:`MIXER_KINDS`).
+        num_heads: Its mixing matrices per pair of positions: Mamba-2's and Gated DeltaNet's heads, Mamba's channels,
+            1 for a short convolution.
+        norm: The branch's norm; ``pre_norm``: on its input (else after the residual sum).
+        out_norm: A norm on the mixer's output, or None.
+    """
 
     module: nn.Module
-    self_attn: AttentionSpec
+    kind: str
+    num_heads: int
+    norm: nn.Module | None
+    pre_norm: bool
+    out_norm: nn.Module | None = None
+
+    def __post_init__(self):
+        if self.kind not in MIXER_KINDS:
+            raise ValueError(f"MixerSpec kind={self.kind!r}: give one of {MIXER_KINDS}.")
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One block: self-attention (or a token mixer that is not attention, :class:`MixerSpec`), optional
+    cross-attention, FFN, in this order."""
+
+    module: nn.Module
+    self_attn: AttentionSpec | MixerSpec
     ffn: FFNSpec | MoESpec
     cross_attn: AttentionSpec | None = None
 
@@ -533,6 +565,11 @@ class ModelSpec:
     def stacks(self) -> dict[str, StackSpec]:
         """The model's stacks by name: ``"decoder"``, then ``"encoder"`` for encoder–decoders."""
         return {"decoder": self.decoder} | ({"encoder": self.encoder} if self.encoder is not None else {})
+
+    def mixers(self) -> list[MixerSpec]:
+        """The token mixers that are not attention, in order (none in a Transformer)."""
+        return [layer.self_attn for stack in self.stacks.values() for layer in stack.layers
+                if isinstance(layer.self_attn, MixerSpec)]  # fmt: skip
 
     def block_modules(self) -> list[nn.Module]:
         """Every stack's block modules, each once (a module shared by two layer specs is listed once)."""

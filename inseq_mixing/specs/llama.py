@@ -58,13 +58,15 @@ def layer_spec(layer: nn.Module, config) -> LayerSpec:
     )
 
 
-def build(model: nn.Module, layer_spec=layer_spec, **model_fields) -> ModelSpec:
+def build(model: nn.Module, layer_spec=layer_spec, final_norm: str = "norm", **model_fields) -> ModelSpec:
     """The spec of a Llama-layout decoder; ``layer_spec`` builds each block's (families with other projections or
-    norms), ``model_fields`` sets other :class:`ModelSpec` fields."""
+    norms), ``final_norm`` names the base model's final norm, ``model_fields`` sets other :class:`ModelSpec`
+    fields."""
     base = model.base_model
+    layers = [layer_spec(layer, model.config) for layer in base.layers]
     return ModelSpec(
         family=model.config.model_type,
-        decoder=StackSpec(layers=[layer_spec(layer, model.config) for layer in base.layers], final_norm=base.norm),
+        decoder=StackSpec(layers=layers, final_norm=getattr(base, final_norm)),
         lm_head=model.get_output_embeddings(),
         **model_fields,
     )

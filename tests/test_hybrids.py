@@ -1,0 +1,179 @@
+"""Hybrid decoders whose token mixers are not all attention (issue 55): Bamba's Mamba-2 layers and LFM2's short
+convolutions read by the methods through their exact mixing matrices (:mod:`inseq_mixing.methods.mixers`). The mixers' parts add up to each layer's
+own output in the traced model, ALTI-logit adds up to the model's own logits (with foils, per head), the maps' rows
+sum to 1 and give no weight to later tokens, a padded row is that row alone, a trace of attention alone and a long
+trace give the same maps, the front ends explain the model, and the methods that do not read mixers refuse it before
+any forward pass."""
+
+import logging
+
+import inseq
+import pytest
+import torch
+
+from inseq_mixing.declarations import DECLARATIONS, Request
+from inseq_mixing.methods.alti_logit import alti_logit
+from inseq_mixing.methods.mixers import frozen_mixer
+from inseq_mixing.specs import UnsupportedModelError, get_spec
+from inseq_mixing.specs.base import MixerSpec
+from inseq_mixing.testing import HYBRID_FAMILIES, load_tiny, tiny_model
+from inseq_mixing.trace import MixerTrace, trace_model
+
+logging.getLogger("transformers").setLevel(logging.ERROR)  # the kernels' fallback notices
+
+#: The methods that read mixers, as their declarations say.
+MIXER_READERS = tuple(name for name, declaration in DECLARATIONS.items() if declaration.reads_mixers)
+_MODELS: dict = {}
+
+
+def hybrid(family: str):
+    """Three layers: a mixer, attention, a mixer (cached per family)."""
+    if family not in _MODELS:
+        _MODELS[family] = tiny_model(family, layers=3)
+    return _MODELS[family]
+
+
+def padded_batch(length: int = 11, padded: int = 3, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two rows of random ids, the second left-padded by ``padded``."""
+    ids = torch.randint(5, 60, (2, length), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids)
+    mask[1, :padded] = 0
+    return ids, mask
+
+
+def request_of(model, ids, mask, trace, foils=None) -> Request:
+    predicted = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], 9)], dim=1)
+    return Request(get_spec(model), model, mask, None, None, predicted, foils, mask.bool(), lambda: trace)
+
+
+def mixer_layers(spec, trace):
+    pairs = zip(spec.decoder.layers, trace.decoder.layers, strict=True)
+    return [(layer.self_attn, record.self_attn) for layer, record in pairs if isinstance(layer.self_attn, MixerSpec)]
+
+
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_the_traced_mixers_parts_add_up_to_each_layers_output_and_are_causal(family):
+    """In the traced model (a left-padded batch crossing the module's chunks of 4): every mixer layer's token parts
+    plus what no token carries are its recorded output on every real position; per head they add up to the token
+    parts; a later token's part is 0; parts read by windows of keys are the whole kernel's columns; the maps rollout
+    reads have rows that sum to 1."""
+    model = hybrid(family)
+    spec = get_spec(model)
+    ids, mask = padded_batch()
+    trace = trace_model(model, ids, mask)
+    layers = mixer_layers(spec, trace)
+    assert len(layers) == 2 and all(isinstance(record, MixerTrace) for _, record in layers)
+    real = mask.bool()
+    for mixer, record in layers:
+        with torch.no_grad():
+            frozen = frozen_mixer(mixer, record)
+            parts = frozen.token_parts()
+            torch.testing.assert_close((parts.sum(2) + frozen.unattributed())[real], record.output[real],
+                                       rtol=1e-4, atol=1e-5)  # fmt: skip
+            assert (parts[:, torch.ones(11, 11, dtype=torch.bool).triu(1)] == 0).all()
+            torch.testing.assert_close(frozen.head_parts().sum(2), parts, rtol=1e-5, atol=1e-6)
+            for keys in (slice(0, 3), slice(4, 9), slice(9, 11)):
+                torch.testing.assert_close(frozen.token_parts(slice(2, 10), keys), parts[:, 2:10, keys],
+                                           rtol=1e-5, atol=1e-6)  # fmt: skip
+            rows = frozen.map_rows()[:, 0]
+            torch.testing.assert_close(rows.sum(-1)[real], torch.ones(int(real.sum())))
+
+
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_alti_logit_adds_up_to_the_models_own_logits_with_and_without_foils(family):
+    """Token scores plus the terms no token carries are the model's own logit of every explained token (the mixers'
+    conv bias and output bias among the unattributed), with a foil the logit difference, and per head the parts
+    add up to each layer's part."""
+    model = hybrid(family)
+    ids, mask = padded_batch()
+    trace = trace_model(model, ids, mask)
+    predicted = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], 9)], dim=1)
+    foils = (predicted + 7) % 50 + 5
+    logits = trace.logits.gather(-1, predicted[..., None])[..., 0] - trace.logits.gather(-1, foils[..., None])[..., 0]
+    for explained, own in ((None, trace.logits.gather(-1, predicted[..., None])[..., 0]), (foils, logits)):
+        scores = alti_logit(trace, predicted, explained)
+        found = scores.target.sum(-1) + sum(scores.unattributed.values())
+        real = mask.bool()
+        torch.testing.assert_close(found[real], own[real], rtol=1e-4, atol=1e-4)
+        assert scores.target.abs().sum() > 0
+    from inseq_mixing.methods.readout import sweep_logit, unembedding_direction
+
+    direction = unembedding_direction(trace.spec, predicted, None)
+    plain, heads = sweep_logit(trace, direction), sweep_logit(trace, direction, per_head=True)
+    for layer, (whole, split) in enumerate(zip(plain.self_parts, heads.self_parts, strict=True)):
+        torch.testing.assert_close(split.sum(1), whole, rtol=1e-4, atol=1e-5, msg=f"layer {layer}")
+
+
+@pytest.mark.parametrize("method", MIXER_READERS)
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_every_mixer_reader_gives_causal_rows_and_a_padded_row_is_that_row_alone(family, method):
+    """Each method that reads mixers, on a left-padded batch: no weight on later tokens, the rows of ALTI, GlobEnc
+    and rollout sum to 1, and the padded row's real positions are that row explained alone."""
+    model = hybrid(family)
+    ids, mask = padded_batch()
+    declaration = DECLARATIONS[method]
+    batch = declaration.run(request_of(model, ids, mask, trace_model(model, ids, mask)), declaration.options())
+    alone_ids, alone_mask = ids[1:, 3:], mask[1:, 3:]
+    alone = declaration.run(request_of(model, alone_ids, alone_mask, trace_model(model, alone_ids, alone_mask)),
+                            declaration.options())  # fmt: skip
+    target = batch.target  # (B, T, T[, layers])
+    later = torch.ones(11, 11, dtype=torch.bool).triu(1)
+    assert (target[:, later] == 0).all()
+    if declaration.rows_sum_to_one:
+        sums = target[1, 3:, 3:].sum(1)
+        torch.testing.assert_close(sums, torch.ones_like(sums))
+    torch.testing.assert_close(target[1, 3:, 3:], alone.target[0], rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_a_trace_of_attention_alone_and_a_long_trace_give_rollouts_maps(family, monkeypatch):
+    """Rollout from a trace that keeps only what it reads (the mixers' inputs and masks, attention's), and from one
+    that recomputes attention by blocks of rows, equals rollout from a trace that keeps everything."""
+    import inseq_mixing.trace as trace_module
+
+    model = hybrid(family)
+    ids, mask = padded_batch()
+    declaration = DECLARATIONS["attention_rollout"]
+    kept = declaration.run(request_of(model, ids, mask, trace_model(model, ids, mask)), declaration.options())
+    monkeypatch.setattr(trace_module, "ROW_BLOCK_BYTES", 1)  # blocks of one row
+    light = trace_model(model, ids, mask, keep_probs=False, records="attention")
+    found = declaration.run(request_of(model, ids, mask, light), declaration.options())
+    torch.testing.assert_close(found.target, kept.target, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_inseq_explains_a_hybrid_and_the_span_front_end_too(family):
+    """``inseq.load_model`` on a hybrid: ALTI-logit's token scores add up to the step's logit with the unattributed
+    terms, and rollout explains an answer span over the context (the long-context front end, unchanged)."""
+    model = load_tiny(family, "alti_logit")
+    out = model.attribute("the cat sat", "the cat sat on the mat", show_progress=False)
+    sequence = out.sequence_attributions[0]
+    assert torch.isfinite(sequence.target_attributions[: len(sequence.target) - 1].nan_to_num()).all()
+    assert sequence.target_attributions.nan_to_num().abs().sum() > 0
+    rollout = load_tiny(family, "attention_rollout")
+    spans = rollout.attribute("the cat sat", "the cat sat on the mat", show_progress=False, spans="answer",
+                              units="tokens")  # fmt: skip
+    answer = spans.sequence_attributions[0].source_attributions[:, 0].double()  # the answer's mean rollout row
+    torch.testing.assert_close(answer.sum(), torch.tensor(1.0, dtype=torch.float64))
+    assert (answer >= 0).all() and (answer > 0).sum() > 1
+
+
+@pytest.mark.parametrize("method", [name for name in DECLARATIONS if name not in MIXER_READERS])
+def test_a_method_that_does_not_read_mixers_refuses_before_any_forward_pass(method):
+    """DecompX, value zeroing and AttnLRP refuse a hybrid naming the layer, its mixer and the methods that read it,
+    before the model runs once."""
+    model = load_tiny(HYBRID_FAMILIES[0], method)
+    calls = []
+    handle = model.model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        with pytest.raises(UnsupportedModelError, match=r"layer 0 .* mamba2 layer.*alti_logit"):
+            model.attribute("the cat sat", "the cat sat on the mat", show_progress=False)
+    finally:
+        handle.remove()
+    assert calls == []
+
+
+def test_inseq_load_model_accepts_a_hybrid_for_every_reader():
+    for method in MIXER_READERS:
+        assert isinstance(inseq.load_model(hybrid("bamba"), method, tokenizer=load_tiny("bamba", method).tokenizer),
+                          inseq.models.AttributionModel)  # fmt: skip
