@@ -1,3 +1,4 @@
+import contextlib
 import os
 import shutil
 import warnings
@@ -221,3 +222,14 @@ def pytest_collection_modifyitems(config, items):
             item
         ):
             item.add_marker(pytest.mark.quick)
+
+
+@contextlib.contextmanager
+def forward_hooks(*pairs, with_kwargs: bool = False):
+    """Forward hooks ``(module, hook)`` registered for the block's duration, removed whatever happens."""
+    handles = [module.register_forward_hook(hook, with_kwargs=with_kwargs) for module, hook in pairs]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -1,9 +1,10 @@
 """Hybrid decoders whose token mixers are not all attention (issue 55): Bamba's Mamba-2 layers and LFM2's short
-convolutions read by the methods through their exact mixing matrices (:mod:`inseq_mixing.methods.mixers`). The mixers' parts add up to each layer's
-own output in the traced model, ALTI-logit adds up to the model's own logits (with foils, per head), the maps' rows
-sum to 1 and give no weight to later tokens, a padded row is that row alone, a trace of attention alone and a long
-trace give the same maps, the front ends explain the model, and the methods that do not read mixers refuse it before
-any forward pass."""
+convolutions read by the methods through their exact mixing matrices (:mod:`inseq_mixing.methods.mixers`). The
+mixers' parts add up to each layer's own output in the traced model, ALTI-logit adds up to the model's own logits
+(with foils, per head), the maps' rows sum to 1 and give no weight to later tokens, a padded row is that row alone,
+value zeroing is the model run again with a token's value input zeroed, a trace of attention alone and a long trace
+give the same maps, the front ends explain the model, and the methods that do not read mixers refuse it before any
+forward pass."""
 
 import logging
 
@@ -18,6 +19,8 @@ from inseq_mixing.specs import UnsupportedModelError, get_spec
 from inseq_mixing.specs.base import MixerSpec
 from inseq_mixing.testing import HYBRID_FAMILIES, load_tiny, tiny_model
 from inseq_mixing.trace import MixerTrace, trace_model
+
+from .conftest import forward_hooks
 
 logging.getLogger("transformers").setLevel(logging.ERROR)  # the kernels' fallback notices
 
@@ -77,6 +80,61 @@ def test_the_traced_mixers_parts_add_up_to_each_layers_output_and_are_causal(fam
                                            rtol=1e-5, atol=1e-6)  # fmt: skip
             rows = frozen.map_rows()[:, 0]
             torch.testing.assert_close(rows.sum(-1)[real], torch.ones(int(real.sum())))
+
+
+def value_channels(family: str, mixer) -> slice:
+    """Where a mixer's value input sits in its ``in_proj`` output: Mamba-2's ``x`` (after the gate), LFM2's ``x``
+    (after its two gates)."""
+    if family == "bamba":
+        return slice(mixer.intermediate_size, 2 * mixer.intermediate_size)
+    width = mixer.out_proj.out_features
+    return slice(2 * width, 3 * width)
+
+
+def rerun_zeroed(model, ids, mask, block, mixer, channels: slice, token: int) -> torch.Tensor:
+    """``block``'s output in the model run again with ``token``'s ``channels`` of ``mixer.in_proj``'s output zeroed."""
+    outputs = {}
+
+    def zero(_module, _args, output):
+        output = output.clone()
+        output[:, token, channels] = 0
+        return output
+
+    def keep(_module, _args, output):
+        outputs["hidden"] = output[0] if isinstance(output, tuple) else output
+
+    with forward_hooks((mixer.in_proj, zero), (block, keep)), torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+    return outputs["hidden"]
+
+
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_value_zeroing_of_a_mixer_is_the_model_rerun_with_the_tokens_value_input_zeroed(family):
+    """Each mixer layer's value-zeroing distances (a left-padded batch) are those of the real model run again with a
+    forward hook that zeroes token ``j``'s value input to that mixer (its slice of ``in_proj``'s output), the
+    layer's output read off the run and compared with the clean one: the mixer, its activation, gate and norm, the
+    residual and the FFN all the model's own."""
+    from inseq_mixing.methods.value_zeroing import distance, zeroing_distances
+
+    model = hybrid(family)
+    spec = get_spec(model)
+    ids, mask = padded_batch()
+    trace = trace_model(model, ids, mask)
+    real = mask.bool()
+    for index, (layer, record) in enumerate(zip(spec.decoder.layers, trace.decoder.layers, strict=True)):
+        if not isinstance(layer.self_attn, MixerSpec) or index > 0:  # the first mixer layer: a pass per token
+            continue
+        with torch.no_grad():
+            scores = zeroing_distances(layer, record, "self", causal=True)
+        module, naive = layer.self_attn.module, torch.zeros_like(scores)
+        channels = value_channels(family, module)
+        for token in range(ids.shape[1]):
+            naive[:, :, token] = distance(rerun_zeroed(model, ids, mask, layer.module, module, channels, token),
+                                          record.output, "cosine")  # fmt: skip
+        later = torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool).triu(1)
+        cells = real[:, :, None] & real[:, None, :] & ~later
+        torch.testing.assert_close(scores[cells], naive[cells], rtol=1e-3, atol=1e-6, msg=f"layer {index}")
+        assert scores[cells].max() > 1e-3
 
 
 @pytest.mark.parametrize("family", HYBRID_FAMILIES)
@@ -160,8 +218,8 @@ def test_inseq_explains_a_hybrid_and_the_span_front_end_too(family):
 
 @pytest.mark.parametrize("method", [name for name in DECLARATIONS if name not in MIXER_READERS])
 def test_a_method_that_does_not_read_mixers_refuses_before_any_forward_pass(method):
-    """DecompX, value zeroing and AttnLRP refuse a hybrid naming the layer, its mixer and the methods that read it,
-    before the model runs once."""
+    """DecompX and AttnLRP refuse a hybrid naming the layer, its mixer and the methods that read it, before the model
+    runs once."""
     model = load_tiny(HYBRID_FAMILIES[0], method)
     calls = []
     handle = model.model.register_forward_pre_hook(lambda *_: calls.append(1))

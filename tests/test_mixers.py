@@ -8,6 +8,8 @@ from transformers import Mamba2Config, Mamba2ForCausalLM
 
 from inseq_mixing.methods.mixers import FrozenMixer
 
+from .conftest import forward_hooks
+
 
 def tiny_mamba2(use_bias: bool) -> Mamba2ForCausalLM:
     torch.manual_seed(0)
@@ -49,13 +51,8 @@ def mixer_calls(model, ids, mask):
     def record(module, args, kwargs, output):
         calls.append((module, args[0] if args else kwargs["hidden_states"], kwargs.get("attention_mask"), output))
 
-    handles = [layer.mixer.register_forward_hook(record, with_kwargs=True) for layer in model.backbone.layers]
-    try:
-        with torch.no_grad():
-            model(input_ids=ids, attention_mask=mask)
-    finally:
-        for handle in handles:
-            handle.remove()
+    with forward_hooks(*[(layer.mixer, record) for layer in model.backbone.layers], with_kwargs=True), torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
     return calls
 
 

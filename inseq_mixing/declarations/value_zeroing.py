@@ -117,4 +117,5 @@ DECLARATION = Declaration(
     pools_units=True,
     paper_layout={"per_layer": True},
     reference_word_frames=True,
+    reads_mixers=True,
 )

@@ -49,7 +49,8 @@ attention flow read a map in attention's place (:meth:`FrozenMixer.map_rows`): p
 ``|κ_{t,j,c}|`` (the mixing matrix through the convolution's taps and the frozen activation) normalised over the
 tokens ``j``, averaged over the channels, so that each row sums to 1 like a head-averaged attention row. Ali,
 Zimerman & Wolf (2024, *The Hidden Attention of Mamba Models*) roll out Mamba's hidden attention matrices averaged
-over channels; reading them through the convolution, and every mixer kind here, is our extension.
+over channels; reading them through the convolution, and every mixer kind here, is our extension. Value zeroing
+zeroes a token's value input and re-runs what follows the frozen mixing (:meth:`FrozenMixer.zeroed_outputs`).
 """
 
 from __future__ import annotations
@@ -63,6 +64,26 @@ import torch.nn.functional as F
 if TYPE_CHECKING:
     from ..specs.base import MixerSpec
     from ..trace import MixerTrace
+
+
+@dataclass
+class ValueReadout:
+    """What a mixer computes past its mixing, for value zeroing's re-run: the value channels' activation
+    pre-values, the mixing's output before the gate and norm, the gate, and the norm.
+
+    Attributes:
+        pre: The activation's pre-values of the value channels ``(B, T, I)`` (``silu``); None: no activation (LFM2).
+        y: The mixing's output ``Σ_s W_ts act(u_s)`` before the gate and norm ``(B, T, I)``.
+        gate: The output gate per channel ``(B, T, I)``.
+        norm: The gated RMS norm's ``(weight (I,), eps, channels per group)``, or None.
+        gate_first: The gate multiplies before the norm (Mamba-2), else after it (Gated DeltaNet).
+    """
+
+    pre: torch.Tensor | None
+    y: torch.Tensor
+    gate: torch.Tensor
+    norm: tuple[torch.Tensor, float, int] | None
+    gate_first: bool = True
 
 
 @dataclass
@@ -81,6 +102,8 @@ class FrozenMixer:
             zeroed hidden state's projection) still reaches the real positions through the taps, as in the module:
             no token's part, it is among what no token carries (:meth:`unattributed`), and padding columns get no
             part and no map.
+        readout: What value zeroing re-runs past the mixing (:class:`ValueReadout`); None where zeroing a token's
+            value input changes the mixing itself (Mamba: its steps and state projections read the same channels).
     """
 
     conv_input: torch.Tensor
@@ -91,6 +114,7 @@ class FrozenMixer:
     scale: torch.Tensor
     out_proj: torch.nn.Linear
     mask: torch.Tensor | None = None
+    readout: ValueReadout | None = None
 
     @classmethod
     def mamba2(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:
@@ -120,8 +144,10 @@ class FrozenMixer:
         rms = torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + mixer.norm.variance_epsilon)
         scale = (rms.expand_as(grouped).flatten(-2) * F.silu(gate.float())) * mixer.norm.weight.float()
         bias = None if mixer.conv1d.bias is None else mixer.conv1d.bias[:inner].float()
+        norm = (mixer.norm.weight.float(), mixer.norm.variance_epsilon, inner // groups)
+        readout = ValueReadout(x_pre, y, F.silu(gate.float()), norm, gate_first=True)
         return cls(xbc[..., :inner].float(), ratio, mixing, taps[:inner].float(), bias, scale, mixer.out_proj,
-                   mask.float())  # fmt: skip
+                   mask.float(), readout)  # fmt: skip
 
     @classmethod
     def mamba(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:
@@ -184,8 +210,10 @@ class FrozenMixer:
         rms = torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + mixer.norm.variance_epsilon)
         scale = (rms * mixer.norm.weight.float() * F.silu(gate.float())).flatten(-2)
         bias = None if mixer.conv1d.bias is None else mixer.conv1d.bias[2 * keys :].float()
+        norm = (mixer.norm.weight.float().repeat(heads), mixer.norm.variance_epsilon, mixer.head_v_dim)
+        readout = ValueReadout(v_pre, out.flatten(-2), F.silu(gate.float()).flatten(-2), norm, gate_first=False)
         return cls(xi[..., 2 * keys :].float(), ratio, mixing, taps[2 * keys :].float(), bias, scale, mixer.out_proj,
-                   mask.float())  # fmt: skip
+                   mask.float(), readout)  # fmt: skip
 
     @classmethod
     def lfm2(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:
@@ -199,8 +227,11 @@ class FrozenMixer:
         identity = torch.eye(length, dtype=inputs.dtype, device=inputs.device).expand(batch, 1, length, length)
         bias = None if mixer.conv.bias is None else mixer.conv.bias.float()
         taps = mixer.conv.weight.squeeze(1).float()
+        convolved = F.conv1d((gate_in * inputs).transpose(1, 2), taps[:, None], bias, padding=taps.shape[1] - 1,
+                             groups=taps.shape[0])[..., :length].transpose(1, 2)  # fmt: skip
+        readout = ValueReadout(None, convolved, gate_out, None)
         return cls(gate_in * inputs, torch.ones_like(inputs), identity, taps, bias, gate_out, mixer.out_proj,
-                   mask.float())  # fmt: skip
+                   mask.float(), readout)  # fmt: skip
 
     @property
     def heads(self) -> int:
@@ -278,6 +309,60 @@ class FrozenMixer:
         parts = self.token_parts(rows)
         own = parts[:, torch.arange(stop - first), torch.arange(first, stop)]
         return parts.sum(2), own
+
+    def finish(self, y: torch.Tensor, rows: slice = slice(None)) -> torch.Tensor:
+        """The mixer's output ``(..., R, d)`` from mixing outputs ``y`` ``(..., R, I)`` of the positions ``rows``:
+        the gate and the gated norm recomputed on ``y`` (their statistics its own), then ``out_proj``."""
+        readout = self.readout
+        gate = readout.gate[:, rows]
+        gate = gate.reshape(gate.shape[0], *[1] * (y.dim() - 3), *gate.shape[1:])  # broadcast over y's extra axes
+        hidden = y * gate if readout.gate_first or readout.norm is None else y
+        if readout.norm is not None:
+            weight, eps, group = readout.norm
+            grouped = hidden.unflatten(-1, (-1, group))
+            hidden = (grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + eps)).flatten(-2) * weight
+            if not readout.gate_first:
+                hidden = hidden * gate
+        bias = None if self.out_proj.bias is None else self.out_proj.bias.float()
+        return F.linear(hidden, self.out_proj.weight.float(), bias)
+
+    def zeroed_outputs(self, keys: slice, rows: slice = slice(None)) -> torch.Tensor:
+        """The mixer's outputs at the positions ``rows`` when each token of ``keys`` has its value input zeroed
+        ``(B, K, R, d)``, with the mixing frozen and what follows it re-run (value zeroing, our extension): token
+        ``j``'s value reaches position ``s = j + d`` through tap ``K − 1 − d``, so the activation there changes by
+        ``act(u_s) − act(u_s − w_{K−1−d} ξ_j)``, carried by the mixing to every row, then the gate, the gated norm
+        (its statistics recomputed) and ``out_proj``.
+
+        Raises:
+            ValueError: A mixer whose mixing reads the value channels too (Mamba), where no such closed form holds.
+        """
+        if self.readout is None:
+            raise ValueError("Value zeroing needs the mixing to stay as it was when a token's value input is zeroed; "
+                             "in Mamba its steps and state projections read the same channels, so it cannot be "
+                             "written in closed form: use alti, alti_logit, globenc, attention_norm or "
+                             "attention_rollout.")  # fmt: skip
+        batch, length, inner = self.conv_input.shape
+        first, stop, _ = keys.indices(length)
+        start, end, _ = rows.indices(length)
+        size, per_head = self.conv_weight.shape[1], inner // self.heads
+        values = self.conv_input[:, first:stop]  # (B, K, I)
+        change = values.new_zeros(batch, stop - first, end - start, inner)
+        for offset in range(size):
+            positions = torch.arange(first, stop, device=values.device) + offset
+            inside = positions < length
+            positions = positions.clamp(max=length - 1)
+            shift = values * self.conv_weight[:, size - 1 - offset]
+            if self.readout.pre is None:
+                moved = shift
+            else:
+                before = self.readout.pre[:, positions]
+                moved = F.silu(before) - F.silu(before - shift)
+            moved = moved * inside[None, :, None]
+            if self.mask is not None:
+                moved = moved * self.mask[:, positions, None]
+            weights = self.mixing[:, :, start:end, positions].repeat_interleave(per_head, dim=1)  # (B, I, R, K)
+            change += weights.permute(0, 3, 2, 1) * moved[:, :, None, :]
+        return self.finish(self.readout.y[:, None, start:end] - change, rows)
 
     def unattributed(self) -> torch.Tensor:
         """What no token carries ``(B, T, d)``: the convolution's bias and the padding positions' conv inputs through

@@ -21,6 +21,11 @@ transformers' Python ``gelu_new`` (GPT-2, T5 v1.1) runs as torch's fused kernel 
 experts (our extension) is position-wise too, and re-runs whole, router included: a corrupted row may go to other
 experts, as in a re-run of the model.
 
+Token mixers that are not attention (hybrids such as Bamba and LFM2; our extension): token :math:`j`'s value input to
+the mixer is zeroed with the mixing kept as it was (its steps, decays and state projections come from other channels),
+and the mixer's output is re-run past the mixing in closed form (:meth:`.mixers.FrozenMixer.zeroed_outputs`: the
+value's activation, gate and gated norm recomputed), then the rest of the block as for attention.
+
 Audio units (speech models, :mod:`.units`): zeroing every frame of a unit :math:`u` at once changes the attention
 output of query :math:`i` by :math:`-\sum_h \sum_{j \in u} \alpha^h_{ij}\, v^h_j W^h_O`, so the closed form holds
 for spans too; a layer's zeroings are then one pass per unit instead of per frame. Its scores are
@@ -32,7 +37,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..specs import FFNSpec, LayerSpec
+from ..specs import AttentionSpec, FFNSpec, LayerSpec
+from ..specs.base import MixerSpec
 from ..trace import LayerTrace, ModelTrace, StackTrace, eval_mode
 from .blocks import (
     apply_ffn,
@@ -46,6 +52,7 @@ from .blocks import (
 )
 from .chunking import DEFAULT_CHUNK_ELEMENTS, causal_chunk_slices, items_per_chunk
 from .compiled import kernel
+from .mixers import frozen_mixer
 from .options import NORMALIZATIONS, SIMILARITY_METRICS
 from .results import LayerMaps
 from .rollout import joint_rollout, normalize_rows
@@ -148,17 +155,9 @@ def zeroing_distances(
     attn = layer.self_attn if sub_block == "self" else layer.cross_attn
     attn_record = record.self_attn if sub_block == "self" else record.cross_attn
     residual = record.input if sub_block == "self" else cross_attention_input(layer, record)
-    # a long trace: the probabilities of the rows that get a score only (from first_row on), recomputed by blocks
-    skipped = first_row if attn_record.kept_probs is None and key_units is None else 0
-    probs = upcast(attn_record.probs_rows(slice(skipped, None)))  # rows skipped.. of the layer's
-    batch, _, num_queries, num_keys = probs.shape
-    num_queries += skipped
-    dtype, score_dtype = residual.dtype, probs.dtype
-    value_outputs = head_value_outputs(attn, attn_record)
-    attn_output = upcast(attn_record.output)
-    if attn.out_norm is not None:
-        probs, value_outputs, resummed = resummed_attention_output(attn, probs, value_outputs)
-        attn_output = resummed if not skipped else torch.cat([attn_output[:, :skipped].double(), resummed], dim=1)
+    source = ZEROING_SOURCES[type(attn)](attn, attn_record, first_row, key_units)
+    batch, num_queries, num_keys = source.output.shape[0], source.output.shape[1], source.num_keys
+    dtype, score_dtype, attn_output = residual.dtype, source.score_dtype, source.output
     full = slice(first_row, None)
     clean = finish_layer(
         layer,
@@ -166,7 +165,7 @@ def zeroing_distances(
         sub_block,
         residual[:, full],
         attn_output[:, full].to(dtype),
-        torch.arange(batch, device=probs.device),
+        torch.arange(batch, device=residual.device),
         full,
     )
     clean = normed(clean, output_norm)
@@ -184,7 +183,7 @@ def zeroing_distances(
             sub_block,
             residual[:, None, queries].expand(-1, width, -1, -1).reshape(rows, -1, residual.shape[-1]),
             corrupted_attn.to(dtype).reshape(rows, -1, residual.shape[-1]),
-            torch.arange(batch, device=probs.device).repeat_interleave(width),
+            torch.arange(batch, device=residual.device).repeat_interleave(width),
             queries,
         )
         if layer.ffn.parallel:  # the FFN's output does not change (GPT-NeoX)
@@ -196,27 +195,77 @@ def zeroing_distances(
     if key_units is not None:
         if first_row:
             raise ValueError("Audio units take every query row (first_row=0).")
-        return unit_zeroing_distances(probs, value_outputs, key_units, distances, residual.shape[-1],
+        return unit_zeroing_distances(source.probs, source.value_outputs, key_units, distances, residual.shape[-1],
                                       max_chunk_elements).to(score_dtype)  # fmt: skip
-    scores = probs.new_zeros(batch, num_queries, num_keys)
+    scores = residual.new_zeros(batch, num_queries, num_keys, dtype=score_dtype)
     per_key = chunk_elements_per_key(batch, num_queries - first_row, residual.shape[-1])
     # causal, on the CPU: narrow chunks let each one skip the positions before its first key, ~n²/2 pairs instead of
     # n² (each wasted pair is an FFN row: narrowed whatever the chunk's size); on an accelerator as wide as memory
     # allows
     chunks = causal_chunk_slices(
         num_keys, per_key, max_chunk_elements, smallest_chunk_elements=0, fewest_items=4,
-        device_type=probs.device.type, causal=causal,
+        device_type=residual.device.type, causal=causal,
     )  # fmt: skip
     for keys in chunks:
         start = keys.start
         queries = slice(max(start, first_row), None) if causal else full
-        read = slice(queries.start - skipped, None)  # the same rows of the probabilities held
-        delta = torch.einsum("bhqk,bhkd->bkqd", probs[:, :, read, keys], value_outputs[:, :, keys])
-        scores[:, queries, keys] = distances(delta, queries).transpose(1, 2)
-    attended = (probs > 0).any(dim=1)
-    if skipped:  # rows before first_row hold no score (0) whatever they attend
-        attended = torch.nn.functional.pad(attended, (0, 0, skipped, 0))
-    return scores.clamp(min=0).masked_fill(~attended, 0.0).to(score_dtype)
+        scores[:, queries, keys] = distances(source.delta(keys, queries), queries).transpose(1, 2)
+    return source.untouched(scores.clamp(min=0)).to(score_dtype)
+
+
+class AttentionZeroing:
+    """What zeroing each token's values takes out of an attention sub-block's output, in closed form:
+    ``Σ_h α^h_ij v^h_j W^h_O``. A long trace holds the probabilities of the rows that get a score only (from
+    ``first_row`` on), recomputed by blocks; a norm on the attention output gets the output summed again in float64
+    (:func:`resummed_attention_output`)."""
+
+    def __init__(self, attn, record, first_row: int, key_units: torch.Tensor | None):
+        self.skipped = first_row if record.kept_probs is None and key_units is None else 0
+        probs = upcast(record.probs_rows(slice(self.skipped, None)))  # rows skipped.. of the layer's
+        self.num_keys, self.score_dtype = probs.shape[-1], probs.dtype
+        value_outputs = head_value_outputs(attn, record)
+        output = upcast(record.output)
+        if attn.out_norm is not None:
+            probs, value_outputs, resummed = resummed_attention_output(attn, probs, value_outputs)
+            skipped = self.skipped
+            output = resummed if not skipped else torch.cat([output[:, :skipped].double(), resummed], dim=1)
+        self.probs, self.value_outputs, self.output = probs, value_outputs, output
+
+    def delta(self, keys: slice, queries: slice) -> torch.Tensor:
+        """``(B, keys, queries, D)``: each zeroed token's part of the rows ``queries`` (from a start to the end)."""
+        read = slice(queries.start - self.skipped, None)  # the same rows of the probabilities held
+        return torch.einsum("bhqk,bhkd->bkqd", self.probs[:, :, read, keys], self.value_outputs[:, :, keys])
+
+    def untouched(self, scores: torch.Tensor) -> torch.Tensor:
+        """``scores`` with the cells no head attends (outside a sliding window) exactly 0."""
+        attended = (self.probs > 0).any(dim=1)
+        if self.skipped:  # rows before first_row hold no score (0) whatever they attend
+            attended = torch.nn.functional.pad(attended, (0, 0, self.skipped, 0))
+        return scores.masked_fill(~attended, 0.0)
+
+
+class MixerZeroing:
+    """What zeroing each token's value input takes out of a token mixer's output that is not attention: the mixer's
+    clean output minus its output re-run past the frozen mixing (:meth:`.mixers.FrozenMixer.zeroed_outputs`: the
+    value's activation, the gate and the gated norm recomputed; our extension)."""
+
+    def __init__(self, attn, record, first_row: int, key_units: torch.Tensor | None):
+        if key_units is not None:
+            raise ValueError("Value zeroing by units reads attention's probabilities; this layer's token mixer is "
+                             f"a {attn.kind} layer.")  # fmt: skip
+        self.frozen = frozen_mixer(attn, record)
+        self.output = upcast(record.output)
+        self.num_keys, self.score_dtype = self.output.shape[1], self.output.dtype
+
+    def delta(self, keys: slice, queries: slice) -> torch.Tensor:
+        return self.output[:, None, queries] - self.frozen.zeroed_outputs(keys, queries)
+
+    def untouched(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores
+
+
+#: How zeroing a token's values changes each kind of token-mixing sub-block, by its spec's type.
+ZEROING_SOURCES = {AttentionSpec: AttentionZeroing, MixerSpec: MixerZeroing}
 
 
 def unit_zeroing_distances(
