@@ -184,6 +184,58 @@ def test_every_mixer_reader_gives_causal_rows_and_a_padded_row_is_that_row_alone
 
 
 @pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_attn_lrp_through_mixers_without_biases_gives_the_tokens_the_whole_logit(family):
+    """A hybrid of mixer layers only (no attention, so no softmax rule) with every bias zeroed: under MambaLRP's rules
+    (the mixing's parameters constants, the gates' products halved, ``silu``'s gate and the norms' statistics frozen)
+    the tokens' relevances add up to the logit at every position, and the relevance is not plain Gradient×Input."""
+    from inseq_mixing.methods.attn_lrp import attn_lrp
+
+    model = tiny_model(family, layers=1)  # layer 0: a mixer
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.zero_()
+    spec = get_spec(model)
+    assert all(isinstance(layer.self_attn, MixerSpec) for layer in spec.decoder.layers)
+    ids, mask = padded_batch()
+    predicted = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], 9)], dim=1)
+    scores = attn_lrp(model, spec, ids, mask, None, None, predicted)
+    real = mask.bool()
+    torch.testing.assert_close(scores.target.sum(-1)[real], scores.logit[real], rtol=1e-4, atol=1e-4)
+    assert scores.logit[real].abs().min() > 1e-3
+    embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+    logit = model(inputs_embeds=embeddings, attention_mask=mask, use_cache=False).logits[0, -1, predicted[0, -1]]
+    plain = (torch.autograd.grad(logit, embeddings)[0] * embeddings).sum(-1)[0].detach()
+    assert not torch.allclose(plain, scores.target[0, -1], atol=1e-3)
+
+
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_attn_lrp_on_a_hybrid_is_causal_its_own_logit_and_a_padded_row_alone(family):
+    """AttnLRP on a hybrid (a mixer, attention, a mixer): finite causal scores, the model's own logits, a contrast
+    the difference of the two explanations, and a left-padded row's scores those of that row alone."""
+    from inseq_mixing.methods.attn_lrp import attn_lrp
+
+    model = hybrid(family)
+    spec = get_spec(model)
+    ids, mask = padded_batch()
+    predicted = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], 9)], dim=1)
+    foils = (predicted + 7) % 50 + 5
+    scores = attn_lrp(model, spec, ids, mask, None, None, predicted)
+    later = torch.ones(11, 11, dtype=torch.bool).triu(1)
+    assert torch.isfinite(scores.target).all() and (scores.target[:, later] == 0).all()
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(scores.logit[real], logits.gather(-1, predicted[..., None])[..., 0][real],
+                               rtol=1e-4, atol=1e-4)  # fmt: skip
+    foil = attn_lrp(model, spec, ids, mask, None, None, foils)
+    contrast = attn_lrp(model, spec, ids, mask, None, None, predicted, foil_ids=foils)
+    torch.testing.assert_close(contrast.target, scores.target - foil.target, rtol=1e-4, atol=1e-5)
+    alone = attn_lrp(model, spec, ids[1:, 3:], mask[1:, 3:], None, None, predicted[1:, 3:])
+    torch.testing.assert_close(scores.target[1, 3:, 3:], alone.target[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
 def test_a_trace_of_attention_alone_and_a_long_trace_give_rollouts_maps(family, monkeypatch):
     """Rollout from a trace that keeps only what it reads (the mixers' inputs and masks, attention's), and from one
     that recomputes attention by blocks of rows, equals rollout from a trace that keeps everything."""
@@ -208,6 +260,9 @@ def test_inseq_explains_a_hybrid_and_the_span_front_end_too(family):
     sequence = out.sequence_attributions[0]
     assert torch.isfinite(sequence.target_attributions[: len(sequence.target) - 1].nan_to_num()).all()
     assert sequence.target_attributions.nan_to_num().abs().sum() > 0
+    for method in ("value_zeroing", "attn_lrp"):
+        found = load_tiny(family, method).attribute("the cat sat", "the cat sat on the mat", show_progress=False)
+        assert found.sequence_attributions[0].target_attributions.nan_to_num().abs().sum() > 0, method
     rollout = load_tiny(family, "attention_rollout")
     spans = rollout.attribute("the cat sat", "the cat sat on the mat", show_progress=False, spans="answer",
                               units="tokens")  # fmt: skip
@@ -218,8 +273,8 @@ def test_inseq_explains_a_hybrid_and_the_span_front_end_too(family):
 
 @pytest.mark.parametrize("method", [name for name in DECLARATIONS if name not in MIXER_READERS])
 def test_a_method_that_does_not_read_mixers_refuses_before_any_forward_pass(method):
-    """DecompX and AttnLRP refuse a hybrid naming the layer, its mixer and the methods that read it, before the model
-    runs once."""
+    """DecompX refuses a hybrid naming the layer, its mixer and the methods that read it, before the model runs
+    once."""
     model = load_tiny(HYBRID_FAMILIES[0], method)
     calls = []
     handle = model.model.register_forward_pre_hook(lambda *_: calls.append(1))

@@ -65,4 +65,5 @@ DECLARATION = Declaration(
     compute=compute,
     compute_span=compute_span,
     explains_logit=True,
+    reads_mixers=True,
 )

@@ -41,19 +41,22 @@ head's activations and norms is that frozen map), the head's biases and norm shi
 tokens may be explained as one quantity, its summed logit, in one backward pass (:func:`span_lrp_of_call`; our
 extension, after FlashTrace): the rules are linear in the relevance they pass down, so it equals the sum of the
 tokens' own relevances. A mixture of experts (our extension): its routing weights and a shared expert's sigmoid gate
-are constants of the pass (their outputs detached), each expert a gated FFN under the rules above.
+are constants of the pass (their outputs detached), each expert a gated FFN under the rules above. Token mixers that
+are not attention (hybrids; our extension) run under MambaLRP's rules (:data:`MIXER_RULES`).
 """
 
+import functools
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..specs import ModelSpec
-from ..specs.base import UnsupportedModelError, is_norm
+from ..specs import FFNSpec, ModelSpec
+from ..specs.base import MixerSpec, UnsupportedModelError, is_norm
 from ..trace import (
     ModelCall,
     ModelTrace,
@@ -67,6 +70,7 @@ from ..trace import (
 )
 from .blocks import refuse_non_finite
 from .chunking import DEFAULT_CHUNK_ELEMENTS, items_per_chunk
+from .mixers import FrozenMixer, mix_heads
 from .norms import freeze_norm
 from .readout import NO_HEAD, head_input_logit, readout
 
@@ -145,6 +149,70 @@ def _detached_output(_module, _args, output):
     return tuple(part.detach() for part in output) if isinstance(output, tuple) else output.detach()
 
 
+def _padding_mask(hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """``(B, T, 1)`` in ``hidden``'s dtype: the mixers zero padding positions' inputs."""
+    if attention_mask is None:
+        return torch.ones_like(hidden[..., :1])
+    return attention_mask.to(hidden.dtype)[..., None]
+
+
+def _tapped(values: torch.Tensor, conv: nn.Conv1d, channels: slice = slice(None)) -> torch.Tensor:
+    """A causal depthwise convolution (``channels`` of ``conv``) of ``(B, T, C)``: linear, so its ε-rule is its
+    gradient."""
+    weight = conv.weight[channels]
+    bias = None if conv.bias is None else conv.bias[channels]
+    size = weight.shape[-1]
+    out = F.conv1d(values.transpose(1, 2), weight, bias, padding=size - 1, groups=weight.shape[0])
+    return out[..., : values.shape[1]].transpose(1, 2)
+
+
+def _mamba2_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **_):
+    """A Mamba-2 layer under MambaLRP's rules: the steps, decays and state projections ``B``, ``C`` constants of the
+    pass (the SSD matrix detached), ``silu`` on the values and the gate under the identity rule, the gate's product
+    with the SSD output under the uniform rule, the gated norm's statistics frozen; the projections and the
+    convolution linear."""
+    hidden = hidden_states
+    frozen = FrozenMixer.mamba2(module, hidden.detach(), attention_mask)
+    inner = module.intermediate_size
+    projected = module.in_proj(hidden * _padding_mask(hidden, attention_mask))
+    gate, values = projected[..., :inner].float(), projected[..., inner : 2 * inner]
+    activated = _tapped(values, module.conv1d, slice(0, inner)).float() * frozen.ratio.detach()  # σ(u) frozen
+    y = mix_heads(frozen.mixing.detach(), activated, frozen.heads)
+    gated = with_gradient_scaled(y, 0.5) * with_gradient_scaled(identity_rule(F.silu(gate), gate), 0.5)
+    weight, eps, group = frozen.readout.norm
+    grouped = (frozen.readout.y * frozen.readout.gate).unflatten(-1, (-1, group))
+    scale = torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + eps).expand_as(grouped).flatten(-2) * weight
+    return module.out_proj((gated * scale.detach()).to(hidden.dtype))  # the norm's statistics frozen
+
+
+def _lfm2_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **_):
+    """An LFM2 short convolution ``out_proj(C ⊙ conv(B ⊙ x))``: both gates' products under the uniform rule, the
+    projections and the convolution linear."""
+    hidden = hidden_states
+    gate_in, gate_out, values = module.in_proj(hidden * _padding_mask(hidden, attention_mask)).chunk(3, dim=-1)
+    gated = with_gradient_scaled(gate_in, 0.5) * with_gradient_scaled(values, 0.5)
+    tapped = _tapped(gated, module.conv)
+    return module.out_proj(with_gradient_scaled(gate_out, 0.5) * with_gradient_scaled(tapped, 0.5))
+
+
+def _ffn_rules(ffn: FFNSpec, hidden: torch.Tensor, *_args, **_kwargs) -> torch.Tensor:
+    """An FFN whose activation is a function, not a module (LFM2's ``w2(silu(w1 x) ⊙ w3 x)``), run from its spec
+    under the rules: the activation under the identity rule, a gated FFN's product under the uniform rule."""
+    pre = (ffn.w_gate or ffn.w_in)(hidden)
+    activated = identity_rule(ffn.activation(pre), pre)
+    if ffn.is_gated:
+        activated = with_gradient_scaled(activated, 0.5) * with_gradient_scaled(ffn.w_in(hidden), 0.5)
+    return ffn.w_out(activated)
+
+
+#: How each kind of token mixer that is not attention runs in an AttnLRP pass (its forward replaced by one with the
+#: same output and the rules' gradients): MambaLRP's rules (Jafari et al., NeurIPS 2024: the selective state
+#: space's parameters constants of the pass, ``silu``'s gate detached, the uniform rule on multiplicative gates, the
+#: norms' statistics frozen), which AttnLRP's own rules for activations, norms and products match; our extension to
+#: hybrids and to LFM2's convolutions. A kind not here is refused.
+MIXER_RULES = {"mamba2": _mamba2_rules, "lfm2": _lfm2_rules}
+
+
 @contextmanager
 def lrp_rules(model: nn.Module, spec: ModelSpec) -> Iterator[None]:
     """Install the AttnLRP gradient modifications on the model's modules; removed on exit, whatever happens."""
@@ -160,12 +228,17 @@ def lrp_rules(model: nn.Module, spec: ModelSpec) -> Iterator[None]:
             ffn = layer.ffn
             modules = (*ffn.activations, *ffn.product_inputs)
             if not all(isinstance(module, nn.Module) for module in modules):
-                raise UnsupportedModelError(
-                    f"AttnLRP hooks the FFN's activation (and a gated FFN's module); {spec.family}'s are functions."
-                )
-            for activation in ffn.activations:
+                if not isinstance(ffn, FFNSpec) or ffn.linear_activation is not None or not isinstance(
+                        ffn.forward, nn.Module):  # fmt: skip
+                    raise UnsupportedModelError(
+                        f"AttnLRP hooks the FFN's activation (and a gated FFN's module); {spec.family}'s are "
+                        "functions."
+                    )
+                hooks.enter_context(replaced_forward(ffn.forward, functools.partial(_ffn_rules, ffn)))
+                modules = ()
+            for activation in ffn.activations if modules else ():
                 add(activation.register_forward_hook(lambda _m, args, out: identity_rule(out, args[0])))
-            for product in ffn.product_inputs:  # both factors of a product read this input: each gets half
+            for product in ffn.product_inputs if modules else ():  # both factors read this input: each gets half
                 add(product.register_forward_pre_hook(_halved_first_input))
             for constant in ffn.constants:  # a mixture's routing weights and gates: constants of the pass
                 add(constant.register_forward_hook(_detached_output))
@@ -174,6 +247,12 @@ def lrp_rules(model: nn.Module, spec: ModelSpec) -> Iterator[None]:
                 hooks.callback(vars(experts).pop, "_apply_gate", None)
             for attn in (layer.self_attn, layer.cross_attn):
                 if attn is None:
+                    continue
+                if isinstance(attn, MixerSpec):  # its forward replaced by one under the rules (MIXER_RULES)
+                    if attn.kind not in MIXER_RULES:
+                        raise UnsupportedModelError(f"AttnLRP has no rules for {attn.kind} layers yet.")
+                    rules = functools.partial(MIXER_RULES[attn.kind], attn.module)
+                    hooks.enter_context(replaced_forward(attn.module, rules))
                     continue
                 add(attn.module.register_forward_pre_hook(_scale_attention_inputs, with_kwargs=True))
 
@@ -220,8 +299,10 @@ def first_block_inputs(spec: ModelSpec, store: dict[str, torch.Tensor]) -> Itera
 
 def _chunk_size(spec: ModelSpec, tokens: int, max_chunk_elements: int) -> int:
     layers = sum(len(stack.layers) for stack in spec.stacks.values())
-    attn = spec.decoder.layers[0].self_attn
-    per_copy = layers * tokens * (tokens * attn.num_heads + 8 * attn.out_weight.shape[-1])
+    heads = max(layer.self_attn.num_heads for stack in spec.stacks.values() for layer in stack.layers)
+    first = spec.decoder.layers[0].self_attn
+    width = first.module.out_proj.out_features if isinstance(first, MixerSpec) else first.out_weight.shape[-1]
+    per_copy = layers * tokens * (tokens * heads + 8 * width)
     return items_per_chunk(per_copy, max_chunk_elements)
 
 

@@ -138,7 +138,7 @@ class FrozenMixer:
         elapsed, causal = _elapsed(decay.cumsum(1).transpose(1, 2))  # (B, H, T, T)
         mixing = torch.einsum("bthn,bshn->bhts", c, b) * (elapsed.exp() * causal) * dt.transpose(1, 2)[:, :, None, :]
         mixing = _with_skip(mixing, mixer.D)
-        y = _ssd(mixing, activated[..., :inner].float(), heads)
+        y = mix_heads(mixing, activated[..., :inner].float(), heads)
         gated = y * F.silu(gate.float())
         grouped = gated.unflatten(-1, (groups, inner // groups))
         rms = torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + mixer.norm.variance_epsilon)
@@ -206,7 +206,7 @@ class FrozenMixer:
         pseudo = torch.linalg.solve_triangular(unit, torch.diag_embed(beta), upper=False, unitriangular=True)
         mixing = reads @ pseudo  # (B, H, T, T)
         ratio = _silu_ratio(v_pre)
-        out = _ssd(mixing, F.silu(v_pre), heads).unflatten(-1, (heads, mixer.head_v_dim))
+        out = mix_heads(mixing, F.silu(v_pre), heads).unflatten(-1, (heads, mixer.head_v_dim))
         rms = torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + mixer.norm.variance_epsilon)
         scale = (rms * mixer.norm.weight.float() * F.silu(gate.float())).flatten(-2)
         bias = None if mixer.conv1d.bias is None else mixer.conv1d.bias[2 * keys :].float()
@@ -377,7 +377,7 @@ class FrozenMixer:
             size = self.conv_weight.shape[1]
             tapped = F.conv1d(padding, self.conv_weight[:, None, :], padding=size - 1, groups=inner)[..., :length]
             rest = rest + tapped.transpose(1, 2)
-        rest = _ssd(self.mixing, self.ratio * rest, heads)
+        rest = mix_heads(self.mixing, self.ratio * rest, heads)
         rest = F.linear(rest * self.scale, self.out_proj.weight.float())
         if self.out_proj.bias is not None:
             rest = rest + self.out_proj.bias.float()
@@ -431,7 +431,7 @@ def through_taps(mixing: torch.Tensor, ratio: torch.Tensor, taps: torch.Tensor) 
     return kernel
 
 
-def _ssd(mixing: torch.Tensor, inputs: torch.Tensor, heads: int) -> torch.Tensor:
+def mix_heads(mixing: torch.Tensor, inputs: torch.Tensor, heads: int) -> torch.Tensor:
     """``y_t = Σ_s M̃^h_{ts} x_s`` per head: ``mixing`` ``(B, H, T, T)``, ``inputs`` ``(B, T, I)`` → ``(B, T, I)``."""
     per_head = inputs.unflatten(-1, (heads, -1))  # (B, T, H, P)
     return torch.einsum("bhts,bshp->bthp", mixing, per_head).flatten(-2)
