@@ -6,6 +6,7 @@ value zeroing is the model run again with a token's value input zeroed, a trace 
 give the same maps, the front ends explain the model, and the methods that do not read mixers refuse it before any
 forward pass."""
 
+import dataclasses
 import logging
 
 import inseq
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from inseq_mixing.declarations import DECLARATIONS, Request
+from inseq_mixing.declarations.base import InputSize
 from inseq_mixing.methods.alti_logit import alti_logit
 from inseq_mixing.methods.mixers import frozen_mixer
 from inseq_mixing.specs import UnsupportedModelError, get_spec
@@ -260,9 +262,13 @@ def test_inseq_explains_a_hybrid_and_the_span_front_end_too(family):
     sequence = out.sequence_attributions[0]
     assert torch.isfinite(sequence.target_attributions[: len(sequence.target) - 1].nan_to_num()).all()
     assert sequence.target_attributions.nan_to_num().abs().sum() > 0
-    for method in ("value_zeroing", "attn_lrp"):
+    for method in ("value_zeroing", "attn_lrp", "decompx"):
         found = load_tiny(family, method).attribute("the cat sat", "the cat sat on the mat", show_progress=False)
         assert found.sequence_attributions[0].target_attributions.nan_to_num().abs().sum() > 0, method
+    units = load_tiny(family, "decompx").attribute("the cat sat . the dog ran .", "the cat sat . the dog ran . she",
+                                                   show_progress=False, spans="answer", units="sentences",
+                                                   unit_components=True)  # fmt: skip
+    assert torch.isfinite(units.sequence_attributions[0].source_attributions).all()
     rollout = load_tiny(family, "attention_rollout")
     spans = rollout.attribute("the cat sat", "the cat sat on the mat", show_progress=False, spans="answer",
                               units="tokens")  # fmt: skip
@@ -271,19 +277,35 @@ def test_inseq_explains_a_hybrid_and_the_span_front_end_too(family):
     assert (answer >= 0).all() and (answer > 0).sum() > 1
 
 
-@pytest.mark.parametrize("method", [name for name in DECLARATIONS if name not in MIXER_READERS])
-def test_a_method_that_does_not_read_mixers_refuses_before_any_forward_pass(method):
-    """DecompX refuses a hybrid naming the layer, its mixer and the methods that read it, before the model runs
-    once."""
-    model = load_tiny(HYBRID_FAMILIES[0], method)
+def test_every_method_reads_the_hybrids_and_one_that_did_not_would_refuse_before_any_forward_pass():
+    """Every method now reads Bamba's and LFM2's mixers; a method declared not to read mixers would refuse a hybrid
+    naming the layer, its mixer and the methods that do, before the model runs once."""
+    assert set(MIXER_READERS) == set(DECLARATIONS)
+    model = load_tiny(HYBRID_FAMILIES[0], "alti")
+    blind = dataclasses.replace(DECLARATIONS["alti"], name="blind", reads_mixers=False)
     calls = []
-    handle = model.model.register_forward_pre_hook(lambda *_: calls.append(1))
-    try:
-        with pytest.raises(UnsupportedModelError, match=r"layer 0 .* mamba2 layer.*alti_logit"):
-            model.attribute("the cat sat", "the cat sat on the mat", show_progress=False)
-    finally:
-        handle.remove()
+    with forward_hooks((model.model, lambda *_: calls.append(1))):
+        with pytest.raises(UnsupportedModelError, match=r"blind .*layer 0 .* mamba2 layer.*alti_logit"):
+            blind.check_sizes([InputSize(8)], ["Input 1"], get_spec(model.model), blind.options())
     assert calls == []
+
+
+def test_decompx_through_a_mixer_gives_each_token_its_part():
+    """DecompX's mixer step on components that are each token's own normed input (one component per token) gives
+    each token's part of the mixer's output (:meth:`FrozenMixer.token_parts`, tested against the module), and its
+    components add up to the mixer's output without its biases' paths."""
+    for family in HYBRID_FAMILIES:
+        model = hybrid(family)
+        spec = get_spec(model)
+        ids, mask = padded_batch()
+        trace = trace_model(model, ids, mask)
+        for mixer, record in mixer_layers(spec, trace):
+            frozen = frozen_mixer(mixer, record)
+            with torch.no_grad():
+                normed = record.input.float()
+                own = torch.diag_embed(normed.transpose(1, 2)).permute(0, 2, 3, 1)  # (B, T, K=T, d): token k's own
+                components = frozen.component_outputs(own)
+                torch.testing.assert_close(components, frozen.token_parts(), rtol=1e-4, atol=1e-6)
 
 
 def test_inseq_load_model_accepts_a_hybrid_for_every_reader():

@@ -60,4 +60,5 @@ DECLARATION = Declaration(
     compute=compute,
     explains_logit=True,
     pools_units=True,
+    reads_mixers=True,
 )

@@ -31,7 +31,8 @@ on the branch's components before the residual sum. A final logit soft-cap :math
 linear: the components add up to :math:`z`, the logit before the cap, which is reported beside the capped one.
 Mixtures of experts (our extension): the routing frozen at the traced pass, each chosen expert decomposed as a dense
 gated FFN (:func:`decompose_mixture`). Multi-head latent attention (DeepSeek; our extension): values decompressed from
-a per-token latent, its norm frozen (:class:`LatentMap`).
+a per-token latent, its norm frozen (:class:`LatentMap`). Token mixers that are not attention (hybrids; our
+extension): each component through the frozen mixer (:func:`mixer_sublayer`).
 """
 
 from dataclasses import dataclass, field
@@ -41,8 +42,8 @@ import torch
 
 from ..memory import release_freed_memory
 from ..specs import AttentionSpec, FFNSpec, LayerSpec, StackSpec
-from ..specs.base import MoESpec, linear_in_out
-from ..trace import AttentionTrace, LayerTrace, ModelTrace, StackTrace
+from ..specs.base import MixerSpec, MoESpec, linear_in_out
+from ..trace import AttentionTrace, LayerTrace, MixerTrace, ModelTrace, StackTrace
 from .blocks import fused_activations, host_copies, on_device, refuse_non_finite, upcast
 from .chunking import items_per_chunk
 from .compiled import kernel
@@ -61,6 +62,7 @@ from .decompx_plan import (  # the memory plan: how the stream is stored and cut
     slab_targets,
 )
 from .head import FrozenHead, summed_into_first
+from .mixers import frozen_mixer
 from .norms import FrozenNorm, freeze_norm
 from .options import (  # the choices are re-exported: the options live in .options so that listing them needs no torch
     BIAS_SPLITS,  # noqa: F401
@@ -425,6 +427,29 @@ def attention_sublayer(
     )
 
 
+def mixer_sublayer(mixer: MixerSpec, record: MixerTrace, stream: BlockedStream, options: DecompXOptions,
+                   first_row: int = 0) -> BlockedStream:  # fmt: skip
+    """Residual plus a token mixer's output that is not attention, on a blocked stream (our extension): the stream
+    read densely ``(B, T, K, D)``, through the branch's frozen norm (its shift split), each component through the
+    frozen mixer (:meth:`.mixers.FrozenMixer.component_outputs`), the biases' paths (the mixer's output minus the
+    components' sum) split over the output's components, added to each block in place."""
+    if mixer.post_norm is not None or mixer.out_norm is not None:
+        raise ValueError("DecompX reads a token mixer in a pre-norm block only.")
+    mode = options.bias
+    dense = stream.to_dense()
+    normed = dense if mixer.in_norm is None else decompose_norm(mixer.in_norm, record.norm_input, dense, mode)
+    parts = frozen_mixer(mixer, record).component_outputs(normed.parts)
+    branch = dense.like(parts)
+    rest = upcast(record.output) - parts.sum(2)
+    weights = bias_weights(parts, rest, mode) if mode in ("absdot", "norm") else None
+    branch = add_split_bias(branch, rest, weights, mode)
+    for block in stream.blocks:
+        block.stream.parts += branch.parts[:, block.rows][:, :, block.cols]
+    if first_row:  # the blocks before the first kept row leave the stream
+        stream.blocks = [block for block in stream.blocks if block.rows.stop > first_row]
+    return stream
+
+
 @dataclass
 class HeadReadout:
     """Each head's attention-output components at every position, read out along the logit direction on the
@@ -653,8 +678,14 @@ def decompose_layer(
     block_input = {block.rows.start: block.stream.like(block.stream.parts.clone()) for block in stream.blocks
                    if parallel and block.rows.stop > first_row}  # fmt: skip
     self_heads = heads.get("self")
-    stream = attention_sublayer(layer.self_attn, record.self_attn, stream, options, causal, None, None, self_heads,
-                                own_offset, first_row)  # fmt: skip
+    if isinstance(layer.self_attn, MixerSpec):
+        if self_heads is not None:
+            raise ValueError(f"per_head=True reads attention heads; this layer mixes its tokens with a "
+                             f"{layer.self_attn.kind} layer.")  # fmt: skip
+        stream = mixer_sublayer(layer.self_attn, record.self_attn, stream, options, first_row)
+    else:
+        stream = attention_sublayer(layer.self_attn, record.self_attn, stream, options, causal, None, None,
+                                    self_heads, own_offset, first_row)  # fmt: skip
     if layer.cross_attn is not None:
         cross = heads.get("cross")
         stream = attention_sublayer(layer.cross_attn, record.cross_attn, stream, options, False, encoder, place, cross)

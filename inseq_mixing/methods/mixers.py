@@ -104,6 +104,9 @@ class FrozenMixer:
             part and no map.
         readout: What value zeroing re-runs past the mixing (:class:`ValueReadout`); None where zeroing a token's
             value input changes the mixing itself (Mamba: its steps and state projections read the same channels).
+        value_weight: ``(I, d)``: the conv input of the mixed channels as a linear map of the mixer's input (its
+            rows of ``in_proj``, bias left out), for DecompX's components; None where not written (Gated DeltaNet).
+        value_gate: ``(B, T, I)``: a gate held at its true value on that map (LFM2's ``B``), or None.
     """
 
     conv_input: torch.Tensor
@@ -115,6 +118,8 @@ class FrozenMixer:
     out_proj: torch.nn.Linear
     mask: torch.Tensor | None = None
     readout: ValueReadout | None = None
+    value_weight: torch.Tensor | None = None
+    value_gate: torch.Tensor | None = None
 
     @classmethod
     def mamba2(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:
@@ -146,8 +151,9 @@ class FrozenMixer:
         bias = None if mixer.conv1d.bias is None else mixer.conv1d.bias[:inner].float()
         norm = (mixer.norm.weight.float(), mixer.norm.variance_epsilon, inner // groups)
         readout = ValueReadout(x_pre, y, F.silu(gate.float()), norm, gate_first=True)
+        values = mixer.in_proj.weight[inner : 2 * inner].float()
         return cls(xbc[..., :inner].float(), ratio, mixing, taps[:inner].float(), bias, scale, mixer.out_proj,
-                   mask.float(), readout)  # fmt: skip
+                   mask.float(), readout, values)  # fmt: skip
 
     @classmethod
     def mamba(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:
@@ -230,8 +236,9 @@ class FrozenMixer:
         convolved = F.conv1d((gate_in * inputs).transpose(1, 2), taps[:, None], bias, padding=taps.shape[1] - 1,
                              groups=taps.shape[0])[..., :length].transpose(1, 2)  # fmt: skip
         readout = ValueReadout(None, convolved, gate_out, None)
+        values = mixer.in_proj.weight[2 * inputs.shape[-1] :].float()
         return cls(gate_in * inputs, torch.ones_like(inputs), identity, taps, bias, gate_out, mixer.out_proj,
-                   mask.float(), readout)  # fmt: skip
+                   mask.float(), readout, values, gate_in)  # fmt: skip
 
     @property
     def heads(self) -> int:
@@ -363,6 +370,31 @@ class FrozenMixer:
             weights = self.mixing[:, :, start:end, positions].repeat_interleave(per_head, dim=1)  # (B, I, R, K)
             change += weights.permute(0, 3, 2, 1) * moved[:, :, None, :]
         return self.finish(self.readout.y[:, None, start:end] - change, rows)
+
+    def component_outputs(self, components: torch.Tensor) -> torch.Tensor:
+        """DecompX through the mixer: the output's components ``(B, T, K, d)`` from components of its input
+        ``(B, T, K, d)`` (after the branch's norm), each through the value map (a gate held at its true value), the
+        taps, the frozen activation slope, the mixing, the frozen gate and norm and ``out_proj``; the biases' paths
+        are left out (they are the output minus the components' sum).
+
+        Raises:
+            ValueError: A mixer whose value map is not written (Gated DeltaNet).
+        """
+        if self.value_weight is None:
+            raise ValueError("DecompX needs the mixer's value input as a linear map of its input; it is not written "
+                             "for this kind of mixer yet.")  # fmt: skip
+        values = components @ self.value_weight.T  # (B, T, K, I)
+        if self.mask is not None:  # the module zeroes padding's inputs
+            values = values * self.mask[:, :, None, None]
+        if self.value_gate is not None:
+            values = values * self.value_gate[:, :, None]
+        length, size = values.shape[1], self.conv_weight.shape[1]
+        tapped = torch.zeros_like(values)
+        for offset in range(min(size, length)):  # position t reads the value of t − offset through tap K − 1 − offset
+            tapped[:, offset:] += values[:, : length - offset] * self.conv_weight[:, size - 1 - offset]
+        activated = (tapped * self.ratio[:, :, None]).unflatten(-1, (self.heads, -1))  # (B, T, K, H, P)
+        mixed = torch.einsum("bhts,bskhp->btkhp", self.mixing, activated).flatten(-2)
+        return F.linear(mixed * self.scale[:, :, None], self.out_proj.weight.float())
 
     def unattributed(self) -> torch.Tensor:
         """What no token carries ``(B, T, d)``: the convolution's bias and the padding positions' conv inputs through
