@@ -308,7 +308,17 @@ def test_decompx_through_a_mixer_gives_each_token_its_part():
                 torch.testing.assert_close(components, frozen.token_parts(), rtol=1e-4, atol=1e-6)
 
 
-def test_inseq_load_model_accepts_a_hybrid_for_every_reader():
+def test_inseq_and_inseq_mixing_load_a_hybrid_for_every_method():
+    """Both entry points load a hybrid for every method; ``inseq_mixing.load_model`` explains it as Inseq does."""
+    import inseq_mixing
+
+    tokenizer = load_tiny("lfm2", "alti").tokenizer
     for method in MIXER_READERS:
-        assert isinstance(inseq.load_model(hybrid("bamba"), method, tokenizer=load_tiny("bamba", method).tokenizer),
-                          inseq.models.AttributionModel)  # fmt: skip
+        assert isinstance(
+            inseq.load_model(hybrid("bamba"), method, tokenizer=tokenizer), inseq.models.AttributionModel
+        )
+    ours = inseq_mixing.load_model(hybrid("lfm2"), "alti", tokenizer=tokenizer)
+    theirs = inseq.load_model(hybrid("lfm2"), "alti", tokenizer=tokenizer)
+    found = [model.attribute("the cat", "the cat sat on", show_progress=False).sequence_attributions[0]
+             for model in (ours, theirs)]  # fmt: skip
+    torch.testing.assert_close(found[0].target_attributions, found[1].target_attributions, equal_nan=True)
