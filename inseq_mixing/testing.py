@@ -257,6 +257,35 @@ def _hybrid(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn:
     return transformers.BambaForCausalLM(config)
 
 
+#: Vision–language decoders with a tiny builder (:func:`tiny_vlm`; issue 56, the decoder's first step).
+VLM_FAMILIES = ("llava",)
+#: The tiny VLM's image tokens: a :data:`TINY_IMAGE_SIZE` image in :data:`TINY_PATCH_SIZE` patches, 3 × 3 (its class
+#: token dropped).
+VLM_IMAGE_TOKENS = 9
+
+
+def tiny_vlm(family: str = "llava", seed: int = 0) -> torch.nn.Module:
+    """A random LLaVA: a one-layer CLIP vision tower (24 × 24 images, 8 × 8 patches), the GELU projector, a two-layer
+    Llama over the word tokenizer's vocabulary plus one image token (its last id), in eval mode and eager attention."""
+    if family not in VLM_FAMILIES:
+        raise ValueError(f"No builder for vision-language family {family!r}; known: {VLM_FAMILIES}")
+    torch.manual_seed(seed)
+    vocab = len(SPECIAL_TOKENS) + len(WORDS) + 1
+    vision = transformers.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                           num_attention_heads=2, image_size=TINY_IMAGE_SIZE,
+                                           patch_size=TINY_PATCH_SIZE)  # fmt: skip
+    text = transformers.LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                    bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)  # fmt: skip
+    config = transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_index=vocab - 1,
+                                      image_seq_length=VLM_IMAGE_TOKENS, vision_feature_layer=-1,
+                                      vision_feature_select_strategy="default")  # fmt: skip
+    model = transformers.LlavaForConditionalGeneration(config)
+    randomize_weights(model, seed)
+    model.set_attn_implementation("eager")
+    return model.eval()
+
+
 def randomize_weights(model: torch.nn.Module, seed: int = 0, scale: float = 0.3) -> None:
     """Give every weight a random value large enough for non-trivial attention: matrices ``N(0, scale²/fan_in·16)``,
     norm gains ``1 + N(0, 0.1²)``, biases ``N(0, 0.1²)``."""

@@ -976,8 +976,8 @@ def forward_arguments(
     extra: dict | None = None,
 ) -> dict:
     """Check the ids and build the keyword arguments of one teacher-forced forward pass (masks filled in, positions
-    that ignore left padding, no cache; encoder-only models: ``extra`` such as ``token_type_ids`` passed on); see
-    :func:`trace_model` for the arguments."""
+    that ignore left padding, no cache; ``extra`` passed on: an encoder-only model's ``token_type_ids``, a
+    vision-language decoder's ``pixel_values``); see :func:`trace_model` for the arguments."""
     if input_ids.numel() == 0:
         raise ValueError("Cannot trace an empty input: pass at least one token.")
     check_lengths(spec, input_ids, decoder_input_ids)
@@ -997,6 +997,7 @@ def forward_arguments(
         position_ids = left_padding_position_ids(attention_mask)
         if position_ids is not None:
             kwargs["position_ids"] = position_ids
+        kwargs.update(extra or {})  # a vision-language decoder's images (``pixel_values``)
     return kwargs
 
 
@@ -1027,7 +1028,8 @@ def trace_model(
         decoder_input_ids: Target prefix ``(batch, T)`` of encoder–decoders (decoder start token first).
         decoder_attention_mask: Mask of ``decoder_input_ids``. Defaults to all ones.
         spec: The model's spec, if already built.
-        extra: Encoder-only models: further inputs of the forward pass (``token_type_ids``).
+        extra: Further inputs of the forward pass (an encoder-only model's ``token_type_ids``, a vision-language
+            decoder's ``pixel_values``).
         full_logits: Compute the LM head's full-vocabulary logits at every position (``ModelTrace.logits``). False:
             the head's product is skipped (a third of GPT-2-small's forward pass, two fifths of an opus-mt model's);
             the explained logits are read from the final hidden state, which is checked for NaN instead. Encoder-only

@@ -1,0 +1,30 @@
+"""LLaVA (Liu et al., NeurIPS 2023): a vision tower whose patch states a projector turns into the embeddings of the
+image's tokens in a Llama-layout language model's input. The decoder is explained: its positions are the image's
+tokens and the text's, every method reads them as it reads a Llama's (the image tokens' embeddings are the first
+block's input, as a token's embedding is).
+
+Issue 56, first step: the decoder's spec and trace (the forward pass takes ``pixel_values`` beside the ids). Not yet:
+a front end over images and prompts, scores through the projector and the vision tower, image views.
+"""
+
+from torch import nn
+
+from . import llama
+from .base import ModelSpec, StackSpec, UnsupportedModelError
+
+FAMILY = "LLaVA (a Llama-layout decoder over image and text tokens)"
+MODEL_TYPES = {"llava"}
+
+#: The language models a LLaVA's decoder may be, by ``text_config.model_type``: those laid out as Llama's.
+TEXT_MODELS = {"llama", "mistral", "qwen2", "qwen3"}
+
+
+def build(model: nn.Module) -> ModelSpec:
+    text = model.config.text_config.model_type
+    if text not in TEXT_MODELS:
+        raise UnsupportedModelError(f"This LLaVA's language model is a {text!r}; its decoder is explained when it is "
+                                    f"laid out as Llama's ({', '.join(sorted(TEXT_MODELS))}).")  # fmt: skip
+    language = model.model.language_model
+    layers = [llama.layer_spec(layer, model.config.text_config) for layer in language.layers]
+    return ModelSpec(family="llava", decoder=StackSpec(layers=layers, final_norm=language.norm),
+                     lm_head=model.get_output_embeddings())  # fmt: skip

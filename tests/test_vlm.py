@@ -1,0 +1,88 @@
+"""Vision–language decoders (issue 56, the decoder's first step): LLaVA's decoder over image and text tokens, traced
+with the image, read by every method as a Llama's. ALTI-logit adds up to the model's own logits at image and text
+positions (with foils), every method gives causal rows and a left-padded row equal to that row alone, the image
+tokens get their share, and AttnLRP gives the model's own logit."""
+
+import pytest
+import torch
+
+from inseq_mixing.declarations import DECLARATIONS, Request
+from inseq_mixing.methods.alti_logit import alti_logit
+from inseq_mixing.specs import get_spec
+from inseq_mixing.testing import TINY_IMAGE_SIZE, VLM_FAMILIES, VLM_IMAGE_TOKENS, tiny_vlm
+from inseq_mixing.trace import trace_model
+
+_MODELS: dict = {}
+#: Text before and after the image, and the left padding of the second row.
+BEFORE, AFTER, PADDED = 2, 4, 3
+
+
+def vlm(family: str):
+    if family not in _MODELS:
+        _MODELS[family] = tiny_vlm(family)
+    return _MODELS[family]
+
+
+def image_batch(model, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Two rows of ``BEFORE`` words, the image's tokens and ``AFTER`` words, the second left-padded, and their
+    images ``(2, 3, 24, 24)``."""
+    generator = torch.Generator().manual_seed(seed)
+    image = torch.full((VLM_IMAGE_TOKENS,), model.config.image_token_index)
+    words = torch.randint(5, 60, (2, BEFORE + AFTER), generator=generator)
+    pad = torch.full((PADDED,), model.config.text_config.pad_token_id)
+    first = torch.cat([words[0, :BEFORE], image, words[0, BEFORE:]])
+    second = torch.cat([pad, words[1, :BEFORE], image, words[1, BEFORE : BEFORE + AFTER - PADDED]])
+    ids = torch.stack([first, second])
+    mask = torch.ones_like(ids)
+    mask[1, :PADDED] = 0
+    pixels = torch.randn(2, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE, generator=generator)
+    return ids, mask, pixels
+
+
+def traced(model, ids, mask, pixels):
+    return trace_model(model, ids, mask, extra={"pixel_values": pixels})
+
+
+def predicted_of(ids: torch.Tensor) -> torch.Tensor:
+    return torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], 9)], dim=1)
+
+
+@pytest.mark.parametrize("family", VLM_FAMILIES)
+def test_alti_logit_adds_up_to_the_vlms_own_logits_at_image_and_text_positions(family):
+    model = vlm(family)
+    ids, mask, pixels = image_batch(model)
+    trace = traced(model, ids, mask, pixels)
+    predicted = predicted_of(ids)
+    foils = (predicted + 7) % 50 + 5
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, pixel_values=pixels, use_cache=False).logits
+    own = logits.gather(-1, predicted[..., None])[..., 0]
+    contrast = own - logits.gather(-1, foils[..., None])[..., 0]
+    real = mask.bool()
+    for explained, expected in ((None, own), (foils, contrast)):
+        scores = alti_logit(trace, predicted, explained)
+        total = scores.target.sum(-1) + sum(scores.unattributed.values())
+        torch.testing.assert_close(total[real], expected[real], rtol=1e-4, atol=1e-4)
+    image = ids == model.config.image_token_index
+    assert scores.target[0, -1, image[0]].abs().sum() > 0  # the image's tokens take part
+
+
+@pytest.mark.parametrize("method", list(DECLARATIONS))
+@pytest.mark.parametrize("family", VLM_FAMILIES)
+def test_every_method_reads_a_vlm_causally_and_a_padded_row_alone(family, method):
+    """Each method on a left-padded batch of two images with text: no weight on later tokens, and the padded row's
+    real positions are that row with its image explained alone."""
+    model = vlm(family)
+    ids, mask, pixels = image_batch(model)
+    spec, declaration = get_spec(model), DECLARATIONS[method]
+
+    def run(ids, mask, pixels):
+        trace = traced(model, ids, mask, pixels)
+        request = Request(spec, model, mask, None, None, predicted_of(ids), None, mask.bool(), lambda: trace)
+        return declaration.run(request, declaration.options())
+
+    batch, alone = run(ids, mask, pixels), run(ids[1:, PADDED:], mask[1:, PADDED:], pixels[1:])
+    length = ids.shape[1]
+    later = torch.ones(length, length, dtype=torch.bool).triu(1)
+    assert (batch.target[:, later] == 0).all()
+    torch.testing.assert_close(batch.target[1, PADDED:, PADDED:], alone.target[0], rtol=1e-4, atol=2e-5)
