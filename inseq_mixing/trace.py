@@ -998,7 +998,20 @@ def forward_arguments(
         if position_ids is not None:
             kwargs["position_ids"] = position_ids
         kwargs.update(extra or {})  # a vision-language decoder's images (``pixel_values``)
+        refuse_images_without_pixels(spec, input_ids, kwargs)
     return kwargs
+
+
+def refuse_images_without_pixels(spec: ModelSpec, input_ids: torch.Tensor, kwargs: dict) -> None:
+    """Refuse ids holding a vision-language decoder's image tokens without the images: the model would embed the
+    placeholder token itself and explain a prediction it never makes (one read of the device)."""
+    if spec.image_token_id is None or kwargs.get("pixel_values") is not None:
+        return
+    count = int((input_ids == spec.image_token_id).sum())
+    if count:
+        raise ValueError(f"The input holds {count} image token(s) (id {spec.image_token_id}) but no images: pass "
+                         "them as extra={'pixel_values': ...} (Inseq's model.attribute cannot pass images "
+                         "yet).")  # fmt: skip
 
 
 def decoder_mask(kwargs: dict) -> torch.Tensor:

@@ -86,3 +86,16 @@ def test_every_method_reads_a_vlm_causally_and_a_padded_row_alone(family, method
     later = torch.ones(length, length, dtype=torch.bool).triu(1)
     assert (batch.target[:, later] == 0).all()
     torch.testing.assert_close(batch.target[1, PADDED:, PADDED:], alone.target[0], rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("family", VLM_FAMILIES)
+def test_image_tokens_without_the_images_are_refused_not_explained(family):
+    """Ids holding image tokens without ``pixel_values`` would be explained as the placeholder token's own
+    embedding, a prediction the model never makes with the image: refused, naming the count and what to pass; text
+    alone is explained."""
+    model = vlm(family)
+    ids, mask, _ = image_batch(model)
+    with pytest.raises(ValueError, match=r"holds 18 image token\(s\) .* but no images: pass them"):
+        trace_model(model, ids, mask)
+    text = ids[:, :BEFORE]
+    assert trace_model(model, text).logits.shape[:2] == text.shape

@@ -531,6 +531,8 @@ class ModelSpec:
             tokens (ModernBERT): the front ends then run texts one at a time in float64.
         attention_sinks: Each head's softmax also runs over a learned logit without a value (GPT-OSS), so the
             recorded rows sum to less than 1 over the tokens: attention rollout keeps the rest as the sink's share.
+        image_token_id: A vision-language decoder's image placeholder token (its embedding replaced by the
+            projector's output when the images are given), or None: ids holding it need ``pixel_values``.
     """
 
     family: str
@@ -547,6 +549,7 @@ class ModelSpec:
     output_attentions: bool = False
     float64_padding_nan: bool = False
     attention_sinks: bool = False
+    image_token_id: int | None = None
 
     @property
     def is_encoder_only(self) -> bool:

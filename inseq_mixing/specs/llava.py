@@ -27,4 +27,4 @@ def build(model: nn.Module) -> ModelSpec:
     language = model.model.language_model
     layers = [llama.layer_spec(layer, model.config.text_config) for layer in language.layers]
     return ModelSpec(family="llava", decoder=StackSpec(layers=layers, final_norm=language.norm),
-                     lm_head=model.get_output_embeddings())  # fmt: skip
+                     lm_head=model.get_output_embeddings(), image_token_id=model.config.image_token_index)  # fmt: skip
