@@ -322,3 +322,26 @@ def test_inseq_and_inseq_mixing_load_a_hybrid_for_every_method():
     found = [model.attribute("the cat", "the cat sat on", show_progress=False).sequence_attributions[0]
              for model in (ours, theirs)]  # fmt: skip
     torch.testing.assert_close(found[0].target_attributions, found[1].target_attributions, equal_nan=True)
+
+
+def test_per_head_on_a_hybrid_whose_mixers_and_attention_have_other_head_counts_is_refused_before_the_work():
+    """A Bamba whose Mamba-2 layers have 2 heads and its attention 4: ``per_head=True`` (one slot per head of every
+    layer) is refused with the counts before any forward pass; with equal counts it runs."""
+    import transformers
+
+    config = transformers.BambaConfig(vocab_size=80, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, attn_layer_indices=[1],
+                                      mamba_n_heads=2, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=4,
+                                      mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=4)  # fmt: skip
+    model = transformers.BambaForCausalLM(config).eval()
+    spec, declaration = get_spec(model), DECLARATIONS["alti"]
+    calls = []
+    with forward_hooks((model, lambda *_: calls.append(1))):
+        with pytest.raises(ValueError, match=r"per_head=True .* \[2, 4\] heads .* ask per_head=False"):
+            declaration.check_sizes([InputSize(8)], ["Input 1"], spec, declaration.options(per_head=True))
+    assert calls == []
+    ids, mask = padded_batch()
+    same = hybrid("bamba")
+    trace = trace_model(same, ids, mask)
+    found = declaration.run(request_of(same, ids, mask, trace), declaration.options(per_head=True))
+    assert found.target.shape[1] == 3 * (4 + 1)  # three layers of H + 1 slots (4 heads and the residual)

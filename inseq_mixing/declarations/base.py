@@ -214,9 +214,16 @@ class Declaration:
         if self.reads_mixers:
             MIXER_READERS.add(self.name)
 
-    def check_model(self, spec: ModelSpec) -> None:
+    def check_model(self, spec: ModelSpec, options=None) -> None:
         """Refuse a model whose token mixers this method does not read (``UnsupportedModelError``, naming the first
-        such layer and the methods that read it)."""
+        such layer and the methods that read it), and ``per_head=True`` on a model whose layers do not all have the
+        same number of heads (a hybrid's mixers and attention: ``ValueError``)."""
+        if getattr(options, "per_head", False) and spec.mixers():
+            counts = {layer.self_attn.num_heads for stack in spec.stacks.values() for layer in stack.layers}
+            if len(counts) > 1:
+                raise ValueError(f"per_head=True gives one slot per head of every layer, and this {spec.family} "
+                                 f"model's layers have {sorted(counts)} heads (its token mixers' and its "
+                                 "attention's): ask per_head=False.")  # fmt: skip
         if self.reads_mixers:
             return
         for index, layer in enumerate(spec.decoder.layers):
@@ -255,7 +262,7 @@ class Declaration:
                 model's device (None: unknown, not checked).
             batch_size: Inputs per forward pass (consecutive inputs batch together).
         """
-        self.check_model(spec)
+        self.check_model(spec, options)
         layers = len(spec.decoder.layers)
         for start in range(0, len(sizes), batch_size):
             batch = sizes[start : start + batch_size]
@@ -292,7 +299,7 @@ class Declaration:
         (:func:`~inseq_mixing.methods.head.pooled_scores`)."""
         from ..trace import materialized
 
-        self.check_model(request.spec)
+        self.check_model(request.spec, options)
         with compiling(getattr(options, "compile", False)), one_read(), materialized(request.model):
             result = self.compute(request, options)
             record_graphs(request)
@@ -311,7 +318,7 @@ class Declaration:
         if self.compute_span is not None:
             from ..trace import materialized
 
-            self.check_model(request.spec)
+            self.check_model(request.spec, options)
             with compiling(getattr(options, "compile", False)), one_read(), materialized(request.model):
                 result = self.compute_span(request, options, spans)
                 record_graphs(request, spans.positions)
