@@ -58,7 +58,7 @@ DECODER_FAMILIES = DECODER_FAMILIES + MOE_FAMILIES
 ALL_FAMILIES = SEQ2SEQ_FAMILIES + DECODER_FAMILIES
 #: Hybrid decoders whose token mixers are not all attention (tests/test_hybrids.py; not among the families above,
 #: whose tests every method runs on).
-HYBRID_FAMILIES = ("bamba", "lfm2")
+HYBRID_FAMILIES = ("bamba", "lfm2", "jamba")
 #: Families with grouped-query attention whose RMSNorms round through float32 (even in a float64 model).
 LLAMA_STYLE_FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "olmo2",
                         *MOE_FAMILIES)  # fmt: skip
@@ -241,12 +241,19 @@ def _mixture(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn
 
 def _hybrid(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn: int, kv_heads: int | None):
     """A tiny hybrid decoder: Bamba with Mamba-2 layers (``heads`` heads of ``d_model // 2`` channels, two groups,
-    state 4, four taps, chunks of 4 so that test inputs cross chunks), or LFM2 with short convolutions of three taps;
-    attention at layer 1 (every third layer after it)."""
+    state 4, four taps, chunks of 4 so that test inputs cross chunks), LFM2 with short convolutions of three taps, or
+    Jamba with Mamba layers and a mixture of experts at layer 1; attention at layer 1 (every third layer after it)."""
     common = dict(vocab_size=vocab, hidden_size=d_model, intermediate_size=ffn, num_hidden_layers=layers,
                   num_attention_heads=heads, num_key_value_heads=kv_heads or max(1, heads // 2),
                   max_position_embeddings=1024, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
                   tie_word_embeddings=False)  # fmt: skip
+    if family == "jamba":  # Mamba layers of 32 channels, 4 states; a mixture of 4 experts (top 2) at layer 1
+        config = transformers.JambaConfig(
+            attn_layer_period=3, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, num_experts=4,
+            num_experts_per_tok=2, mamba_d_state=4, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4,
+            use_mamba_kernels=False, **common,
+        )  # fmt: skip
+        return transformers.JambaForCausalLM(config)
     if family == "lfm2":
         layer_types = [("conv", "full_attention", "conv")[i % 3] for i in range(layers)]
         return transformers.Lfm2ForCausalLM(transformers.Lfm2Config(conv_L_cache=3, layer_types=layer_types, **common))

@@ -186,6 +186,8 @@ class Declaration:
         reads_mixers: The method reads token mixers that are not attention (state-space and linear-attention layers,
             short convolutions: :mod:`inseq_mixing.methods.mixers`); a method that does not refuses a model with
             them before any work (:meth:`check_model`).
+        unread_mixers: The kinds of mixer a method that reads mixers still refuses, with the reason
+            (``{"mamba": "..."}``).
         records: What the method reads of the trace (:func:`~inseq_mixing.trace.trace_model`'s ``records``):
             ``"all"``, or ``"attention"`` (the probabilities alone: rollout and flow), whose trace drops the value
             vectors, attention outputs and norms' inputs; read it as :meth:`trace_records`.
@@ -209,6 +211,7 @@ class Declaration:
     reads_rows: bool = False
     records: str = "all"
     reads_mixers: bool = False
+    unread_mixers: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.reads_mixers:
@@ -224,11 +227,14 @@ class Declaration:
                 raise ValueError(f"per_head=True gives one slot per head of every layer, and this {spec.family} "
                                  f"model's layers have {sorted(counts)} heads (its token mixers' and its "
                                  "attention's): ask per_head=False.")  # fmt: skip
-        if self.reads_mixers:
-            return
         for index, layer in enumerate(spec.decoder.layers):
             kind = getattr(layer.self_attn, "kind", None)
-            if kind is not None:
+            if kind in self.unread_mixers:
+                from ..specs import UnsupportedModelError
+
+                raise UnsupportedModelError(f"{self.name} does not read layer {index} of this {spec.family} model, a "
+                                            f"{kind} layer: {self.unread_mixers[kind]}")  # fmt: skip
+            if kind is not None and not self.reads_mixers:
                 from ..specs import UnsupportedModelError
 
                 readers = ", ".join(sorted(MIXER_READERS))

@@ -118,4 +118,8 @@ DECLARATION = Declaration(
     paper_layout={"per_layer": True},
     reference_word_frames=True,
     reads_mixers=True,
+    unread_mixers={
+        "mamba": "zeroing a token's value input changes Mamba's steps and state projections too (they read the same "
+        "channels), so no closed form holds; use another method."
+    },
 )

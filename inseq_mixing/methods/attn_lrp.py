@@ -185,6 +185,20 @@ def _mamba2_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask
     return module.out_proj((gated * scale.detach()).to(hidden.dtype))  # the norm's statistics frozen
 
 
+def _mamba_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **_):
+    """A Mamba (selective scan) layer under MambaLRP's rules: its steps and state projections constants of the pass
+    (the per-channel mixing detached), ``silu`` on the values and the gate under the identity rule, the gate's
+    product with the scan's output under the uniform rule; the projections and the convolution linear."""
+    hidden = hidden_states
+    frozen = FrozenMixer.mamba(module, hidden.detach(), attention_mask)
+    values, gate = module.in_proj(hidden * _padding_mask(hidden, attention_mask)).chunk(2, dim=-1)
+    activated = _tapped(values, module.conv1d).float() * frozen.ratio.detach()  # σ(u) frozen
+    y = mix_heads(frozen.mixing.detach(), activated, frozen.heads)
+    gate = gate.float()
+    gated = with_gradient_scaled(y, 0.5) * with_gradient_scaled(identity_rule(F.silu(gate), gate), 0.5)
+    return module.out_proj(gated.to(hidden.dtype))
+
+
 def _lfm2_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **_):
     """An LFM2 short convolution ``out_proj(C ⊙ conv(B ⊙ x))``: both gates' products under the uniform rule, the
     projections and the convolution linear."""
@@ -210,7 +224,7 @@ def _ffn_rules(ffn: FFNSpec, hidden: torch.Tensor, *_args, **_kwargs) -> torch.T
 #: space's parameters constants of the pass, ``silu``'s gate detached, the uniform rule on multiplicative gates, the
 #: norms' statistics frozen), which AttnLRP's own rules for activations, norms and products match; our extension to
 #: hybrids and to LFM2's convolutions. A kind not here is refused.
-MIXER_RULES = {"mamba2": _mamba2_rules, "lfm2": _lfm2_rules}
+MIXER_RULES = {"mamba": _mamba_rules, "mamba2": _mamba2_rules, "lfm2": _lfm2_rules}
 
 
 @contextmanager

@@ -161,24 +161,38 @@ class FrozenMixer:
         ``(B, T, d)`` on the module's PyTorch path. Its state matrix is diagonal per channel, so the mixing is one
         ``T × T`` matrix per channel (every channel a head of one):
         ``M^c_{ts} = Δ_{s,c} Σ_n C_{t,n} B_{s,n} exp(A_{c,n} Σ_{r=s+1..t} Δ_{r,c})``, ``D_c`` on its diagonal; the gate
-        ``silu(z)`` scales it (no norm). ``B``, ``C`` and ``Δ`` come from the convolved tokens: frozen."""
+        ``silu(z)`` scales it (no norm). ``B``, ``C`` and ``Δ`` come from the convolved tokens: frozen (Jamba's norms
+        on them, where the module has them, applied first)."""
         mask = _mask(hidden, attention_mask)
         xi, gate = mixer.in_proj(hidden * mask[..., None]).chunk(2, dim=-1)
         rank, state = mixer.time_step_rank, mixer.ssm_state_size
         taps = mixer.conv1d.weight.squeeze(1)
         convolved = _causal_conv(mixer.conv1d, xi)
         activated = F.silu(convolved) * mask[..., None]
-        step, b, c = mixer.x_proj(activated).float().split([rank, state, state], dim=-1)
+        step, b, c = mixer.x_proj(activated).split([rank, state, state], dim=-1)
+        for name, index in (("dt_layernorm", 0), ("b_layernorm", 1), ("c_layernorm", 2)):  # Jamba's, where present
+            norm = getattr(mixer, name, None)
+            if norm is not None:
+                step, b, c = (norm(part) if number == index else part for number, part in enumerate((step, b, c)))
+        step, b, c = step.float(), b.float(), c.float()
         dt = F.softplus(step @ mixer.dt_proj.weight.float().T + mixer.dt_proj.bias.float())
         dt = dt.transpose(1, 2)  # (B, I, T)
         elapsed, causal = _elapsed(dt.cumsum(-1))  # (B, I, T, T)
-        rates = -torch.exp(mixer.A_log.float())[None, :, None, None, :]  # A (1, I, 1, 1, N)
-        decay = torch.exp(rates * elapsed[..., None])  # (B, I, T, T, N)
-        mixing = _with_skip(torch.einsum("btn,bsn,bctsn->bcts", c, b, decay) * dt[:, :, None, :] * causal, mixer.D)
+        rates = -torch.exp(mixer.A_log.float())  # A (I, N)
+        inner = rates.shape[0]
+        mixing = elapsed.new_zeros(elapsed.shape)
+        step_channels = max(1, 2**26 // max(1, elapsed[0, 0].numel() * state * elapsed.shape[0]))
+        for start in range(0, inner, step_channels):  # the (channels, T, T, N) decays a block of channels at a time
+            channels = slice(start, min(start + step_channels, inner))
+            decay = torch.exp(rates[None, channels, None, None, :] * elapsed[:, channels, ..., None])
+            mixing[:, channels] = torch.einsum("btn,bsn,bctsn->bcts", c, b, decay)
+        mixing = _with_skip(mixing * dt[:, :, None, :] * causal, mixer.D)
         x_pre = convolved.float()
         ratio = _silu_ratio(x_pre) * mask[..., None]
         bias = None if mixer.conv1d.bias is None else mixer.conv1d.bias.float()
-        return cls(xi.float(), ratio, mixing, taps.float(), bias, F.silu(gate.float()), mixer.out_proj, mask.float())
+        values = mixer.in_proj.weight[:inner].float()
+        return cls(xi.float(), ratio, mixing, taps.float(), bias, F.silu(gate.float()), mixer.out_proj, mask.float(),
+                   None, values)  # fmt: skip
 
     @classmethod
     def gated_deltanet(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:

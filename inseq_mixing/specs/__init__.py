@@ -50,7 +50,6 @@ NOT_YET_EXPLAINED = {
     "mamba": "selective state-space token mixers, no attention",
     "mamba2": "selective state-space token mixers, no attention",
     "falcon_mamba": "selective state-space token mixers, no attention",
-    "jamba": _MAMBA_HYBRID,
     "falcon_h1": "Mamba-2 mixers beside its attention heads",
     "zamba": _MAMBA_HYBRID,
     "zamba2": _MAMBA_HYBRID,
