@@ -661,14 +661,10 @@ class _Recorder:
 
         return hook
 
-    def _mixer_layer(self, store: dict) -> LayerTrace:
-        """A block whose token mixer is not attention: its records as a :class:`MixerTrace`."""
-        mixer = MixerTrace(input=store["self_mixer_input"], mask=store["self_mixer_mask"], output=store["self_output"],
-                           norm_input=store.get("self_norm_input", store["input"]), slot=self.mixer_slot)  # fmt: skip
-        routing = _routing_by_position(store.get("ffn_routing"), store["input"].shape[:-1])
-        return LayerTrace(input=store["input"], output=store["output"], self_attn=mixer,
-                          ffn_norm_input=store["ffn_norm_input"], ffn_out_norm_input=store.get("ffn_out_norm_input"),
-                          ffn_routing=routing)  # fmt: skip
+    def _mixer_record(self, store: dict) -> MixerTrace:
+        """A block's token mixer that is not attention: its records as a :class:`MixerTrace`."""
+        return MixerTrace(input=store["self_mixer_input"], mask=store["self_mixer_mask"], output=store["self_output"],
+                          norm_input=store.get("self_norm_input", store["input"]), slot=self.mixer_slot)  # fmt: skip
 
     def result(self, mask: torch.Tensor, causal: bool) -> StackTrace:
         layers = []
@@ -676,17 +672,15 @@ class _Recorder:
             for key in [key for key in store if key.endswith("norm_input")]:  # OPT flattens before its FFN norm
                 if not isinstance(store[key], Unrecorded):
                     store[key] = store[key].reshape(*store["input"].shape[:-1], -1)
-            if "self_mixer_input" in store:
-                layers.append(self._mixer_layer(store))
-                continue
-            if store.get("self_probs") is None:
+            mixer = "self_mixer_input" in store
+            if not mixer and store.get("self_probs") is None:
                 raise TraceError(
                     f"Layer {idx} returned no attention probabilities. inseq-mixing needs eager attention; "
                     "switching failed for this model. Load it with attn_implementation='eager'."
                 )
-            attn = {}
+            attn = {"self": self._mixer_record(store)} if mixer else {}
             for name in ("self", "cross"):
-                if f"{name}_output" in store:
+                if f"{name}_output" in store and name not in attn:
                     probs = store[f"{name}_probs"]
                     recomputed = isinstance(probs, ProbsSource)
                     attn[name] = AttentionTrace(

@@ -22,7 +22,7 @@ from inseq_mixing.specs.base import MixerSpec
 from inseq_mixing.testing import HYBRID_FAMILIES, load_tiny, tiny_model
 from inseq_mixing.trace import MixerTrace, trace_model
 
-from .conftest import forward_hooks
+from .conftest import forward_hooks, next_tokens
 
 logging.getLogger("transformers").setLevel(logging.ERROR)  # the kernels' fallback notices
 
@@ -47,7 +47,7 @@ def padded_batch(length: int = 11, padded: int = 3, seed: int = 0) -> tuple[torc
 
 
 def request_of(model, ids, mask, trace, foils=None) -> Request:
-    predicted = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], 9)], dim=1)
+    predicted = next_tokens({"input_ids": ids})
     return Request(get_spec(model), model, mask, None, None, predicted, foils, mask.bool(), lambda: trace)
 
 
@@ -154,7 +154,7 @@ def test_alti_logit_adds_up_to_the_models_own_logits_with_and_without_foils(fami
     model = hybrid(family)
     ids, mask = padded_batch()
     trace = trace_model(model, ids, mask)
-    predicted = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], 9)], dim=1)
+    predicted = next_tokens({"input_ids": ids})
     foils = (predicted + 7) % 50 + 5
     logits = trace.logits.gather(-1, predicted[..., None])[..., 0] - trace.logits.gather(-1, foils[..., None])[..., 0]
     for explained, own in ((None, trace.logits.gather(-1, predicted[..., None])[..., 0]), (foils, logits)):
@@ -216,7 +216,7 @@ def test_attn_lrp_through_mixers_without_biases_gives_the_tokens_the_whole_logit
     spec = get_spec(model)
     assert all(isinstance(layer.self_attn, MixerSpec) for layer in spec.decoder.layers)
     ids, mask = padded_batch()
-    predicted = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], 9)], dim=1)
+    predicted = next_tokens({"input_ids": ids})
     scores = attn_lrp(model, spec, ids, mask, None, None, predicted)
     real = mask.bool()
     torch.testing.assert_close(scores.target.sum(-1)[real], scores.logit[real], rtol=1e-4, atol=1e-4)
@@ -236,7 +236,7 @@ def test_attn_lrp_on_a_hybrid_is_causal_its_own_logit_and_a_padded_row_alone(fam
     model = hybrid(family)
     spec = get_spec(model)
     ids, mask = padded_batch()
-    predicted = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], 9)], dim=1)
+    predicted = next_tokens({"input_ids": ids})
     foils = (predicted + 7) % 50 + 5
     scores = attn_lrp(model, spec, ids, mask, None, None, predicted)
     later = torch.ones(11, 11, dtype=torch.bool).triu(1)

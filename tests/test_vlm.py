@@ -12,6 +12,8 @@ from inseq_mixing.specs import get_spec
 from inseq_mixing.testing import TINY_IMAGE_SIZE, VLM_FAMILIES, VLM_IMAGE_TOKENS, tiny_vlm
 from inseq_mixing.trace import trace_model
 
+from .conftest import next_tokens
+
 _MODELS: dict = {}
 #: Text before and after the image, and the left padding of the second row.
 BEFORE, AFTER, PADDED = 2, 4, 3
@@ -43,16 +45,12 @@ def traced(model, ids, mask, pixels):
     return trace_model(model, ids, mask, extra={"pixel_values": pixels})
 
 
-def predicted_of(ids: torch.Tensor) -> torch.Tensor:
-    return torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], 9)], dim=1)
-
-
 @pytest.mark.parametrize("family", VLM_FAMILIES)
 def test_alti_logit_adds_up_to_the_vlms_own_logits_at_image_and_text_positions(family):
     model = vlm(family)
     ids, mask, pixels = image_batch(model)
     trace = traced(model, ids, mask, pixels)
-    predicted = predicted_of(ids)
+    predicted = next_tokens({"input_ids": ids})
     foils = (predicted + 7) % 50 + 5
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask, pixel_values=pixels, use_cache=False).logits
@@ -78,7 +76,9 @@ def test_every_method_reads_a_vlm_causally_and_a_padded_row_alone(family, method
 
     def run(ids, mask, pixels):
         trace = traced(model, ids, mask, pixels)
-        request = Request(spec, model, mask, None, None, predicted_of(ids), None, mask.bool(), lambda: trace)
+        request = Request(
+            spec, model, mask, None, None, next_tokens({"input_ids": ids}), None, mask.bool(), lambda: trace
+        )
         return declaration.run(request, declaration.options())
 
     batch, alone = run(ids, mask, pixels), run(ids[1:, PADDED:], mask[1:, PADDED:], pixels[1:])

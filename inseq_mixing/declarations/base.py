@@ -227,16 +227,14 @@ class Declaration:
                 raise ValueError(f"per_head=True gives one slot per head of every layer, and this {spec.family} "
                                  f"model's layers have {sorted(counts)} heads (its token mixers' and its "
                                  "attention's): ask per_head=False.")  # fmt: skip
+        from ..specs import UnsupportedModelError
+
         for index, layer in enumerate(spec.decoder.layers):
             kind = getattr(layer.self_attn, "kind", None)
             if kind in self.unread_mixers:
-                from ..specs import UnsupportedModelError
-
                 raise UnsupportedModelError(f"{self.name} does not read layer {index} of this {spec.family} model, a "
                                             f"{kind} layer: {self.unread_mixers[kind]}")  # fmt: skip
             if kind is not None and not self.reads_mixers:
-                from ..specs import UnsupportedModelError
-
                 readers = ", ".join(sorted(MIXER_READERS))
                 raise UnsupportedModelError(
                     f"{self.name} does not read token mixers that are not attention: layer {index} of this "

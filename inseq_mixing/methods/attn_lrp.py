@@ -70,7 +70,7 @@ from ..trace import (
 )
 from .blocks import refuse_non_finite
 from .chunking import DEFAULT_CHUNK_ELEMENTS, items_per_chunk
-from .mixers import FrozenMixer, mix_heads
+from .mixers import FrozenMixer, causal_taps, inverse_rms, mix_heads, padding_mask
 from .norms import freeze_norm
 from .readout import NO_HEAD, head_input_logit, readout
 
@@ -149,21 +149,10 @@ def _detached_output(_module, _args, output):
     return tuple(part.detach() for part in output) if isinstance(output, tuple) else output.detach()
 
 
-def _padding_mask(hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """``(B, T, 1)`` in ``hidden``'s dtype: the mixers zero padding positions' inputs."""
-    if attention_mask is None:
-        return torch.ones_like(hidden[..., :1])
-    return attention_mask.to(hidden.dtype)[..., None]
-
-
 def _tapped(values: torch.Tensor, conv: nn.Conv1d, channels: slice = slice(None)) -> torch.Tensor:
     """A causal depthwise convolution (``channels`` of ``conv``) of ``(B, T, C)``: linear, so its ε-rule is its
     gradient."""
-    weight = conv.weight[channels]
-    bias = None if conv.bias is None else conv.bias[channels]
-    size = weight.shape[-1]
-    out = F.conv1d(values.transpose(1, 2), weight, bias, padding=size - 1, groups=weight.shape[0])
-    return out[..., : values.shape[1]].transpose(1, 2)
+    return causal_taps(values, conv.weight[channels].squeeze(1), None if conv.bias is None else conv.bias[channels])
 
 
 def _mamba2_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **_):
@@ -174,14 +163,13 @@ def _mamba2_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask
     hidden = hidden_states
     frozen = FrozenMixer.mamba2(module, hidden.detach(), attention_mask)
     inner = module.intermediate_size
-    projected = module.in_proj(hidden * _padding_mask(hidden, attention_mask))
+    projected = module.in_proj(hidden * padding_mask(hidden, attention_mask)[..., None])
     gate, values = projected[..., :inner].float(), projected[..., inner : 2 * inner]
     activated = _tapped(values, module.conv1d, slice(0, inner)).float() * frozen.ratio.detach()  # σ(u) frozen
     y = mix_heads(frozen.mixing.detach(), activated, frozen.heads)
     gated = with_gradient_scaled(y, 0.5) * with_gradient_scaled(identity_rule(F.silu(gate), gate), 0.5)
     weight, eps, group = frozen.readout.norm
-    grouped = (frozen.readout.y * frozen.readout.gate).unflatten(-1, (-1, group))
-    scale = torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + eps).expand_as(grouped).flatten(-2) * weight
+    scale = inverse_rms(frozen.readout.y * frozen.readout.gate, eps, group) * weight
     return module.out_proj((gated * scale.detach()).to(hidden.dtype))  # the norm's statistics frozen
 
 
@@ -191,7 +179,7 @@ def _mamba_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask:
     product with the scan's output under the uniform rule; the projections and the convolution linear."""
     hidden = hidden_states
     frozen = FrozenMixer.mamba(module, hidden.detach(), attention_mask)
-    values, gate = module.in_proj(hidden * _padding_mask(hidden, attention_mask)).chunk(2, dim=-1)
+    values, gate = module.in_proj(hidden * padding_mask(hidden, attention_mask)[..., None]).chunk(2, dim=-1)
     activated = _tapped(values, module.conv1d).float() * frozen.ratio.detach()  # σ(u) frozen
     y = mix_heads(frozen.mixing.detach(), activated, frozen.heads)
     gate = gate.float()
@@ -202,8 +190,8 @@ def _mamba_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask:
 def _lfm2_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **_):
     """An LFM2 short convolution ``out_proj(C ⊙ conv(B ⊙ x))``: both gates' products under the uniform rule, the
     projections and the convolution linear."""
-    hidden = hidden_states
-    gate_in, gate_out, values = module.in_proj(hidden * _padding_mask(hidden, attention_mask)).chunk(3, dim=-1)
+    masked = hidden_states * padding_mask(hidden_states, attention_mask)[..., None]
+    gate_in, gate_out, values = module.in_proj(masked).chunk(3, dim=-1)
     gated = with_gradient_scaled(gate_in, 0.5) * with_gradient_scaled(values, 0.5)
     tapped = _tapped(gated, module.conv)
     return module.out_proj(with_gradient_scaled(gate_out, 0.5) * with_gradient_scaled(tapped, 0.5))

@@ -125,7 +125,7 @@ class FrozenMixer:
     def mamba2(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:
         """Freeze ``mixer`` (a transformers ``Mamba2Mixer``) at its input ``hidden`` ``(B, T, d)``, recomputing every
         quantity on the module's PyTorch path (the CUDA kernels, where installed, run the model's own forward)."""
-        mask = _mask(hidden, attention_mask)
+        mask = padding_mask(hidden, attention_mask)
         hidden = hidden * mask[..., None]
         inner, heads, groups, state = mixer.intermediate_size, mixer.num_heads, mixer.n_groups, mixer.ssm_state_size
         gate, xbc, step = mixer.in_proj(hidden).split([inner, mixer.conv_dim, heads], dim=-1)
@@ -163,18 +163,18 @@ class FrozenMixer:
         ``M^c_{ts} = Δ_{s,c} Σ_n C_{t,n} B_{s,n} exp(A_{c,n} Σ_{r=s+1..t} Δ_{r,c})``, ``D_c`` on its diagonal; the gate
         ``silu(z)`` scales it (no norm). ``B``, ``C`` and ``Δ`` come from the convolved tokens: frozen (Jamba's norms
         on them, where the module has them, applied first)."""
-        mask = _mask(hidden, attention_mask)
+        mask = padding_mask(hidden, attention_mask)
         xi, gate = mixer.in_proj(hidden * mask[..., None]).chunk(2, dim=-1)
         rank, state = mixer.time_step_rank, mixer.ssm_state_size
         taps = mixer.conv1d.weight.squeeze(1)
         convolved = _causal_conv(mixer.conv1d, xi)
         activated = F.silu(convolved) * mask[..., None]
-        step, b, c = mixer.x_proj(activated).split([rank, state, state], dim=-1)
-        for name, index in (("dt_layernorm", 0), ("b_layernorm", 1), ("c_layernorm", 2)):  # Jamba's, where present
+        parts = list(mixer.x_proj(activated).split([rank, state, state], dim=-1))
+        for index, name in enumerate(("dt_layernorm", "b_layernorm", "c_layernorm")):  # Jamba's, where present
             norm = getattr(mixer, name, None)
             if norm is not None:
-                step, b, c = (norm(part) if number == index else part for number, part in enumerate((step, b, c)))
-        step, b, c = step.float(), b.float(), c.float()
+                parts[index] = norm(parts[index])
+        step, b, c = (part.float() for part in parts)
         dt = F.softplus(step @ mixer.dt_proj.weight.float().T + mixer.dt_proj.bias.float())
         dt = dt.transpose(1, 2)  # (B, I, T)
         elapsed, causal = _elapsed(dt.cumsum(-1))  # (B, I, T, T)
@@ -201,7 +201,7 @@ class FrozenMixer:
         ``W = tril(Q Kᵀ ⊙ Γ) (I + A)⁻¹ diag(β)`` with ``Γ_ts = Π_{r=s+1..t} α_r`` and
         ``A_ts = β_t (k_t · k_s) Γ_ts`` for ``s < t`` (the delta rule's pseudo-values ``u = (I + A)⁻¹ diag(β) v``), so
         ``o_t = Σ_s W_ts v_s``: one scalar per (position, token, head), ``q``, ``k``, ``β`` and ``α`` frozen."""
-        mask = _mask(hidden, attention_mask)
+        mask = padding_mask(hidden, attention_mask)
         hidden = hidden * mask[..., None]
         query, key, value, gate, b, a = mixer.fix_query_key_value_ordering(
             mixer.in_proj_qkvz(hidden), mixer.in_proj_ba(hidden)
@@ -241,15 +241,13 @@ class FrozenMixer:
         ``hidden`` ``(B, T, d)``: token ``j`` enters with its own gated input ``B_j ⊙ x_j``, the convolution's taps
         carry it to the next ``K − 1`` positions, and the output gate ``C_t`` is frozen (the mixing is the identity,
         one head over every channel: the taps are the whole token mixing)."""
-        mask = _mask(hidden, attention_mask)
+        mask = padding_mask(hidden, attention_mask)
         gate_in, gate_out, inputs = mixer.in_proj(hidden * mask[..., None]).float().chunk(3, dim=-1)
         batch, length, _ = inputs.shape
         identity = torch.eye(length, dtype=inputs.dtype, device=inputs.device).expand(batch, 1, length, length)
         bias = None if mixer.conv.bias is None else mixer.conv.bias.float()
         taps = mixer.conv.weight.squeeze(1).float()
-        convolved = F.conv1d((gate_in * inputs).transpose(1, 2), taps[:, None], bias, padding=taps.shape[1] - 1,
-                             groups=taps.shape[0])[..., :length].transpose(1, 2)  # fmt: skip
-        readout = ValueReadout(None, convolved, gate_out, None)
+        readout = ValueReadout(None, causal_taps(gate_in * inputs, taps, bias), gate_out, None)
         values = mixer.in_proj.weight[2 * inputs.shape[-1] :].float()
         return cls(gate_in * inputs, torch.ones_like(inputs), identity, taps, bias, gate_out, mixer.out_proj,
                    mask.float(), readout, values, gate_in)  # fmt: skip
@@ -291,18 +289,23 @@ class FrozenMixer:
         weight = self.out_proj.weight.float().unflatten(-1, (self.heads, -1))  # (d, H, P)
         return torch.einsum("brkhp,dhp->brhkd", scaled, weight)
 
+    def row_blocks(self, rows: slice = slice(None), block_elements: int = 2**24) -> list[slice]:
+        """The positions ``rows`` in consecutive blocks whose kernel ``(B, r, T, I)`` holds at most ``block_elements``
+        (one empty block for no rows)."""
+        batch, length, inner = self.conv_input.shape
+        first, stop, _ = rows.indices(length)
+        step = max(1, block_elements // max(1, batch * length * inner))
+        return [slice(start, min(start + step, stop)) for start in range(first, stop, step)] or [slice(first, first)]
+
     def logit_parts(self, direction: torch.Tensor, rows: slice = slice(None), per_head: bool = False,
                     block_elements: int = 2**24) -> torch.Tensor:  # fmt: skip
         """``g_t · part_t(j)`` ``(B, R, T)`` for directions ``g`` of the positions ``rows`` ``(B, R, d)`` (per head
         ``(B, H, R, T)``): the direction through the output projection and the frozen scale, then the kernel, a block
         of rows at a time (at most ``block_elements`` of ``κ``)."""
-        batch, length, inner = self.conv_input.shape
-        first, stop, _ = rows.indices(self.scale.shape[1])
-        read = (upcast_like(direction, self.scale) @ self.out_proj.weight.float()) * self.scale[:, rows]  # (B, R, I)
-        step = max(1, block_elements // max(1, batch * length * inner))
+        first = rows.indices(self.scale.shape[1])[0]
+        read = (direction.to(self.scale.dtype) @ self.out_proj.weight.float()) * self.scale[:, rows]  # (B, R, I)
         blocks = []
-        for start in range(first, stop, step) or [first]:
-            block = slice(start, min(start + step, stop))
+        for block in self.row_blocks(rows, block_elements):
             reached = self.kernel(block) * self.token_input[:, None]  # (B, r, T, I)
             weights = read[:, block.start - first : block.stop - first]
             if per_head:
@@ -340,8 +343,7 @@ class FrozenMixer:
         hidden = y * gate if readout.gate_first or readout.norm is None else y
         if readout.norm is not None:
             weight, eps, group = readout.norm
-            grouped = hidden.unflatten(-1, (-1, group))
-            hidden = (grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + eps)).flatten(-2) * weight
+            hidden = hidden * inverse_rms(hidden, eps, group) * weight
             if not readout.gate_first:
                 hidden = hidden * gate
         bias = None if self.out_proj.bias is None else self.out_proj.bias.float()
@@ -402,10 +404,7 @@ class FrozenMixer:
             values = values * self.mask[:, :, None, None]
         if self.value_gate is not None:
             values = values * self.value_gate[:, :, None]
-        length, size = values.shape[1], self.conv_weight.shape[1]
-        tapped = torch.zeros_like(values)
-        for offset in range(min(size, length)):  # position t reads the value of t − offset through tap K − 1 − offset
-            tapped[:, offset:] += values[:, : length - offset] * self.conv_weight[:, size - 1 - offset]
+        tapped = causal_taps(values.transpose(1, 2), self.conv_weight).transpose(1, 2)  # along the positions
         activated = (tapped * self.ratio[:, :, None]).unflatten(-1, (self.heads, -1))  # (B, T, K, H, P)
         mixed = torch.einsum("bhts,bskhp->btkhp", self.mixing, activated).flatten(-2)
         return F.linear(mixed * self.scale[:, :, None], self.out_proj.weight.float())
@@ -419,10 +418,7 @@ class FrozenMixer:
         if self.conv_bias is not None:
             rest = rest + self.conv_bias
         if self.mask is not None:  # padding's conv inputs through the taps
-            padding = (self.conv_input * (1 - self.mask[..., None])).transpose(1, 2)
-            size = self.conv_weight.shape[1]
-            tapped = F.conv1d(padding, self.conv_weight[:, None, :], padding=size - 1, groups=inner)[..., :length]
-            rest = rest + tapped.transpose(1, 2)
+            rest = rest + causal_taps(self.conv_input * (1 - self.mask[..., None]), self.conv_weight)
         rest = mix_heads(self.mixing, self.ratio * rest, heads)
         rest = F.linear(rest * self.scale, self.out_proj.weight.float())
         if self.out_proj.bias is not None:
@@ -430,11 +426,18 @@ class FrozenMixer:
         return rest
 
 
+def causal_taps(values: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """A causal depthwise convolution of ``(..., T, C)`` by ``taps`` ``(C, K)`` (and ``bias`` ``(C,)``): padded by
+    ``K − 1``, cut to ``T``; position ``t`` reads the value of ``t − d`` through tap ``K − 1 − d``."""
+    length, channels = values.shape[-2:]
+    flat = values.reshape(-1, length, channels).transpose(1, 2)
+    out = F.conv1d(flat, taps[:, None], bias, padding=taps.shape[-1] - 1, groups=channels)[..., :length]
+    return out.transpose(1, 2).reshape(values.shape)
+
+
 def _causal_conv(conv: torch.nn.Conv1d, inputs: torch.Tensor) -> torch.Tensor:
-    """A module's causal depthwise convolution (padded by ``K − 1``, cut to the input's length) of ``(B, T, C)``."""
-    convolved = F.conv1d(inputs.transpose(1, 2), conv.weight, conv.bias, padding=conv.kernel_size[0] - 1,
-                         groups=conv.groups)  # fmt: skip
-    return convolved[..., : inputs.shape[1]].transpose(1, 2)
+    """A module's causal depthwise convolution of ``(B, T, C)`` (:func:`causal_taps` with its taps and bias)."""
+    return causal_taps(inputs, conv.weight.squeeze(1), conv.bias)
 
 
 def _silu_ratio(pre: torch.Tensor) -> torch.Tensor:
@@ -456,7 +459,14 @@ def _with_skip(mixing: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
     return mixing + torch.diag_embed(skip.float()[None, :, None].expand(batch, heads, length))
 
 
-def _mask(hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+def inverse_rms(hidden: torch.Tensor, eps: float, group: int) -> torch.Tensor:
+    """``1 / rms`` of each group of ``group`` consecutive channels of ``hidden`` ``(..., I)``, per channel: a gated
+    RMS norm's statistics."""
+    grouped = hidden.unflatten(-1, (-1, group))
+    return torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + eps).expand_as(grouped).flatten(-2)
+
+
+def padding_mask(hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
     """The padding mask ``(B, T)`` in ``hidden``'s dtype (all ones without one): the modules zero padded inputs."""
     if attention_mask is None:
         return torch.ones(hidden.shape[:2], dtype=hidden.dtype, device=hidden.device)
@@ -481,11 +491,6 @@ def mix_heads(mixing: torch.Tensor, inputs: torch.Tensor, heads: int) -> torch.T
     """``y_t = Σ_s M̃^h_{ts} x_s`` per head: ``mixing`` ``(B, H, T, T)``, ``inputs`` ``(B, T, I)`` → ``(B, T, I)``."""
     per_head = inputs.unflatten(-1, (heads, -1))  # (B, T, H, P)
     return torch.einsum("bhts,bshp->bthp", mixing, per_head).flatten(-2)
-
-
-def upcast_like(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``value`` in ``like``'s dtype."""
-    return value.to(like.dtype)
 
 
 def frozen_mixer(spec: MixerSpec, record: MixerTrace) -> FrozenMixer:

@@ -168,10 +168,7 @@ def _mixer_map_blocks(attn: MixerSpec, record: MixerTrace, block_elements: int =
     """``(rows, map rows (B, 1, R, T))`` of a token mixer (:meth:`.mixers.FrozenMixer.map_rows`), by blocks of rows
     whose kernel holds at most ``block_elements``."""
     frozen = frozen_mixer(attn, record)
-    batch, length, inner = frozen.conv_input.shape
-    step = max(1, block_elements // max(1, batch * length * inner))
-    for start in range(0, length, step):
-        rows = slice(start, min(start + step, length))
+    for rows in frozen.row_blocks(block_elements=block_elements):
         yield rows, frozen.map_rows(rows)
 
 

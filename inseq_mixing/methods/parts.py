@@ -144,7 +144,7 @@ class AttentionParts:
     batched product over its keys)."""
 
     def __init__(self, attn: AttentionSpec, record: AttentionTrace):
-        self.attn, self.record = attn, record
+        self.record = record
         self.probs = RowBlocks(record)
         self.values = head_value_outputs(attn, record).transpose(1, 2).contiguous()
         self.num_keys, self.heads = self.values.shape[1], self.values.shape[2]
