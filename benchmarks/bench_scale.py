@@ -20,7 +20,9 @@ the first layer dense, FFN 2,048) and ``gpt_oss`` (learned sinks, sliding window
 layer, 8 clamped experts of width 1,024, top-2); a mixture's floor counts the experts a token is routed to.
 ``bamba``: a hybrid at ``llama``'s width and depth whose layers 2, 5, 8 and 11 are attention and the others Mamba-2
 (12 heads of 128 channels, 128 states, 4 taps; transformers' PyTorch path here, no CUDA kernels); its floor counts
-the mixer layers as attention layers.
+the mixer layers as attention layers. ``qwen3_5``: a Qwen3.5 text decoder at ``llama``'s width and depth whose layers
+3, 7 and 11 are gated attention (12 / 4 heads of 64) and the others Gated DeltaNet (6 key and 12 value heads of 64,
+4 taps; transformers' PyTorch path, no flash-linear-attention kernels); its floor counts them as attention layers.
 
 The FLOP floor of each method is what its definition must compute for a span of ``k`` explained rows over ``T``
 tokens (``L`` layers, width ``D``, ``P`` parameters, ``U`` units); the forward pass is about ``2·P·T + 2·L·T²·D``
@@ -51,6 +53,8 @@ SHAPES = {
     "gpt_oss": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 4, "ffn": 2 * 1024},
     # a hybrid: Mamba-2 layers (12 heads of 128 channels, 128 states, 4 taps), attention at every third layer
     "bamba": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 4, "ffn": 2048},
+    # a hybrid: Gated DeltaNet layers (6 key heads, 12 value heads of 64), gated attention at every fourth layer
+    "qwen3_5": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 4, "ffn": 2048},
 }
 #: The mixtures' own config fields (transformers 5.24's names).
 MIXTURES = {
@@ -97,6 +101,16 @@ def build(family: str, length: int, dtype, device: str):
             mamba_n_groups=1, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=256, **common,
         )  # fmt: skip
         model = transformers.BambaForCausalLM(config)
+    elif family == "qwen3_5":
+        layer_types = [("linear_attention", "linear_attention", "linear_attention", "full_attention")[i % 4]
+                       for i in range(shape["layers"])]  # fmt: skip
+        config = transformers.Qwen3_5TextConfig(
+            hidden_size=shape["width"], num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+            num_key_value_heads=shape["kv_heads"], intermediate_size=shape["ffn"], max_position_embeddings=length + 8,
+            head_dim=64, layer_types=layer_types, linear_num_key_heads=6, linear_num_value_heads=12,
+            linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4, **common,
+        )  # fmt: skip
+        model = transformers.Qwen3_5ForCausalLM(config)
     else:
         config = transformers.LlamaConfig(hidden_size=shape["width"], num_hidden_layers=shape["layers"],
                                           num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],

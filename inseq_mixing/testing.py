@@ -58,7 +58,7 @@ DECODER_FAMILIES = DECODER_FAMILIES + MOE_FAMILIES
 ALL_FAMILIES = SEQ2SEQ_FAMILIES + DECODER_FAMILIES
 #: Hybrid decoders whose token mixers are not all attention (tests/test_hybrids.py; not among the families above,
 #: whose tests every method runs on).
-HYBRID_FAMILIES = ("bamba", "lfm2", "jamba")
+HYBRID_FAMILIES = ("bamba", "lfm2", "jamba", "qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2_moe")
 #: Families with grouped-query attention whose RMSNorms round through float32 (even in a float64 model).
 LLAMA_STYLE_FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "olmo2",
                         *MOE_FAMILIES)  # fmt: skip
@@ -241,8 +241,10 @@ def _mixture(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn
 
 def _hybrid(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn: int, kv_heads: int | None):
     """A tiny hybrid decoder: Bamba with Mamba-2 layers (``heads`` heads of ``d_model // 2`` channels, two groups,
-    state 4, four taps, chunks of 4 so that test inputs cross chunks), LFM2 with short convolutions of three taps, or
-    Jamba with Mamba layers and a mixture of experts at layer 1; attention at layer 1 (every third layer after it)."""
+    state 4, four taps, chunks of 4 so that test inputs cross chunks), LFM2 with short convolutions of three taps
+    (LFM2-MoE: experts past the first two layers, or at every layer of a model of one or two),
+    Jamba with Mamba layers and a mixture of experts at layer 1, or Qwen3-Next / Qwen3.5 / Qwen3.5-MoE with Gated
+    DeltaNet layers (three taps) and gated attention; attention at layer 1 (every third layer after it)."""
     common = dict(vocab_size=vocab, hidden_size=d_model, intermediate_size=ffn, num_hidden_layers=layers,
                   num_attention_heads=heads, num_key_value_heads=kv_heads or max(1, heads // 2),
                   max_position_embeddings=1024, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
@@ -254,9 +256,40 @@ def _hybrid(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn:
             use_mamba_kernels=False, **common,
         )  # fmt: skip
         return transformers.JambaForCausalLM(config)
-    if family == "lfm2":
+    if family.startswith("qwen3"):  # Gated DeltaNet layers of 2 key and 4 value heads, gated attention at layer 1
+        layer_types = [("linear_attention", "full_attention", "linear_attention")[i % 3] for i in range(layers)]
+        linear = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=d_model // 4,
+                      linear_value_head_dim=d_model // 4, linear_conv_kernel_dim=3, layer_types=layer_types,
+                      head_dim=2 * d_model // heads)  # fmt: skip
+        experts = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=ffn // 2,
+                       shared_expert_intermediate_size=ffn // 2)  # fmt: skip
+        if family == "qwen3_5":  # a dense FFN
+            return transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**linear, **common))
+        if family == "qwen3_5_moe":  # experts in every layer
+            common.pop("intermediate_size")
+            model = transformers.Qwen3_5MoeForCausalLM(transformers.Qwen3_5MoeTextConfig(**linear, **experts,
+                                                                                         **common))  # fmt: skip
+        else:  # Qwen3-Next: a dense FFN at layer 2
+            model = transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(
+                decoder_sparse_step=1, mlp_only_layers=[2], **linear, **experts, **common))  # fmt: skip
+        model.set_experts_implementation("eager")
+        return model
+    if family.startswith("lfm2"):
         layer_types = [("conv", "full_attention", "conv")[i % 3] for i in range(layers)]
-        return transformers.Lfm2ForCausalLM(transformers.Lfm2Config(conv_L_cache=3, layer_types=layer_types, **common))
+        if family == "lfm2":
+            return transformers.Lfm2ForCausalLM(transformers.Lfm2Config(conv_L_cache=3, layer_types=layer_types,
+                                                                        **common))  # fmt: skip
+        config = transformers.Lfm2MoeConfig(  # experts from layer 0, their selection biased
+            conv_L_cache=3, layer_types=layer_types, num_dense_layers=min(layers - 1, 2) if layers > 2 else 0,
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=ffn // 2, use_expert_bias=True, **common,
+        )  # fmt: skip
+        model = transformers.Lfm2MoeForCausalLM(config)
+        generator = torch.Generator().manual_seed(1)
+        for name, buffer in model.named_buffers():
+            if name.endswith("expert_bias"):  # the selection's bias (a buffer, zero at init)
+                buffer.copy_(0.3 * torch.randn(buffer.shape, generator=generator))
+        model.set_experts_implementation("eager")
+        return model
     config = transformers.BambaConfig(
         attn_layer_indices=list(range(1, layers, 3)), mamba_n_heads=heads, mamba_d_head=2 * d_model // heads,
         mamba_n_groups=2, mamba_d_state=4, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=4, **common,

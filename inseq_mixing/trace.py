@@ -442,6 +442,7 @@ class MixerTrace:
         output: The mixer's output ``(batch, positions, d_model)``.
         norm_input: Input of the branch's norm (its statistics frozen there).
         slot: Shared by a trace's mixers: the one frozen mixer the methods hold (the last one read).
+        position_embeddings: The rotary ``(cos, sin)`` the module was given (gated attention), or None.
     """
 
     input: torch.Tensor
@@ -449,6 +450,12 @@ class MixerTrace:
     output: torch.Tensor
     norm_input: torch.Tensor
     slot: dict
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def call(self) -> dict:
+        """The keyword inputs besides its input and mask the module was given that freezing it reads."""
+        return {} if self.position_embeddings is None else {"position_embeddings": self.position_embeddings}
 
 
 @dataclass
@@ -645,6 +652,7 @@ class _Recorder:
         def hook(module, args, kwargs, output):
             store[f"{name}_mixer_input"] = (args[0] if args else kwargs["hidden_states"]).detach()
             store[f"{name}_mixer_mask"] = kwargs.get("attention_mask")
+            store[f"{name}_mixer_rotary"] = kwargs.get("position_embeddings")
             store[f"{name}_output"] = (output[0] if isinstance(output, tuple) else output).detach()
 
         return hook
@@ -664,7 +672,8 @@ class _Recorder:
     def _mixer_record(self, store: dict) -> MixerTrace:
         """A block's token mixer that is not attention: its records as a :class:`MixerTrace`."""
         return MixerTrace(input=store["self_mixer_input"], mask=store["self_mixer_mask"], output=store["self_output"],
-                          norm_input=store.get("self_norm_input", store["input"]), slot=self.mixer_slot)  # fmt: skip
+                          norm_input=store.get("self_norm_input", store["input"]), slot=self.mixer_slot,
+                          position_embeddings=store.get("self_mixer_rotary"))  # fmt: skip
 
     def result(self, mask: torch.Tensor, causal: bool) -> StackTrace:
         layers = []
@@ -715,7 +724,7 @@ class _AttentionRecords(dict):
     mixture's routing too (None)."""
 
     KEPT = ("input", "output", "self_probs", "cross_probs", "self_call", "cross_call", "self_mixer_input",
-            "self_mixer_mask")  # fmt: skip
+            "self_mixer_mask", "self_mixer_rotary")  # fmt: skip
 
     def __setitem__(self, key: str, value) -> None:
         if key not in self.KEPT:

@@ -66,5 +66,4 @@ DECLARATION = Declaration(
     compute_span=compute_span,
     explains_logit=True,
     reads_mixers=True,
-    unread_mixers={"gated_deltanet": "no rules are written for it yet."},
 )

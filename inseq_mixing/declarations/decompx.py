@@ -61,5 +61,4 @@ DECLARATION = Declaration(
     explains_logit=True,
     pools_units=True,
     reads_mixers=True,
-    unread_mixers={"gated_deltanet": "its value input is not written as a linear map of the mixer's input yet."},
 )

@@ -42,7 +42,9 @@ tokens may be explained as one quantity, its summed logit, in one backward pass 
 extension, after FlashTrace): the rules are linear in the relevance they pass down, so it equals the sum of the
 tokens' own relevances. A mixture of experts (our extension): its routing weights and a shared expert's sigmoid gate
 are constants of the pass (their outputs detached), each expert a gated FFN under the rules above. Token mixers that
-are not attention (hybrids; our extension) run under MambaLRP's rules (:data:`MIXER_RULES`).
+are not attention (hybrids; our extension) run under MambaLRP's rules (:data:`MIXER_RULES`); Qwen3-Next's gated
+attention under the rules above, its output gate as a gated FFN's (``σ`` under the identity rule, the uniform rule
+on the product).
 """
 
 import functools
@@ -56,7 +58,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..specs import FFNSpec, ModelSpec
-from ..specs.base import MixerSpec, UnsupportedModelError, is_norm
+from ..specs.base import MixerSpec, MoESpec, UnsupportedModelError, is_norm
 from ..trace import (
     ModelCall,
     ModelTrace,
@@ -70,7 +72,16 @@ from ..trace import (
 )
 from .blocks import refuse_non_finite
 from .chunking import DEFAULT_CHUNK_ELEMENTS, items_per_chunk
-from .mixers import FrozenMixer, causal_taps, inverse_rms, mix_heads, padding_mask
+from .mixers import (
+    FrozenMixer,
+    attention_probs,
+    causal_taps,
+    deltanet_projections,
+    gated_attention_inputs,
+    inverse_rms,
+    mix_heads,
+    padding_mask,
+)
 from .norms import freeze_norm
 from .readout import NO_HEAD, head_input_logit, readout
 
@@ -197,6 +208,41 @@ def _lfm2_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask: 
     return module.out_proj(with_gradient_scaled(gate_out, 0.5) * with_gradient_scaled(tapped, 0.5))
 
 
+def _gated_deltanet_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                          **_) -> torch.Tensor:  # fmt: skip
+    """A Gated DeltaNet layer under the rules Mamba-2's take: its queries, keys, steps ``β`` and decays ``α`` constants
+    of the pass (the delta rule's mixing detached), ``silu`` on the values and the gate under the identity rule, the
+    gated norm's statistics frozen, the gate's product with the normed output under the uniform rule; the
+    projections and the convolution linear (our extension: no paper gives it rules)."""
+    hidden = hidden_states
+    frozen = FrozenMixer.gated_deltanet(module, hidden.detach(), attention_mask)
+    projected = deltanet_projections(module, hidden * padding_mask(hidden, attention_mask)[..., None])
+    values, gate = projected[2].flatten(2), projected[3].flatten(2).float()
+    keys = 2 * module.key_dim
+    activated = _tapped(values, module.conv1d, slice(keys, None)).float() * frozen.ratio.detach()  # σ(u) frozen
+    y = mix_heads(frozen.mixing.detach(), activated, frozen.heads)
+    weight, eps, group = frozen.readout.norm
+    normed = y * (inverse_rms(frozen.readout.y, eps, group) * weight).detach()  # the norm's statistics frozen
+    gated = with_gradient_scaled(normed, 0.5) * with_gradient_scaled(identity_rule(F.silu(gate), gate), 0.5)
+    return module.out_proj(gated.to(hidden.dtype))
+
+
+def _gated_attention_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                           position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None, **_):  # fmt: skip
+    """Gated softmax attention (Qwen3-Next's) under AttnLRP's own rules: the uniform rule on ``q kᵀ`` and on
+    ``A V``, the softmax's rule (its own gradient), the q/k norms frozen; the output gate ``σ(g)`` under the identity
+    rule and its product with the attention output under the uniform rule, as a gated FFN's (our extension: the
+    paper has no output gate). Returns the module's ``(output, None)``."""
+    query, key, value, gate = gated_attention_inputs(module, hidden_states, position_embeddings)
+    probs, _ = attention_probs(module, with_gradient_scaled(query, 0.5), with_gradient_scaled(key, 0.5),
+                               attention_mask)  # fmt: skip
+    values = value.float().repeat_interleave(module.num_key_value_groups, dim=2).flatten(2)
+    mixed = mix_heads(with_gradient_scaled(probs, 0.5), with_gradient_scaled(values, 0.5), probs.shape[1])
+    gate = gate.float()
+    gated = with_gradient_scaled(mixed, 0.5) * with_gradient_scaled(identity_rule(torch.sigmoid(gate), gate), 0.5)
+    return module.o_proj(gated.to(hidden_states.dtype)), None
+
+
 def _ffn_rules(ffn: FFNSpec, hidden: torch.Tensor, *_args, **_kwargs) -> torch.Tensor:
     """An FFN whose activation is a function, not a module (LFM2's ``w2(silu(w1 x) ⊙ w3 x)``), run from its spec
     under the rules: the activation under the identity rule, a gated FFN's product under the uniform rule."""
@@ -212,7 +258,22 @@ def _ffn_rules(ffn: FFNSpec, hidden: torch.Tensor, *_args, **_kwargs) -> torch.T
 #: space's parameters constants of the pass, ``silu``'s gate detached, the uniform rule on multiplicative gates, the
 #: norms' statistics frozen), which AttnLRP's own rules for activations, norms and products match; our extension to
 #: hybrids and to LFM2's convolutions. A kind not here is refused.
-MIXER_RULES = {"mamba": _mamba_rules, "mamba2": _mamba2_rules, "lfm2": _lfm2_rules}
+MIXER_RULES = {"mamba": _mamba_rules, "mamba2": _mamba2_rules, "lfm2": _lfm2_rules,
+               "gated_deltanet": _gated_deltanet_rules, "gated_attention": _gated_attention_rules}  # fmt: skip
+
+
+def _experts_function_swapped(ffn: FFNSpec | MoESpec, hooks: ExitStack) -> tuple:
+    """The FFN's activations AttnLRP hooks. A mixture whose experts call an activation function of their own
+    (LFM2-MoE's ``F.silu``, an attribute of the experts, not a module) gets, for the pass, that function under the
+    identity rule in its place (restored on exit): the rest of its activations are returned."""
+    experts = getattr(ffn, "experts", None)
+    own = vars(experts).get("act_fn") if experts is not None else None
+    if own is None or isinstance(own, nn.Module) or ffn.activation is not None:
+        return ffn.activations
+    rest = tuple(activation for activation in ffn.activations if activation is not own)
+    experts.act_fn = lambda gate: identity_rule(own(gate), gate)
+    hooks.callback(setattr, experts, "act_fn", own)
+    return rest
 
 
 @contextmanager
@@ -228,7 +289,8 @@ def lrp_rules(model: nn.Module, spec: ModelSpec) -> Iterator[None]:
                 add(module.register_forward_hook(lambda m, args, out: frozen_norm_rule(m, out, args[0])))
         for layer in (layer for stack in spec.stacks.values() for layer in stack.layers):
             ffn = layer.ffn
-            modules = (*ffn.activations, *ffn.product_inputs)
+            activations = _experts_function_swapped(ffn, hooks)
+            modules = (*activations, *ffn.product_inputs)
             if not all(isinstance(module, nn.Module) for module in modules):
                 if not isinstance(ffn, FFNSpec) or ffn.linear_activation is not None or not isinstance(
                         ffn.forward, nn.Module):  # fmt: skip
@@ -238,7 +300,7 @@ def lrp_rules(model: nn.Module, spec: ModelSpec) -> Iterator[None]:
                     )
                 hooks.enter_context(replaced_forward(ffn.forward, functools.partial(_ffn_rules, ffn)))
                 modules = ()
-            for activation in ffn.activations if modules else ():
+            for activation in activations if modules else ():
                 add(activation.register_forward_hook(lambda _m, args, out: identity_rule(out, args[0])))
             for product in ffn.product_inputs if modules else ():  # both factors read this input: each gets half
                 add(product.register_forward_pre_hook(_halved_first_input))

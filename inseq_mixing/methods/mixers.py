@@ -33,13 +33,19 @@ Transformers with the Delta Rule over Sequence Length*; one triangular solve per
 ``q``, ``k``, ``β`` and ``α`` frozen (they come through the convolution too: frozen as attention's queries and keys
 are), the values' path is Mamba-2's: a convolution, ``silu``, ``W``, a gated per-head RMS norm, ``out_proj``.
 
+Gated attention (Qwen3-Next, Qwen3.5; Qiu et al., 2025, *Gated Attention for Large Language Models*): softmax
+attention whose output is gated per query position and channel, ``o_proj(σ(g_t) ⊙ Σ_h α^h_tj v^h_j)``. The gate
+depends on the row, so token ``j``'s part is no longer its value through ``o_proj`` times a probability; frozen as
+the probabilities are, ``σ(g_t)`` is the per-row scale of the layout below, with no convolution (one tap of 1) and no
+activation: each token's part is exact, rollout's map the head-averaged probabilities.
+
 LFM2's short convolutions (Liquid AI, LFM2 technical report, 2025): ``out_proj(C_t ⊙ conv(B ⊙ x)_t)``, a gated
 depthwise convolution of ``K`` taps: with the gates frozen, token ``j``'s part of position ``t`` is its own
 ``B_j ⊙ x_j`` through tap ``K − 1 − (t − j)``, then ``C_t`` and ``out_proj``: exact, and zero beyond ``K − 1``
 positions.
 
 **Our extension** throughout: the papers read ``M^h`` (and the delta rule's ``W``) as attention-like but define no
-token attribution through the convolution, the gate and the norm.
+token attribution through the convolution, the gate and the norm; no method's paper treats an output-gated attention.
 
 **How the methods read a mixer** (:func:`frozen_mixer`, one layer's frozen mixer held at a time): the decomposition
 methods (ALTI, ALTI-logit, GlobEnc, the attention norms) take token ``j``'s part of position ``t`` where they take
@@ -55,6 +61,7 @@ zeroes a token's value input and re-runs what follows the frozen mixing (:meth:`
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -89,7 +96,8 @@ class ValueReadout:
 @dataclass
 class FrozenMixer:
     """One mixer's data-dependent quantities frozen at a traced pass (batch ``B``, positions ``T``), for a mixer that
-    is ``out_proj(scale ⊙ Σ_s W^h_{ts} silu(conv(ξ))_s)``: built by :meth:`mamba2` or :meth:`gated_deltanet`.
+    is ``out_proj(scale ⊙ Σ_s W^h_{ts} act(conv(ξ))_s)``: built by the constructor named as its spec's kind
+    (:meth:`mamba2`, :meth:`mamba`, :meth:`gated_deltanet`, :meth:`lfm2`, :meth:`gated_attention`).
 
     Attributes:
         conv_input: ``ξ`` ``(B, T, I)``: each token's conv input of the mixed channels (its own ``in_proj`` output).
@@ -105,7 +113,7 @@ class FrozenMixer:
         readout: What value zeroing re-runs past the mixing (:class:`ValueReadout`); None where zeroing a token's
             value input changes the mixing itself (Mamba: its steps and state projections read the same channels).
         value_weight: ``(I, d)``: the conv input of the mixed channels as a linear map of the mixer's input (its
-            rows of ``in_proj``, bias left out), for DecompX's components; None where not written (Gated DeltaNet).
+            rows of the input projection, bias left out), for DecompX's components.
         value_gate: ``(B, T, I)``: a gate held at its true value on that map (LFM2's ``B``), or None.
     """
 
@@ -203,9 +211,7 @@ class FrozenMixer:
         ``o_t = Σ_s W_ts v_s``: one scalar per (position, token, head), ``q``, ``k``, ``β`` and ``α`` frozen."""
         mask = padding_mask(hidden, attention_mask)
         hidden = hidden * mask[..., None]
-        query, key, value, gate, b, a = mixer.fix_query_key_value_ordering(
-            mixer.in_proj_qkvz(hidden), mixer.in_proj_ba(hidden)
-        )
+        query, key, value, gate, b, a = deltanet_projections(mixer, hidden)
         xi = torch.cat([part.flatten(2) for part in (query, key, value)], dim=-1)  # (B, T, conv channels)
         length, keys, heads = hidden.shape[1], mixer.key_dim, mixer.num_v_heads
         taps = mixer.conv1d.weight.squeeze(1)
@@ -232,8 +238,37 @@ class FrozenMixer:
         bias = None if mixer.conv1d.bias is None else mixer.conv1d.bias[2 * keys :].float()
         norm = (mixer.norm.weight.float().repeat(heads), mixer.norm.variance_epsilon, mixer.head_v_dim)
         readout = ValueReadout(v_pre, out.flatten(-2), F.silu(gate.float()).flatten(-2), norm, gate_first=False)
+        basis = torch.eye(hidden.shape[-1], dtype=hidden.dtype, device=hidden.device)[None]
+        values = (deltanet_projections(mixer, basis)[2] - deltanet_projections(mixer, 0 * basis)[2]).flatten(2)
         return cls(xi[..., 2 * keys :].float(), ratio, mixing, taps[2 * keys :].float(), bias, scale, mixer.out_proj,
-                   mask.float(), readout)  # fmt: skip
+                   mask.float(), readout, values[0].T.float())  # fmt: skip
+
+    @classmethod
+    def gated_attention(
+        cls, attention, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> FrozenMixer:  # fmt: skip
+        """Freeze ``attention`` (Qwen3-Next's and Qwen3.5's gated softmax attention,
+        ``o_proj(σ(g_t) ⊙ Σ_h α^h_tj v^h_j)``, the gate ``g`` per query position and channel from the query
+        projection's second half) at its input ``hidden`` ``(B, T, d)`` and the mask and rotary embeddings it was
+        given: the probabilities ``α`` recomputed and frozen (as every attention method freezes them), ``σ(g_t)`` the
+        per-row scale, each token's value ``v_j`` (a key-value head's copied to its query heads) what is mixed. No
+        convolution: one tap of 1, the activation's ratio 1; token ``j``'s part of row ``t`` is then exactly
+        ``o_proj(σ(g_t) ⊙ Σ_h α^h_tj v^h_j)``. The mask is the module's own: a key is real where its own row may
+        see it."""
+        query, key, value, gate = gated_attention_inputs(attention, hidden, position_embeddings)
+        probs, allowed = attention_probs(attention, query, key, attention_mask)
+        groups = attention.num_key_value_groups
+        values = value.float().repeat_interleave(groups, dim=2).flatten(2)  # (B, T, H·P): a query head's channels
+        mask = allowed.diagonal(dim1=-2, dim2=-1)[:, 0].expand(hidden.shape[:2]).float()
+        heads, inner = probs.shape[1], values.shape[-1]
+        scale = torch.sigmoid(gate.float())
+        taps = torch.ones(inner, 1, dtype=values.dtype, device=values.device)
+        readout = ValueReadout(None, mix_heads(probs, values, heads), scale, None)
+        weight = attention.v_proj.weight.float().unflatten(0, (-1, attention.head_dim))
+        value_weight = weight.repeat_interleave(groups, dim=0).flatten(0, 1)  # (H·P, d)
+        return cls(values, torch.ones_like(values), probs, taps, None, scale, attention.o_proj, mask, readout,
+                   value_weight)  # fmt: skip
 
     @classmethod
     def lfm2(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:
@@ -394,7 +429,7 @@ class FrozenMixer:
         are left out (they are the output minus the components' sum).
 
         Raises:
-            ValueError: A mixer whose value map is not written (Gated DeltaNet).
+            ValueError: A mixer whose value map is not written.
         """
         if self.value_weight is None:
             raise ValueError("DecompX needs the mixer's value input as a linear map of its input; it is not written "
@@ -487,6 +522,52 @@ def through_taps(mixing: torch.Tensor, ratio: torch.Tensor, taps: torch.Tensor) 
     return kernel
 
 
+def deltanet_projections(mixer, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A Gated DeltaNet layer's ``query, key, value`` ``(B, T, heads, dim)``, gate ``z`` ``(B, T, H, dv)``, ``b`` and
+    ``a`` ``(B, T, H)`` from its input, whichever way it lays out its projections (Qwen3-Next's fused and interleaved
+    ``in_proj_qkvz`` / ``in_proj_ba``, Qwen3.5's four)."""
+    if hasattr(mixer, "in_proj_qkvz"):
+        return mixer.fix_query_key_value_ordering(mixer.in_proj_qkvz(hidden), mixer.in_proj_ba(hidden))
+    query, key, value = mixer.in_proj_qkv(hidden).split([mixer.key_dim, mixer.key_dim, mixer.value_dim], dim=-1)
+    parts, sizes = (query, key, value, mixer.in_proj_z(hidden)), (mixer.head_k_dim,) * 2 + (mixer.head_v_dim,) * 2
+    split = [x.unflatten(-1, (-1, size)) for x, size in zip(parts, sizes, strict=True)]
+    return (*split, mixer.in_proj_b(hidden), mixer.in_proj_a(hidden))
+
+
+def gated_attention_inputs(attention, hidden: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
+                           ) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """Gated attention's queries ``(B, H, T, D)`` and keys ``(B, H_kv, T, D)`` (after their norms and the rotary
+    embedding), values ``(B, T, H_kv, D)`` and output gate's logits ``g`` ``(B, T, H·D)``, as its module computes
+    them (with the graph: AttnLRP's rules run on them)."""
+    rows, size = hidden.shape[:-1], attention.head_dim
+    query, gate = attention.q_proj(hidden).view(*rows, -1, 2 * size).chunk(2, dim=-1)
+    query = attention.q_norm(query).transpose(1, 2)
+    key = attention.k_norm(attention.k_proj(hidden).view(*rows, -1, size)).transpose(1, 2)
+    value = attention.v_proj(hidden).view(*rows, -1, size)
+    rotate = sys.modules[type(attention).__module__].apply_rotary_pos_emb  # the family's own (partial rotary)
+    query, key = rotate(query, key, *position_embeddings)
+    return query, key, value, gate.reshape(*rows, -1)
+
+
+def attention_probs(attention, query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Softmax attention's probabilities ``(B, H, T, T)`` in float32 from queries and keys (grouped keys shared by
+    their query heads) under the mask the module was given (additive, boolean, or None: causal), and where a query
+    may look ``(B or 1, 1, T, T)``. A row that may look nowhere gets no probabilities."""
+    key = key.repeat_interleave(attention.num_key_value_groups, dim=1)
+    scores = (query.float() @ key.float().transpose(-1, -2)) * attention.scaling
+    length = scores.shape[-1]
+    if attention_mask is None:
+        allowed = torch.ones(length, length, dtype=torch.bool, device=scores.device).tril()[None, None]
+    elif attention_mask.dtype == torch.bool:
+        allowed = attention_mask[..., -length:]
+    else:
+        scores = scores + attention_mask[..., -length:].float()
+        allowed = attention_mask[..., -length:] > torch.finfo(attention_mask.dtype).min / 2
+    probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    return probs.nan_to_num(0.0), allowed
+
+
 def mix_heads(mixing: torch.Tensor, inputs: torch.Tensor, heads: int) -> torch.Tensor:
     """``y_t = Σ_s M̃^h_{ts} x_s`` per head: ``mixing`` ``(B, H, T, T)``, ``inputs`` ``(B, T, I)`` → ``(B, T, I)``."""
     per_head = inputs.unflatten(-1, (heads, -1))  # (B, T, H, P)
@@ -500,6 +581,6 @@ def frozen_mixer(spec: MixerSpec, record: MixerTrace) -> FrozenMixer:
     if slot.get("owner") is not record:
         slot.clear()  # the previous layer's are freed before this one's are computed
         with torch.no_grad():
-            frozen = getattr(FrozenMixer, spec.kind)(spec.module, record.input, record.mask)
+            frozen = getattr(FrozenMixer, spec.kind)(spec.module, record.input, record.mask, **record.call)
         slot.update(owner=record, frozen=frozen)
     return slot["frozen"]

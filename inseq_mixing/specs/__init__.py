@@ -55,10 +55,10 @@ NOT_YET_EXPLAINED = {
     "zamba2": _MAMBA_HYBRID,
     "granitemoehybrid": _MAMBA_HYBRID,
     "nemotron_h": _MAMBA_HYBRID,
-    "qwen3_next": "Gated DeltaNet (linear-attention) layers between its attention layers",
-    "qwen3_5": "Gated DeltaNet (linear-attention) layers between its attention layers",
-    "qwen3_5_moe": "Gated DeltaNet (linear-attention) layers between its attention layers",
-    "lfm2_moe": "short gated convolutions between its attention layers",
+    "qwen3_5": "a vision-language model whose images are not read yet; its text decoder is explained: load it as "
+    "Qwen3_5ForCausalLM",
+    "qwen3_5_moe": "a vision-language model whose images are not read yet; its text decoder is explained: load it as "
+    "Qwen3_5MoeForCausalLM",
     "minimax": "lightning (linear) attention layers",
     "jetmoe": "a mixture of attention heads",
     "dbrx": "experts laid out in modules of its own",

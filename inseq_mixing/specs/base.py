@@ -380,8 +380,6 @@ def check_experts(block: nn.Module, own_gate: bool = False) -> None:
         problem = "its experts are not gated"
     elif not default_gate and not own_gate:
         problem = "its experts apply a gate function of their own, which no spec names"
-    elif default_gate and not isinstance(getattr(experts, "act_fn", None), nn.Module):
-        problem = "its experts' activation is not a module"
     if problem is not None:
         raise UnsupportedModelError(f"{type(block).__name__} cannot be decomposed here: {problem}.")
 
@@ -400,19 +398,22 @@ class FirstOutput(nn.Module):
 
 #: The token mixers a :class:`MixerSpec` can name, each written as a mixing matrix by
 #: :class:`~inseq_mixing.methods.mixers.FrozenMixer`'s constructor of that name.
-MIXER_KINDS = ("mamba", "mamba2", "gated_deltanet", "lfm2")
+MIXER_KINDS = ("mamba", "mamba2", "gated_deltanet", "lfm2", "gated_attention")
 
 
 @dataclass(frozen=True)
 class MixerSpec(BranchLayout):
-    """A token mixer that is not attention (a state-space or linear-attention layer, a short convolution), in the
-    place of a block's self-attention (``y = x + module(in_norm(x))`` in a pre-norm block).
+    """A token mixer that is not attention (a state-space or linear-attention layer, a short convolution), or softmax
+    attention whose output is gated per position (Qwen3-Next's: a token's part is no longer a probability times its
+    value's projection, so it is read as a mixer), in the place of a block's self-attention
+    (``y = x + module(in_norm(x))`` in a pre-norm block).
 
     Attributes:
-        module: The mixer; the trace records its input, its ``attention_mask`` and its output.
+        module: The mixer; the trace records its input, its ``attention_mask``, its ``position_embeddings`` (where it
+            is given them: attention's rotary ones) and its output.
         kind: How it is written as an exact mixing matrix (:data:`MIXER_KINDS`).
         num_heads: Its mixing matrices per pair of positions: Mamba-2's and Gated DeltaNet's heads, Mamba's channels,
-            1 for a short convolution.
+            1 for a short convolution, the query heads of gated attention.
         norm: The branch's norm; ``pre_norm``: on its input (else after the residual sum).
         out_norm: A norm on the mixer's output, or None.
     """

@@ -1,6 +1,7 @@
-"""LFM2 (Liquid AI, 2025): a hybrid decoder whose blocks mix tokens with a gated short convolution or, at the
-``full_attention`` layers, with grouped-query attention (q/k norms, RoPE); pre-RMSNorm (``operator_norm``), a SwiGLU
-FFN in every block, the final norm ``embedding_norm``.
+"""LFM2 and LFM2-MoE (Liquid AI, 2025): hybrid decoders whose blocks mix tokens with a gated short convolution or, at
+the ``full_attention`` layers, with grouped-query attention (q/k norms, RoPE); pre-RMSNorm (``operator_norm``), a
+SwiGLU FFN in every block (LFM2-MoE: past its first ``num_dense_layers``, a routed mixture of SwiGLU experts with
+sigmoid routing weights, their selection biased by ``expert_bias``), the final norm ``embedding_norm``.
 
 The convolutions are :class:`~.base.MixerSpec` (``kind="lfm2"``): ``out_proj(C_t ⊙ conv(B ⊙ x)_t)`` with its gates
 frozen at the traced pass, each token reaching its own position and the next ``L_cache − 1``
@@ -10,10 +11,19 @@ frozen at the traced pass, each token reaching its own position and the next ``L
 from torch import nn
 
 from . import llama
-from .base import FFNSpec, LayerSpec, MixerSpec, ModelSpec, attention
+from .base import FFNSpec, LayerSpec, MixerSpec, ModelSpec, MoESpec, attention, check_experts
 
-FAMILY = "LFM2 (short convolution and attention hybrid)"
-MODEL_TYPES = {"lfm2"}
+FAMILY = "LFM2, LFM2-MoE (short convolution and attention hybrids)"
+MODEL_TYPES = {"lfm2", "lfm2_moe"}
+
+
+def ffn_spec(layer: nn.Module) -> FFNSpec | MoESpec:
+    block = layer.feed_forward
+    if not hasattr(block, "experts"):
+        return FFNSpec(forward=block, norm=layer.ffn_norm, pre_norm=True, w_in=block.w3, w_out=block.w2,
+                       activation=nn.functional.silu, w_gate=block.w1)  # fmt: skip
+    check_experts(block)  # its experts' activation is a function (F.silu): AttnLRP puts its rule in its place
+    return MoESpec(forward=block, norm=layer.ffn_norm, pre_norm=True, router=block.gate, experts=block.experts)
 
 
 def layer_spec(layer: nn.Module, config) -> LayerSpec:
@@ -23,10 +33,7 @@ def layer_spec(layer: nn.Module, config) -> LayerSpec:
         mixer = attention(attn, attn.v_proj, attn.out_proj, heads, layer.operator_norm, True)
     else:
         mixer = MixerSpec(module=layer.conv, kind="lfm2", num_heads=1, norm=layer.operator_norm, pre_norm=True)
-    mlp = layer.feed_forward
-    ffn = FFNSpec(forward=mlp, norm=layer.ffn_norm, pre_norm=True, w_in=mlp.w3, w_out=mlp.w2,
-                  activation=nn.functional.silu, w_gate=mlp.w1)  # fmt: skip
-    return LayerSpec(module=layer, self_attn=mixer, ffn=ffn)
+    return LayerSpec(module=layer, self_attn=mixer, ffn=ffn_spec(layer))
 
 
 def build(model: nn.Module) -> ModelSpec:
