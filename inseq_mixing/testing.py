@@ -56,9 +56,10 @@ MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "phimoe", "glm4_mo
                 "flex_olmo", "deepseek_v2", "deepseek_v3", "gpt_oss")  # fmt: skip
 DECODER_FAMILIES = DECODER_FAMILIES + MOE_FAMILIES
 ALL_FAMILIES = SEQ2SEQ_FAMILIES + DECODER_FAMILIES
-#: Hybrid decoders whose token mixers are not all attention (tests/test_hybrids.py; not among the families above,
-#: whose tests every method runs on).
-HYBRID_FAMILIES = ("bamba", "lfm2", "jamba", "qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2_moe")
+#: Decoders whose token mixers are not all attention: hybrids, and Mamba-style models without attention or FFN
+#: (tests/test_hybrids.py; not among the families above, whose tests every method runs on).
+HYBRID_FAMILIES = ("bamba", "lfm2", "jamba", "qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2_moe", "mamba", "mamba2",
+                   "falcon_mamba")  # fmt: skip
 #: Families with grouped-query attention whose RMSNorms round through float32 (even in a float64 model).
 LLAMA_STYLE_FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "olmo2",
                         *MOE_FAMILIES)  # fmt: skip
@@ -256,6 +257,15 @@ def _hybrid(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn:
             use_mamba_kernels=False, **common,
         )  # fmt: skip
         return transformers.JambaForCausalLM(config)
+    if family in ("mamba", "falcon_mamba", "mamba2"):  # no attention, no FFN
+        if family == "mamba2":  # heads of 8 channels, two groups, chunks of 4 that test inputs cross
+            config = transformers.Mamba2Config(num_heads=2 * d_model // 8, head_dim=8, n_groups=2, state_size=4,
+                                               conv_kernel=4, expand=2, chunk_size=4, **common)  # fmt: skip
+            return transformers.Mamba2ForCausalLM(config)
+        name = {"mamba": "Mamba", "falcon_mamba": "FalconMamba"}[family]
+        config = getattr(transformers, f"{name}Config")(state_size=4, expand=2, conv_kernel=4, time_step_rank=4,
+                                                        use_mambapy=False, **common)  # fmt: skip
+        return getattr(transformers, f"{name}ForCausalLM")(config)
     if family.startswith("qwen3"):  # Gated DeltaNet layers of 2 key and 4 value heads, gated attention at layer 1
         layer_types = [("linear_attention", "full_attention", "linear_attention")[i % 3] for i in range(layers)]
         linear = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=d_model // 4,

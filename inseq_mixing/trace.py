@@ -42,7 +42,7 @@ from torch import nn
 from .deferred import check
 from .memory import release_freed_memory
 from .specs import AttentionSpec, HeadSpec, ModelSpec, StackSpec, get_spec
-from .specs.base import LayerScale, MixerSpec
+from .specs.base import LayerScale, MixerSpec, NoFFN
 
 logger = logging.getLogger(__name__)
 
@@ -570,7 +570,8 @@ class _Recorder:
             ffn_entry = layer.ffn.norm if layer.ffn.norm is not None else layer.ffn.forward
             if not isinstance(ffn_entry, nn.Module):
                 raise TypeError("An FFNSpec without a norm needs a module as `forward`: the trace records its input.")
-            add(ffn_entry, "pre", self._norm_hook(store, "ffn_norm_input"))
+            if not isinstance(ffn_entry, NoFFN):  # a block without an FFN: its output is that input (result())
+                add(ffn_entry, "pre", self._norm_hook(store, "ffn_norm_input"))
             for router in layer.ffn.routers:  # a mixture's routing, frozen at this pass
                 add(router, "post", self._routing_hook(store))
             out_norm = layer.ffn.out_norm
@@ -677,7 +678,7 @@ class _Recorder:
 
     def result(self, mask: torch.Tensor, causal: bool) -> StackTrace:
         layers = []
-        for idx, store in enumerate(self.store):
+        for idx, (store, layer_spec) in enumerate(zip(self.store, self.stack.layers, strict=True)):
             for key in [key for key in store if key.endswith("norm_input")]:  # OPT flattens before its FFN norm
                 if not isinstance(store[key], Unrecorded):
                     store[key] = store[key].reshape(*store["input"].shape[:-1], -1)
@@ -707,7 +708,7 @@ class _Recorder:
                     input=store["input"],
                     output=store["output"],
                     self_attn=attn["self"],
-                    ffn_norm_input=store["ffn_norm_input"],
+                    ffn_norm_input=store["output" if isinstance(layer_spec.ffn.forward, NoFFN) else "ffn_norm_input"],
                     ffn_out_norm_input=store.get("ffn_out_norm_input"),
                     cross_attn=attn.get("cross"),
                     ffn_routing=_routing_by_position(store.get("ffn_routing"), store["input"].shape[:-1]),

@@ -99,7 +99,6 @@ def test_load_tiny_builds_every_mixture():
     ("config", "reason"),
     [
         ("DeepseekV32Config", "sparse token selector"),
-        ("MambaConfig", "state-space"),
         ("FalconH1Config", "Mamba-2 mixers beside"),
         ("Qwen3_5Config", "text decoder is explained: load it as Qwen3_5ForCausalLM"),
     ],

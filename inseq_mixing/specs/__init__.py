@@ -42,19 +42,13 @@ MIXING_OUTSIDE_ATTENTION = {
 }
 
 
-_MAMBA_HYBRID = "Mamba / Mamba-2 state-space layers between its attention layers"
-#: Architectures researchers study that no spec covers yet, by ``config.model_type``: what stands in the way. Refused
-#: with this reason (a decomposition of these token mixers is planned, not approximated).
 NOT_YET_EXPLAINED = {
     "deepseek_v32": "multi-head latent attention with a sparse token selector",
-    "mamba": "selective state-space token mixers, no attention",
-    "mamba2": "selective state-space token mixers, no attention",
-    "falcon_mamba": "selective state-space token mixers, no attention",
-    "falcon_h1": "Mamba-2 mixers beside its attention heads",
-    "zamba": _MAMBA_HYBRID,
-    "zamba2": _MAMBA_HYBRID,
-    "granitemoehybrid": _MAMBA_HYBRID,
-    "nemotron_h": _MAMBA_HYBRID,
+    "falcon_h1": "Mamba-2 mixers beside its attention heads in one block, and multipliers on every branch",
+    "zamba": "a shared attention block that reads its input concatenated with the embeddings",
+    "zamba2": "shared attention blocks that read their input concatenated with the embeddings, with adapters per call",
+    "granitemoehybrid": "multipliers on the embeddings, the residual branches, attention and the logits",
+    "nemotron_h": "blocks of one sub-block each (an FFN or attention alone, with no token mixer or no FFN)",
     "qwen3_5": "a vision-language model whose images are not read yet; its text decoder is explained: load it as "
     "Qwen3_5ForCausalLM",
     "qwen3_5_moe": "a vision-language model whose images are not read yet; its text decoder is explained: load it as "

@@ -4,6 +4,7 @@ A spec holds references to the model's own submodules, so that the method math c
 position-wise parts of a block (norms, FFN) exactly as the architecture computes them.
 """
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -199,6 +200,24 @@ class FFNSpec(BranchLayout):
     def hidden_width(self, d_model: int) -> int:
         """Hidden units per position (the FFN's inner width)."""
         return self.w_out.weight.numel() // d_model
+
+
+class NoFFN(nn.Module):
+    """The FFN of a block that has none (Mamba's, Mamba-2's: the mixer's residual sum is the block's output), as the
+    methods read it: it adds nothing. The model never calls it; the trace takes the block's output as its input."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(hidden)
+
+
+def no_ffn(width: int, like: torch.Tensor) -> FFNSpec:
+    """The FFN sub-block of a block of ``width`` channels without one: :class:`NoFFN`, of no hidden units (its empty
+    maps in ``like``'s dtype, on its device)."""
+    place = {"dtype": like.dtype, "device": like.device}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # initialising an empty weight does nothing, and says so
+        w_in, w_out = nn.Linear(width, 0, bias=False, **place), nn.Linear(0, width, bias=False, **place)
+    return FFNSpec(forward=NoFFN(), norm=None, pre_norm=True, w_in=w_in, w_out=w_out, activation=nn.Identity())
 
 
 def linear_branch(hidden: torch.Tensor, activation: Callable | None, offset: float) -> torch.Tensor:
