@@ -59,7 +59,7 @@ ALL_FAMILIES = SEQ2SEQ_FAMILIES + DECODER_FAMILIES
 #: Decoders whose token mixers are not all attention: hybrids, and Mamba-style models without attention or FFN
 #: (tests/test_hybrids.py; not among the families above, whose tests every method runs on).
 HYBRID_FAMILIES = ("bamba", "lfm2", "jamba", "qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2_moe", "mamba", "mamba2",
-                   "falcon_mamba")  # fmt: skip
+                   "falcon_mamba", "nemotron_h")  # fmt: skip
 #: Families with grouped-query attention whose RMSNorms round through float32 (even in a float64 model).
 LLAMA_STYLE_FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "olmo2",
                         *MOE_FAMILIES)  # fmt: skip
@@ -257,6 +257,13 @@ def _hybrid(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn:
             use_mamba_kernels=False, **common,
         )  # fmt: skip
         return transformers.JambaForCausalLM(config)
+    if family == "nemotron_h":  # blocks of one sub-block: Mamba-2, attention, FFN, Mamba-2, ...
+        pattern = [("linear_attention", "full_attention", "mlp", "linear_attention")[i % 4] for i in range(layers)]
+        config = transformers.NemotronHConfig(
+            layers_block_type=pattern, head_dim=2 * d_model // heads, mamba_num_heads=2 * d_model // 8,
+            mamba_head_dim=8, n_groups=2, ssm_state_size=4, conv_kernel=4, expand=2, chunk_size=4, **common,
+        )  # fmt: skip
+        return transformers.NemotronHForCausalLM(config)
     if family in ("mamba", "falcon_mamba", "mamba2"):  # no attention, no FFN
         if family == "mamba2":  # heads of 8 channels, two groups, chunks of 4 that test inputs cross
             config = transformers.Mamba2Config(num_heads=2 * d_model // 8, head_dim=8, n_groups=2, state_size=4,

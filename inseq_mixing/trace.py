@@ -42,7 +42,7 @@ from torch import nn
 from .deferred import check
 from .memory import release_freed_memory
 from .specs import AttentionSpec, HeadSpec, ModelSpec, StackSpec, get_spec
-from .specs.base import LayerScale, MixerSpec, NoFFN
+from .specs.base import LayerScale, MixerSpec, NoFFN, NoMixer
 
 logger = logging.getLogger(__name__)
 
@@ -584,6 +584,8 @@ class _Recorder:
                     continue
                 if attn.norm is not None:
                     add(attn.norm, "pre", self._norm_hook(store, f"{name}_norm_input"))
+                if isinstance(attn.module, NoMixer):  # a block without a token mixer: nothing to record
+                    continue
                 if isinstance(attn, MixerSpec):  # its input, mask and output: the methods freeze its mixing
                     add(attn.module, "post_kwargs", self._mixer_hook(store, name))
                     continue
@@ -682,6 +684,9 @@ class _Recorder:
             for key in [key for key in store if key.endswith("norm_input")]:  # OPT flattens before its FFN norm
                 if not isinstance(store[key], Unrecorded):
                     store[key] = store[key].reshape(*store["input"].shape[:-1], -1)
+            if isinstance(layer_spec.self_attn.module, NoMixer):  # it adds nothing to the block's input
+                input_ = store["input"]
+                store.update(self_mixer_input=input_, self_mixer_mask=None, self_output=torch.zeros_like(input_))
             mixer = "self_mixer_input" in store
             if not mixer and store.get("self_probs") is None:
                 raise TraceError(

@@ -1,5 +1,5 @@
 """Decoders whose token mixers are not all attention (issue 55): hybrids (Bamba, LFM2 and LFM2-MoE, Jamba, Qwen3-Next,
-Qwen3.5) and Mamba, Mamba-2 and Falcon-Mamba (no attention, no FFN), their Mamba-2 and Mamba layers, short
+Qwen3.5, Nemotron-H) and Mamba, Mamba-2 and Falcon-Mamba (no attention, no FFN), their Mamba-2 and Mamba layers, short
 convolutions, Gated DeltaNet layers and gated attention read by the methods through their exact mixing matrices
 (:mod:`inseq_mixing.methods.mixers`). The mixers' parts add up to each layer's own output in the traced model,
 ALTI-logit adds up to the model's own logits (with foils, per head), the maps' rows sum to 1 and give no weight to
@@ -459,3 +459,38 @@ def test_attn_lrp_rules_of_gated_attention_are_the_naive_rules_step_by_step():
     torch.testing.assert_close(out.detach(), out_naive, rtol=1e-5, atol=1e-6)  # the rules' float32 probabilities
     torch.testing.assert_close(relevance, naive, rtol=1e-4, atol=1e-5)
     assert relevance.abs().max() > 0.1
+
+
+@pytest.mark.parametrize("method", ["alti", "attention_rollout", "attention_flow", "globenc"])
+def test_a_block_without_a_token_mixer_leaves_the_rolled_out_maps_as_they_were(method):
+    """Nemotron-H's FFN block mixes no tokens (a block without a token mixer, read as one that adds nothing with the
+    identity as its map): the maps rolled out through a Mamba-2 block, an attention block and that FFN block are
+    those rolled out through the first two alone (the same model with its last block removed)."""
+    model = tiny_model("nemotron_h", layers=3)
+    assert get_spec(model).decoder.layers[2].self_attn.kind == "none"
+    ids, mask = padded_batch()
+    declaration = DECLARATIONS[method]
+    full = declaration.run(request_of(model, ids, mask, trace_model(model, ids, mask)), declaration.options())
+    model.model.layers = model.model.layers[:2]
+    model.config.layers_block_type = model.config.layers_block_type[:2]
+    model.config.num_hidden_layers = 2
+    cut = declaration.run(request_of(model, ids, mask, trace_model(model, ids, mask)), declaration.options())
+    real = mask.bool()
+    cells = real[:, :, None] & real[:, None, :]
+    assert full.target.shape == cut.target.shape
+    torch.testing.assert_close(full.target[cells], cut.target[cells], rtol=1e-5, atol=1e-6)
+
+
+def test_nemotron_h_mixture_of_experts_blocks_are_refused_with_the_reason():
+    """Nemotron-H's experts have no gate and sit behind latent projections: such a block is refused when the model is
+    read, naming the layer and what to explain instead."""
+    import transformers
+
+    config = transformers.NemotronHConfig(
+        vocab_size=64, hidden_size=16, num_attention_heads=4, num_key_value_heads=2, head_dim=8, mamba_num_heads=4,
+        mamba_head_dim=8, n_groups=2, ssm_state_size=4, conv_kernel=4, chunk_size=4, intermediate_size=32,
+        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, moe_shared_expert_intermediate_size=16,
+        layers_block_type=["linear_attention", "moe"], num_hidden_layers=2,
+    )  # fmt: skip
+    with pytest.raises(UnsupportedModelError, match=r"moe blocks \(layer 1\).*no gate"):
+        get_spec(transformers.NemotronHForCausalLM(config))

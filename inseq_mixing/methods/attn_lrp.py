@@ -259,7 +259,8 @@ def _ffn_rules(ffn: FFNSpec, hidden: torch.Tensor, *_args, **_kwargs) -> torch.T
 #: norms' statistics frozen), which AttnLRP's own rules for activations, norms and products match; our extension to
 #: hybrids and to LFM2's convolutions. A kind not here is refused.
 MIXER_RULES = {"mamba": _mamba_rules, "mamba2": _mamba2_rules, "lfm2": _lfm2_rules,
-               "gated_deltanet": _gated_deltanet_rules, "gated_attention": _gated_attention_rules}  # fmt: skip
+               "gated_deltanet": _gated_deltanet_rules, "gated_attention": _gated_attention_rules,
+               "none": lambda module, hidden_states, *_args, **_kwargs: module(hidden_states)}  # fmt: skip
 
 
 def _experts_function_swapped(ffn: FFNSpec | MoESpec, hooks: ExitStack) -> tuple:

@@ -287,6 +287,17 @@ class FrozenMixer:
         return cls(gate_in * inputs, torch.ones_like(inputs), identity, taps, bias, gate_out, mixer.out_proj,
                    mask.float(), readout, values, gate_in)  # fmt: skip
 
+    @classmethod
+    def none(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:
+        """A block's missing token mixer (:class:`~inseq_mixing.specs.base.NoMixer`): one channel of zeros, the
+        identity as its mixing (rollout's map: each position its own), no part for any token."""
+        batch, length = hidden.shape[:2]
+        zeros = hidden.new_zeros(batch, length, 1, dtype=torch.float32)
+        identity = torch.eye(length, dtype=zeros.dtype, device=zeros.device).expand(batch, 1, length, length)
+        readout = ValueReadout(None, zeros, zeros, None)
+        return cls(zeros, torch.ones_like(zeros), identity, zeros.new_ones(1, 1), None, zeros, mixer.out_proj,
+                   padding_mask(zeros, attention_mask), readout, zeros.new_zeros(1, hidden.shape[-1]))  # fmt: skip
+
     @property
     def heads(self) -> int:
         """The mixing matrices per pair of positions."""

@@ -48,7 +48,6 @@ NOT_YET_EXPLAINED = {
     "zamba": "a shared attention block that reads its input concatenated with the embeddings",
     "zamba2": "shared attention blocks that read their input concatenated with the embeddings, with adapters per call",
     "granitemoehybrid": "multipliers on the embeddings, the residual branches, attention and the logits",
-    "nemotron_h": "blocks of one sub-block each (an FFN or attention alone, with no token mixer or no FFN)",
     "qwen3_5": "a vision-language model whose images are not read yet; its text decoder is explained: load it as "
     "Qwen3_5ForCausalLM",
     "qwen3_5_moe": "a vision-language model whose images are not read yet; its text decoder is explained: load it as "

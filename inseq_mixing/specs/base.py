@@ -417,7 +417,7 @@ class FirstOutput(nn.Module):
 
 #: The token mixers a :class:`MixerSpec` can name, each written as a mixing matrix by
 #: :class:`~inseq_mixing.methods.mixers.FrozenMixer`'s constructor of that name.
-MIXER_KINDS = ("mamba", "mamba2", "gated_deltanet", "lfm2", "gated_attention")
+MIXER_KINDS = ("mamba", "mamba2", "gated_deltanet", "lfm2", "gated_attention", "none")
 
 
 @dataclass(frozen=True)
@@ -447,6 +447,31 @@ class MixerSpec(BranchLayout):
     def __post_init__(self):
         if self.kind not in MIXER_KINDS:
             raise ValueError(f"MixerSpec kind={self.kind!r}: give one of {MIXER_KINDS}.")
+
+
+class NoMixer(nn.Module):
+    """The token mixer of a block that has none (Nemotron-H's FFN blocks), as the methods read it
+    (``kind="none"``): it mixes nothing and adds nothing (its map the identity). The model never calls it; the trace
+    records nothing for it.
+
+    Args:
+        width: The block's channels.
+        like: A weight of the model, whose dtype and device its empty output projection takes.
+    """
+
+    def __init__(self, width: int, like: torch.Tensor):
+        super().__init__()
+        self.out_proj = nn.Linear(1, width, bias=False, dtype=like.dtype, device=like.device)
+        with torch.no_grad():
+            self.out_proj.weight.zero_()
+
+    def forward(self, hidden: torch.Tensor, *_args, **_kwargs) -> torch.Tensor:
+        return torch.zeros_like(hidden)
+
+
+def no_mixer(width: int, like: torch.Tensor) -> MixerSpec:
+    """The token-mixing sub-block of a block of ``width`` channels without one: :class:`NoMixer`."""
+    return MixerSpec(module=NoMixer(width, like), kind="none", num_heads=1, norm=None, pre_norm=True)
 
 
 @dataclass(frozen=True)
