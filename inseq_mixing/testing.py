@@ -59,7 +59,7 @@ ALL_FAMILIES = SEQ2SEQ_FAMILIES + DECODER_FAMILIES
 #: Decoders whose token mixers are not all attention: hybrids, and Mamba-style models without attention or FFN
 #: (tests/test_hybrids.py; not among the families above, whose tests every method runs on).
 HYBRID_FAMILIES = ("bamba", "lfm2", "jamba", "qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2_moe", "mamba", "mamba2",
-                   "falcon_mamba", "nemotron_h")  # fmt: skip
+                   "falcon_mamba", "nemotron_h", "granitemoehybrid", "granitemoehybrid_dense")  # fmt: skip
 #: Families with grouped-query attention whose RMSNorms round through float32 (even in a float64 model).
 LLAMA_STYLE_FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "olmo2",
                         *MOE_FAMILIES)  # fmt: skip
@@ -257,6 +257,19 @@ def _hybrid(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn:
             use_mamba_kernels=False, **common,
         )  # fmt: skip
         return transformers.JambaForCausalLM(config)
+    if family.startswith("granitemoehybrid"):  # every multiplier away from 1; experts unless "_dense"
+        layer_types = [("linear_attention", "attention", "linear_attention")[i % 3] for i in range(layers)]
+        experts = 0 if family.endswith("dense") else 4
+        config = transformers.GraniteMoeHybridConfig(
+            layer_types=layer_types, mamba_n_heads=2 * d_model // 8, mamba_d_head=8, mamba_n_groups=2,
+            mamba_d_state=4, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=4, num_local_experts=experts,
+            num_experts_per_tok=2, shared_intermediate_size=ffn // 2, position_embedding_type="rope",
+            embedding_multiplier=1.5, residual_multiplier=0.7, attention_multiplier=0.3, logits_scaling=2.0,
+            **{**common, "intermediate_size": ffn // 2},
+        )  # fmt: skip
+        model = transformers.GraniteMoeHybridForCausalLM(config)
+        model.set_experts_implementation("eager")
+        return model
     if family == "nemotron_h":  # blocks of one sub-block: Mamba-2, attention, FFN, Mamba-2, ...
         pattern = [("linear_attention", "full_attention", "mlp", "linear_attention")[i % 4] for i in range(layers)]
         config = transformers.NemotronHConfig(

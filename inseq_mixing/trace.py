@@ -576,7 +576,8 @@ class _Recorder:
                 add(router, "post", self._routing_hook(store))
             out_norm = layer.ffn.out_norm
             if isinstance(out_norm, LayerScale):  # a module of the spec's own, which the model never calls
-                add(out_norm.input_module[0], "post", self._output_hook(store, "ffn_out_norm_input"))
+                for module in out_norm.input_module:  # their outputs summed (one module: its output)
+                    add(module, "post", self._summed_output_hook(store, "ffn_out_norm_input"))
             elif out_norm is not None:
                 add(out_norm, "pre", self._norm_hook(store, "ffn_out_norm_input"))
             for name, attn in (("self", layer.self_attn), ("cross", layer.cross_attn)):
@@ -624,6 +625,15 @@ class _Recorder:
     def _output_hook(store, key: str = "output"):
         def hook(module, args, output):
             store[key] = (output[0] if isinstance(output, tuple) else output).detach()
+
+        return hook
+
+    @staticmethod
+    def _summed_output_hook(store, key: str):
+        def hook(module, args, output):
+            output = (output[0] if isinstance(output, tuple) else output).detach()
+            previous = store.get(key)  # a tensor once one module gave its output (not when records drop it)
+            store[key] = previous + output if isinstance(previous, torch.Tensor) else output
 
         return hook
 

@@ -1,7 +1,7 @@
-"""Decoders whose token mixers are not all attention (issue 55): hybrids (Bamba, LFM2 and LFM2-MoE, Jamba, Qwen3-Next,
-Qwen3.5, Nemotron-H) and Mamba, Mamba-2 and Falcon-Mamba (no attention, no FFN), their Mamba-2 and Mamba layers, short
-convolutions, Gated DeltaNet layers and gated attention read by the methods through their exact mixing matrices
-(:mod:`inseq_mixing.methods.mixers`). The mixers' parts add up to each layer's own output in the traced model,
+"""Decoders whose token mixers are not all attention (issue 55): hybrids (Bamba, Granite 4, LFM2 and LFM2-MoE, Jamba,
+Qwen3-Next, Qwen3.5, Nemotron-H) and Mamba, Mamba-2 and Falcon-Mamba (no attention, no FFN), their Mamba-2 and Mamba
+layers, short convolutions, Gated DeltaNet layers and gated attention read by the methods through their exact mixing
+matrices (:mod:`inseq_mixing.methods.mixers`). The mixers' parts add up to each layer's own output in the traced model,
 ALTI-logit adds up to the model's own logits (with foils, per head), the maps' rows sum to 1 and give no weight to
 later tokens, a padded row is that row alone, value zeroing is the model run again with a token's value input
 zeroed, a trace of attention alone and a long trace give the same maps, the front ends explain the model, and the
@@ -494,3 +494,24 @@ def test_nemotron_h_mixture_of_experts_blocks_are_refused_with_the_reason():
     )  # fmt: skip
     with pytest.raises(UnsupportedModelError, match=r"moe blocks \(layer 1\).*no gate"):
         get_spec(transformers.NemotronHForCausalLM(config))
+
+
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_decompx_adds_up_at_every_layer_and_at_the_logit(family):
+    """DecompX on each family (a left-padded batch): the components add up to every recorded block output, through
+    mixers, missing sub-blocks, mixtures and the branches' multipliers, and the token scores (with the biases' share
+    kept apart) to the model's own logit."""
+    from inseq_mixing.methods.decompx import DecompXOptions, decompx
+
+    from .test_decompx import assert_complete
+
+    model = hybrid(family)
+    ids, mask = padded_batch()
+    trace = trace_model(model, ids, mask)
+    predicted = next_tokens({"input_ids": ids})
+    for options in (DecompXOptions(), DecompXOptions(bias="separate")):
+        scores = decompx(trace, predicted, options=options, keep_layers=True)
+        assert_complete(trace, scores, 1e-4)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits.gather(-1, predicted[..., None])[..., 0]
+    torch.testing.assert_close(scores.logit[mask.bool()], logits[mask.bool()], rtol=1e-4, atol=1e-4)

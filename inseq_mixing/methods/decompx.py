@@ -432,8 +432,9 @@ def mixer_sublayer(mixer: MixerSpec, record: MixerTrace, stream: BlockedStream, 
     """Residual plus a token mixer's output that is not attention, on a blocked stream (our extension): the stream
     read densely ``(B, T, K, D)``, through the branch's frozen norm (its shift split), each component through the
     frozen mixer (:meth:`.mixers.FrozenMixer.component_outputs`), the biases' paths (the mixer's output minus the
-    components' sum) split over the output's components, added to each block in place."""
-    if mixer.post_norm is not None or mixer.out_norm is not None:
+    components' sum) split over the output's components, through a norm on the mixer's output where there is one,
+    added to each block in place."""
+    if mixer.post_norm is not None:
         raise ValueError("DecompX reads a token mixer in a pre-norm block only.")
     mode = options.bias
     dense = stream.to_dense()
@@ -443,6 +444,8 @@ def mixer_sublayer(mixer: MixerSpec, record: MixerTrace, stream: BlockedStream, 
     rest = upcast(record.output) - parts.sum(2)
     weights = bias_weights(parts, rest, mode) if mode in ("absdot", "norm") else None
     branch = add_split_bias(branch, rest, weights, mode)
+    if mixer.out_norm is not None:  # on the branch alone (Granite 4's residual multiplier), its statistics frozen
+        branch = decompose_norm(mixer.out_norm, record.output, branch, mode, True)
     for block in stream.blocks:
         block.stream.parts += branch.parts[:, block.rows][:, :, block.cols]
     if first_row:  # the blocks before the first kept row leave the stream

@@ -47,7 +47,6 @@ NOT_YET_EXPLAINED = {
     "falcon_h1": "Mamba-2 mixers beside its attention heads in one block, and multipliers on every branch",
     "zamba": "a shared attention block that reads its input concatenated with the embeddings",
     "zamba2": "shared attention blocks that read their input concatenated with the embeddings, with adapters per call",
-    "granitemoehybrid": "multipliers on the embeddings, the residual branches, attention and the logits",
     "qwen3_5": "a vision-language model whose images are not read yet; its text decoder is explained: load it as "
     "Qwen3_5ForCausalLM",
     "qwen3_5_moe": "a vision-language model whose images are not read yet; its text decoder is explained: load it as "

@@ -670,23 +670,44 @@ def norm_params(module: nn.Module) -> NormParams:
 
 
 class LayerScale(nn.Module):
-    """A layer scale its block holds as a bare parameter (BEiT's ``lambda_1`` / ``lambda_2``), as a module the methods
-    apply: ``γ ⊙ z``. The model never calls it, so the trace records its input at ``input_module``'s output (the
-    module whose output the block multiplies by ``γ``).
+    """A layer scale its block holds as a bare parameter (BEiT's ``lambda_1`` / ``lambda_2``) or a number (Granite 4's
+    residual multiplier, every channel's), as a module the methods apply: ``γ ⊙ z``. The model never calls it, so the
+    trace records its input at ``input_module``'s output (the module whose output the block multiplies by ``γ``; the
+    sum of several modules' outputs where it is a tuple of them).
 
     Args:
-        scale: The block's per-channel factor ``γ`` (the model's own parameter, not a copy).
-        input_module: The module whose output is scaled, or None where the trace has that input already (an
-            attention's output).
+        scale: The block's per-channel factor ``γ`` (the model's own parameter, not a copy, or a frozen one).
+        input_module: The module (or modules, outputs summed) whose output is scaled, or None where the trace has
+            that input already (an attention's or a mixer's output).
     """
 
-    def __init__(self, scale: nn.Parameter, input_module: nn.Module | None = None):
+    def __init__(self, scale: nn.Parameter, input_module: nn.Module | tuple[nn.Module, ...] | None = None):
         super().__init__()
         self.lambda1 = scale
-        self.input_module = [input_module]  # in a list: not a submodule of this one
+        modules = input_module if isinstance(input_module, tuple) else (input_module,)
+        self.input_module = list(modules)  # in a list: not submodules of this one
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lambda1 * hidden
+
+
+class SummedModules(nn.Module):
+    """Modules a block calls on the same input and adds up (Granite 4's experts and its shared FFN), as one module the
+    methods call: the sum of their outputs."""
+
+    def __init__(self, *modules: nn.Module):
+        super().__init__()
+        self.wrapped = list(modules)  # in a list: not submodules
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return sum(module(hidden) for module in self.wrapped)
+
+
+def multiplier(value: float, width: int, like: torch.Tensor, input_module=None) -> LayerScale:
+    """A number every channel of a branch's output is multiplied by before the residual sum (Granite 4's
+    ``residual_multiplier``), as a :class:`LayerScale` (``like``: a weight whose dtype and device it takes)."""
+    scale = nn.Parameter(torch.full((width,), float(value), dtype=like.dtype, device=like.device), requires_grad=False)
+    return LayerScale(scale, input_module)
 
 
 def is_norm(module) -> bool:
