@@ -374,11 +374,16 @@ class FrozenMixer:
 
     def totals(self, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
         """``(Σ_j part_t(j), part_t(t))`` of the positions ``rows`` ``(B, R, d)`` each: the mixer's output without
-        what no token carries, and each position's own part."""
-        first, stop, _ = rows.indices(self.scale.shape[1])
-        parts = self.token_parts(rows)
-        own = parts[:, torch.arange(stop - first), torch.arange(first, stop)]
-        return parts.sum(2), own
+        what no token carries, and each position's own part. The mixing is linear in the conv inputs, so the sum is
+        the tokens' inputs through the taps, the frozen activation and the mixing (``T² × channels``, not a part per
+        pair); a token reaches its own position through its last tap alone."""
+        inputs = self.ratio * causal_taps(self.token_input, self.conv_weight)
+        total = mix_heads(self.mixing[:, :, rows], inputs, self.heads)  # (B, R, I)
+        diagonal = self.mixing[:, :, rows].diagonal(offset=rows.indices(self.ratio.shape[1])[0], dim1=-2, dim2=-1)
+        own = diagonal.repeat_interleave(inputs.shape[-1] // self.heads, dim=1).transpose(1, 2)  # (B, R, I)
+        own = own * self.ratio[:, rows] * self.conv_weight[:, -1] * self.token_input[:, rows]
+        weight = self.out_proj.weight.float()
+        return F.linear(total * self.scale[:, rows], weight), F.linear(own * self.scale[:, rows], weight)
 
     def finish(self, y: torch.Tensor, rows: slice = slice(None)) -> torch.Tensor:
         """The mixer's output ``(..., R, d)`` from mixing outputs ``y`` ``(..., R, I)`` of the positions ``rows``:
