@@ -328,18 +328,49 @@ def _hybrid(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn:
 
 
 #: Vision–language decoders with a tiny builder (:func:`tiny_vlm`; issue 56, the decoder's first step).
-VLM_FAMILIES = ("llava",)
+VLM_FAMILIES = ("llava", "qwen2_vl", "qwen2_5_vl")
 #: The tiny VLM's image tokens: a :data:`TINY_IMAGE_SIZE` image in :data:`TINY_PATCH_SIZE` patches, 3 × 3 (its class
 #: token dropped).
 VLM_IMAGE_TOKENS = 9
 
 
 def tiny_vlm(family: str = "llava", seed: int = 0) -> torch.nn.Module:
-    """A random LLaVA: a one-layer CLIP vision tower (24 × 24 images, 8 × 8 patches), the GELU projector, a two-layer
-    Llama over the word tokenizer's vocabulary plus one image token (its last id), in eval mode and eager attention."""
+    """A random vision-language decoder over the word tokenizer's vocabulary plus its image tokens (the last ids), in
+    eval mode and eager attention: a LLaVA (a one-layer CLIP vision tower, 24 × 24 images in 8 × 8 patches, the GELU
+    projector, a two-layer Llama), or a Qwen2-VL / Qwen2.5-VL (a one-block vision tower, 24 × 24 images in 4 × 4
+    patches merged 2 × 2, a two-layer Qwen2 with multimodal rotary positions); :data:`VLM_IMAGE_TOKENS` tokens per
+    image."""
     if family not in VLM_FAMILIES:
         raise ValueError(f"No builder for vision-language family {family!r}; known: {VLM_FAMILIES}")
     torch.manual_seed(seed)
+    if family in ("qwen2_vl", "qwen2_5_vl"):
+        vocab = len(SPECIAL_TOKENS) + len(WORDS) + 3  # the image token, the image's start and end
+        vision = dict(depth=1, hidden_size=16, num_heads=2, patch_size=TINY_PATCH_SIZE // 2, spatial_merge_size=2,
+                      temporal_patch_size=2, in_channels=3)  # fmt: skip
+        if family == "qwen2_vl":
+            vision.update(embed_dim=16, mlp_ratio=2)
+        else:  # Qwen2.5-VL's tower: windows of 16 pixels, its one block with full attention
+            vision.update(out_hidden_size=16, intermediate_size=32, window_size=16, fullatt_block_indexes=[0])
+        text = dict(
+            vocab_size=vocab,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            bos_token_id=BOS_ID,
+            eos_token_id=EOS_ID,
+            pad_token_id=PAD_ID,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 0]},
+        )
+        name = {"qwen2_vl": "Qwen2VL", "qwen2_5_vl": "Qwen2_5_VL"}[family]
+        tokens = dict(image_token_id=vocab - 1, vision_start_token_id=vocab - 2, vision_end_token_id=vocab - 3)
+        config = getattr(transformers, f"{name}Config")(vision_config=vision, text_config=text, **tokens)
+        model = getattr(transformers, f"{name}ForConditionalGeneration")(config)
+        randomize_weights(model, seed)
+        model.set_attn_implementation("eager")
+        return model.eval()
     vocab = len(SPECIAL_TOKENS) + len(WORDS) + 1
     vision = transformers.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                            num_attention_heads=2, image_size=TINY_IMAGE_SIZE,
@@ -354,6 +385,25 @@ def tiny_vlm(family: str = "llava", seed: int = 0) -> torch.nn.Module:
     randomize_weights(model, seed)
     model.set_attn_implementation("eager")
     return model.eval()
+
+
+def tiny_vlm_images(model: torch.nn.Module, count: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``count`` random images for a :func:`tiny_vlm`: LLaVA's pixels ``(count, 3, 24, 24)``, Qwen2-VL's flattened
+    patches ``(count, 36, 96)`` (6 × 6 patches of 3 channels, 2 frames, 4 × 4 pixels: what its processor gives)."""
+    if model.config.model_type != "llava":
+        return torch.randn(count, 36, 3 * 2 * (TINY_PATCH_SIZE // 2) ** 2, generator=generator)
+    return torch.randn(count, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE, generator=generator)
+
+
+def tiny_vlm_inputs(model: torch.nn.Module, ids: torch.Tensor, images: torch.Tensor) -> dict:
+    """The forward pass's image arguments for ``ids`` whose rows each hold one image's tokens, from that row's image
+    (:func:`tiny_vlm_images`): LLaVA's ``pixel_values``; Qwen2-VL's patches, ``image_grid_thw`` and
+    ``mm_token_type_ids`` (1 on the image's tokens), as its processor returns them."""
+    if model.config.model_type == "llava":
+        return {"pixel_values": images}
+    grid = torch.tensor([[1, 6, 6]] * len(images))
+    return {"pixel_values": images.flatten(0, 1), "image_grid_thw": grid,
+            "mm_token_type_ids": (ids == model.config.image_token_id).int()}  # fmt: skip
 
 
 def randomize_weights(model: torch.nn.Module, seed: int = 0, scale: float = 0.3) -> None:

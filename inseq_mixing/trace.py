@@ -514,6 +514,25 @@ class ModelCall:
         """``(batch, source positions)`` mask of an encoder–decoder's encoder."""
         return (self.frame_masks or {}).get("encoder", self.kwargs.get("attention_mask"))
 
+    def rows(self, rows: torch.Tensor) -> dict:
+        """The call's keyword arguments for the batch ``rows`` (repeats allowed): every per-row tensor indexed; images
+        given as one flat run of patches over the batch (Qwen2-VL's ``pixel_values`` with ``image_grid_thw``) cut
+        into each row's images (a row holds the images whose tokens it holds, in order)."""
+        kwargs = {key: value[rows] if torch.is_tensor(value) else value for key, value in self.kwargs.items()}
+        grid = self.kwargs.get("image_grid_thw")
+        if grid is None:
+            return kwargs
+        merge = self.model.config.vision_config.spatial_merge_size**2
+        patches = grid.prod(-1)  # each image's patches; its tokens: patches / merge
+        per_row = (self.kwargs["mm_token_type_ids"] == 1).sum(-1)  # each row's image tokens
+        images = torch.searchsorted((patches // merge).cumsum(0), per_row.cumsum(0), right=True)  # images up to a row
+        first = torch.cat([images.new_zeros(1), images[:-1]])
+        starts = torch.cat([patches.new_zeros(1), patches.cumsum(0)])
+        picked = [(int(first[row]), int(images[row])) for row in rows.tolist()]  # each row's images (host: a few)
+        kwargs["image_grid_thw"] = torch.cat([grid[a:b] for a, b in picked])
+        kwargs["pixel_values"] = torch.cat([self.kwargs["pixel_values"][starts[a] : starts[b]] for a, b in picked])
+        return kwargs
+
 
 @dataclass
 class ModelTrace:
@@ -1013,7 +1032,7 @@ def forward_arguments(
         )
         kwargs.update(decoder_input_ids=decoder_input_ids, decoder_attention_mask=decoder_attention_mask)
     else:
-        position_ids = left_padding_position_ids(attention_mask)
+        position_ids = None if spec.own_positions else left_padding_position_ids(attention_mask)
         if position_ids is not None:
             kwargs["position_ids"] = position_ids
         kwargs.update(extra or {})  # a vision-language decoder's images (``pixel_values``)

@@ -1,7 +1,8 @@
-"""Vision–language decoders (issue 56, the decoder's first step): LLaVA's decoder over image and text tokens, traced
-with the image, read by every method as a Llama's. ALTI-logit adds up to the model's own logits at image and text
-positions (with foils), every method gives causal rows and a left-padded row equal to that row alone, the image
-tokens get their share, and AttnLRP gives the model's own logit."""
+"""Vision–language decoders (issue 56, the decoder's first step): LLaVA's, Qwen2-VL's and Qwen2.5-VL's decoders over
+image and text tokens, traced with the images, read by every method as a Llama's (the Qwens with their multimodal
+rotary positions). ALTI-logit adds up to the model's own logits at image and text positions (with foils), every method
+gives causal rows and a left-padded row equal to that row with its image alone, the image tokens get their share, and
+AttnLRP gives the model's own logit."""
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ import torch
 from inseq_mixing.declarations import DECLARATIONS, Request
 from inseq_mixing.methods.alti_logit import alti_logit
 from inseq_mixing.specs import get_spec
-from inseq_mixing.testing import TINY_IMAGE_SIZE, VLM_FAMILIES, VLM_IMAGE_TOKENS, tiny_vlm
+from inseq_mixing.testing import VLM_FAMILIES, VLM_IMAGE_TOKENS, tiny_vlm, tiny_vlm_images, tiny_vlm_inputs
 from inseq_mixing.trace import trace_model
 
 from .conftest import next_tokens
@@ -26,10 +27,10 @@ def vlm(family: str):
 
 
 def image_batch(model, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Two rows of ``BEFORE`` words, the image's tokens and ``AFTER`` words, the second left-padded, and their
-    images ``(2, 3, 24, 24)``."""
+    """Two rows of ``BEFORE`` words, the image's tokens and ``AFTER`` words, the second left-padded, and their two
+    images (:func:`tiny_vlm_images`)."""
     generator = torch.Generator().manual_seed(seed)
-    image = torch.full((VLM_IMAGE_TOKENS,), model.config.image_token_index)
+    image = torch.full((VLM_IMAGE_TOKENS,), get_spec(model).image_token_id)
     words = torch.randint(5, 60, (2, BEFORE + AFTER), generator=generator)
     pad = torch.full((PADDED,), model.config.text_config.pad_token_id)
     first = torch.cat([words[0, :BEFORE], image, words[0, BEFORE:]])
@@ -37,23 +38,23 @@ def image_batch(model, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch
     ids = torch.stack([first, second])
     mask = torch.ones_like(ids)
     mask[1, :PADDED] = 0
-    pixels = torch.randn(2, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE, generator=generator)
-    return ids, mask, pixels
+    return ids, mask, tiny_vlm_images(model, 2, generator)
 
 
-def traced(model, ids, mask, pixels):
-    return trace_model(model, ids, mask, extra={"pixel_values": pixels})
+def traced(model, ids, mask, images):
+    return trace_model(model, ids, mask, extra=tiny_vlm_inputs(model, ids, images))
 
 
 @pytest.mark.parametrize("family", VLM_FAMILIES)
 def test_alti_logit_adds_up_to_the_vlms_own_logits_at_image_and_text_positions(family):
     model = vlm(family)
-    ids, mask, pixels = image_batch(model)
-    trace = traced(model, ids, mask, pixels)
+    ids, mask, images = image_batch(model)
+    trace = traced(model, ids, mask, images)
     predicted = next_tokens({"input_ids": ids})
     foils = (predicted + 7) % 50 + 5
     with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=mask, pixel_values=pixels, use_cache=False).logits
+        inputs = tiny_vlm_inputs(model, ids, images)
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False, **inputs).logits
     own = logits.gather(-1, predicted[..., None])[..., 0]
     contrast = own - logits.gather(-1, foils[..., None])[..., 0]
     real = mask.bool()
@@ -61,7 +62,7 @@ def test_alti_logit_adds_up_to_the_vlms_own_logits_at_image_and_text_positions(f
         scores = alti_logit(trace, predicted, explained)
         total = scores.target.sum(-1) + sum(scores.unattributed.values())
         torch.testing.assert_close(total[real], expected[real], rtol=1e-4, atol=1e-4)
-    image = ids == model.config.image_token_index
+    image = ids == get_spec(model).image_token_id
     assert scores.target[0, -1, image[0]].abs().sum() > 0  # the image's tokens take part
 
 
@@ -71,17 +72,17 @@ def test_every_method_reads_a_vlm_causally_and_a_padded_row_alone(family, method
     """Each method on a left-padded batch of two images with text: no weight on later tokens, and the padded row's
     real positions are that row with its image explained alone."""
     model = vlm(family)
-    ids, mask, pixels = image_batch(model)
+    ids, mask, images = image_batch(model)
     spec, declaration = get_spec(model), DECLARATIONS[method]
 
-    def run(ids, mask, pixels):
-        trace = traced(model, ids, mask, pixels)
+    def run(ids, mask, images):
+        trace = traced(model, ids, mask, images)
         request = Request(
             spec, model, mask, None, None, next_tokens({"input_ids": ids}), None, mask.bool(), lambda: trace
         )
         return declaration.run(request, declaration.options())
 
-    batch, alone = run(ids, mask, pixels), run(ids[1:, PADDED:], mask[1:, PADDED:], pixels[1:])
+    batch, alone = run(ids, mask, images), run(ids[1:, PADDED:], mask[1:, PADDED:], images[1:])
     length = ids.shape[1]
     later = torch.ones(length, length, dtype=torch.bool).triu(1)
     assert (batch.target[:, later] == 0).all()

@@ -439,7 +439,7 @@ def lrp_of_call(
 ) -> AttnLrpScores:
     """The relevance passes of :func:`attn_lrp` on one prepared call; ``head``: an encoder head's frozen direction
     ``(B, T, D)`` and constant ``(B, T)``, where the relevance starts instead of the logits."""
-    model, kwargs = call.model, call.kwargs
+    model = call.model
     mask = call.decoder_mask.bool()
     positions = mask if positions is None else positions & mask
     rows, columns = positions.nonzero(as_tuple=True)
@@ -456,7 +456,7 @@ def lrp_of_call(
         for start in range(0, len(rows), chunk):
             copies, at = rows[start : start + chunk], columns[start : start + chunk]
             pair = (copies, at)
-            copy_kwargs = {key: value[copies] if torch.is_tensor(value) else value for key, value in kwargs.items()}
+            copy_kwargs = call.rows(copies)
             foils = None if foil_ids is None else foil_ids[pair]
             copy_head = None if head is None else (head[0][copies if pooled else pair], head[1][pair])
             relevance, explained, final = _relevance(
@@ -514,7 +514,7 @@ def span_lrp_of_call(
     only (an encoder's head explains one entry per row already)."""
     if spec.head is not None:
         raise ValueError("A span is a run of generated tokens: explain an encoder's entries one by one.")
-    model, kwargs = call.model, call.kwargs
+    model = call.model
     mask = call.decoder_mask.bool()
     positions = positions.bool() & mask
     batch, length = mask.shape
@@ -528,7 +528,7 @@ def span_lrp_of_call(
     with lrp_pass(model, spec) as recorded:
         for start in range(0, len(rows), chunk):
             copies = rows[start : start + chunk]
-            copy_kwargs = {key: value[copies] if torch.is_tensor(value) else value for key, value in kwargs.items()}
+            copy_kwargs = call.rows(copies)
             head = {}
             with head_skipped(spec.lm_head, head):  # the explained logits alone, before a final soft-cap
                 model(**copy_kwargs)

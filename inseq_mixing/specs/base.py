@@ -578,6 +578,8 @@ class ModelSpec:
             recorded rows sum to less than 1 over the tokens: attention rollout keeps the rest as the sink's share.
         image_token_id: A vision-language decoder's image placeholder token (its embedding replaced by the
             projector's output when the images are given), or None: ids holding it need ``pixel_values``.
+        own_positions: The model computes its positions from the ids and the padding mask itself (Qwen2-VL's
+            multimodal rotary positions: an image's tokens get their row and column), so the trace passes none.
     """
 
     family: str
@@ -595,6 +597,7 @@ class ModelSpec:
     float64_padding_nan: bool = False
     attention_sinks: bool = False
     image_token_id: int | None = None
+    own_positions: bool = False
 
     @property
     def is_encoder_only(self) -> bool:

@@ -1,0 +1,27 @@
+"""Qwen2-VL and Qwen2.5-VL (Alibaba Qwen, 2024–2025): a vision tower whose patch states are merged 2 × 2 into the
+embeddings of the image's tokens in a Qwen2 language model's input, with multimodal rotary positions (M-RoPE: an
+image token's temporal, row and column positions). The decoder is explained as LLaVA's is: its positions are the
+image's tokens and the text's, every method reads them as it reads a Qwen2's (the image tokens' embeddings are the
+first block's input). The model computes its positions from the ids, the image grids and the padding mask itself
+(``own_positions``): the trace is given ``pixel_values``, ``image_grid_thw`` and ``mm_token_type_ids`` (what the
+processor returns) and passes no positions.
+
+Issue 56: the decoder's spec and trace. Not yet: a front end over images and prompts, scores through the merger and the
+vision tower.
+"""
+
+from torch import nn
+
+from . import llama
+from .base import ModelSpec, StackSpec
+
+FAMILY = "Qwen2-VL, Qwen2.5-VL (a Qwen2 decoder over image and text tokens, multimodal rotary positions)"
+MODEL_TYPES = {"qwen2_vl", "qwen2_5_vl"}
+
+
+def build(model: nn.Module) -> ModelSpec:
+    language, text = model.model.language_model, model.config.text_config
+    layers = [llama.layer_spec(layer, text) for layer in language.layers]
+    return ModelSpec(family=model.config.model_type, decoder=StackSpec(layers=layers, final_norm=language.norm),
+                     lm_head=model.get_output_embeddings(), image_token_id=model.config.image_token_id,
+                     own_positions=True)  # fmt: skip
