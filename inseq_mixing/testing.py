@@ -328,10 +328,13 @@ def _hybrid(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn:
 
 
 #: Vision–language decoders with a tiny builder (:func:`tiny_vlm`; issue 56, the decoder's first step).
-VLM_FAMILIES = ("llava", "qwen2_vl", "qwen2_5_vl")
+VLM_FAMILIES = ("llava", "llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl")
 #: The tiny VLM's image tokens: a :data:`TINY_IMAGE_SIZE` image in :data:`TINY_PATCH_SIZE` patches, 3 × 3 (its class
 #: token dropped).
 VLM_IMAGE_TOKENS = 9
+#: The tiny VLMs' tokens per image: LLaVA-NeXT's and OneVision's images are the whole image and one tile of it, 3 × 3
+#: tokens each, the tile's rows of 3 ended by a newline token.
+VLM_TOKENS_PER_IMAGE = {"llava": 9, "llava_next": 21, "llava_onevision": 21, "qwen2_vl": 9, "qwen2_5_vl": 9}
 
 
 def tiny_vlm(family: str = "llava", seed: int = 0) -> torch.nn.Module:
@@ -378,10 +381,18 @@ def tiny_vlm(family: str = "llava", seed: int = 0) -> torch.nn.Module:
     text = transformers.LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                                     bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)  # fmt: skip
-    config = transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_index=vocab - 1,
-                                      image_seq_length=VLM_IMAGE_TOKENS, vision_feature_layer=-1,
-                                      vision_feature_select_strategy="default")  # fmt: skip
-    model = transformers.LlavaForConditionalGeneration(config)
+    common = dict(vision_config=vision, text_config=text, image_token_index=vocab - 1, vision_feature_layer=-1,
+                  vision_feature_select_strategy="default")  # fmt: skip
+    if family == "llava":
+        model = transformers.LlavaForConditionalGeneration(
+            transformers.LlavaConfig(image_seq_length=VLM_IMAGE_TOKENS, **common)
+        )
+    else:  # tiles of the image's size or of two of its sides
+        name = {"llava_next": "LlavaNext", "llava_onevision": "LlavaOnevision"}[family]
+        pinpoints = [[TINY_IMAGE_SIZE, TINY_IMAGE_SIZE], [TINY_IMAGE_SIZE, 2 * TINY_IMAGE_SIZE],
+                     [2 * TINY_IMAGE_SIZE, TINY_IMAGE_SIZE]]  # fmt: skip
+        config = getattr(transformers, f"{name}Config")(image_grid_pinpoints=pinpoints, **common)
+        model = getattr(transformers, f"{name}ForConditionalGeneration")(config)
     randomize_weights(model, seed)
     model.set_attn_implementation("eager")
     return model.eval()
@@ -390,8 +401,11 @@ def tiny_vlm(family: str = "llava", seed: int = 0) -> torch.nn.Module:
 def tiny_vlm_images(model: torch.nn.Module, count: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """``count`` random images for a :func:`tiny_vlm`: LLaVA's pixels ``(count, 3, 24, 24)``, Qwen2-VL's flattened
     patches ``(count, 36, 96)`` (6 × 6 patches of 3 channels, 2 frames, 4 × 4 pixels: what its processor gives)."""
-    if model.config.model_type != "llava":
+    kind = model.config.model_type
+    if kind.startswith("qwen"):
         return torch.randn(count, 36, 3 * 2 * (TINY_PATCH_SIZE // 2) ** 2, generator=generator)
+    if kind != "llava":  # the whole image and one tile
+        return torch.randn(count, 2, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE, generator=generator)
     return torch.randn(count, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE, generator=generator)
 
 
@@ -401,6 +415,9 @@ def tiny_vlm_inputs(model: torch.nn.Module, ids: torch.Tensor, images: torch.Ten
     ``mm_token_type_ids`` (1 on the image's tokens), as its processor returns them."""
     if model.config.model_type == "llava":
         return {"pixel_values": images}
+    if model.config.model_type.startswith("llava"):  # each image's size, in pixels
+        sizes = torch.tensor([[TINY_IMAGE_SIZE, TINY_IMAGE_SIZE]] * len(images))
+        return {"pixel_values": images, "image_sizes": sizes}
     grid = torch.tensor([[1, 6, 6]] * len(images))
     return {"pixel_values": images.flatten(0, 1), "image_grid_thw": grid,
             "mm_token_type_ids": (ids == model.config.image_token_id).int()}  # fmt: skip

@@ -10,7 +10,7 @@ import torch
 from inseq_mixing.declarations import DECLARATIONS, Request
 from inseq_mixing.methods.alti_logit import alti_logit
 from inseq_mixing.specs import get_spec
-from inseq_mixing.testing import VLM_FAMILIES, VLM_IMAGE_TOKENS, tiny_vlm, tiny_vlm_images, tiny_vlm_inputs
+from inseq_mixing.testing import VLM_FAMILIES, VLM_TOKENS_PER_IMAGE, tiny_vlm, tiny_vlm_images, tiny_vlm_inputs
 from inseq_mixing.trace import trace_model
 
 from .conftest import next_tokens
@@ -30,7 +30,7 @@ def image_batch(model, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch
     """Two rows of ``BEFORE`` words, the image's tokens and ``AFTER`` words, the second left-padded, and their two
     images (:func:`tiny_vlm_images`)."""
     generator = torch.Generator().manual_seed(seed)
-    image = torch.full((VLM_IMAGE_TOKENS,), get_spec(model).image_token_id)
+    image = torch.full((VLM_TOKENS_PER_IMAGE[model.config.model_type],), get_spec(model).image_token_id)
     words = torch.randint(5, 60, (2, BEFORE + AFTER), generator=generator)
     pad = torch.full((PADDED,), model.config.text_config.pad_token_id)
     first = torch.cat([words[0, :BEFORE], image, words[0, BEFORE:]])
@@ -96,7 +96,8 @@ def test_image_tokens_without_the_images_are_refused_not_explained(family):
     alone is explained."""
     model = vlm(family)
     ids, mask, _ = image_batch(model)
-    with pytest.raises(ValueError, match=r"holds 18 image token\(s\) .* but no images: pass them"):
+    count = 2 * VLM_TOKENS_PER_IMAGE[model.config.model_type]
+    with pytest.raises(ValueError, match=rf"holds {count} image token\(s\) .* but no images: pass them"):
         trace_model(model, ids, mask)
     text = ids[:, :BEFORE]
     assert trace_model(model, text).logits.shape[:2] == text.shape

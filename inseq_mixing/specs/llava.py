@@ -1,5 +1,6 @@
-"""LLaVA (Liu et al., NeurIPS 2023): a vision tower whose patch states a projector turns into the embeddings of the
-image's tokens in a Llama-layout language model's input. The decoder is explained: its positions are the image's
+"""LLaVA (Liu et al., NeurIPS 2023), LLaVA-NeXT and LLaVA-OneVision (an image in tiles of any aspect ratio, each row of
+tiles ended by a learned newline embedding): a vision tower whose patch states a projector turns into the embeddings
+of the image's tokens in a Llama-layout language model's input. The decoder is explained: its positions are the image's
 tokens and the text's, every method reads them as it reads a Llama's (the image tokens' embeddings are the first
 block's input, as a token's embedding is).
 
@@ -12,8 +13,8 @@ from torch import nn
 from . import llama
 from .base import ModelSpec, StackSpec, UnsupportedModelError
 
-FAMILY = "LLaVA (a Llama-layout decoder over image and text tokens)"
-MODEL_TYPES = {"llava"}
+FAMILY = "LLaVA, LLaVA-NeXT, LLaVA-OneVision (a Llama-layout decoder over image and text tokens)"
+MODEL_TYPES = {"llava", "llava_next", "llava_onevision"}
 
 #: The language models a LLaVA's decoder may be, by ``text_config.model_type``: those laid out as Llama's.
 TEXT_MODELS = {"llama", "mistral", "qwen2", "qwen3"}
@@ -26,5 +27,5 @@ def build(model: nn.Module) -> ModelSpec:
                                     f"laid out as Llama's ({', '.join(sorted(TEXT_MODELS))}).")  # fmt: skip
     language = model.model.language_model
     layers = [llama.layer_spec(layer, model.config.text_config) for layer in language.layers]
-    return ModelSpec(family="llava", decoder=StackSpec(layers=layers, final_norm=language.norm),
+    return ModelSpec(family=model.config.model_type, decoder=StackSpec(layers=layers, final_norm=language.norm),
                      lm_head=model.get_output_embeddings(), image_token_id=model.config.image_token_index)  # fmt: skip
