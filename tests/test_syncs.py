@@ -12,6 +12,7 @@ import sys
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from inseq_mixing import deferred
 from inseq_mixing.declarations import DECLARATIONS, Request
@@ -38,16 +39,18 @@ def counting_syncs(ours_only: bool = False):
     package's code (not inside transformers' forward pass)."""
     counts = collections.Counter()
     patched = []
+    unwrapped = {}  # each wrapper's original: the mode below is handed the wrapper again, already counted
 
     def wrap(owner, name, counted):
-        original = getattr(owner, name)
+        original, own = getattr(owner, name), name in vars(owner)  # inherited: the C base's (Tensor.item)
 
         def wrapper(*args, **kwargs):
             if counted(args, kwargs) and (not ours_only or OUR_FILES in sys._getframe(1).f_code.co_filename):
                 counts[name] += 1
             return original(*args, **kwargs)
 
-        patched.append((owner, name, original))
+        patched.append((owner, name, original, own))
+        unwrapped[wrapper] = original
         setattr(owner, name, wrapper)
 
     def boolean_index(args, kwargs):
@@ -60,17 +63,31 @@ def counting_syncs(ours_only: bool = False):
             isinstance(target, str) and target.startswith("cpu") for target in [*args[1:], kwargs.get("device")]
         )
 
+    class BooleanIndexing(TorchFunctionMode):
+        """Boolean-mask indexing, seen as a torch function: a ``__getitem__`` set on ``torch.Tensor`` would stay in its
+        type's sequence slot once taken back, and a 0-d tensor would then read as a sequence to ``torch.tensor``."""
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.Tensor.__getitem__ and boolean_index(args, kwargs):
+                if not ours_only or OUR_FILES in sys._getframe(1).f_code.co_filename:
+                    counts["__getitem__"] += 1
+            return unwrapped.get(func, func)(*args, **kwargs)
+
     try:
         for name in TENSOR_METHODS:
             wrap(torch.Tensor, name, lambda args, kwargs: True)
         for name in TORCH_FUNCTIONS:
             wrap(torch, name, lambda args, kwargs: True)
-        wrap(torch.Tensor, "__getitem__", boolean_index)
         wrap(torch.Tensor, "to", to_host)
-        yield counts
+        with BooleanIndexing():
+            yield counts
     finally:
-        for owner, name, original in reversed(patched):
-            setattr(owner, name, original)
+        for owner, name, original, own in reversed(patched):  # an inherited one is deleted, not set on the class
+            if own:
+                setattr(owner, name, original)
+            else:
+                delattr(owner, name)
 
 
 def syncs_of(model, method: str, batch: int, length: int, with_trace: bool = False) -> int:
