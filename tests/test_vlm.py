@@ -101,3 +101,21 @@ def test_image_tokens_without_the_images_are_refused_not_explained(family):
         trace_model(model, ids, mask)
     text = ids[:, :BEFORE]
     assert trace_model(model, text).logits.shape[:2] == text.shape
+
+
+def test_a_vlm_whose_language_model_is_not_laid_out_as_llamas_is_refused_with_the_reason():
+    """A LLaVA over a Gemma language model (its norms scale by ``1 + weight``): not read as a Llama's, refused naming
+    what is read."""
+    import transformers
+
+    from inseq_mixing.specs import UnsupportedModelError
+
+    vision = transformers.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                           num_attention_heads=2, image_size=24, patch_size=8)  # fmt: skip
+    text = transformers.GemmaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                    num_attention_heads=2, num_key_value_heads=1, head_dim=8)  # fmt: skip
+    model = transformers.LlavaForConditionalGeneration(
+        transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_index=63)
+    )
+    with pytest.raises(UnsupportedModelError, match=r"language model is a 'gemma'.*laid out as Llama's"):
+        get_spec(model)

@@ -16,16 +16,27 @@ from .base import ModelSpec, StackSpec, UnsupportedModelError
 FAMILY = "LLaVA, LLaVA-NeXT, LLaVA-OneVision (a Llama-layout decoder over image and text tokens)"
 MODEL_TYPES = {"llava", "llava_next", "llava_onevision"}
 
-#: The language models a LLaVA's decoder may be, by ``text_config.model_type``: those laid out as Llama's.
-TEXT_MODELS = {"llama", "mistral", "qwen2", "qwen3"}
+#: The language models a vision-language decoder may be, by ``text_config.model_type``: those laid out as Llama's
+#: (Qwen2-VL's and Qwen2.5-VL's own are Qwen2's).
+TEXT_MODELS = {"llama", "mistral", "qwen2", "qwen3", "qwen2_vl_text", "qwen2_5_vl_text"}
+
+
+def decoder_spec(model: nn.Module, language: nn.Module, image_token_id: int, **fields) -> ModelSpec:
+    """The spec of a vision-language model's Llama-layout decoder ``language`` (its blocks, final norm, the model's LM
+    head); ``fields``: other :class:`ModelSpec` fields.
+
+    Raises:
+        UnsupportedModelError: The language model is not laid out as Llama's.
+    """
+    text = model.config.text_config.model_type
+    if text not in TEXT_MODELS:
+        known = ", ".join(sorted(TEXT_MODELS))
+        raise UnsupportedModelError(f"This {model.config.model_type}'s language model is a {text!r}; its decoder is "
+                                    f"explained when it is laid out as Llama's ({known}).")  # fmt: skip
+    layers = [llama.layer_spec(layer, model.config.text_config) for layer in language.layers]
+    return ModelSpec(family=model.config.model_type, decoder=StackSpec(layers=layers, final_norm=language.norm),
+                     lm_head=model.get_output_embeddings(), image_token_id=image_token_id, **fields)  # fmt: skip
 
 
 def build(model: nn.Module) -> ModelSpec:
-    text = model.config.text_config.model_type
-    if text not in TEXT_MODELS:
-        raise UnsupportedModelError(f"This LLaVA's language model is a {text!r}; its decoder is explained when it is "
-                                    f"laid out as Llama's ({', '.join(sorted(TEXT_MODELS))}).")  # fmt: skip
-    language = model.model.language_model
-    layers = [llama.layer_spec(layer, model.config.text_config) for layer in language.layers]
-    return ModelSpec(family=model.config.model_type, decoder=StackSpec(layers=layers, final_norm=language.norm),
-                     lm_head=model.get_output_embeddings(), image_token_id=model.config.image_token_index)  # fmt: skip
+    return decoder_spec(model, model.model.language_model, model.config.image_token_index)

@@ -12,16 +12,12 @@ vision tower.
 
 from torch import nn
 
-from . import llama
-from .base import ModelSpec, StackSpec
+from .base import ModelSpec
+from .llava import decoder_spec
 
 FAMILY = "Qwen2-VL, Qwen2.5-VL (a Qwen2 decoder over image and text tokens, multimodal rotary positions)"
 MODEL_TYPES = {"qwen2_vl", "qwen2_5_vl"}
 
 
 def build(model: nn.Module) -> ModelSpec:
-    language, text = model.model.language_model, model.config.text_config
-    layers = [llama.layer_spec(layer, text) for layer in language.layers]
-    return ModelSpec(family=model.config.model_type, decoder=StackSpec(layers=layers, final_norm=language.norm),
-                     lm_head=model.get_output_embeddings(), image_token_id=model.config.image_token_id,
-                     own_positions=True)  # fmt: skip
+    return decoder_spec(model, model.model.language_model, model.config.image_token_id, own_positions=True)
