@@ -94,6 +94,9 @@ def test_the_traced_mixers_parts_add_up_to_each_layers_output_and_are_causal(fam
                                            rtol=1e-5, atol=1e-6)  # fmt: skip
             rows = frozen.map_rows()[:, 0]
             torch.testing.assert_close(rows.sum(-1)[real], torch.ones(int(real.sum())))
+            if frozen.per_head:  # read per head: the per-channel reading's map
+                per_channel = dataclasses.replace(frozen, per_head=False).map_rows()[:, 0]
+                torch.testing.assert_close(rows, per_channel, rtol=1e-5, atol=1e-6)
             total, own = frozen.totals(slice(2, 11))  # without a part per pair: the parts' sum, the diagonal's
             torch.testing.assert_close(total, parts[:, 2:].sum(2), rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(own, parts[:, torch.arange(2, 11), torch.arange(2, 11)], rtol=1e-4, atol=1e-5)

@@ -115,6 +115,8 @@ class FrozenMixer:
         value_weight: ``(I, d)``: the conv input of the mixed channels as a linear map of the mixer's input (its
             rows of the input projection, bias left out), for DecompX's components.
         value_gate: ``(B, T, I)``: a gate held at its true value on that map (LFM2's ``B``), or None.
+        per_head: The kernel is the mixing itself for every channel of a head (no convolution, no activation: gated
+            attention, a missing mixer), so the maps are read per head, not per channel.
     """
 
     conv_input: torch.Tensor
@@ -128,6 +130,7 @@ class FrozenMixer:
     readout: ValueReadout | None = None
     value_weight: torch.Tensor | None = None
     value_gate: torch.Tensor | None = None
+    per_head: bool = False
 
     @classmethod
     def mamba2(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:
@@ -268,7 +271,7 @@ class FrozenMixer:
         weight = attention.v_proj.weight.float().unflatten(0, (-1, attention.head_dim))
         value_weight = weight.repeat_interleave(groups, dim=0).flatten(0, 1)  # (H·P, d)
         return cls(values, torch.ones_like(values), probs, taps, None, scale, attention.o_proj, mask, readout,
-                   value_weight)  # fmt: skip
+                   value_weight, per_head=True)  # fmt: skip
 
     @classmethod
     def lfm2(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:
@@ -296,7 +299,8 @@ class FrozenMixer:
         identity = torch.eye(length, dtype=zeros.dtype, device=zeros.device).expand(batch, 1, length, length)
         readout = ValueReadout(None, zeros, zeros, None)
         return cls(zeros, torch.ones_like(zeros), identity, zeros.new_ones(1, 1), None, zeros, mixer.out_proj,
-                   padding_mask(zeros, attention_mask), readout, zeros.new_zeros(1, hidden.shape[-1]))  # fmt: skip
+                   padding_mask(zeros, attention_mask), readout, zeros.new_zeros(1, hidden.shape[-1]),
+                   per_head=True)  # fmt: skip
 
     @property
     def heads(self) -> int:
@@ -365,6 +369,12 @@ class FrozenMixer:
     def map_rows(self, rows: slice = slice(None)) -> torch.Tensor:
         """The map rollout and attention flow read in attention's place ``(B, 1, R, T)``: per channel,
         ``|κ_{t,j,c}|`` normalised over the tokens ``j``, averaged over the channels (each real row sums to 1)."""
+        if self.per_head:  # each channel of a head has the head's kernel: the channels' mean is the heads'
+            kernel = self.mixing[:, :, rows].abs()  # (B, H, R, T)
+            if self.mask is not None:
+                kernel = kernel * self.mask[:, None, None, :]
+            shares = kernel / kernel.sum(-1, keepdim=True).clamp(min=torch.finfo(kernel.dtype).tiny)
+            return shares.mean(1)[:, None]
         kernel = self.kernel(rows).abs()
         if self.mask is not None:  # no share for padding
             kernel = kernel * self.mask[:, None, :, None]
