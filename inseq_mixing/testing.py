@@ -328,14 +328,14 @@ def _hybrid(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn:
 
 
 #: Vision–language decoders with a tiny builder (:func:`tiny_vlm`; issue 56, the decoder's first step).
-VLM_FAMILIES = ("llava", "llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm")
+VLM_FAMILIES = ("llava", "llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm", "internvl")
 #: The tiny VLM's image tokens: a :data:`TINY_IMAGE_SIZE` image in :data:`TINY_PATCH_SIZE` patches, 3 × 3 (its class
 #: token dropped).
 VLM_IMAGE_TOKENS = 9
 #: The tiny VLMs' tokens per image: LLaVA-NeXT's and OneVision's images are the whole image and one tile of it, 3 × 3
 #: tokens each, the tile's rows of 3 ended by a newline token.
 VLM_TOKENS_PER_IMAGE = {"llava": 9, "llava_next": 21, "llava_onevision": 21, "qwen2_vl": 9, "qwen2_5_vl": 9,
-                        "idefics3": 9, "smolvlm": 9}  # fmt: skip
+                        "idefics3": 9, "smolvlm": 9, "internvl": 18}  # fmt: skip
 
 
 def tiny_vlm(family: str = "llava", seed: int = 0) -> torch.nn.Module:
@@ -382,6 +382,15 @@ def tiny_vlm(family: str = "llava", seed: int = 0) -> torch.nn.Module:
     text = transformers.LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                                     bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)  # fmt: skip
+    if family == "internvl":  # tiles of 24 × 24 in 4 × 4 patches, 2 × 2 of them shuffled into one: 9 tokens a tile
+        tower = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     image_size=[TINY_IMAGE_SIZE] * 2, patch_size=[TINY_PATCH_SIZE // 2] * 2)  # fmt: skip
+        config = transformers.InternVLConfig(vision_config=tower, text_config=text.to_dict(), image_token_id=vocab - 1,
+                                             downsample_ratio=0.5, vision_feature_layer=-1)  # fmt: skip
+        model = transformers.InternVLForConditionalGeneration(config)
+        randomize_weights(model, seed)
+        model.set_attn_implementation("eager")
+        return model.eval()
     if family in ("idefics3", "smolvlm"):  # a one-layer tower of 4 × 4 patches, 2 × 2 of them shuffled into one
         name = {"idefics3": "Idefics3", "smolvlm": "SmolVLM"}[family]
         tower = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -417,6 +426,8 @@ def tiny_vlm_images(model: torch.nn.Module, count: int, generator: torch.Generat
         return torch.randn(count, 36, 3 * 2 * (TINY_PATCH_SIZE // 2) ** 2, generator=generator)
     if kind in ("idefics3", "smolvlm"):  # one image per row
         return torch.randn(count, 1, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE, generator=generator)
+    if kind == "internvl":  # two tiles per image
+        return torch.randn(count, 2, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE, generator=generator)
     if kind != "llava":  # the whole image and one tile
         return torch.randn(count, 2, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE, generator=generator)
     return torch.randn(count, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE, generator=generator)
@@ -428,6 +439,8 @@ def tiny_vlm_inputs(model: torch.nn.Module, ids: torch.Tensor, images: torch.Ten
     ``mm_token_type_ids`` (1 on the image's tokens), as its processor returns them."""
     if model.config.model_type in ("llava", "idefics3", "smolvlm"):
         return {"pixel_values": images}
+    if model.config.model_type == "internvl":  # the tiles of every image in one run
+        return {"pixel_values": images.flatten(0, 1)}
     if model.config.model_type.startswith("llava"):  # each image's size, in pixels
         sizes = torch.tensor([[TINY_IMAGE_SIZE, TINY_IMAGE_SIZE]] * len(images))
         return {"pixel_values": images, "image_sizes": sizes}

@@ -520,6 +520,10 @@ class ModelCall:
         into each row's images (a row holds the images whose tokens it holds, in order)."""
         kwargs = {key: value[rows] if torch.is_tensor(value) else value for key, value in self.kwargs.items()}
         grid = self.kwargs.get("image_grid_thw")
+        pixels = self.kwargs.get("pixel_values")
+        if grid is None and pixels is not None and pixels.shape[0] != decoder_mask(self.kwargs).shape[0]:
+            kwargs["pixel_values"] = pixels[self._tiles_of(rows)]  # InternVL's tiles, a flat run over the batch
+            return kwargs
         if grid is None:
             return kwargs
         merge = self.model.config.vision_config.spatial_merge_size**2
@@ -532,6 +536,23 @@ class ModelCall:
         kwargs["image_grid_thw"] = torch.cat([grid[a:b] for a, b in picked])
         kwargs["pixel_values"] = torch.cat([self.kwargs["pixel_values"][starts[a] : starts[b]] for a, b in picked])
         return kwargs
+
+    def _tiles_of(self, rows: torch.Tensor) -> torch.Tensor:
+        """The indices of the batch ``rows``' tiles in a flat run of equal tiles (each row's image tokens over the
+        tokens of one tile, in order).
+
+        Raises:
+            ValueError: The image tokens are not a whole number of tiles.
+        """
+        tiles = self.kwargs["pixel_values"].shape[0]
+        tokens = (self.kwargs["input_ids"] == self.model.config.image_token_id).sum(-1)  # each row's image tokens
+        total = int(tokens.sum())
+        if tiles == 0 or total % tiles or bool((tokens % (total // tiles)).any()):
+            raise ValueError(f"{total} image tokens cannot be cut into {tiles} equal tiles, one row's at a time: give "
+                             "each row its images' tokens as the processor writes them.")  # fmt: skip
+        ends = (tokens // (total // tiles)).cumsum(0)
+        starts = ends - tokens // (total // tiles)
+        return torch.cat([torch.arange(int(starts[row]), int(ends[row])) for row in rows.tolist()])
 
 
 @dataclass

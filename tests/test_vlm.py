@@ -119,3 +119,20 @@ def test_a_vlm_whose_language_model_is_not_laid_out_as_llamas_is_refused_with_th
     )
     with pytest.raises(UnsupportedModelError, match=r"language model is a 'gemma'.*laid out as Llama's"):
         get_spec(model)
+
+
+def test_tiles_that_do_not_match_the_image_tokens_are_refused_when_rows_are_cut():
+    """InternVL's tiles are one run over the batch; a row's tiles are its image tokens over one tile's. Tokens that
+    are not a whole number of equal tiles (three tiles for two images of two tiles' tokens) are refused, naming the
+    counts, rather than given to the wrong row."""
+    from inseq_mixing.trace import ModelCall
+
+    model = vlm("internvl")
+    ids, mask, images = image_batch(model)
+    inputs = tiny_vlm_inputs(model, ids, images)
+    call = ModelCall(model, {"input_ids": ids, "attention_mask": mask, **inputs})
+    assert call.rows(torch.tensor([1]))["pixel_values"].shape[0] == 2  # the second row's two tiles
+    torch.testing.assert_close(call.rows(torch.tensor([1, 1]))["pixel_values"], inputs["pixel_values"][[2, 3, 2, 3]])
+    short = ModelCall(model, {"input_ids": ids, "attention_mask": mask, "pixel_values": inputs["pixel_values"][:3]})
+    with pytest.raises(ValueError, match="36 image tokens cannot be cut into 3 equal tiles"):
+        short.rows(torch.tensor([0]))
