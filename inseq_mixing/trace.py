@@ -520,9 +520,8 @@ class ModelCall:
         into each row's images (a row holds the images whose tokens it holds, in order)."""
         kwargs = {key: value[rows] if torch.is_tensor(value) else value for key, value in self.kwargs.items()}
         grid = self.kwargs.get("image_grid_thw")
-        pixels = self.kwargs.get("pixel_values")
-        if grid is None and pixels is not None and pixels.shape[0] != decoder_mask(self.kwargs).shape[0]:
-            kwargs["pixel_values"] = pixels[self._tiles_of(rows)]  # InternVL's tiles, a flat run over the batch
+        if grid is None and self._images_in_one_run():
+            kwargs["pixel_values"] = self.kwargs["pixel_values"][self._tiles_of(rows)]  # InternVL's tiles
             return kwargs
         if grid is None:
             return kwargs
@@ -536,6 +535,16 @@ class ModelCall:
         kwargs["image_grid_thw"] = torch.cat([grid[a:b] for a, b in picked])
         kwargs["pixel_values"] = torch.cat([self.kwargs["pixel_values"][starts[a] : starts[b]] for a, b in picked])
         return kwargs
+
+    def _images_in_one_run(self) -> bool:
+        """Whether a vision-language call's ``pixel_values`` are not one per row: every image (InternVL's tiles) of
+        the batch in one run, as many as they are, not as many as the rows that hold image tokens (one read of the
+        device)."""
+        pixels, ids = self.kwargs.get("pixel_values"), self.kwargs.get("input_ids")
+        token = getattr(self.model.config, "image_token_id", None)
+        if pixels is None or ids is None or token is None:
+            return False
+        return pixels.shape[0] != ids.shape[0] or not bool((ids == token).any(-1).all())
 
     def _tiles_of(self, rows: torch.Tensor) -> torch.Tensor:
         """The indices of the batch ``rows``' tiles in a flat run of equal tiles (each row's image tokens over the
