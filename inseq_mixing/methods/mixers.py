@@ -241,10 +241,8 @@ class FrozenMixer:
         bias = None if mixer.conv1d.bias is None else mixer.conv1d.bias[2 * keys :].float()
         norm = (mixer.norm.weight.float().repeat(heads), mixer.norm.variance_epsilon, mixer.head_v_dim)
         readout = ValueReadout(v_pre, out.flatten(-2), F.silu(gate.float()).flatten(-2), norm, gate_first=False)
-        basis = torch.eye(hidden.shape[-1], dtype=hidden.dtype, device=hidden.device)[None]
-        values = (deltanet_projections(mixer, basis)[2] - deltanet_projections(mixer, 0 * basis)[2]).flatten(2)
         return cls(xi[..., 2 * keys :].float(), ratio, mixing, taps[2 * keys :].float(), bias, scale, mixer.out_proj,
-                   mask.float(), readout, values[0].T.float())  # fmt: skip
+                   mask.float(), readout, deltanet_value_weight(mixer).float())  # fmt: skip
 
     @classmethod
     def gated_attention(
@@ -558,6 +556,18 @@ def deltanet_projections(mixer, hidden: torch.Tensor) -> tuple[torch.Tensor, ...
     parts, sizes = (query, key, value, mixer.in_proj_z(hidden)), (mixer.head_k_dim,) * 2 + (mixer.head_v_dim,) * 2
     split = [x.unflatten(-1, (-1, size)) for x, size in zip(parts, sizes, strict=True)]
     return (*split, mixer.in_proj_b(hidden), mixer.in_proj_a(hidden))
+
+
+def deltanet_value_weight(mixer) -> torch.Tensor:
+    """A Gated DeltaNet layer's value rows of its input projection ``(value channels, d)``, in the order
+    :func:`deltanet_projections` gives the values: Qwen3.5's after its queries' and keys'; Qwen3-Next's interleaved per
+    key head, found by its own reordering run on the output channels' indices."""
+    if not hasattr(mixer, "in_proj_qkvz"):
+        return mixer.in_proj_qkv.weight[2 * mixer.key_dim :]
+    fused = mixer.in_proj_qkvz.weight
+    index = torch.arange(fused.shape[0], dtype=torch.float64, device=fused.device)[None, None]
+    ba = index.new_zeros(1, 1, mixer.in_proj_ba.out_features)
+    return fused[mixer.fix_query_key_value_ordering(index, ba)[2].flatten().long()]
 
 
 def gated_attention_inputs(attention, hidden: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
