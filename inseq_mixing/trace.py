@@ -516,52 +516,59 @@ class ModelCall:
 
     def rows(self, rows: torch.Tensor) -> dict:
         """The call's keyword arguments for the batch ``rows`` (repeats allowed): every per-row tensor indexed; images
-        given as one flat run of patches over the batch (Qwen2-VL's ``pixel_values`` with ``image_grid_thw``) cut
-        into each row's images (a row holds the images whose tokens it holds, in order)."""
+        given as one flat run over the batch (Qwen2-VL's patches with ``image_grid_thw``, InternVL's tiles) cut into
+        each row's images (a row holds the images whose tokens it holds, in order: :attr:`_row_images`)."""
         kwargs = {key: value[rows] if torch.is_tensor(value) else value for key, value in self.kwargs.items()}
+        ranges = self._row_images
+        if ranges is None:
+            return kwargs
+        picked = [ranges[row] for row in rows.tolist()]
         grid = self.kwargs.get("image_grid_thw")
-        if grid is None and self._images_in_one_run():
-            kwargs["pixel_values"] = self.kwargs["pixel_values"][self._tiles_of(rows)]  # InternVL's tiles
-            return kwargs
-        if grid is None:
-            return kwargs
-        merge = self.model.config.vision_config.spatial_merge_size**2
-        patches = grid.prod(-1)  # each image's patches; its tokens: patches / merge
-        per_row = (self.kwargs["mm_token_type_ids"] == 1).sum(-1)  # each row's image tokens
-        images = torch.searchsorted((patches // merge).cumsum(0), per_row.cumsum(0), right=True)  # images up to a row
-        first = torch.cat([images.new_zeros(1), images[:-1]])
-        starts = torch.cat([patches.new_zeros(1), patches.cumsum(0)])
-        picked = [(int(first[row]), int(images[row])) for row in rows.tolist()]  # each row's images (host: a few)
-        kwargs["image_grid_thw"] = torch.cat([grid[a:b] for a, b in picked])
-        kwargs["pixel_values"] = torch.cat([self.kwargs["pixel_values"][starts[a] : starts[b]] for a, b in picked])
+        if grid is not None:
+            kwargs["image_grid_thw"] = torch.cat([grid[first:last] for first, last, _, _ in picked])
+        pixels = self.kwargs["pixel_values"]
+        kwargs["pixel_values"] = torch.cat([pixels[start:stop] for _, _, start, stop in picked])
         return kwargs
+
+    @functools.cached_property
+    def _row_images(self) -> list[tuple[int, int, int, int]] | None:
+        """Each batch row's images ``[first, last)`` and their entries ``[start, stop)`` of ``pixel_values``, where a
+        vision-language call gives its images as one flat run over the batch: Qwen2-VL's patches (an image's are its
+        grid's), InternVL's equal tiles (an entry each; its images are not one per row). None where they are one per
+        row (indexed as any per-row tensor). Read from the device once per call.
+
+        Raises:
+            ValueError: InternVL's image tokens are not a whole number of equal tiles, one row's at a time.
+        """
+        grid = self.kwargs.get("image_grid_thw")
+        if grid is not None:
+            entries = grid.prod(-1)  # each image's patches; its tokens: patches / merge
+            tokens = entries // self.model.config.vision_config.spatial_merge_size**2
+            per_row = (self.kwargs["mm_token_type_ids"] == 1).sum(-1)  # each row's image tokens
+        elif self._images_in_one_run():
+            tiles = self.kwargs["pixel_values"].shape[0]
+            per_row = (self.kwargs["input_ids"] == self.model.config.image_token_id).sum(-1)
+            total = int(per_row.sum())
+            if tiles == 0 or total % tiles or bool((per_row % (total // tiles)).any()):
+                raise ValueError(f"{total} image tokens cannot be cut into {tiles} equal tiles, one row's at a time: "
+                                 "give each row its images' tokens as the processor writes them.")  # fmt: skip
+            entries, tokens = per_row.new_ones(tiles), per_row.new_full((tiles,), total // tiles)
+        else:
+            return None
+        last = torch.searchsorted(tokens.cumsum(0), per_row.cumsum(0), right=True)  # images up to each row's end
+        first = torch.cat([last.new_zeros(1), last[:-1]])
+        starts = torch.cat([entries.new_zeros(1), entries.cumsum(0)])
+        bounds = torch.stack([first, last, starts[first], starts[last]], dim=-1)
+        return [tuple(row) for row in bounds.tolist()]
 
     def _images_in_one_run(self) -> bool:
         """Whether a vision-language call's ``pixel_values`` are not one per row: every image (InternVL's tiles) of
-        the batch in one run, as many as they are, not as many as the rows that hold image tokens (one read of the
-        device)."""
+        the batch in one run, as many as they are, not as many as the rows that hold image tokens."""
         pixels, ids = self.kwargs.get("pixel_values"), self.kwargs.get("input_ids")
         token = getattr(self.model.config, "image_token_id", None)
         if pixels is None or ids is None or token is None:
             return False
         return pixels.shape[0] != ids.shape[0] or not bool((ids == token).any(-1).all())
-
-    def _tiles_of(self, rows: torch.Tensor) -> torch.Tensor:
-        """The indices of the batch ``rows``' tiles in a flat run of equal tiles (each row's image tokens over the
-        tokens of one tile, in order).
-
-        Raises:
-            ValueError: The image tokens are not a whole number of tiles.
-        """
-        tiles = self.kwargs["pixel_values"].shape[0]
-        tokens = (self.kwargs["input_ids"] == self.model.config.image_token_id).sum(-1)  # each row's image tokens
-        total = int(tokens.sum())
-        if tiles == 0 or total % tiles or bool((tokens % (total // tiles)).any()):
-            raise ValueError(f"{total} image tokens cannot be cut into {tiles} equal tiles, one row's at a time: give "
-                             "each row its images' tokens as the processor writes them.")  # fmt: skip
-        ends = (tokens // (total // tiles)).cumsum(0)
-        starts = ends - tokens // (total // tiles)
-        return torch.cat([torch.arange(int(starts[row]), int(ends[row])) for row in rows.tolist()])
 
 
 @dataclass
