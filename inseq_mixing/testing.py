@@ -449,6 +449,58 @@ def tiny_vlm_inputs(model: torch.nn.Module, ids: torch.Tensor, images: torch.Ten
             "mm_token_type_ids": (ids == model.config.image_token_id).int()}  # fmt: skip
 
 
+#: The tiny VLMs with a local processor (:func:`tiny_vlm_processor`): the others' tiny processors do not make the
+#: tiny models' token counts (OneVision's, Idefics3's and SmolVLM's image splitting, InternVL's tiles).
+VLM_PROCESSOR_FAMILIES = ("llava", "llava_next", "qwen2_vl", "qwen2_5_vl")
+
+
+def tiny_vlm_processor(family: str = "llava"):
+    """A local processor for :func:`tiny_vlm` (``family`` in :data:`VLM_PROCESSOR_FAMILIES`): the word tokenizer
+    with the family's image tokens added after the words (the tiny model's last ids), and the family's image
+    processor at the tiny model's size (LLaVA: 24 × 24 images; LLaVA-NeXT: tiles of 24 × 24 of the three tiny
+    pinpoints; Qwen2-VL: images resized to 24 × 24 up to 48 × 24 pixels, 4 × 4 patches merged 2 × 2). Qwen2-VL's
+    processor is built without its video processor (which needs torchvision): images only."""
+    if family not in VLM_PROCESSOR_FAMILIES:
+        raise ValueError(f"No tiny processor for {family!r}; known: {VLM_PROCESSOR_FAMILIES}")
+    tokenizer = word_tokenizer(seq2seq=False)
+    if family.startswith("qwen"):
+        tokenizer.add_special_tokens({"additional_special_tokens": ["<|vision_end|>", "<|vision_start|>",
+                                                                    "<|image_pad|>"]})  # fmt: skip
+        images = transformers.Qwen2VLImageProcessorPil(
+            patch_size=TINY_PATCH_SIZE // 2, merge_size=2, temporal_patch_size=2, min_pixels=TINY_IMAGE_SIZE**2,
+            max_pixels=2 * TINY_IMAGE_SIZE**2,
+        )  # fmt: skip
+        name = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}[family]
+        return _images_only(getattr(transformers, name))(images, tokenizer, video_processor=None)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    common = dict(tokenizer=tokenizer, patch_size=TINY_PATCH_SIZE, vision_feature_select_strategy="default",
+                  num_additional_image_tokens=1)  # fmt: skip
+    if family == "llava":
+        images = transformers.CLIPImageProcessorPil(
+            size={"shortest_edge": TINY_IMAGE_SIZE}, crop_size={"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE}
+        )
+        return transformers.LlavaProcessor(image_processor=images, **common)
+    side = TINY_IMAGE_SIZE
+    images = transformers.LlavaNextImageProcessorPil(
+        size={"shortest_edge": side}, crop_size={"height": side, "width": side},
+        image_grid_pinpoints=[[side, side], [side, 2 * side], [2 * side, side]],
+    )  # fmt: skip
+    return transformers.LlavaNextProcessor(image_processor=images, **common)
+
+
+def _images_only(cls):
+    """``cls`` (a processor with a video processor) built without one: images only."""
+
+    class ImagesOnly(cls):
+        def check_argument_for_proper_class(self, argument_name, argument):
+            if argument_name == "video_processor" and argument is None:
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    ImagesOnly.__name__ = cls.__name__
+    return ImagesOnly
+
+
 def randomize_weights(model: torch.nn.Module, seed: int = 0, scale: float = 0.3) -> None:
     """Give every weight a random value large enough for non-trivial attention: matrices ``N(0, scale²/fan_in·16)``,
     norm gains ``1 + N(0, 0.1²)``, biases ``N(0, 0.1²)``."""

@@ -490,6 +490,10 @@ class StackTrace:
     final_norm_input: torch.Tensor | None = None
 
 
+#: A vision-language call's tensors with one entry per image (cut by row with the images).
+PER_IMAGE = ("image_grid_thw", "image_sizes")
+
+
 @dataclass
 class ModelCall:
     """The model and the keyword arguments of its teacher-forced forward pass (:func:`forward_arguments`): what a
@@ -502,6 +506,9 @@ class ModelCall:
     model: nn.Module
     kwargs: dict
     frame_masks: dict[str, torch.Tensor] | None = None
+    #: Vision-language calls from a front end that counted them: each row's images (their entries of
+    #: ``pixel_values`` and ``image_sizes`` cut by row with these counts where there is one entry per image).
+    image_rows: tuple[int, ...] | None = None
 
     @property
     def decoder_mask(self) -> torch.Tensor:
@@ -523,9 +530,9 @@ class ModelCall:
         if ranges is None:
             return kwargs
         picked = [ranges[row] for row in rows.tolist()]
-        grid = self.kwargs.get("image_grid_thw")
-        if grid is not None:
-            kwargs["image_grid_thw"] = torch.cat([grid[first:last] for first, last, _, _ in picked])
+        for name in PER_IMAGE:
+            if self.kwargs.get(name) is not None:
+                kwargs[name] = torch.cat([self.kwargs[name][first:last] for first, last, _, _ in picked])
         pixels = self.kwargs["pixel_values"]
         kwargs["pixel_values"] = torch.cat([pixels[start:stop] for _, _, start, stop in picked])
         return kwargs
@@ -534,8 +541,9 @@ class ModelCall:
     def _row_images(self) -> list[tuple[int, int, int, int]] | None:
         """Each batch row's images ``[first, last)`` and their entries ``[start, stop)`` of ``pixel_values``, where a
         vision-language call gives its images as one flat run over the batch: Qwen2-VL's patches (an image's are its
-        grid's), InternVL's equal tiles (an entry each; its images are not one per row). None where they are one per
-        row (indexed as any per-row tensor). Read from the device once per call.
+        grid's), the images of rows that hold several (one entry each: :attr:`image_rows`, counted by the front end),
+        InternVL's equal tiles (an entry each; its images are not one per row). None where they are one per row
+        (indexed as any per-row tensor). Read from the device once per call.
 
         Raises:
             ValueError: InternVL's image tokens are not a whole number of equal tiles, one row's at a time.
@@ -545,6 +553,10 @@ class ModelCall:
             entries = grid.prod(-1)  # each image's patches; its tokens: patches / merge
             tokens = entries // self.model.config.vision_config.spatial_merge_size**2
             per_row = (self.kwargs["mm_token_type_ids"] == 1).sum(-1)  # each row's image tokens
+        elif self._images_in_one_run() and self.image_rows is not None and \
+                self.kwargs["pixel_values"].shape[0] == sum(self.image_rows):  # fmt: skip
+            per_row = torch.tensor(self.image_rows)  # one entry per image, each row's counted by the front end
+            entries = tokens = per_row.new_ones(int(per_row.sum()))
         elif self._images_in_one_run():
             tiles = self.kwargs["pixel_values"].shape[0]
             per_row = (self.kwargs["input_ids"] == self.model.config.image_token_id).sum(-1)

@@ -171,6 +171,17 @@ def browser(playwright):
     launched.close()
 
 
+@pytest.fixture
+def page(browser):
+    """A 1,280 px wide page; the test fails if the page's script raised."""
+    opened = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors = []
+    opened.on("pageerror", lambda error: errors.append(str(error)))
+    yield opened
+    opened.close()
+    assert errors == [], errors
+
+
 # ----- the quick subset (``python -m pytest -q -m quick``, the README's test command) -----
 
 #: The tests of the quick subset: together they touch every generation, encoder, speech and vision family and every

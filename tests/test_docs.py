@@ -23,6 +23,7 @@ TOPICS = {
     "Encoder-only models": "tasks/encoders.md",
     "Speech models": "tasks/speech.md",
     "Vision models": "tasks/vision.md",
+    "Vision-language models": "tasks/vision-language.md",
     "Long contexts and spans": "tasks/long-contexts.md",
     "Dataset runs": "tasks/datasets.md",
     "Evaluation protocols": "tasks/evaluation.md",

@@ -116,17 +116,6 @@ def test_mismatched_outputs_and_media_are_refused(generation, encoder, vision):
 # ----- in the browser -----
 
 
-@pytest.fixture
-def page(browser):
-    """A 1,280 px wide page; the test fails if the page's script raised."""
-    opened = browser.new_page(viewport={"width": 1280, "height": 900})
-    errors = []
-    opened.on("pageerror", lambda error: errors.append(str(error)))
-    yield opened
-    opened.close()
-    assert errors == [], errors
-
-
 def shown(page, selector: str) -> list[float | None]:
     """The values the page shows (4 significant digits; "–" for none) in the elements ``selector`` matches."""
     texts = page.eval_on_selector_all(f"{selector} .v", "nodes => nodes.map(n => n.textContent)")

@@ -136,3 +136,224 @@ def test_tiles_that_do_not_match_the_image_tokens_are_refused_when_rows_are_cut(
     short = ModelCall(model, {"input_ids": ids, "attention_mask": mask, "pixel_values": inputs["pixel_values"][:3]})
     with pytest.raises(ValueError, match="36 image tokens cannot be cut into 3 equal tiles"):
         short.rows(torch.tensor([0]))
+
+
+# ----- the front end over images and prompts (inseq_mixing.load_model(vlm, method, processor=...)) -----
+
+_FRONTS: dict = {}
+
+
+def front(family: str, method: str = "alti_logit"):
+    """The family's tiny VLM and processor, loaded through the router with ``method`` (one model per family)."""
+    import inseq_mixing
+    from inseq_mixing.testing import tiny_vlm_processor
+
+    if family not in _FRONTS:
+        _FRONTS[family] = (vlm(family), tiny_vlm_processor(family))
+    model, processor = _FRONTS[family]
+    return inseq_mixing.load_model(model, method, processor=processor)
+
+
+def placeholder(family: str) -> str:
+    return "<|vision_start|><|image_pad|><|vision_end|>" if family.startswith("qwen") else "<image>"
+
+
+def own_logits(front_end, images: list, prompt: str, answer: list[int]) -> torch.Tensor:
+    """The model's own logits of ``answer`` after the prompt, from the processor's inputs and a plain forward pass
+    (no trace): ``(len(answer), vocabulary)``."""
+    encoded = front_end.processor(images=[images], text=[prompt], return_tensors="pt")
+    ids = torch.cat([encoded["input_ids"], torch.tensor([answer])], 1)
+    extra = {name: value for name, value in encoded.items() if name not in ("input_ids", "attention_mask")}
+    if "mm_token_type_ids" in extra:
+        extra["mm_token_type_ids"] = torch.nn.functional.pad(extra["mm_token_type_ids"], (0, len(answer)))
+    with torch.no_grad():
+        logits = front_end.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **extra).logits
+    return logits[0, encoded["input_ids"].shape[1] - 1 : -1]
+
+
+def two_images():
+    from inseq_mixing.testing import synthetic_image
+
+    return synthetic_image(40, seed=1), synthetic_image(48, seed=2)[:, :24]  # a square and a tall image
+
+
+@pytest.mark.parametrize("family", ["llava", "llava_next", "qwen2_vl", "qwen2_5_vl"])
+def test_the_front_end_explains_the_greedy_answer_and_adds_up_to_the_models_own_logits(family):
+    """Images and a prompt in, Inseq's output out: the answer is the model's own greedy one (generate, run apart),
+    each answer token's scores over the image and text tokens plus the terms equal the model's own logit (a plain
+    forward pass on the processor's inputs), and the image tokens, labelled on their grid, take part."""
+    square, _ = two_images()
+    model = front(family)
+    prompt = f"the {placeholder(family)} cat sat on"
+    out = model.attribute(square, prompt, max_new_tokens=4, show_progress=False)
+    sequence = out.sequence_attributions[0]
+    encoded = model.processor(images=[[square]], text=[prompt], return_tensors="pt")
+    with torch.no_grad():
+        greedy = model.model.generate(**encoded, max_new_tokens=4, do_sample=False)[0, encoded["input_ids"].shape[1] :]
+    answer = greedy.tolist()
+    answer = answer[: answer.index(1)] if 1 in answer else answer  # the tiny models' end of sequence, id 1
+    assert [token.token for token in sequence.target] == model.tokenizer.convert_ids_to_tokens(answer)
+    own = own_logits(model, [square], prompt, answer).gather(-1, torch.tensor(answer)[:, None])[:, 0]
+    torch.testing.assert_close(sequence.step_scores["logit"], own, rtol=1e-4, atol=1e-5)
+    terms = sum(value for name, value in sequence.step_scores.items() if name != "logit")
+    torch.testing.assert_close(sequence.source_attributions.sum(0) + terms, own, rtol=1e-4, atol=1e-4)
+    labels = [token.token for token in sequence.source]
+    images = [index for index, label in enumerate(labels) if label.startswith("img1")]
+    assert len(images) == sum(out.info["image_counts"][0]) and len(images) == len(out.info["image_tokens"][0][0])
+    assert sequence.source_attributions[images].abs().sum() > 0
+    if family != "llava_next":  # a grid label: LLaVA's square grid, Qwen2-VL's merged patches; NeXT's are numbered
+        assert "img1 r0c0" in labels and "img1 r1c1" in labels
+
+
+@pytest.mark.parametrize("method", ["alti_logit", "attn_lrp", "alti", "value_zeroing"])
+@pytest.mark.parametrize("family", ["llava_next", "qwen2_vl"])
+def test_a_batch_of_prompts_with_different_images_equals_each_prompt_alone(family, method):
+    """Two prompts whose images make different numbers of tokens (a square and a tall image; one image and two),
+    explained in one batch (left-padded, the images cut by row for AttnLRP's copies): each prompt's scores equal
+    the prompt explained alone."""
+    square, tall = two_images()
+    model = front(family, method)
+    mark = placeholder(family)
+    images, prompts = [[square], [tall, square]], [f"the {mark} cat", f"a {mark} dog and {mark} the"]
+    answers = ["sat on the", "cat"]
+    batch = model.attribute(images, prompts, answers, batch_size=2, show_progress=False).sequence_attributions
+    for row in range(2):
+        alone = model.attribute(images[row], prompts[row], answers[row], show_progress=False).sequence_attributions
+        assert [token.token for token in batch[row].source] == [token.token for token in alone[0].source]
+        torch.testing.assert_close(batch[row].source_attributions, alone[0].source_attributions, rtol=1e-4,
+                                   atol=2e-5)  # fmt: skip
+
+
+def test_images_as_units_and_the_answer_as_one_span_are_sums_of_the_token_scores():
+    """``units="images"``: an image's score is its tokens' summed (every other token kept); ``spans="answer"``: a logit
+    method's answer score is its tokens' summed, with the summed logit; contrast answers explain the logit
+    difference (the model's own, from a plain forward pass)."""
+    square, tall = two_images()
+    model = front("qwen2_vl")
+    prompt = f"the {placeholder('qwen2_vl')} cat and {placeholder('qwen2_vl')}"
+    tokens = model.attribute([square, tall], prompt, "sat on the", show_progress=False)
+    keys = tokens.info["image_tokens"][0]
+    scores = tokens.sequence_attributions[0].source_attributions
+    units = model.attribute([square, tall], prompt, "sat on the", units="images", show_progress=False)
+    pooled = units.sequence_attributions[0]
+    labels = [token.token for token in pooled.source]
+    for number, positions in enumerate(keys):
+        torch.testing.assert_close(pooled.source_attributions[labels.index(f"image {number + 1}")],
+                                   scores[positions].sum(0))  # fmt: skip
+    assert len(labels) == scores.shape[0] - sum(len(positions) for positions in keys) + len(keys)
+    answer = model.attribute([square, tall], prompt, "sat on the", spans="answer", show_progress=False)
+    whole = answer.sequence_attributions[0]
+    assert whole.source_attributions.shape[1] == 1
+    torch.testing.assert_close(whole.source_attributions[:, 0], scores.sum(1), rtol=1e-5, atol=1e-5)
+    summed = tokens.sequence_attributions[0].step_scores["logit"].sum()
+    torch.testing.assert_close(whole.step_scores["logit"][0], summed)
+    contrast = model.attribute([square, tall], prompt, "sat on the", contrast_targets="the cat on",
+                               show_progress=False).sequence_attributions[0]  # fmt: skip
+    answer_ids = model.tokenizer("sat on the", add_special_tokens=False)["input_ids"]
+    foil_ids = model.tokenizer("the cat on", add_special_tokens=False)["input_ids"]
+    logits = own_logits(model, [square, tall], prompt, answer_ids)
+    expected = logits.gather(-1, torch.tensor([answer_ids, foil_ids]).T)
+    expected = expected[:, 0] - expected[:, 1]
+    torch.testing.assert_close(contrast.step_scores["contrast_logits_diff"], expected, rtol=1e-4, atol=1e-5)
+    terms = sum(value for name, value in contrast.step_scores.items() if name != "contrast_logits_diff")
+    torch.testing.assert_close(contrast.source_attributions.sum(0) + terms, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_bad_prompts_are_named_before_the_model_runs():
+    """A prompt whose placeholders do not match its images, an unreadable image, a contrast answer of another length,
+    unknown spans or units: refused naming the prompt and what to do, before any forward pass."""
+    import numpy
+
+    square, _ = two_images()
+    model = front("llava")
+    calls = []
+    handle = model.model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match=r"Prompt 1 has 2 image\(s\) and its text 1 image placeholder"):
+            model.attribute([[square], [square, square]], ["a <image> cat", "the <image> dog"], show_progress=False)
+        with pytest.raises(ValueError, match=r"Prompt 0, image 0 has shape \(3,\)"):
+            model.attribute(numpy.zeros(3), "<image> cat", show_progress=False)
+        with pytest.raises(ValueError, match="Prompt 0: the contrast answer has 1 tokens and the answer 2"):
+            model.attribute(square, "<image> cat", "sat on", contrast_targets="dog", show_progress=False)
+        with pytest.raises(ValueError, match="units='boxes'"):
+            model.attribute(square, "<image> cat", units="boxes", show_progress=False)
+        with pytest.raises(ValueError, match=r"Give one entry of images per prompt \(2\)"):
+            model.attribute([square], ["<image> a", "<image> b"], show_progress=False)
+    finally:
+        handle.remove()
+    assert not calls
+
+
+def test_a_vlm_is_its_own_kind_and_inseq_points_to_the_front_end(tmp_path):
+    """The router gives a VLM the vision-language front end (``inseq.load_model`` says to call this package's
+    ``load_model`` with the processor); its output is Inseq's: shown as HTML, saved and loaded back equal."""
+    import inseq
+
+    import inseq_mixing  # noqa: F401  (registers the methods and the guide to other kinds)
+    from inseq_mixing.frontends import identify
+
+    square, _ = two_images()
+    assert identify(vlm("llava")).kind == "vision-language"
+    with pytest.raises(Exception, match=r"inseq_mixing.load_model\(model, 'alti_logit', processor=\.\.\.\)"):
+        inseq.load_model(vlm("llava"), "alti_logit")
+    out = front("llava", "alti").attribute(square, "the <image> cat", "sat on", show_progress=False)
+    html = out.show(display=False, return_html=True)
+    assert "img1 r2c2" in html
+    path = tmp_path / "out.json"
+    out.save(path)
+    loaded = inseq.FeatureAttributionOutput.load(path)
+    torch.testing.assert_close(loaded.sequence_attributions[0].source_attributions,
+                               out.sequence_attributions[0].source_attributions)  # fmt: skip
+
+
+def test_the_answer_is_drawn_over_the_part_of_the_image_its_grid_covers():
+    """LLaVA's processor resizes the shorter side and keeps the centred square: a 40 × 30 image's grid covers
+    ``(5, 0, 35, 30)``; Qwen2-VL's resizes the whole image. ``answer_heatmap`` lays the first image's token scores of
+    the explained word on that box, cell by cell."""
+    from inseq_mixing.testing import synthetic_image
+    from inseq_mixing.views.images import answer_heatmap
+
+    wide = synthetic_image(40, seed=3)[:30]  # 30 rows, 40 columns
+    llava = front("llava").attribute(wide, "the <image> cat", "sat on", show_progress=False)
+    assert llava.info["image_boxes"] == [[[5.0, 0.0, 35.0, 30.0]]]
+    qwen = front("qwen2_vl").attribute(wide, f"the {placeholder('qwen2_vl')} cat", "sat on", show_progress=False)
+    assert qwen.info["image_boxes"] == [[[0.0, 0.0, 40.0, 30.0]]]
+    figure = answer_heatmap(llava, wide, entry=1)
+    overlay = figure.axes[0].images[1]
+    assert tuple(overlay.get_extent()) == (5.0, 35.0, 30.0, 0.0)
+    sequence = llava.sequence_attributions[0]
+    labels = [token.token for token in sequence.source]
+    drawn = overlay.get_array()
+    for row in range(3):
+        for column in range(3):
+            expected = sequence.source_attributions[labels.index(f"img1 r{row}c{column}"), 1].item()
+            assert drawn[row, column] == pytest.approx(expected)
+    with pytest.raises(ValueError, match="explains 1 image"):
+        answer_heatmap(llava, wide, image_number=2)
+
+
+def test_the_explorer_shows_the_image_beside_the_caption_word_by_word(page, tmp_path):
+    """The explorer of a LLaVA's answer: the image cut to what its grid covers, each of its tokens a patch of the
+    overlay, the overlay of the clicked word being that word's scores over the image tokens (drawn in Chromium)."""
+    import re
+
+    from inseq_mixing.testing import synthetic_image
+    from inseq_mixing.views.explorer import explore
+
+    wide = synthetic_image(40, seed=3)[:30]
+    out = front("llava").attribute(wide, "the <image> cat", "sat on the", show_progress=False)
+    path = tmp_path / "vlm.html"
+    explore(out, path, images=[[wide]])
+    page.goto(path.as_uri())
+    page.click("#panels .panel >> nth=0 >> th.col[data-col='2']")  # the third word
+    size = page.eval_on_selector("#overlays .overlay img", "i => [i.width, i.height]")
+    assert size[0] == size[1]  # the centred square, not the 40 × 30 image
+    drawn = page.eval_on_selector_all("#overlays .overlay rect.patch", "rs => rs.map(r => r.textContent)")
+    sequence = out.sequence_attributions[0]
+    labels = [token.token for token in sequence.source]
+    assert len(drawn) == 9
+    for text in drawn:
+        name, value = text.split(": ")
+        assert re.match(r"img1 r\d+c\d+$", name)
+        assert float(value) == pytest.approx(sequence.source_attributions[labels.index(name), 2].item(), rel=1e-3,
+                                             abs=1e-6)  # fmt: skip

@@ -8,6 +8,7 @@ outputs. No math here.
 - :mod:`.encoders`: encoder-only models (masked LMs, classifiers, token classifiers, bare encoders);
 - :mod:`.speech` (with :mod:`.audio`): Whisper, wav2vec 2.0 and HuBERT over audio words;
 - :mod:`.vision`: ViT and DeiT over image patches;
+- :mod:`.vlm`: vision–language decoders over images and prompts;
 - :mod:`.common`: what the front ends share;
 - :mod:`.patches`: every change this package makes to Inseq's own behaviour.
 """
@@ -17,6 +18,7 @@ from .router import (
     GENERATION,
     SPEECH,
     VISION,
+    VISION_LANGUAGE,
     ModelKind,
     as_front_end,
     identify,
@@ -42,6 +44,7 @@ __all__ = [
     "GENERATION",
     "SPEECH",
     "VISION",
+    "VISION_LANGUAGE",
     "EncoderAttributionModel",
     "ModelKind",
     "as_front_end",

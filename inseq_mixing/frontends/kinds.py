@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 GENERATION, ENCODER, SPEECH, VISION = "generation", "encoder", "speech", "vision"
+VISION_LANGUAGE = "vision-language"
 
 #: Class-name endings of generation models (the head a config was saved with, or a model object's class).
 GENERATION_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
@@ -148,6 +149,12 @@ register_kind(Kind(
     columns=lambda model_type: ("image", "label"), load="inseq_mixing.frontends.vision:load_saved",
     explorer_media="inseq_mixing.frontends.vision:explorer_media",
     commands="`inseq-mixing compare` (an image file), `attribute-dataset` or `evaluate`",
+))  # fmt: skip
+register_kind(Kind(  # before the generation kind, which claims every ...ForConditionalGeneration
+    VISION_LANGUAGE, "a vision-language", "processor",
+    front_end="inseq_mixing.frontends.vlm:VisionLanguageAttributionModel",
+    columns=lambda model_type: ("image", "prompt"), load="inseq_mixing.frontends.vlm:load_saved",
+    commands="the Python front end (images and prompts)",
 ))  # fmt: skip
 register_kind(Kind(
     GENERATION, "a generation", "tokenizer", claims=_is_generation, inseq_loads=lambda model_type: True,

@@ -9,7 +9,9 @@ The kinds are records (:mod:`.kinds`), each with its front end:
   :class:`~.encoders.EncoderAttributionModel`;
 - ``"speech"``: Whisper, wav2vec 2.0 and HuBERT (with CTC heads or bare): :class:`~.speech.SpeechAttributionModel`;
 - ``"vision"``: ViT, DeiT, DINOv2, BEiT, Data2Vec-vision, CLIP's and SigLIP's image towers (image classifiers, bare
-  encoders, CLIP's image–text similarity): :class:`~.vision.VisionAttributionModel`.
+  encoders, CLIP's image–text similarity): :class:`~.vision.VisionAttributionModel`;
+- ``"vision-language"``: the vision–language decoders (LLaVA, Qwen2-VL, ...: the spec files naming the kind), over
+  images and prompts: :class:`~.vlm.VisionLanguageAttributionModel`.
 
 :func:`identify` reads a name's or folder's config once and says its kind; :func:`load_model` takes what
 :func:`identify` found (or finds it) and builds the kind's front end. The dataset runner, ``evaluate``, ``compare``,
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .kinds import ENCODER, GENERATION, KINDS, SPEECH, VISION, Kind, kind_of, resolve
+from .kinds import ENCODER, GENERATION, KINDS, SPEECH, VISION, VISION_LANGUAGE, Kind, kind_of, resolve
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,8 @@ def load_model(
             ``input_x_gradient`` (Captum's, on encoder-only models too).
         tokenizer: The tokenizer (default: loaded from the model's name or folder).
         processor: Speech models: the processor (feature extractor and tokenizer); vision models: the image
-            processor (default: loaded from the model's name or folder).
+            processor; vision-language models: the processor (image processor and tokenizer) (default: loaded from
+            the model's name or folder).
         device: e.g. ``"cpu"`` or ``"cuda"``.
         dtype: e.g. ``torch.bfloat16``.
         found: What :func:`identify` found for ``model``, when the caller asked already (its config is not read
@@ -263,6 +266,7 @@ __all__ = [
     "GENERATION",
     "SPEECH",
     "VISION",
+    "VISION_LANGUAGE",
     "Kind",
     "ModelKind",
     "as_front_end",

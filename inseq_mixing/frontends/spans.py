@@ -431,18 +431,11 @@ class SpanAttributionModel(FrontEndModel):
     def explain(self, batch: SpanBatch, options) -> tuple[list, list[str] | None]:
         """The spans' scores over keys (one pass where the method has one, else the per-position rows reduced), hops
         through the generated keys, units summed; one sequence per input."""
-        declaration, request = self.declaration, batch.request
-        hops = None
         if getattr(options, "unit_components", False):
             return self._unit_components(batch, options)
-        if batch.hops:
-            result, hops = declaration.run_hops(request, options, batch.spans, batch.generated, batch.hops)
-            scores = hops.sum(-1)
-        else:
-            result = declaration.run_spans(request, options, batch.spans)
-            scores = keys_of(result)
-        batch.unit_scores = unit_scores(scores, batch.units)
-        batch.hop_units = None if hops is None else unit_scores(hops.transpose(-1, -2), batch.units)
+        result, batch.unit_scores, batch.hop_units = explain_spans(self.declaration, batch.request, options,
+                                                                   batch.spans, batch.generated, batch.hops,
+                                                                   batch.units)  # fmt: skip
         return [self.present(batch, result, row) for row in range(batch.size)], result.axis
 
     def _unit_components(self, batch: SpanBatch, options) -> tuple[list, list[str] | None]:
@@ -469,31 +462,56 @@ class SpanAttributionModel(FrontEndModel):
     def present(self, batch: SpanBatch, result, row: int):
         """One input's sequence: units as ``source``, spans as ``target`` (the batch's scores over the units, and each
         hop's part where there were hops)."""
-        units, hop_units = batch.unit_scores, batch.hop_units
         item = batch.items[row]
-        count, span_count = len(item.unit_keys), len(item.span_tokens)
-        signed = isinstance(result, LogitScores)
-        steps = {}
-        if signed:
-            steps = row_steps(logit_step_scores(result, batch.request.foil_ids is not None), row, slice(span_count))
-        else:  # a map's per-span values (a sink's share of the rows: where the rest went)
-            per_span = {name: value for name, value in result.positions.items() if value.dim() == 2}
-            steps = row_steps(per_span, row, slice(span_count))
-        sequence_scores = {}
-        if not signed:  # a map's per-span values per layer (the attention norm's context-mixing ratio) (spans, layers)
-            for name, value in result.positions.items():
-                if value.dim() == 3:
-                    sequence_scores[name] = upcast(value[row, :span_count].detach()).cpu()
-        if hop_units is not None:  # (B, N, hops + 1, U) → (U, N, hops + 1)
-            sequence_scores["hops"] = upcast(hop_units[row, :span_count, :, :count].permute(2, 0, 1).detach()).cpu()
-        return sequence_output(
-            token_list([_label(text) for text in item.unit_texts], [-1] * count),
-            token_list([_label(text) for text in item.span_texts], [-1] * span_count),
-            tokens_first(units[row][..., :span_count, :count]),
-            signed=signed,
-            step_scores=steps,
-            sequence_scores=sequence_scores,
-        )
+        return span_sequence(result, batch.unit_scores, batch.hop_units, row, [_label(t) for t in item.unit_texts],
+                             [_label(t) for t in item.span_texts], batch.request.foil_ids is not None)  # fmt: skip
+
+
+def explain_spans(declaration, request: Request, options, spans: SpanRows, generated: torch.Tensor, hops: int,
+                  units: torch.Tensor) -> tuple:  # fmt: skip
+    """A batch's spans explained over its units (every span front end's): the spans' scores over keys (one pass where
+    the method has one, else the per-position rows reduced), ``hops`` hops through the ``generated`` keys, each
+    unit's keys summed (``units`` ``(B, U, K)``).
+
+    Returns:
+        The method's span result, the scores over units ``(B, [slots,] N, U)``, and each hop's part over units
+        ``(B, N, hops + 1, U)`` (None without hops).
+    """
+    if hops:
+        result, parts = declaration.run_hops(request, options, spans, generated, hops)
+        return result, unit_scores(parts.sum(-1), units), unit_scores(parts.transpose(-1, -2), units)
+    result = declaration.run_spans(request, options, spans)
+    return result, unit_scores(keys_of(result), units), None
+
+
+def span_sequence(result, units: torch.Tensor, hop_units: torch.Tensor | None, row: int, unit_labels: list[str],
+                  span_labels: list[str], contrastive: bool):  # fmt: skip
+    """Row ``row`` of a batch's span result as an Inseq sequence: units as ``source``, spans as ``target``
+    (``units``: the scores over units; ``hop_units``: each hop's part), a logit method's summed logit and terms per
+    span in the step scores, a map method's per-span values (a sink's share) in them and its per-layer ones in the
+    sequence scores, each hop's part as ``sequence_scores["hops"]``."""
+    count, span_count = len(unit_labels), len(span_labels)
+    signed = isinstance(result, LogitScores)
+    if signed:
+        steps = row_steps(logit_step_scores(result, contrastive), row, slice(span_count))
+    else:  # a map's per-span values (a sink's share of the rows: where the rest went)
+        per_span = {name: value for name, value in result.positions.items() if value.dim() == 2}
+        steps = row_steps(per_span, row, slice(span_count))
+    sequence_scores = {}
+    if not signed:  # a map's per-span values per layer (the attention norm's context-mixing ratio) (spans, layers)
+        for name, value in result.positions.items():
+            if value.dim() == 3:
+                sequence_scores[name] = upcast(value[row, :span_count].detach()).cpu()
+    if hop_units is not None:  # (B, N, hops + 1, U) → (U, N, hops + 1)
+        sequence_scores["hops"] = upcast(hop_units[row, :span_count, :, :count].permute(2, 0, 1).detach()).cpu()
+    return sequence_output(
+        token_list(unit_labels, [-1] * count),
+        token_list(span_labels, [-1] * span_count),
+        tokens_first(units[row][..., :span_count, :count]),
+        signed=signed,
+        step_scores=steps,
+        sequence_scores=sequence_scores,
+    )
 
 
 def generated_continuations(inseq_model, prompts: list[str], generation_args: dict) -> list[str]:

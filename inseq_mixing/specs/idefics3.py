@@ -12,6 +12,7 @@ from .base import ModelSpec
 from .llava import decoder_spec
 
 FAMILY = "Idefics3, SmolVLM (a Llama decoder over pixel-shuffled image tokens and text)"
+KIND = "vision-language"
 MODEL_TYPES = {"idefics3", "smolvlm"}
 
 

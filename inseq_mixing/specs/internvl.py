@@ -12,6 +12,7 @@ from .base import ModelSpec
 from .llava import decoder_spec
 
 FAMILY = "InternVL (a Llama-layout decoder over pixel-shuffled image tiles and text)"
+KIND = "vision-language"
 MODEL_TYPES = {"internvl"}
 
 

@@ -14,6 +14,7 @@ from . import llama
 from .base import ModelSpec, StackSpec, UnsupportedModelError
 
 FAMILY = "LLaVA, LLaVA-NeXT, LLaVA-OneVision (a Llama-layout decoder over image and text tokens)"
+KIND = "vision-language"
 MODEL_TYPES = {"llava", "llava_next", "llava_onevision"}
 
 #: The language models a vision-language decoder may be, by ``text_config.model_type``: those laid out as Llama's

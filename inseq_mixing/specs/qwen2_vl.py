@@ -16,6 +16,7 @@ from .base import ModelSpec
 from .llava import decoder_spec
 
 FAMILY = "Qwen2-VL, Qwen2.5-VL (a Qwen2 decoder over image and text tokens, multimodal rotary positions)"
+KIND = "vision-language"
 MODEL_TYPES = {"qwen2_vl", "qwen2_5_vl"}
 
 

@@ -51,7 +51,8 @@ def explore(outputs, path=None, *, images=None, audio=None, sampling_rate: int =
         outputs: One output (``inseq.FeatureAttributionOutput``), a list of outputs of different methods on the same
             inputs, or a dictionary ``{name: output}`` (names default to each output's method).
         path: Where to write the page (None: only return it).
-        images: The images a vision output explains, one per sequence (paths, PIL images, arrays or tensors).
+        images: The images a vision output explains, one per sequence (paths, PIL images, arrays or tensors); a
+            vision-language output: each prompt's images (its first is drawn, cut to what its grid covers).
         audio: The waveforms a speech output explains, one per sequence (1-D arrays at ``sampling_rate``).
         sampling_rate: The waveforms' sampling rate.
         title: The page's title.
@@ -71,8 +72,11 @@ def explore(outputs, path=None, *, images=None, audio=None, sampling_rate: int =
             raise ValueError(f"Output {name!r} has {len(output.sequence_attributions)} sequence(s), the first has "
                              f"{count}: give outputs of the same inputs.")  # fmt: skip
     media = [None] * count
-    if images is not None:
-        media = [_image_media(image) for image in _one_per_sequence(images, count, "image")]
+    if images is not None:  # a vision-language output: each prompt's first image, cut to what its grid covers
+        boxes = (first.info or {}).get("image_boxes")
+        media = [_image_media(image[0] if isinstance(image, list | tuple) else image,
+                              None if boxes is None else boxes[index][0])
+                 for index, image in enumerate(_one_per_sequence(images, count, "image"))]  # fmt: skip
     elif audio is not None:
         media = [_audio_media(wave, sampling_rate) for wave in _one_per_sequence(audio, count, "waveform")]
     sequences = []
@@ -359,7 +363,8 @@ def _graphs(outputs, index: int, units: list[dict]) -> list | None:
     return None
 
 
-def _image_media(image) -> dict:
+def _image_media(image, box=None) -> dict:
+    """An image as the page draws it; ``box`` ``(left, top, right, bottom)``: the part its patch grid covers."""
     from PIL import Image
 
     from ..frontends.vision import read_image
@@ -367,6 +372,8 @@ def _image_media(image) -> dict:
     picture = read_image(image, "The image")
     picture = picture if isinstance(picture, Image.Image) else Image.fromarray(np.asarray(picture))
     picture = picture.convert("RGB")
+    if box is not None:
+        picture = picture.crop(tuple(round(value) for value in box))
     picture.thumbnail((320, 320))
     if max(picture.size) < 240:  # a small image (a tiny model's input) drawn large enough to see its patches
         factor = math.ceil(240 / max(picture.size))
@@ -398,7 +405,8 @@ def _place_units(media: dict | None, units: list[dict], seconds: list | None = N
         from .images import PATCH_LABEL
 
         cells = {index: PATCH_LABEL.match(unit["token"]) for index, unit in enumerate(units)}
-        cells = {index: (int(m[1]), int(m[2])) for index, m in cells.items() if m}
+        cells = {index: (int(m["row"]), int(m["column"])) for index, m in cells.items()
+                 if m and m["image"] in (None, "1")}  # a vision-language output: its first image's  # fmt: skip
         if cells:
             rows = 1 + max(r for r, _ in cells.values())
             cols = 1 + max(c for _, c in cells.values())

@@ -17,17 +17,21 @@ import numpy as np
 from .colours import colour_map, scale_name
 from .figures import figure_png_base64, layer_panels_grid, plt
 
-#: A patch token's label, ``r{row}c{column}`` (what the vision front end names its patches).
-PATCH_LABEL = re.compile(r"^r(\d+)c(\d+)$")
+#: A patch token's label, ``r{row}c{column}`` (what the vision front end names its patches), or an image token's on
+#: its grid, ``img{image} r{row}c{column}`` (the vision-language front end's, for an image in one run of tokens).
+PATCH_LABEL = re.compile(r"^(?:img(?P<image>\d+) )?r(?P<row>\d+)c(?P<column>\d+)$")
 
 
-def patch_grid(sequence, entry: int = 0, layer: int | None = None) -> tuple[np.ndarray, dict[str, float]]:
+def patch_grid(sequence, entry: int = 0, layer: int | None = None,
+               image_number: int = 1) -> tuple[np.ndarray, dict[str, float]]:  # fmt: skip
     """The patches' scores for one explained entry as a ``(rows, columns)`` grid, and the other tokens' scores.
 
     Args:
-        sequence: A vision sequence (Inseq's ``FeatureAttributionSequenceOutput``).
+        sequence: A vision sequence (Inseq's ``FeatureAttributionSequenceOutput``), or a vision-language one.
         entry: Which explained entry (column of ``source_attributions``).
         layer: Per-layer outputs: which layer (default: the last).
+        image_number: A vision-language sequence: which of its images (``img{image_number}``, from 1); the other
+            images' tokens and the text's are left out (not among the other tokens).
     """
     scores = sequence.source_attributions
     if scores is None:
@@ -36,14 +40,18 @@ def patch_grid(sequence, entry: int = 0, layer: int | None = None) -> tuple[np.n
     if column.dim() == 2:
         column = column[:, -1 if layer is None else layer]
     cells, others = {}, {}
+    several = any(token.token.startswith("img") for token in sequence.source)
     for token, value in zip(sequence.source, column.float().tolist(), strict=True):
         found = PATCH_LABEL.match(token.token)
-        if found:
-            cells[(int(found[1]), int(found[2]))] = value
-        else:
+        if found and (found["image"] is None or int(found["image"]) == image_number):
+            cells[(int(found["row"]), int(found["column"]))] = value
+        elif not several:
             others[token.token] = value
     if not cells:
-        raise ValueError("No patch tokens (r{row}c{column}) in this sequence: it is not a vision model's output.")
+        raise ValueError(
+            "No patch tokens (r{row}c{column}, or img{image} r{row}c{column} on one grid) in this sequence: it is not "
+            "a vision model's output, or its image's tokens are not on one grid (tiles, numbered tokens)."
+        )
     rows, columns = (max(index[axis] for index in cells) + 1 for axis in (0, 1))
     grid = np.full((rows, columns), np.nan)
     for (row, col), value in cells.items():
@@ -59,10 +67,10 @@ def _scale(values: np.ndarray, signed: bool | None) -> tuple[str, float, float, 
     return (colour_map(True), -top, top, True) if signed else (colour_map(False), 0.0, top, False)
 
 
-def _entry_scale(sequence, entry: int, layer: int | None, signed: bool | None):
+def _entry_scale(sequence, entry: int, layer: int | None, signed: bool | None, image_number: int = 1):
     """One entry's patch grid, its other tokens' scores, and the colour scale drawn for both (cmap, low, high,
     signed): what :func:`image_heatmap` draws and a caption of it says."""
-    grid, others = patch_grid(sequence, entry, layer)
+    grid, others = patch_grid(sequence, entry, layer, image_number)
     return grid, others, _scale(np.concatenate([grid.ravel(), list(others.values())]), signed)
 
 
@@ -73,13 +81,18 @@ def _caption(signed: bool) -> str:
 
 
 def image_heatmap(sequence, image, *, entry: int = 0, layer: int | None = None, signed: bool | None = None,
-                  path=None, title: str | None = None, alpha: float = 0.55, method: str | None = None):  # fmt: skip
+                  path=None, title: str | None = None, alpha: float = 0.55, method: str | None = None,
+                  image_number: int = 1, box=None):  # fmt: skip
     """The patches' scores over ``image`` for one explained entry.
 
     Args:
-        sequence: A vision sequence (one of ``out.sequence_attributions``).
+        sequence: A vision sequence (one of ``out.sequence_attributions``), or a vision-language one
+            (:func:`answer_heatmap` reads its image's place for it).
         image: The image it explains: a path, a PIL image, an array or a tensor.
         entry: Which explained entry.
+        image_number: A vision-language sequence: which of its images (from 1).
+        box: The part of the image the grid covers, ``(left, top, right, bottom)`` in its pixels (default: the whole
+            image; a vision-language output's ``info["image_boxes"]``).
         layer: Per-layer outputs: which layer (default: the last).
         signed: Draw on a diverging scale (default: when some score is negative).
         path: Also save the figure there (PNG, or any format matplotlib writes).
@@ -94,12 +107,15 @@ def image_heatmap(sequence, image, *, entry: int = 0, layer: int | None = None, 
     from ..frontends.vision import read_image
 
     picture = np.asarray(read_image(image, "The image"))
-    grid, others, (cmap, low, high, signed) = _entry_scale(sequence, entry, layer, signed)
+    grid, others, (cmap, low, high, signed) = _entry_scale(sequence, entry, layer, signed, image_number)
     figure, axis = plt.subplots(figsize=(5.2, 4.6))
     height, width = picture.shape[:2]
+    left, top, right, bottom = (0, 0, width, height) if box is None else box
     axis.imshow(picture)
-    shown = axis.imshow(grid, cmap=cmap, vmin=low, vmax=high, alpha=alpha, extent=(0, width, height, 0),
+    shown = axis.imshow(grid, cmap=cmap, vmin=low, vmax=high, alpha=alpha, extent=(left, right, bottom, top),
                         interpolation="nearest")  # fmt: skip
+    axis.set_xlim(min(0, left), max(width, right))
+    axis.set_ylim(max(height, bottom), min(0, top))
     axis.set_xticks([])
     axis.set_yticks([])
     explained = sequence.target[entry].token if sequence.target else str(entry)
@@ -115,6 +131,36 @@ def image_heatmap(sequence, image, *, entry: int = 0, layer: int | None = None, 
     if path is not None:
         figure.savefig(path, dpi=120)
     return figure
+
+
+def answer_heatmap(output, images, *, sequence: int = 0, entry: int = 0, image_number: int = 1, path=None,
+                   **options):  # fmt: skip
+    """A vision-language output's image-token scores for one explained entry (a generated token, or the answer) over
+    the image, on the part of it the tokens' grid covers (``info["image_boxes"]``: LLaVA's processor keeps the
+    centred square, Qwen2-VL's the whole image): :func:`image_heatmap` for that output.
+
+    Args:
+        output: The output of a vision-language model's ``attribute``.
+        images: The images of ``sequence``'s prompt (one, or the list given to ``attribute``).
+        sequence: Which prompt.
+        entry: Which explained entry (a generated token; 0 with ``spans="answer"``).
+        image_number: Which image of the prompt (from 1).
+        path: Also save the figure there.
+        options: Further arguments of :func:`image_heatmap` (``signed``, ``title``, ``alpha``, ``layer``).
+
+    Returns:
+        A matplotlib ``Figure``.
+    """
+    boxes = (output.info or {}).get("image_boxes")
+    if boxes is None:
+        raise ValueError("This output has no image_boxes in its info: it is not a vision-language model's output.")
+    listed = list(images) if isinstance(images, list | tuple) else [images]
+    if not 1 <= image_number <= len(boxes[sequence]) or len(listed) != len(boxes[sequence]):
+        raise ValueError(f"Sequence {sequence} explains {len(boxes[sequence])} image(s): give them all, and an "
+                         f"image_number from 1 to {len(boxes[sequence])}, not {image_number}.")  # fmt: skip
+    return image_heatmap(output.sequence_attributions[sequence], listed[image_number - 1], entry=entry, path=path,
+                         method=output.info.get("attribution_method"), image_number=image_number,
+                         box=boxes[sequence][image_number - 1], **options)  # fmt: skip
 
 
 def layer_image_grid(sequence, image, *, entry: int = 0, signed: bool | None = None, path=None,

@@ -1,0 +1,598 @@
+"""The vision–language front end: which image tokens and which words each generated word (or the whole answer) used.
+
+Inseq takes no images. :func:`inseq_mixing.load_model` gives the vision–language decoders this package reads (LLaVA,
+LLaVA-NeXT, LLaVA-OneVision, Qwen2-VL, Qwen2.5-VL, Idefics3, SmolVLM, InternVL: the spec files naming the
+``"vision-language"`` kind) a :class:`VisionLanguageAttributionModel` whose
+``.attribute(images, prompts, generated=None, *, spans="tokens", units="tokens", hops=0, ...)`` returns
+``inseq.FeatureAttributionOutput``:
+
+- **Inputs**: per prompt, its images (one image or a list: a path, a PIL image, an array or a tensor, read as the
+  vision front end reads them) and its text, holding the processor's image placeholder once per image where the
+  image goes (LLaVA's ``<image>``, Qwen2-VL's ``<|vision_start|><|image_pad|><|vision_end|>``, or what the
+  processor's chat template writes). The processor expands each placeholder into the image's tokens.
+- **What is explained** (``spans``): ``"tokens"`` (default): each generated token's logit (map methods: its row);
+  ``"answer"``: the generated answer as one quantity, its summed logit (map methods: its mean row), the long-context
+  front end's spans (:mod:`inseq_mixing.methods.spans`). ``generated=`` the answer per prompt (default: the model's
+  greedy answer, ``max_new_tokens`` at most, ended before the end-of-sequence token); ``contrast_targets=`` a
+  contrast answer per prompt, as long in tokens: the logit of the answer's token minus the contrast's.
+- **Sources** (``units``): ``"tokens"`` (default): every token of the text, each image token labelled with its image,
+  its tile (a run of image tokens among the image's, where the processor cuts it into several) and its place on the
+  tile's grid (``img1 r0c2``: Qwen2-VL's merged-patch grid from ``image_grid_thw``, a square grid where a tile's tokens
+  make one, else the token's number ``img1 #5``); ``"images"``: each image's tokens one unit (``image 1``), every other
+  token its own. The generated tokens are units too (a token after the explained one scores 0). Units partition the
+  tokens; a unit's score is the sum over its tokens (exact for every method: :mod:`inseq_mixing.methods.spans`).
+- ``hops``: a span's score on generated tokens passed back through their own explanations (the long-context front
+  end's hops, unchanged).
+
+The output is Inseq's (``show()``, ``save()``, ``aggregate()``): one sequence per prompt, ``source`` the units,
+``target`` the spans, ``source_attributions`` ``(units, spans[, slots])``; a logit method's ``logit`` and terms per
+span in the step scores (the units' scores plus the terms equal the model's own logit); with hops,
+``sequence_scores["hops"]``. ``info`` names each prompt's units' positions (``unit_keys``, indices into its text
+after the processor expanded the images, the generated tokens after it), each span's (``span_tokens``), each image's
+positions and grids (``image_tokens``, ``image_grids``) and the part of the image its grid covers (``image_boxes``,
+``(left, top, right, bottom)`` in its pixels: :func:`inseq_mixing.views.images.answer_heatmap` draws on it).
+
+The decoder is explained: the image tokens' embeddings (the projector's output) are the first block's input, as a
+word's embedding is. Not yet: scores continued through the projector and the vision tower onto pixels, boxes as
+units, image overlays. No math here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..declarations import DECLARATIONS, InputSize, Request
+from ..declarations.graphs import GRAPH_KEYWORD
+from ..methods.spans import SpanRows
+from ..specs import get_spec
+from ..trace import ModelCall, forward_arguments, trace_call
+from .common import FrontEndModel, plain, saved_model
+from .spans import explain_spans, span_sequence
+from .vision import read_image
+
+SPAN_KINDS = ("tokens", "answer")
+UNIT_KINDS = ("tokens", "images")
+#: What the processor gives besides the images that is laid out like the ids (Qwen2-VL's ``mm_token_type_ids``):
+#: 2-D integer tensors of the ids' shape, laid out again with the answer (0 on padding and generated tokens).
+POSITIONAL = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool)
+
+
+@dataclass
+class VLMItem:
+    """One prompt made ready: its images, text, the ids the processor gives it alone, each image's token count and
+    tile grids, and its answer's ids when given (None: generated at its batch)."""
+
+    name: str
+    images: list
+    prompt: str
+    prompt_ids: list[int]
+    image_counts: list[int]
+    image_grids: list[tuple[int, int] | None]
+    answer_ids: list[int] | None
+    foil_ids: list[int] | None = None
+    foil_text: str | None = None
+
+
+@dataclass
+class CallSettings:
+    """The per-call arguments every batch shares."""
+
+    spans: str
+    units: str
+    hops: int
+    max_new_tokens: int
+
+
+@dataclass
+class VLMBatch:
+    """One batch of prompts, traced lazily, with its spans' rows and units' members."""
+
+    items: list[VLMItem]
+    request: Request
+    spans: SpanRows
+    units: torch.Tensor  # (B, U, T)
+    generated: torch.Tensor  # (B, T) booleans
+    hops: int
+    unit_labels: list[list[str]]
+    unit_keys: list[list[list[int]]]
+    span_labels: list[list[str]]
+    span_tokens: list[list[list[int]]]
+    image_tokens: list[list[list[int]]]
+    answers: list[list[int]]
+    explained: list[list[int]]  # per row: the batch positions whose predictions are explained (spans="tokens")
+    unit_scores: torch.Tensor | None = None
+    hop_units: torch.Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.items)
+
+
+class VisionLanguageAttributionModel(FrontEndModel):
+    """A vision–language decoder with one attribution method (see the module docstring).
+
+    Args:
+        model: A vision–language model this package reads (``LlavaForConditionalGeneration``,
+            ``Qwen2VLForConditionalGeneration``, ...).
+        processor: Its processor (image processor and tokenizer).
+        method: One of this package's methods.
+    """
+
+    item_name = "prompt"
+    task = "generation"
+    NO_FOILS = None
+    #: Arguments of :meth:`attribute` a dataset run passes on besides the method's options.
+    RUN_ARGUMENTS = ("spans", "units", "hops")
+
+    def __init__(self, model: nn.Module, processor, method: str):
+        if method not in DECLARATIONS:
+            raise ValueError(
+                f"Unknown method {method!r} for vision-language models: use one of {list(DECLARATIONS)} (Inseq's "
+                "gradient methods are not offered on images yet)."
+            )
+        self.model, self.method, self.declaration = model, method, DECLARATIONS[method]
+        self.spec = get_spec(model)
+        tokenizer = getattr(processor, "tokenizer", None)
+        if tokenizer is None or not callable(processor) or getattr(processor, "image_processor", None) is None:
+            raise ValueError(
+                "Pass the model's processor (its image processor and tokenizer, as AutoProcessor loads it): "
+                "processor=..."
+            )
+        self.processor, self.tokenizer = processor, tokenizer
+        image_token = getattr(processor, "image_token", None)
+        self.image_token = image_token or tokenizer.convert_ids_to_tokens(self.spec.image_token_id)
+
+    def for_method(self, method: str) -> VisionLanguageAttributionModel:
+        """The same model and processor with another method."""
+        return VisionLanguageAttributionModel(self.model, self.processor, method)
+
+    def attribute(
+        self,
+        images,
+        prompts,
+        generated=None,
+        *,
+        spans: str = "tokens",
+        units: str = "tokens",
+        hops: int = 0,
+        max_new_tokens: int = 20,
+        batch_size: int = 1,
+        show_progress: bool = True,
+        **method_options,
+    ):
+        """Explain the answers to one prompt or several (see the module docstring).
+
+        Args:
+            images: One prompt's image (or list of images), or, with a list of prompts, one entry per prompt.
+            prompts: A text holding one image placeholder per image, or a list of them.
+            generated: The answer to explain per prompt (default: the model's greedy answer).
+            spans: ``"tokens"`` or ``"answer"``.
+            units: ``"tokens"`` or ``"images"``.
+            hops: Hops through the generated tokens (0: none).
+            max_new_tokens: The longest greedy answer.
+            batch_size: Prompts per forward pass.
+            show_progress: Show a progress bar.
+            method_options: The method's options (``inseq-mixing methods --options``); and Inseq's names:
+                ``generated_texts`` (the answers), ``contrast_targets`` (contrast answers, as long in tokens),
+                ``attributed_fn`` and, with ``spans="tokens"``, ``step_scores``.
+
+        Returns:
+            ``inseq.FeatureAttributionOutput``, one sequence per prompt.
+        """
+        single = isinstance(prompts, str)
+        if spans not in SPAN_KINDS:
+            raise ValueError(f"spans={spans!r}: give one of {SPAN_KINDS}.")
+        if units not in UNIT_KINDS:
+            raise ValueError(f"units={units!r}: give one of {UNIT_KINDS}.")
+        if isinstance(hops, bool) or not isinstance(hops, int) or hops < 0:
+            raise ValueError(f"hops must be a non-negative integer, not {hops!r}.")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, not {max_new_tokens!r}.")
+        if method_options.get(GRAPH_KEYWORD):
+            raise ValueError("contribution_graphs=True is not offered on vision-language models yet.")
+        if spans == "answer" and method_options.get("step_scores"):
+            raise ValueError("step_scores are per generated token: use spans='tokens' for them.")
+        prompts = [prompts] if single else plain(prompts)
+        images = [images] if single else images
+        if not isinstance(images, list | tuple) or len(images) != len(prompts):
+            raise ValueError(f"Give one entry of images per prompt ({len(prompts)}), as a list.")
+        inputs = list(zip(images, prompts, strict=True))
+        call = {"spans": spans, "units": units, "hops": hops, "max_new_tokens": max_new_tokens, "single": single}
+        return self.attribute_inputs(inputs, generated, batch_size=batch_size, show_progress=show_progress,
+                                     method_options=method_options, call=call)  # fmt: skip
+
+    # ----- inputs -----
+
+    def call_foils(self, foils, options: dict):
+        """Contrast answers, from ``contrast_targets=`` (or ``foils=``), one per prompt."""
+        if options.pop("contrast_targets_alignments", None) is not None:
+            raise ValueError("contrast_targets_alignments: a contrast answer is aligned one to one with the answer; "
+                             "give contrast_targets only.")  # fmt: skip
+        contrast = options.pop("contrast_targets", None)
+        if contrast is not None and foils is not None:
+            raise ValueError("Give the contrast answers once: foils= or contrast_targets= (Inseq's name), not both.")
+        foils = plain(contrast if contrast is not None else foils)
+        if foils is not None and not self.declaration.explains_logit:
+            raise ValueError(f"contrast_targets: {self.method} explains no logit, so no logit difference.")
+        return foils
+
+    def items(self, inputs: list, targets, foils, *, single: bool = False, hops: int = 0, **_call) -> list[VLMItem]:
+        """Each prompt's images read, its text checked against them, encoded alone (each image's tokens counted),
+        its answer and contrast tokenised: a bad input named before any work."""
+        targets = _per_prompt(plain(targets), len(inputs), "generated", single)
+        foils = _per_prompt(foils, len(inputs), "contrast_targets", single)
+        if hops and foils[0] is not None:
+            raise ValueError("hops pass a span's score through each generated token's own explanation, which is not "
+                             "contrastive: use contrast_targets without hops.")  # fmt: skip
+        items = []
+        for index, ((images, prompt), answer, foil) in enumerate(zip(inputs, targets, foils, strict=True)):
+            name = f"Prompt {index}"
+            items.append(self._item(name, images, prompt, answer, foil))
+        return items
+
+    def _item(self, name: str, images, prompt, answer, foil) -> VLMItem:
+        if not isinstance(prompt, str):
+            raise ValueError(f"{name} is a {type(prompt).__name__}: give the prompt as a text.")
+        listed = list(images) if isinstance(images, list | tuple) else [images]
+        if not listed:
+            raise ValueError(f"{name} has no image: give at least one (text alone is the generation front end's).")
+        read = [read_image(image, f"{name}, image {number}") for number, image in enumerate(listed)]
+        placed = prompt.count(self.image_token)
+        if placed != len(read):
+            raise ValueError(
+                f"{name} has {len(read)} image(s) and its text {placed} image placeholder(s) {self.image_token!r}: "
+                "put the placeholder once where each image goes (or write the prompt with the processor's chat "
+                "template)."
+            )
+        prompt_ids = self._encode(name, read, prompt)["input_ids"][0].tolist()
+        counts, grids = zip(*(self._image_tokens(name, image) for image in read), strict=True)
+        found = sum(token == self.spec.image_token_id for token in prompt_ids)
+        if found != sum(counts):
+            raise ValueError(
+                f"{name}: its text holds {found} image tokens once encoded, and its images make {sum(counts)}: write "
+                "one placeholder per image, no image token of your own."
+            )
+        answer_ids = None
+        if answer is not None:
+            answer_ids = self._answer_ids(name, answer, "generated")
+        item = VLMItem(name, read, prompt, prompt_ids, list(counts), list(grids), answer_ids)
+        if foil is not None:
+            item.foil_ids, item.foil_text = self._answer_ids(name, foil, "contrast_targets"), foil
+            self._check_foil(item, answer_ids)
+        return item
+
+    def _answer_ids(self, name: str, text, what: str) -> list[int]:
+        if not isinstance(text, str):
+            raise ValueError(f"{name}: {what} is a {type(text).__name__}; give the answer as a text.")
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise ValueError(f"{name}: the {what} text {text!r} has no token: give the answer to explain.")
+        if self.spec.image_token_id in ids:
+            raise ValueError(f"{name}: the {what} text holds an image token; an answer is text.")
+        return list(ids)
+
+    @staticmethod
+    def _check_foil(item: VLMItem, answer_ids: list[int] | None) -> None:
+        if answer_ids is not None and len(item.foil_ids) != len(answer_ids):
+            raise ValueError(f"{item.name}: the contrast answer has {len(item.foil_ids)} tokens and the answer "
+                             f"{len(answer_ids)}: a contrast is aligned one to one; give one as long.")  # fmt: skip
+
+    def _encode(self, name: str, images: list, prompt: str) -> dict:
+        """The processor's inputs for one prompt, an error naming it when the processor refuses it."""
+        try:
+            return self.processor(images=[images], text=[prompt], return_tensors="pt")
+        except (ValueError, TypeError, KeyError, IndexError) as error:
+            raise ValueError(f"{name}: the processor refused it ({error}).") from None
+
+    def _image_tokens(self, name: str, image) -> tuple[int, tuple[int, int] | None]:
+        """How many image tokens one image makes (the processor run on it alone), and its merged-patch grid where the
+        processor gives one (Qwen2-VL's ``image_grid_thw`` over its merge size)."""
+        encoded = self._encode(name, [image], self.image_token)
+        count = int((encoded["input_ids"] == self.spec.image_token_id).sum())
+        grid = None
+        merge = getattr(self.processor.image_processor, "merge_size", None)
+        if "image_grid_thw" in encoded and merge:
+            frames, height, width = (int(value) for value in encoded["image_grid_thw"][0])
+            grid = (frames * height // merge, width // merge)
+        return count, grid
+
+    def call_settings(self, options: dict, *, spans: str = "tokens", units: str = "tokens", hops: int = 0,
+                      max_new_tokens: int = 20, **_call) -> CallSettings:  # fmt: skip
+        return CallSettings(spans, units, hops, max_new_tokens)
+
+    def input_sizes(self, items: list[VLMItem], settings: CallSettings | None = None) -> list[InputSize]:
+        """Each prompt's tokens with its images expanded, and its answer (at most ``max_new_tokens`` where greedy)."""
+        new = settings.max_new_tokens if settings is not None else 20
+        return [InputSize(len(item.prompt_ids) + (new if item.answer_ids is None else len(item.answer_ids)))
+                for item in items]  # fmt: skip
+
+    def info_entries(self, items: list[VLMItem], settings: CallSettings | None = None) -> dict:
+        spans = settings.spans if settings is not None else "tokens"
+        what = "each generated token's logit" if spans == "tokens" else "the answer's summed logit"
+        boxes = [[_grid_box(self.processor.image_processor, image.width, image.height) for image in item.images]
+                 for item in items]  # fmt: skip
+        return {
+            "task": "vision-language generation",
+            "image_boxes": boxes,
+            "explained": f"{what} (map methods: its row, or the answer's mean row), over image and text units",
+            "prompts": [item.prompt for item in items],
+            "image_counts": [item.image_counts for item in items],
+            "image_grids": [[list(grid) if grid else None for grid in item.image_grids] for item in items],
+            "spans_kind": spans,
+            "units_kind": settings.units if settings is not None else "tokens",
+            "hops": settings.hops if settings is not None else 0,
+        }
+
+    # ----- batches -----
+
+    def prepare(self, items: list[VLMItem], settings: CallSettings) -> VLMBatch:
+        """A batch of prompts: the images encoded together, the greedy answers generated where none was given, the
+        prompts and answers left-padded, the request, the spans' rows and the units' members."""
+        device = self.device
+        encoded = self.processor(images=[item.images for item in items], text=[item.prompt for item in items],
+                                 padding=True, return_tensors="pt")  # fmt: skip
+        prompt_mask = encoded["attention_mask"].bool()
+        for row, item in enumerate(items):
+            if encoded["input_ids"][row][prompt_mask[row]].tolist() != item.prompt_ids:
+                raise ValueError(f"{item.name}: the processor encodes it differently in a batch than alone; run "
+                                 "batch_size=1.")  # fmt: skip
+        images = {name: value for name, value in encoded.items() if name not in ("input_ids", "attention_mask")}
+        positional = {name for name, value in images.items() if isinstance(value, torch.Tensor) and value.dim() == 2
+                      and value.shape == encoded["input_ids"].shape and value.dtype in POSITIONAL}  # fmt: skip
+        images = {name: value.to(device, self.model.dtype) if value.is_floating_point() else value.to(device)
+                  for name, value in images.items() if isinstance(value, torch.Tensor)}  # fmt: skip
+        counts = tuple(len(item.images) for item in items)
+        call = ModelCall(self.model, {"input_ids": encoded["input_ids"].to(device),
+                                      "attention_mask": encoded["attention_mask"].to(device), **images},
+                         image_rows=counts)  # fmt: skip
+        answers = []
+        for row, item in enumerate(items):
+            ids = item.answer_ids if item.answer_ids is not None else self._greedy(call, row, item, settings)
+            if item.foil_ids is not None:
+                self._check_foil(item, ids)
+            answers.append(ids)
+        texts = [item.prompt_ids + answer for item, answer in zip(items, answers, strict=True)]
+        length = max(len(text) for text in texts)
+        offsets = [length - len(text) for text in texts]
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids = torch.full((len(items), length), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        foils = ids.clone() if items[0].foil_ids is not None else None
+        for row, text in enumerate(texts):
+            ids[row, offsets[row] :] = torch.tensor(text)
+            mask[row, offsets[row] :] = 1
+            if foils is not None:
+                foils[row, offsets[row] :] = torch.tensor(items[row].prompt_ids + items[row].foil_ids)
+        for name in positional:  # laid out again: the prompt's values where its tokens went, 0 elsewhere
+            laid = torch.zeros(ids.shape, dtype=images[name].dtype)
+            for row, item in enumerate(items):
+                start = offsets[row]
+                laid[row, start : start + len(item.prompt_ids)] = images[name][row][prompt_mask[row]].cpu()
+            images[name] = laid.to(device)
+        shift = torch.full_like(ids[:, :1], pad)
+        predicted = torch.cat([ids[:, 1:], shift], 1)
+        foils = None if foils is None else torch.cat([foils[:, 1:], shift], 1).to(device)
+        ids, mask, predicted = ids.to(device), mask.to(device), predicted.to(device)
+        return self._batch(items, settings, ids, mask, predicted, foils, images, offsets, answers)
+
+    def _batch(self, items, settings, ids, mask, predicted, foils, images, offsets, answers) -> VLMBatch:
+        model, spec = self.model, self.spec
+        length = ids.shape[1]
+        rows = [self._row_layout(item, settings, offsets[row], answers[row], ids[row].tolist())
+                for row, item in enumerate(items)]  # fmt: skip
+        span_count = max(len(row["span_tokens"]) for row in rows)
+        unit_count = max(len(row["unit_keys"]) for row in rows)
+        members = torch.zeros(len(items), span_count, length)
+        units = torch.zeros(len(items), unit_count, length)
+        generated = torch.zeros(len(items), length, dtype=torch.bool)
+        explained = []
+        for row, layout in enumerate(rows):
+            start = offsets[row]
+            for span, tokens in enumerate(layout["span_tokens"]):
+                members[row, span, [start + token - 1 for token in tokens]] = 1  # predicted one position earlier
+            for unit, keys in enumerate(layout["unit_keys"]):
+                units[row, unit, [start + key for key in keys]] = 1
+            first = start + len(items[row].prompt_ids)
+            generated[row, first:] = True
+            explained.append(list(range(first - 1, length - 1)))
+        members, units, generated = members.to(ids.device), units.to(ids.device), generated.to(ids.device)
+        spans = SpanRows(members)
+        positions = spans.positions
+        if settings.hops:
+            positions = positions | (generated.roll(-1, 1) & mask.bool())  # the rows predicting generated tokens
+        kwargs = forward_arguments(model, spec, ids, mask, extra=images)
+        counts = tuple(len(item.images) for item in items)
+        records = self.declaration.trace_records
+        request = Request(
+            spec=spec,
+            model=model,
+            attention_mask=mask,
+            target_ids=None,
+            target_mask=None,
+            predicted_ids=predicted,
+            foil_ids=foils,
+            positions=positions,
+            tracer=lambda: trace_call(
+                spec, ModelCall(model, kwargs, image_rows=counts), full_logits=False, records=records()
+            ),
+            caller=lambda: ModelCall(model, kwargs, image_rows=counts),
+        )
+        return VLMBatch(
+            items, request, spans, units, generated, settings.hops,
+            unit_labels=[row["unit_labels"] for row in rows], unit_keys=[row["unit_keys"] for row in rows],
+            span_labels=[row["span_labels"] for row in rows], span_tokens=[row["span_tokens"] for row in rows],
+            image_tokens=[row["image_tokens"] for row in rows], answers=answers, explained=explained,
+        )  # fmt: skip
+
+    def _row_layout(self, item: VLMItem, settings: CallSettings, offset: int, answer: list[int],
+                    ids: list[int]) -> dict:  # fmt: skip
+        """One prompt's units, spans and image tokens, as positions in its own text (prompt, then answer)."""
+        text = ids[offset:]
+        count = len(item.prompt_ids)
+        tokens = self.tokenizer.convert_ids_to_tokens(text)
+        image_positions = [index for index in range(count) if text[index] == self.spec.image_token_id]
+        image_tokens, labels, start = [], {}, 0
+        for number, (size, grid) in enumerate(zip(item.image_counts, item.image_grids, strict=True)):
+            positions = image_positions[start : start + size]
+            start += size
+            image_tokens.append(positions)
+            labels.update(_image_labels(number, positions, grid))
+        if settings.units == "images":
+            owner = {position: number for number, positions in enumerate(image_tokens) for position in positions}
+            unit_keys, unit_labels, seen = [], [], set()
+            for index in range(len(text)):
+                if index in owner:
+                    if owner[index] not in seen:
+                        seen.add(owner[index])
+                        unit_keys.append(image_tokens[owner[index]])
+                        unit_labels.append(f"image {owner[index] + 1}")
+                    continue
+                unit_keys.append([index])
+                unit_labels.append(tokens[index])
+        else:
+            unit_keys = [[index] for index in range(len(text))]
+            unit_labels = [labels.get(index, tokens[index]) for index in range(len(text))]
+        generated = list(range(count, len(text)))
+        if settings.spans == "tokens":
+            span_tokens = [[index] for index in generated]
+            span_labels = [tokens[index] for index in generated]
+        else:
+            span_tokens = [generated]
+            span_labels = [_short(self.tokenizer.decode(answer))]
+        return {"unit_keys": unit_keys, "unit_labels": unit_labels, "span_tokens": span_tokens,
+                "span_labels": span_labels, "image_tokens": image_tokens}  # fmt: skip
+
+    @torch.no_grad()
+    def _greedy(self, call: ModelCall, row: int, item: VLMItem, settings: CallSettings) -> list[int]:
+        """The model's greedy answer to one prompt (its own images), ended before the end-of-sequence token."""
+        kwargs = call.rows(torch.tensor([row], device=self.device))
+        real = kwargs["attention_mask"][0].bool()
+        kwargs["input_ids"] = kwargs["input_ids"][:, real]
+        kwargs["attention_mask"] = kwargs["attention_mask"][:, real]
+        for name, value in list(kwargs.items()):
+            if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[1] == real.shape[0] and \
+                    name not in ("input_ids", "attention_mask") and value.dtype in POSITIONAL:  # fmt: skip
+                kwargs[name] = value[:, real]
+        stop = self.model.generation_config.eos_token_id
+        stop = self.tokenizer.eos_token_id if stop is None else stop
+        stops = set(stop) if isinstance(stop, list | tuple) else {stop}
+        out = self.model.generate(**kwargs, max_new_tokens=settings.max_new_tokens, do_sample=False,
+                                  pad_token_id=self.tokenizer.pad_token_id)  # fmt: skip
+        answer = out[0, kwargs["input_ids"].shape[1] :].tolist()
+        cut = next((index for index, token in enumerate(answer) if token in stops), len(answer))
+        if not answer[:cut]:
+            raise ValueError(
+                f"{item.name}: the greedy answer ends at once: pass generated= with the answer to explain."
+            )
+        return answer[:cut]
+
+    # ----- outputs -----
+
+    def explain(self, batch: VLMBatch, options) -> tuple[list, list[str] | None]:
+        """The spans' scores over tokens (one pass where the method has one), hops through the generated tokens,
+        units summed; one sequence per prompt."""
+        result, batch.unit_scores, batch.hop_units = explain_spans(self.declaration, batch.request, options,
+                                                                   batch.spans, batch.generated, batch.hops,
+                                                                   batch.units)  # fmt: skip
+        self._laid_out += [{"answer": batch.answers[row], "unit_keys": batch.unit_keys[row],
+                            "span_tokens": batch.span_tokens[row], "image_tokens": batch.image_tokens[row]}
+                           for row in range(batch.size)]  # fmt: skip
+        return [self.present(batch, result, row) for row in range(batch.size)], result.axis
+
+    def present(self, batch: VLMBatch, result, row: int):
+        """One prompt's sequence: units as ``source``, spans as ``target``."""
+        return span_sequence(result, batch.unit_scores, batch.hop_units, row, batch.unit_labels[row],
+                             batch.span_labels[row], batch.request.foil_ids is not None)  # fmt: skip
+
+    def before_work(self, items: list[VLMItem]) -> None:
+        self._laid_out = []  # each prompt's answer, units and spans, added to ``info`` once the call is done
+
+    def attribute_items(self, items: list, **kwargs):
+        """The base loop, then each prompt's answer, units' and spans' positions and image tokens in ``info``."""
+        out = super().attribute_items(items, **kwargs)
+        laid_out = self._laid_out
+        out.info["generated_texts"] = [self.tokenizer.decode(row["answer"]) for row in laid_out]
+        for name in ("unit_keys", "span_tokens", "image_tokens"):
+            out.info[name] = [row[name] for row in laid_out]
+        return out
+
+    def output_logits(self, batch: VLMBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's logits at every position (its head on the traced final states) and the explained tokens."""
+        trace = batch.request.trace
+        logits = trace.logits if trace.logits is not None else self.spec.lm_head(trace.final_hidden)
+        return logits, batch.request.predicted_ids
+
+
+def _image_labels(number: int, positions: list[int], grid: tuple[int, int] | None) -> dict[int, str]:
+    """Each image token's label: its image, its tile (a run of the image's tokens, where there are several) and its
+    place on the tile's grid (``grid``, or a square one where the run makes one), else its number in the run."""
+    runs, labels = [], {}
+    for position in positions:
+        if runs and position == runs[-1][-1] + 1:
+            runs[-1].append(position)
+        else:
+            runs.append([position])
+    for tile, run in enumerate(runs):
+        prefix = f"img{number + 1}" + (f" t{tile + 1}" if len(runs) > 1 else "")
+        side = math.isqrt(len(run))
+        rows, columns = grid if grid is not None and grid[0] * grid[1] == len(run) else (side, side)
+        for index, position in enumerate(run):
+            labels[position] = f"{prefix} r{index // columns}c{index % columns}" if rows * columns == len(run) \
+                else f"{prefix} #{index}"  # fmt: skip
+    return labels
+
+
+def _grid_box(image_processor, width: int, height: int) -> list[float]:
+    """The part of an image ``(left, top, right, bottom)``, in its pixels, that its token grid covers: the centred
+    square a processor that resizes the shorter side and crops the centre keeps (CLIP's, LLaVA's); the square the image
+    is padded to where the processor pads it square first; else the whole image (Qwen2-VL resizes it whole)."""
+    crop = getattr(image_processor, "crop_size", None)
+    size = getattr(image_processor, "size", None)
+    if getattr(image_processor, "do_pad", False) and getattr(image_processor, "do_center_crop", False) is not True:
+        side = max(width, height)
+        return [(width - side) / 2, (height - side) / 2, (width + side) / 2, (height + side) / 2]
+    shortest = getattr(size, "shortest_edge", None) if size is not None else None
+    if getattr(image_processor, "do_center_crop", False) and crop is not None and shortest:
+        scale = shortest / min(width, height)
+        crop_width, crop_height = getattr(crop, "width", None), getattr(crop, "height", None)
+        if crop_width and crop_height:
+            box_width, box_height = min(width, crop_width / scale), min(height, crop_height / scale)
+            left, top = (width - box_width) / 2, (height - box_height) / 2
+            return [left, top, left + box_width, top + box_height]
+    return [0.0, 0.0, float(width), float(height)]
+
+
+def _short(text: str, limit: int = 40) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _per_prompt(values, count: int, what: str, single: bool) -> list:
+    """``generated`` / ``contrast_targets`` as one entry per prompt."""
+    if values is None:
+        return [None] * count
+    if single and isinstance(values, str):
+        return [values]
+    if isinstance(values, str) or not isinstance(values, list | tuple) or len(values) != count:
+        raise ValueError(f"{what} must have one text per prompt ({count}), not {values!r}.")
+    return list(values)
+
+
+def load_saved(name: str, config, tokenizer, processor):
+    """A vision–language model saved under ``name``, as the class it was saved as, with its processor when not given
+    (the kind's loader)."""
+    if processor is None:
+        import transformers
+
+        try:
+            processor = transformers.AutoProcessor.from_pretrained(name)
+        except (OSError, ValueError, TypeError) as error:
+            raise ValueError(
+                f"{name} has no processor a vision-language model can read images with ({error}): save the model's "
+                "processor into it (processor.save_pretrained(folder)), or give it apart (processor=...)."
+            ) from None
+    return saved_model(name, config), tokenizer, processor
