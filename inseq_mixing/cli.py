@@ -283,6 +283,7 @@ def run_attribute_dataset(args: argparse.Namespace) -> int:
             target_column=args.target_column,
             id_column=args.id_column,
             words_column=args.words_column,
+            images_column=args.images_column,
             max_new_tokens=args.max_new_tokens,
             processor=speech_processor(args.processor),
             **options,
@@ -556,6 +557,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="words",
         help="speech models: each utterance's word intervals, a JSON list of [word, start_s, end_s] (default: "
         "words; without it, windows of window_s seconds: --option window_s=0.5)",
+    )
+    dataset.add_argument(
+        "--images-column",
+        default="images",
+        help="vision-language models: each prompt's image files, a path or a JSON list of paths (default: images; "
+        "the prompt is --source-column, default prompt, the answer --target-column, default answer)",
     )
     dataset.add_argument("--id-column", default=None, help="column of unique ids (default: the row number)")
     dataset.add_argument(

@@ -328,14 +328,17 @@ def _hybrid(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn:
 
 
 #: Vision–language decoders with a tiny builder (:func:`tiny_vlm`; issue 56, the decoder's first step).
-VLM_FAMILIES = ("llava", "llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm", "internvl")
+VLM_FAMILIES = ("llava", "llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm", "internvl",
+                "gemma3", "paligemma")  # fmt: skip
+#: The VLMs some of whose tokens attend both ways: Gemma 3's images (each image's block), PaliGemma's prefix.
+VLM_BIDIRECTIONAL = ("gemma3", "paligemma")
 #: The tiny VLM's image tokens: a :data:`TINY_IMAGE_SIZE` image in :data:`TINY_PATCH_SIZE` patches, 3 × 3 (its class
 #: token dropped).
 VLM_IMAGE_TOKENS = 9
 #: The tiny VLMs' tokens per image: LLaVA-NeXT's and OneVision's images are the whole image and one tile of it, 3 × 3
 #: tokens each, the tile's rows of 3 ended by a newline token.
 VLM_TOKENS_PER_IMAGE = {"llava": 9, "llava_next": 21, "llava_onevision": 21, "qwen2_vl": 9, "qwen2_5_vl": 9,
-                        "idefics3": 9, "smolvlm": 9, "internvl": 18}  # fmt: skip
+                        "idefics3": 9, "smolvlm": 9, "internvl": 18, "gemma3": 9, "paligemma": 9}  # fmt: skip
 
 
 def tiny_vlm(family: str = "llava", seed: int = 0) -> torch.nn.Module:
@@ -372,6 +375,38 @@ def tiny_vlm(family: str = "llava", seed: int = 0) -> torch.nn.Module:
         tokens = dict(image_token_id=vocab - 1, vision_start_token_id=vocab - 2, vision_end_token_id=vocab - 3)
         config = getattr(transformers, f"{name}Config")(vision_config=vision, text_config=text, **tokens)
         model = getattr(transformers, f"{name}ForConditionalGeneration")(config)
+        randomize_weights(model, seed)
+        model.set_attn_implementation("eager")
+        return model.eval()
+    if family == "gemma3":  # a SigLIP tower of 4 × 4 patches (6 × 6 of them) pooled 2 × 2 into 3 × 3 tokens
+        vocab = len(SPECIAL_TOKENS) + len(WORDS) + 3  # the image token, the image's start and end
+        text = transformers.Gemma3TextConfig(
+            vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, max_position_embeddings=256, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
+            pad_token_id=PAD_ID, sliding_window=TINY_SLIDING_WINDOW + 4, final_logit_softcapping=30.0,
+            layer_types=["sliding_attention", "full_attention"],
+        )  # fmt: skip
+        tower = transformers.SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                                num_attention_heads=2, image_size=TINY_IMAGE_SIZE,
+                                                patch_size=TINY_PATCH_SIZE // 2)  # fmt: skip
+        config = transformers.Gemma3Config(text_config=text, vision_config=tower, mm_tokens_per_image=VLM_IMAGE_TOKENS,
+                                           image_token_id=vocab - 1, boi_token_id=vocab - 2,
+                                           eoi_token_id=vocab - 3)  # fmt: skip
+        model = transformers.Gemma3ForConditionalGeneration(config)
+        randomize_weights(model, seed)
+        model.set_attn_implementation("eager")
+        return model.eval()
+    if family == "paligemma":  # a SigLIP tower of 8 × 8 patches (3 × 3), a Gemma decoder
+        vocab = len(SPECIAL_TOKENS) + len(WORDS) + 1
+        text = transformers.GemmaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                        bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)  # fmt: skip
+        tower = transformers.SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                                num_attention_heads=2, image_size=TINY_IMAGE_SIZE,
+                                                patch_size=TINY_PATCH_SIZE, projection_dim=16)  # fmt: skip
+        config = transformers.PaliGemmaConfig(text_config=text.to_dict(), vision_config=tower.to_dict(),
+                                              image_token_index=vocab - 1, projection_dim=16)  # fmt: skip
+        model = transformers.PaliGemmaForConditionalGeneration(config)
         randomize_weights(model, seed)
         model.set_attn_implementation("eager")
         return model.eval()
@@ -428,7 +463,7 @@ def tiny_vlm_images(model: torch.nn.Module, count: int, generator: torch.Generat
         return torch.randn(count, 1, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE, generator=generator)
     if kind == "internvl":  # two tiles per image
         return torch.randn(count, 2, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE, generator=generator)
-    if kind != "llava":  # the whole image and one tile
+    if kind not in ("llava", "gemma3", "paligemma"):  # the whole image and one tile
         return torch.randn(count, 2, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE, generator=generator)
     return torch.randn(count, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE, generator=generator)
 
@@ -439,6 +474,12 @@ def tiny_vlm_inputs(model: torch.nn.Module, ids: torch.Tensor, images: torch.Ten
     ``mm_token_type_ids`` (1 on the image's tokens), as its processor returns them."""
     if model.config.model_type in ("llava", "idefics3", "smolvlm"):
         return {"pixel_values": images}
+    if model.config.model_type == "gemma3":  # which tokens are the image's (their block attends both ways)
+        return {"pixel_values": images, "token_type_ids": (ids == model.config.image_token_id).long()}
+    if model.config.model_type == "paligemma":  # the prefix (0: the image and the first words) reads itself both ways
+        prefix = torch.zeros_like(ids)
+        prefix[:, -2:] = 1  # the last two tokens are the suffix
+        return {"pixel_values": images, "token_type_ids": prefix}
     if model.config.model_type == "internvl":  # the tiles of every image in one run
         return {"pixel_values": images.flatten(0, 1)}
     if model.config.model_type.startswith("llava"):  # each image's size, in pixels
@@ -451,14 +492,15 @@ def tiny_vlm_inputs(model: torch.nn.Module, ids: torch.Tensor, images: torch.Ten
 
 #: The tiny VLMs with a local processor (:func:`tiny_vlm_processor`): the others' tiny processors do not make the
 #: tiny models' token counts (OneVision's, Idefics3's and SmolVLM's image splitting, InternVL's tiles).
-VLM_PROCESSOR_FAMILIES = ("llava", "llava_next", "qwen2_vl", "qwen2_5_vl")
+VLM_PROCESSOR_FAMILIES = ("llava", "llava_next", "qwen2_vl", "qwen2_5_vl", "gemma3")
 
 
 def tiny_vlm_processor(family: str = "llava"):
     """A local processor for :func:`tiny_vlm` (``family`` in :data:`VLM_PROCESSOR_FAMILIES`): the word tokenizer
     with the family's image tokens added after the words (the tiny model's last ids), and the family's image
     processor at the tiny model's size (LLaVA: 24 × 24 images; LLaVA-NeXT: tiles of 24 × 24 of the three tiny
-    pinpoints; Qwen2-VL: images resized to 24 × 24 up to 48 × 24 pixels, 4 × 4 patches merged 2 × 2). Qwen2-VL's
+    pinpoints; Qwen2-VL: images resized to 24 × 24 up to 48 × 24 pixels, 4 × 4 patches merged 2 × 2; Gemma 3: 24 × 24
+    images, the placeholder ``<start_of_image>`` expanded into its 9 soft tokens). Qwen2-VL's
     processor is built without its video processor (which needs torchvision): images only."""
     if family not in VLM_PROCESSOR_FAMILIES:
         raise ValueError(f"No tiny processor for {family!r}; known: {VLM_PROCESSOR_FAMILIES}")
@@ -472,6 +514,15 @@ def tiny_vlm_processor(family: str = "llava"):
         )  # fmt: skip
         name = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}[family]
         return _images_only(getattr(transformers, name))(images, tokenizer, video_processor=None)
+    if family == "gemma3":  # the image's start, its soft tokens and its end (the tokenizer names them)
+        marks = {"eoi_token": "<end_of_image>", "boi_token": "<start_of_image>", "image_token": "<image_soft_token>"}
+        tokenizer.add_special_tokens({"additional_special_tokens": list(marks.values())})
+        for name, token in marks.items():
+            setattr(tokenizer, name, token)
+            setattr(tokenizer, f"{name}_id", tokenizer.convert_tokens_to_ids(token))
+        images = transformers.Gemma3ImageProcessorPil(size={"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE})
+        return transformers.Gemma3Processor(image_processor=images, tokenizer=tokenizer,
+                                            image_seq_length=VLM_IMAGE_TOKENS)  # fmt: skip
     tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
     common = dict(tokenizer=tokenizer, patch_size=TINY_PATCH_SIZE, vision_feature_select_strategy="default",
                   num_additional_image_tokens=1)  # fmt: skip

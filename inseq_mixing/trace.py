@@ -1197,7 +1197,9 @@ def trace_call(spec: ModelSpec, call: ModelCall, full_logits: bool = True, keep_
             hooks.callback(head_hook.remove)
         with torch.no_grad():
             output = model(**kwargs)
-            decoder = recorders["decoder"].result(call.decoder_mask, causal=spec.causal)
+            decoder = recorders["decoder"].result(
+                call.decoder_mask, causal=spec.causal and not spec.bidirectional_images
+            )
             final_hidden = stack_output(spec.decoder, decoder)
             if spec.is_encoder_only:
                 logits, own = None, getattr(output, "logits", None)

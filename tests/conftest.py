@@ -184,10 +184,10 @@ def page(browser):
 
 # ----- the quick subset (``python -m pytest -q -m quick``, the README's test command) -----
 
-#: The tests of the quick subset: together they touch every generation, encoder, speech and vision family and every
-#: method once (``tests/test_quick.py`` checks it), with the properties that matter most (completeness, padding and
-#: batch invariance, causality, rows summing to 1), the Inseq path, dataset runs, the layers, the kinds and the
-#: README's and guide's snippets. The full suite (``python -m pytest -q``) is what CI runs.
+#: The tests of the quick subset: together they touch every generation, encoder, speech and vision family, the
+#: vision-language front end and every method once (``tests/test_quick.py`` checks it), with the properties that matter
+#: most (completeness, padding and batch invariance, causality, rows summing to 1), the Inseq path, dataset runs, the
+#: layers, the kinds and the README's and guide's snippets. The full suite (``python -m pytest -q``) is what CI runs.
 QUICK = (  # fnmatch patterns of ``file::test[parameters]``
     "test_method_invariants.py::test_every_declared_method_on_every_family_pads_and_is_causal[[]*-{}]",
     "test_method_invariants.py::test_every_logit_method_is_complete_with_its_unattributed_terms[[]*-{}]",
@@ -199,6 +199,7 @@ QUICK = (  # fnmatch patterns of ``file::test[parameters]``
     "test_vision.py::test_logit_methods_add_up_to_the_models_own_logit*",
     "test_vision.py::test_map_rows_sum_to_one_and_cover_every_token*",
     "test_vision.py::test_a_batch_equals_each_image_alone*",
+    "test_vlm.py::test_the_front_end_explains_the_greedy_answer_and_adds_up_to_the_models_own_logits*",
     "test_runs.py::test_stored_examples_equal_model_attribute*",
     "test_spans.py::test_hops_against_a_token_by_token_recursion*",
     "test_layers.py::*",
@@ -244,3 +245,39 @@ def forward_hooks(*pairs, with_kwargs: bool = False):
     finally:
         for handle in handles:
             handle.remove()
+
+
+class Killed(RuntimeError):
+    """What a test raises to kill a dataset run mid-way (:func:`assert_a_killed_run_resumes`)."""
+
+
+def assert_a_killed_run_resumes(run, folder, rows: int, monkeypatch) -> None:
+    """``run(out)`` (a dataset run of ``rows`` rows into ``out``), killed after its first shard, resumes in ``folder /
+    "out"`` to the rows of an uninterrupted run in ``folder / "whole"``, bit for bit (the kill checked to have landed
+    mid-run)."""
+    import pandas as pd
+
+    from inseq_mixing.runs import load_run
+    from inseq_mixing.runs.store import RunStore
+
+    if not (folder / "whole").exists():
+        run(folder / "whole")
+    write_shard, written = RunStore.write_shard, []
+
+    def killed(self, batch, rows_, writer=None):
+        if written:
+            raise Killed
+        written.append(batch)
+        write_shard(self, batch, rows_, writer)
+
+    monkeypatch.setattr(RunStore, "write_shard", killed)
+    with pytest.raises(Killed):
+        run(folder / "out")
+    assert len(written) == 1 and len(load_run(folder / "out")) < rows  # the kill landed mid-run
+    monkeypatch.setattr(RunStore, "write_shard", write_shard)
+    run(folder / "out")
+    resumed, whole = load_run(folder / "out"), load_run(folder / "whole")
+    assert resumed.complete and resumed.ids() == whole.ids()
+    order = ["id", "side", "generated_index", "context_index"]
+    frames = [run_.to_pandas().sort_values(order).reset_index(drop=True) for run_ in (resumed, whole)]
+    pd.testing.assert_frame_equal(frames[0], frames[1], check_exact=True)

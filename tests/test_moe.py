@@ -2,7 +2,6 @@
 the decomposition reads that routing; transformers' experts kernels leave every method's scores as they are."""
 
 import inseq
-import pandas as pd
 import pytest
 import torch
 import transformers
@@ -10,13 +9,12 @@ import transformers
 import inseq_mixing
 from inseq_mixing.methods.decompx import DecompXOptions, decompose_mixture, decompx, mixture_weights
 from inseq_mixing.methods.decompx_plan import Components
-from inseq_mixing.runs import attribute_dataset, load_run
-from inseq_mixing.runs.store import RunStore
+from inseq_mixing.runs import attribute_dataset
 from inseq_mixing.specs import NOT_YET_EXPLAINED, get_spec
 from inseq_mixing.specs.base import MoESpec, UnsupportedModelError
 from inseq_mixing.testing import MOE_FAMILIES, load_tiny, tiny_model, word_tokenizer
 
-from .conftest import example_kwargs, get_tiny, next_tokens, trace_of
+from .conftest import assert_a_killed_run_resumes, example_kwargs, get_tiny, next_tokens, trace_of
 
 OPTIONS = {
     "default": DecompXOptions(),
@@ -113,10 +111,6 @@ def test_architectures_not_yet_explained_are_refused_with_the_reason(config, rea
     assert model_type in NOT_YET_EXPLAINED
 
 
-class Killed(RuntimeError):
-    pass
-
-
 @pytest.mark.parametrize(
     ("family", "method"), [("deepseek_v3", "decompx"), ("bamba", "alti_logit"), ("qwen3_next", "value_zeroing")]
 )
@@ -133,26 +127,7 @@ def test_a_dataset_run_of_a_mixture_or_hybrid_killed_mid_run_resumes_to_the_unin
     def run(out):
         return attribute_dataset(model, method, rows, out, batch_size=2, show_progress=False, id_column="id")
 
-    run(tmp_path / "whole")
-    write_shard, written = RunStore.write_shard, []
-
-    def killed(self, batch, rows_, writer=None):
-        if written:
-            raise Killed
-        written.append(batch)
-        write_shard(self, batch, rows_, writer)
-
-    monkeypatch.setattr(RunStore, "write_shard", killed)
-    with pytest.raises(Killed):
-        run(tmp_path / "out")
-    assert len(written) == 1 and len(load_run(tmp_path / "out")) < len(rows)  # the kill landed mid-run
-    monkeypatch.setattr(RunStore, "write_shard", write_shard)
-    run(tmp_path / "out")
-    resumed, whole = load_run(tmp_path / "out"), load_run(tmp_path / "whole")
-    assert resumed.complete and resumed.ids() == whole.ids()
-    order = ["id", "side", "generated_index", "context_index"]
-    frames = [run_.to_pandas().sort_values(order).reset_index(drop=True) for run_ in (resumed, whole)]
-    pd.testing.assert_frame_equal(frames[0], frames[1], check_exact=True)
+    assert_a_killed_run_resumes(run, tmp_path, len(rows), monkeypatch)
 
 
 @pytest.mark.parametrize("units", ["tokens", "sentences"])

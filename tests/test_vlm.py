@@ -4,16 +4,26 @@ rotary positions). ALTI-logit adds up to the model's own logits at image and tex
 gives causal rows and a left-padded row equal to that row with its image alone, the image tokens get their share, and
 AttnLRP gives the model's own logit."""
 
+import json
+
 import pytest
 import torch
 
 from inseq_mixing.declarations import DECLARATIONS, Request
 from inseq_mixing.methods.alti_logit import alti_logit
 from inseq_mixing.specs import get_spec
-from inseq_mixing.testing import VLM_FAMILIES, VLM_TOKENS_PER_IMAGE, tiny_vlm, tiny_vlm_images, tiny_vlm_inputs
+from inseq_mixing.testing import (
+    VLM_BIDIRECTIONAL,
+    VLM_FAMILIES,
+    VLM_PROCESSOR_FAMILIES,
+    VLM_TOKENS_PER_IMAGE,
+    tiny_vlm,
+    tiny_vlm_images,
+    tiny_vlm_inputs,
+)
 from inseq_mixing.trace import trace_model
 
-from .conftest import next_tokens
+from .conftest import assert_a_killed_run_resumes, next_tokens
 
 _MODELS: dict = {}
 #: Text before and after the image, and the left padding of the second row.
@@ -39,6 +49,14 @@ def image_batch(model, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch
     mask = torch.ones_like(ids)
     mask[1, :PADDED] = 0
     return ids, mask, tiny_vlm_images(model, 2, generator)
+
+
+def both_ways(model, ids, images) -> torch.Tensor:
+    """``(B, T, T)``: the pairs a bidirectional family's tokens read both ways (Gemma 3: an image's tokens; PaliGemma:
+    its prefix, ``token_type_ids`` 0)."""
+    types = tiny_vlm_inputs(model, ids, images)["token_type_ids"]
+    block = types == (1 if model.config.model_type == "gemma3" else 0)
+    return block[:, :, None] & block[:, None, :]
 
 
 def traced(model, ids, mask, images):
@@ -84,8 +102,10 @@ def test_every_method_reads_a_vlm_causally_and_a_padded_row_alone(family, method
 
     batch, alone = run(ids, mask, images), run(ids[1:, PADDED:], mask[1:, PADDED:], images[1:])
     length = ids.shape[1]
-    later = torch.ones(length, length, dtype=torch.bool).triu(1)
-    assert (batch.target[:, later] == 0).all()
+    later = torch.ones(length, length, dtype=torch.bool).triu(1).expand(2, -1, -1)
+    if family in VLM_BIDIRECTIONAL:  # Gemma 3's image, PaliGemma's prefix: read both ways; nothing else reads later
+        later = later & ~both_ways(model, ids, images)
+    assert (batch.target[later] == 0).all()
     torch.testing.assert_close(batch.target[1, PADDED:, PADDED:], alone.target[0], rtol=1e-4, atol=2e-5)
 
 
@@ -101,6 +121,44 @@ def test_image_tokens_without_the_images_are_refused_not_explained(family):
         trace_model(model, ids, mask)
     text = ids[:, :BEFORE]
     assert trace_model(model, text).logits.shape[:2] == text.shape
+
+
+@pytest.mark.parametrize("family", VLM_BIDIRECTIONAL)
+@pytest.mark.parametrize("method", ["alti", "value_zeroing", "attention_rollout"])
+def test_gemma_image_models_read_images_both_ways(family, method):
+    """Gemma 3's image tokens attend to later image tokens of their image, PaliGemma's prefix (the image and the
+    first words) to its later tokens: a map method gives an image row weight on a later image token (the trace is
+    not causal there); the other rows stay causal (the test above)."""
+    model = vlm(family)
+    ids, mask, images = image_batch(model)
+    spec, declaration = get_spec(model), DECLARATIONS[method]
+    trace = traced(model, ids, mask, images)
+    assert not trace.decoder.causal
+    request = Request(spec, model, mask, None, None, next_tokens({"input_ids": ids}), None, mask.bool(), lambda: trace)
+    maps = declaration.run(request, declaration.options()).target
+    first = BEFORE  # the first image token of row 0
+    assert maps[0, first, first + 1 : first + VLM_TOKENS_PER_IMAGE[family]].sum() > 1e-3
+
+
+@pytest.mark.parametrize("family", VLM_BIDIRECTIONAL)
+@pytest.mark.parametrize("method", ["decompx", "attn_lrp", "alti_logit"])
+def test_logit_methods_add_up_through_tokens_read_both_ways(family, method):
+    """DecompX, AttnLRP and ALTI-logit through Gemma 3's image blocks and PaliGemma's prefix (tokens reading later
+    ones): the parts and terms add up to the model's own logit at image and text positions (neither tiny model has a
+    soft-cap)."""
+    model = vlm(family)
+    ids, mask, images = image_batch(model)
+    trace = traced(model, ids, mask, images)
+    predicted = next_tokens({"input_ids": ids})
+    request = Request(get_spec(model), model, mask, None, None, predicted, None, mask.bool(), lambda: trace)
+    declaration = DECLARATIONS[method]
+    scores = declaration.run(request, declaration.options())
+    total = scores.target.sum(-1) + sum(scores.terms.values())
+    torch.testing.assert_close(total[mask.bool()], scores.logit[mask.bool()], rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        own = model(input_ids=ids, attention_mask=mask, use_cache=False, **tiny_vlm_inputs(model, ids, images))
+    expected = own.logits.gather(-1, predicted[..., None])[..., 0]
+    torch.testing.assert_close(scores.logit[mask.bool()], expected[mask.bool()], rtol=1e-4, atol=1e-4)
 
 
 def test_a_vlm_whose_language_model_is_not_laid_out_as_llamas_is_refused_with_the_reason():
@@ -155,6 +213,8 @@ def front(family: str, method: str = "alti_logit"):
 
 
 def placeholder(family: str) -> str:
+    if family == "gemma3":
+        return "<start_of_image>"
     return "<|vision_start|><|image_pad|><|vision_end|>" if family.startswith("qwen") else "<image>"
 
 
@@ -164,8 +224,9 @@ def own_logits(front_end, images: list, prompt: str, answer: list[int]) -> torch
     encoded = front_end.processor(images=[images], text=[prompt], return_tensors="pt")
     ids = torch.cat([encoded["input_ids"], torch.tensor([answer])], 1)
     extra = {name: value for name, value in encoded.items() if name not in ("input_ids", "attention_mask")}
-    if "mm_token_type_ids" in extra:
-        extra["mm_token_type_ids"] = torch.nn.functional.pad(extra["mm_token_type_ids"], (0, len(answer)))
+    for name in ("mm_token_type_ids", "token_type_ids"):  # which tokens are the image's: none of the answer's
+        if name in extra:
+            extra[name] = torch.nn.functional.pad(extra[name], (0, len(answer)))
     with torch.no_grad():
         logits = front_end.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **extra).logits
     return logits[0, encoded["input_ids"].shape[1] - 1 : -1]
@@ -177,7 +238,7 @@ def two_images():
     return synthetic_image(40, seed=1), synthetic_image(48, seed=2)[:, :24]  # a square and a tall image
 
 
-@pytest.mark.parametrize("family", ["llava", "llava_next", "qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", VLM_PROCESSOR_FAMILIES)
 def test_the_front_end_explains_the_greedy_answer_and_adds_up_to_the_models_own_logits(family):
     """Images and a prompt in, Inseq's output out: the answer is the model's own greedy one (generate, run apart),
     each answer token's scores over the image and text tokens plus the terms equal the model's own logit (a plain
@@ -357,3 +418,47 @@ def test_the_explorer_shows_the_image_beside_the_caption_word_by_word(page, tmp_
         assert re.match(r"img1 r\d+c\d+$", name)
         assert float(value) == pytest.approx(sequence.source_attributions[labels.index(name), 2].item(), rel=1e-3,
                                              abs=1e-6)  # fmt: skip
+
+
+def test_a_dataset_run_of_images_and_prompts_killed_mid_run_resumes_to_the_uninterrupted_one(tmp_path, monkeypatch):
+    """Rows of (image files, prompt, answer or none) run in batches, each row stored as the prompt explained alone
+    (its greedy answer where none was given); a run killed after its first shard resumes to the rows of an
+    uninterrupted run, bit for bit; a row whose image file is missing is refused naming it, before any work."""
+    from PIL import Image
+
+    from inseq_mixing.runs import attribute_dataset, load_run
+    from inseq_mixing.runs.data import DatasetInputError
+
+    square, tall = two_images()
+    paths = []
+    for number, image in enumerate((square, tall)):
+        paths.append(str(tmp_path / f"image{number}.png"))
+        Image.fromarray(image).save(paths[-1])
+    model = front("qwen2_vl", "alti_logit")
+    mark = placeholder("qwen2_vl")
+    rows = [
+        {"id": "a", "images": paths[0], "prompt": f"the {mark} cat", "answer": "sat on"},
+        {"id": "b", "images": json.dumps(paths), "prompt": f"a {mark} dog {mark}", "answer": None},
+        {"id": "c", "images": [paths[1]], "prompt": f"{mark} she read", "answer": "the book"},
+    ]
+
+    def run(out, data=rows):
+        return attribute_dataset(model, "alti_logit", data, out, batch_size=2, show_progress=False, id_column="id",
+                                 max_new_tokens=3)  # fmt: skip
+
+    run(tmp_path / "whole")
+    stored = load_run(tmp_path / "whole")
+    frame = stored.to_pandas()
+    alone = model.attribute([square, tall], f"a {mark} dog {mark}", max_new_tokens=3, show_progress=False)
+    sequence = alone.sequence_attributions[0]
+    row_b = frame[(frame["id"] == "b") & (frame["side"] == "source")]
+    answer = alone.info["generated_texts"][0]
+    assert stored.inputs("b") == {"source_text": f"a {mark} dog {mark}", "target_text": answer, "words": paths}
+    assert len(row_b) == sequence.source_attributions.numel()
+    assert sorted(row_b["score"].tolist()) == pytest.approx(sorted(sequence.source_attributions.flatten().tolist()),
+                                                            rel=1e-4, abs=1e-6)  # fmt: skip
+    assert_a_killed_run_resumes(run, tmp_path, len(rows), monkeypatch)
+    missing = [*rows, {"id": "d", "images": str(tmp_path / "none.png"), "prompt": f"{mark} cat", "answer": "on"}]
+    with pytest.raises(DatasetInputError, match=r"Row 3 \(id 'd'\), image 0: no image file at"):
+        run(tmp_path / "refused", missing)
+    assert not (tmp_path / "refused").exists()

@@ -50,6 +50,8 @@ class FrontEndModel:
 
     #: Keyword arguments of ``attribute`` a dataset run passes on besides the method's options.
     RUN_ARGUMENTS: tuple[str, ...] = ()
+    #: Whether the front end generates its targets where none is given (then a run's ``max_new_tokens`` caps them).
+    GENERATES = False
 
     #: What one input is called in the progress bar (``"text"``, ``"utterance"``, ``"image"``).
     item_name = "example"
@@ -66,6 +68,8 @@ class FrontEndModel:
             if not self.RUN_ARGUMENTS:
                 raise
             raise ValueError(f"{error} A dataset run of this model also takes {list(self.RUN_ARGUMENTS)}.") from None
+        if self.GENERATES and max_new_tokens is not None:
+            own["max_new_tokens"] = max_new_tokens
         return own, options
 
     def check_options(self, options: dict) -> None:

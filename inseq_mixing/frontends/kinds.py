@@ -42,6 +42,7 @@ class Kind:
         fallback: Claims what no other kind claims (asked last).
         columns: A dataset run's default source and target columns, by the config's ``model_type``.
         reads_words: Whether a dataset run's rows may give word intervals (audio words).
+        reads_images: Whether a dataset run's rows give image files (a column of paths, ``images`` by default).
         inseq_loads: Whether ``inseq.load_model`` takes such a model (by ``model_type``); when it does not, it says
             to call this package's ``load_model`` instead.
         load: ``"module:function"`` loading a saved model of this kind, ``(name, config, tokenizer, processor) →
@@ -64,6 +65,7 @@ class Kind:
     fallback: bool = False
     columns: Callable[[str | None], tuple[str, str]] = lambda model_type: ("source", "target")
     reads_words: bool = False
+    reads_images: bool = False
     inseq_loads: Callable[[str | None], bool] = lambda model_type: False
     load: str | None = None
     explorer_options: Mapping[str, Any] = field(default_factory=dict)
@@ -153,7 +155,7 @@ register_kind(Kind(
 register_kind(Kind(  # before the generation kind, which claims every ...ForConditionalGeneration
     VISION_LANGUAGE, "a vision-language", "processor",
     front_end="inseq_mixing.frontends.vlm:VisionLanguageAttributionModel",
-    columns=lambda model_type: ("image", "prompt"), load="inseq_mixing.frontends.vlm:load_saved",
+    columns=lambda model_type: ("prompt", "answer"), reads_images=True, load="inseq_mixing.frontends.vlm:load_saved",
     commands="the Python front end (images and prompts)",
 ))  # fmt: skip
 register_kind(Kind(

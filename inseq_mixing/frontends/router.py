@@ -46,13 +46,18 @@ class ModelKind:
     def run_columns(self) -> tuple[str, str]:
         """A dataset run's default source and target columns: ``source`` / ``target``; speech models ``audio`` and
         ``transcript`` (Whisper) or ``frames`` (CTC and bare encoders); vision models ``image`` and ``label`` (CLIP:
-        the text)."""
+        the text); vision-language models ``prompt`` and ``answer`` (their images: :attr:`reads_images`)."""
         return self.record.columns(self.model_type)
 
     @property
     def reads_words(self) -> bool:
         """Whether a dataset run's rows may give word intervals (speech models' audio words)."""
         return self.record.reads_words
+
+    @property
+    def reads_images(self) -> bool:
+        """Whether a dataset run's rows give image files (vision-language models)."""
+        return self.record.reads_images
 
 
 def kind_of_config(config, class_name: str | None = None) -> str:

@@ -295,13 +295,7 @@ class SpeechAttributionModel(FrontEndModel):
 
     #: Arguments of :meth:`attribute` a dataset run passes on besides the method's options.
     RUN_ARGUMENTS = ("window_s", "prompt_ids")
-
-    def run_arguments(self, kwargs: dict, max_new_tokens: int | None = None) -> tuple[dict, dict]:
-        """As :meth:`FrontEndModel.run_arguments`; ``max_new_tokens`` caps Whisper's greedy transcripts."""
-        own, options = super().run_arguments(kwargs)
-        if max_new_tokens is not None:
-            own["max_new_tokens"] = max_new_tokens
-        return own, options
+    GENERATES = True  # Whisper's greedy transcripts
 
     def check_rows(self, sources: list, targets: list, words: list, own: dict, names: list[str]) -> None:
         """A dataset run's rows checked before any work (every audio file read once, its word intervals cut into

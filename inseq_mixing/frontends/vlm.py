@@ -127,6 +127,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
     NO_FOILS = None
     #: Arguments of :meth:`attribute` a dataset run passes on besides the method's options.
     RUN_ARGUMENTS = ("spans", "units", "hops")
+    GENERATES = True  # the greedy answers
 
     def __init__(self, model: nn.Module, processor, method: str):
         if method not in DECLARATIONS:
@@ -220,19 +221,43 @@ class VisionLanguageAttributionModel(FrontEndModel):
             raise ValueError(f"contrast_targets: {self.method} explains no logit, so no logit difference.")
         return foils
 
-    def items(self, inputs: list, targets, foils, *, single: bool = False, hops: int = 0, **_call) -> list[VLMItem]:
+    def items(self, inputs: list, targets, foils, *, single: bool = False, hops: int = 0, names=None,
+              **_call) -> list[VLMItem]:  # fmt: skip
         """Each prompt's images read, its text checked against them, encoded alone (each image's tokens counted),
-        its answer and contrast tokenised: a bad input named before any work."""
+        its answer and contrast tokenised: a bad input named before any work (``names``: how errors name each
+        prompt; default ``"Prompt 0"``, ...)."""
         targets = _per_prompt(plain(targets), len(inputs), "generated", single)
         foils = _per_prompt(foils, len(inputs), "contrast_targets", single)
         if hops and foils[0] is not None:
             raise ValueError("hops pass a span's score through each generated token's own explanation, which is not "
                              "contrastive: use contrast_targets without hops.")  # fmt: skip
-        items = []
-        for index, ((images, prompt), answer, foil) in enumerate(zip(inputs, targets, foils, strict=True)):
-            name = f"Prompt {index}"
-            items.append(self._item(name, images, prompt, answer, foil))
-        return items
+        names = names or [f"Prompt {index}" for index in range(len(inputs))]
+        rows = zip(names, inputs, targets, foils, strict=True)
+        return [self._item(name, images, prompt, answer, foil) for name, (images, prompt), answer, foil in rows]
+
+    # ----- a dataset run's hooks -----
+
+    def check_rows(self, sources: list, targets: list, words: list, own: dict, names: list[str]) -> None:
+        """A dataset run's rows (prompts, answers or None, image paths) checked before any work: every image read,
+        every prompt encoded with its images, errors naming the row."""
+        for name, prompt, answer, images in zip(names, sources, targets, words, strict=True):
+            self._item(name, list(images), prompt, answer, None)
+
+    def attribute_rows(self, sources: list, targets: list, words: list, own: dict, options: dict,
+                       names: list[str] | None = None, progress=None) -> list:  # fmt: skip
+        """One batch of rows in one call (left-padded, each equal to the prompt alone), with each row's answer: the
+        given one, or the greedy one explained."""
+        if progress is not None:
+            progress.doing("answering and attributing")
+        settings = {"spans": "tokens", "units": "tokens", "hops": 0, "max_new_tokens": 20, **own}
+        out = self.attribute_inputs([(list(images), prompt) for images, prompt in zip(words, sources, strict=True)],
+                                    list(targets), batch_size=len(sources), show_progress=False,
+                                    method_options=dict(options), call={**settings, "names": names})  # fmt: skip
+        answers = out.info["generated_texts"]
+        return [
+            (sequence, target if target is not None else answer)
+            for sequence, target, answer in zip(out.sequence_attributions, targets, answers, strict=True)
+        ]
 
     def _item(self, name: str, images, prompt, answer, foil) -> VLMItem:
         if not isinstance(prompt, str):

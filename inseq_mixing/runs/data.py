@@ -27,14 +27,15 @@ class Example:
         id: The example's id, unique in the data.
         source: Source text or prompt (speech models: the audio file's path).
         target: Forced target, or None to generate it.
-        words: Speech models: the utterance's word intervals ``(word, start_s, end_s)``, or None for windows.
+        words: Speech models: the utterance's word intervals ``(word, start_s, end_s)``, or None for windows;
+            vision-language models: the paths of the prompt's images, in order.
     """
 
     index: int
     id: str
     source: str
     target: str | None
-    words: tuple[tuple[str, float, float], ...] | None = None
+    words: tuple[tuple[str, float, float], ...] | tuple[str, ...] | None = None
 
 
 READERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -154,6 +155,7 @@ def read_examples(
     target_column: str | None = "target",
     id_column: str | None = None,
     words_column: str | None = None,
+    images: bool = False,
 ) -> list[Example]:
     """Read ``data`` (see :func:`read_rows`) into :class:`Example` rows.
 
@@ -164,6 +166,8 @@ def read_examples(
         id_column: Column of unique example ids; defaults to the row number.
         words_column: Speech models: column of each utterance's word intervals (a JSON list of
             ``[word, start_s, end_s]``, or such a list); a row without one, or data without the column, gets windows.
+            With ``images``: the column of each prompt's image files (a path, or a JSON list of paths), which every
+            row needs.
 
     Raises:
         DatasetInputError: A required column is missing, a source or an id is missing, ids repeat, or word intervals
@@ -171,7 +175,7 @@ def read_examples(
     """
     rows = read_rows(data)
     columns = set().union(*(row.keys() for row in rows))
-    for name, column in (("source", source_column), ("id", id_column)):
+    for name, column in (("source", source_column), ("id", id_column), ("images", words_column if images else None)):
         if column is not None and column not in columns:
             raise DatasetInputError(
                 f"The data has no {name} column {column!r}; its columns are {sorted(columns)}. "
@@ -202,7 +206,10 @@ def read_examples(
         # text of whitespace only is no text: an empty prompt (decoder-only models start from BOS), a missing target
         # (generated), as their empty forms are
         source = source if source.strip() else ""
-        words = _word_intervals(row.get(words_column), index, example_id) if has_words else None
+        if images:
+            words = _image_paths(row.get(words_column), index, example_id, words_column)
+        else:
+            words = _word_intervals(row.get(words_column), index, example_id) if has_words else None
         examples.append(Example(index, example_id, source, target if target and target.strip() else None, words))
     return examples
 
@@ -219,6 +226,24 @@ def _word_intervals(value, index: int, example_id: str) -> tuple[tuple[str, floa
             f"Row {index} (id {example_id!r}): its word intervals are not a list of [word, start_s, end_s] "
             f"(got {str(value)[:80]!r})."
         ) from None
+
+
+def _image_paths(value, index: int, example_id: str, column: str) -> tuple[str, ...]:
+    """One row's image files: a path, or a list of paths (a JSON list in a text cell)."""
+    if isinstance(value, str) and value.strip().startswith("["):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            pass
+    if hasattr(value, "tolist"):  # a list cell read from Parquet
+        value = value.tolist()
+    paths = [value] if isinstance(value, str) else value
+    if not isinstance(paths, list | tuple) or not paths or not all(isinstance(p, str) and p.strip() for p in paths):
+        raise DatasetInputError(
+            f"Row {index} (id {example_id!r}): its {column!r} value is not an image path or a list of them "
+            f"(got {str(value)[:80]!r})."
+        )
+    return tuple(paths)
 
 
 def fingerprint_examples(examples: Sequence[Example]) -> str:

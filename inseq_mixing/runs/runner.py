@@ -89,6 +89,7 @@ def attribute_dataset(
     target_column: str | None = None,
     id_column: str | None = None,
     words_column: str | None = "words",
+    images_column: str = "images",
     max_new_tokens: int | None = None,
     show_progress: bool = True,
     **method_kwargs,
@@ -117,7 +118,8 @@ def attribute_dataset(
         data: A ``.jsonl``/``.csv``/``.parquet`` path, a ``datasets.Dataset``, a DataFrame or a list of dicts.
         out: Folder of the run store (created if missing).
         tokenizer: Tokenizer of a Hugging Face model object.
-        processor: Processor of a speech model object (its feature extractor and tokenizer).
+        processor: Processor of a speech model object (its feature extractor and tokenizer), or of a
+            vision-language one (its image processor and tokenizer).
         batch_size: Examples per batch (and per shard). Part of the run's identity: resume with the same value.
         device: Device to run on (default: the model's, or each Accelerate process's own).
         dtype: Run the model in this dtype (``"float32"``, ``"bfloat16"``, ``"float16"``); for a model given as an
@@ -129,6 +131,9 @@ def attribute_dataset(
             ``transcript``; CTC and bare speech encoders: ``frames``).
         id_column: Column of unique ids (default: the row number).
         words_column: Speech models: the column of word intervals.
+        images_column: Vision-language models: the column of each prompt's image files (a path, or a JSON list of
+            paths, one per placeholder in the prompt, in order); the prompt is the source column (default
+            ``prompt``), the answer the target column (default ``answer``; missing: the greedy answer).
         max_new_tokens: Generation models: the longest generated target of a row without one (default: the model's
             generation config; if it sets no length, transformers' default of 20 new tokens, said once per run).
             Part of the run's identity when given.
@@ -158,9 +163,8 @@ def attribute_dataset(
     found = identify(model)  # the one config read of a name or folder
     source_column = source_column or found.run_columns[0]
     target_column = target_column or found.run_columns[1]
-    examples = read_examples(
-        data, source_column, target_column, id_column, words_column if found.reads_words else None
-    )
+    extra = images_column if found.reads_images else words_column if found.reads_words else None
+    examples = read_examples(data, source_column, target_column, id_column, extra, images=found.reads_images)
     state, device = distributed_state(device)
     writer = Writer(rank=state.process_index, processes=state.num_processes)
     attribution_model = load_attribution_model(model, method, tokenizer, device, dtype, processor, found)

@@ -150,8 +150,15 @@ def sequence_to_row(sequence, example, source_text: str, target_text: str) -> di
         "attributions": _tensor_entries(attributions),
         "step_scores": _tensor_entries(sequence.step_scores),
         "sequence_scores": _tensor_entries(sequence.sequence_scores),
-        "words": None if example.words is None else json.dumps([list(word) for word in example.words]),
+        "words": _words(example.words),
     }
+
+
+def _words(words) -> str | None:
+    """A row's word intervals (speech) or image paths (vision-language models) as JSON, or None."""
+    if words is None:
+        return None
+    return json.dumps([word if isinstance(word, str) else list(word) for word in words])
 
 
 def row_to_sequence(row: dict):

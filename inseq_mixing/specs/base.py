@@ -580,6 +580,8 @@ class ModelSpec:
             projector's output when the images are given), or None: ids holding it need ``pixel_values``.
         own_positions: The model computes its positions from the ids and the padding mask itself (Qwen2-VL's
             multimodal rotary positions: an image's tokens get their row and column), so the trace passes none.
+        bidirectional_images: A decoder whose image tokens attend to each other both ways (Gemma 3): its stack is
+            traced as not causal (each row read over every key its attention saw), its logits read as a decoder's.
     """
 
     family: str
@@ -598,6 +600,7 @@ class ModelSpec:
     attention_sinks: bool = False
     image_token_id: int | None = None
     own_positions: bool = False
+    bidirectional_images: bool = False
 
     @property
     def is_encoder_only(self) -> bool:
