@@ -341,10 +341,11 @@ VLM_TOKENS_PER_IMAGE = {"llava": 9, "llava_next": 21, "llava_onevision": 21, "qw
                         "idefics3": 9, "smolvlm": 9, "internvl": 18, "gemma3": 9, "paligemma": 9}  # fmt: skip
 
 
-def tiny_vlm(family: str = "llava", seed: int = 0) -> torch.nn.Module:
+def tiny_vlm(family: str = "llava", seed: int = 0, tower_layers: int = 1, feature_layer: int = -1) -> torch.nn.Module:
     """A random vision-language decoder over the word tokenizer's vocabulary plus its image tokens (the last ids), in
     eval mode and eager attention: a LLaVA (a one-layer CLIP vision tower, 24 × 24 images in 8 × 8 patches, the GELU
-    projector, a two-layer Llama), or a Qwen2-VL / Qwen2.5-VL (a one-block vision tower, 24 × 24 images in 4 × 4
+    projector, a two-layer Llama; ``tower_layers`` CLIP blocks, the features read from ``feature_layer``), or a
+    Qwen2-VL / Qwen2.5-VL (a one-block vision tower, 24 × 24 images in 4 × 4
     patches merged 2 × 2, a two-layer Qwen2 with multimodal rotary positions); :data:`VLM_IMAGE_TOKENS` tokens per
     image."""
     if family not in VLM_FAMILIES:
@@ -411,7 +412,7 @@ def tiny_vlm(family: str = "llava", seed: int = 0) -> torch.nn.Module:
         model.set_attn_implementation("eager")
         return model.eval()
     vocab = len(SPECIAL_TOKENS) + len(WORDS) + 1
-    vision = transformers.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    vision = transformers.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=tower_layers,
                                            num_attention_heads=2, image_size=TINY_IMAGE_SIZE,
                                            patch_size=TINY_PATCH_SIZE)  # fmt: skip
     text = transformers.LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
@@ -436,8 +437,8 @@ def tiny_vlm(family: str = "llava", seed: int = 0) -> torch.nn.Module:
         randomize_weights(model, seed)
         model.set_attn_implementation("eager")
         return model.eval()
-    common = dict(vision_config=vision, text_config=text, image_token_index=vocab - 1, vision_feature_layer=-1,
-                  vision_feature_select_strategy="default")  # fmt: skip
+    common = dict(vision_config=vision, text_config=text, image_token_index=vocab - 1,
+                  vision_feature_layer=feature_layer, vision_feature_select_strategy="default")  # fmt: skip
     if family == "llava":
         model = transformers.LlavaForConditionalGeneration(
             transformers.LlavaConfig(image_seq_length=VLM_IMAGE_TOKENS, **common)

@@ -462,3 +462,60 @@ def test_a_dataset_run_of_images_and_prompts_killed_mid_run_resumes_to_the_unint
     with pytest.raises(DatasetInputError, match=r"Row 3 \(id 'd'\), image 0: no image file at"):
         run(tmp_path / "refused", missing)
     assert not (tmp_path / "refused").exists()
+
+
+@pytest.mark.parametrize("method", ["alti_logit", "alti"])
+def test_scores_continued_through_the_tower_keep_the_images_total_and_follow_its_rollout(method):
+    """``tower=True`` (LLaVA): each image's scores over the tower's input tokens add up to the decoder's scores of
+    that image's tokens (completeness across the junction), span by span. A tower read at its input
+    (``vision_feature_layer=-2`` of one block) leaves each image token's score on its own patch, nothing on [CLS];
+    two blocks read at the last follow the tower's ALTI rollout as the ALTI declaration gives it on the tower alone."""
+    import inseq_mixing
+    from inseq_mixing.testing import tiny_vlm_processor
+
+    square, tall = two_images()
+    prompts, answers = ["the <image> cat", "a <image> dog <image>"], ["sat on", "the"]
+    for layers, feature, check in ((2, -1, "rollout"), (1, -2, "identity")):
+        model = tiny_vlm("llava", tower_layers=layers, feature_layer=feature)
+        front_end = inseq_mixing.load_model(model, method, processor=tiny_vlm_processor("llava"))
+        out = front_end.attribute([[square], [tall, square]], prompts, answers, tower=True, batch_size=2,
+                                  show_progress=False)  # fmt: skip
+        assert out.info["tower_tokens"][:2] == ["[CLS]", "r0c0"] and len(out.info["tower_tokens"]) == 10
+        tower = get_spec(model).tower
+        pixels = front_end.processor(images=[[square], [tall, square]], text=prompts, padding=True,
+                                     return_tensors="pt")["pixel_values"]  # fmt: skip
+        image = 0
+        for row, sequence in enumerate(out.sequence_attributions):
+            for number, positions in enumerate(out.info["image_tokens"][row]):
+                spread = sequence.sequence_scores[f"tower_image{number + 1}"]  # (tower tokens, spans)
+                decoder = sequence.source_attributions[positions]  # (image tokens, spans)
+                torch.testing.assert_close(spread.sum(0), decoder.sum(0), rtol=1e-5, atol=1e-6)
+                if check == "identity":
+                    torch.testing.assert_close(spread[1:], decoder)
+                    assert (spread[0] == 0).all()
+                else:
+                    expected = decoder.T @ tower_alti(tower, pixels[image : image + 1])[0, 1:]
+                    torch.testing.assert_close(spread, expected.T, rtol=1e-4, atol=1e-6)
+                image += 1
+
+
+def tower_alti(tower, pixels: torch.Tensor) -> torch.Tensor:
+    """The ALTI declaration's rolled-out map ``(1, tokens, tokens)`` on the tower alone (every row explained)."""
+    from inseq_mixing.trace import ModelCall, trace_call
+
+    mask = torch.ones(1, 10, dtype=torch.long)
+    trace = trace_call(tower.spec, ModelCall(tower.module, {"pixel_values": pixels}, frame_masks={"decoder": mask}))
+    request = Request(tower.spec, tower.module, mask, None, None, torch.zeros_like(mask), None, mask.bool(),
+                      lambda: trace)  # fmt: skip
+    return DECLARATIONS["alti"].run(request, DECLARATIONS["alti"].options()).target
+
+
+def test_the_tower_is_refused_where_the_projector_merges_or_units_pool():
+    """``tower=True`` on Qwen2-VL (its merger folds 2 × 2 patches into one token) or with image units: refused with
+    the reason before the model runs."""
+    square, _ = two_images()
+    qwen = front("qwen2_vl")
+    with pytest.raises(ValueError, match="qwen2_vl's merges, pools or tiles them"):
+        qwen.attribute(square, f"the {placeholder('qwen2_vl')} cat", "sat", tower=True, show_progress=False)
+    with pytest.raises(ValueError, match="use units='tokens'"):
+        front("llava").attribute(square, "the <image> cat", "sat", tower=True, units="images", show_progress=False)

@@ -47,7 +47,9 @@ from torch import nn
 
 from ..declarations import DECLARATIONS, InputSize, Request
 from ..declarations.graphs import GRAPH_KEYWORD
+from ..methods.blocks import upcast
 from ..methods.spans import SpanRows
+from ..methods.tower import through_tower, tower_rollout
 from ..specs import get_spec
 from ..trace import ModelCall, forward_arguments, trace_call
 from .common import FrontEndModel, plain, saved_model
@@ -85,6 +87,7 @@ class CallSettings:
     units: str
     hops: int
     max_new_tokens: int
+    tower: bool = False
 
 
 @dataclass
@@ -106,6 +109,8 @@ class VLMBatch:
     explained: list[list[int]]  # per row: the batch positions whose predictions are explained (spans="tokens")
     unit_scores: torch.Tensor | None = None
     hop_units: torch.Tensor | None = None
+    tower: bool = False
+    tower_scores: list[dict[str, torch.Tensor]] | None = None  # per row: each image's scores over the tower's tokens
 
     @property
     def size(self) -> int:
@@ -160,6 +165,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
         spans: str = "tokens",
         units: str = "tokens",
         hops: int = 0,
+        tower: bool = False,
         max_new_tokens: int = 20,
         batch_size: int = 1,
         show_progress: bool = True,
@@ -174,6 +180,10 @@ class VisionLanguageAttributionModel(FrontEndModel):
             spans: ``"tokens"`` or ``"answer"``.
             units: ``"tokens"`` or ``"images"``.
             hops: Hops through the generated tokens (0: none).
+            tower: Also continue each image's token scores through the projector and the vision tower onto the
+                tower's input patches (LLaVA; our extension: :mod:`inseq_mixing.methods.tower`), as
+                ``sequence_scores["tower_image1"]``, ... ``(tower tokens, spans)``, labelled in
+                ``info["tower_tokens"]``.
             max_new_tokens: The longest greedy answer.
             batch_size: Prompts per forward pass.
             show_progress: Show a progress bar.
@@ -202,7 +212,8 @@ class VisionLanguageAttributionModel(FrontEndModel):
         if not isinstance(images, list | tuple) or len(images) != len(prompts):
             raise ValueError(f"Give one entry of images per prompt ({len(prompts)}), as a list.")
         inputs = list(zip(images, prompts, strict=True))
-        call = {"spans": spans, "units": units, "hops": hops, "max_new_tokens": max_new_tokens, "single": single}
+        call = {"spans": spans, "units": units, "hops": hops, "max_new_tokens": max_new_tokens, "single": single,
+                "tower": tower}  # fmt: skip
         return self.attribute_inputs(inputs, generated, batch_size=batch_size, show_progress=show_progress,
                                      method_options=method_options, call=call)  # fmt: skip
 
@@ -326,8 +337,20 @@ class VisionLanguageAttributionModel(FrontEndModel):
         return count, grid
 
     def call_settings(self, options: dict, *, spans: str = "tokens", units: str = "tokens", hops: int = 0,
-                      max_new_tokens: int = 20, **_call) -> CallSettings:  # fmt: skip
-        return CallSettings(spans, units, hops, max_new_tokens)
+                      max_new_tokens: int = 20, tower: bool = False, **_call) -> CallSettings:  # fmt: skip
+        """The call's settings; ``tower=True`` checked before any work (a tower the scores can continue through,
+        one score per image token: units of tokens, no per-layer or per-head axis)."""
+        if tower:
+            if self.spec.tower is None:
+                raise ValueError(
+                    "tower=True continues the image tokens' scores through a projector that mixes no tokens (LLaVA's, "
+                    f"one layer's features); this {self.spec.family}'s merges, pools or tiles them, which is not "
+                    "decomposed yet: leave tower=False."
+                )
+            if units != "tokens" or options.get("per_layer") or options.get("per_head"):
+                raise ValueError("tower=True spreads each image token's one score through the tower: use "
+                                 "units='tokens', without per_layer or per_head.")  # fmt: skip
+        return CallSettings(spans, units, hops, max_new_tokens, tower)
 
     def input_sizes(self, items: list[VLMItem], settings: CallSettings | None = None) -> list[InputSize]:
         """Each prompt's tokens with its images expanded, and its answer (at most ``max_new_tokens`` where greedy)."""
@@ -451,6 +474,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
             unit_labels=[row["unit_labels"] for row in rows], unit_keys=[row["unit_keys"] for row in rows],
             span_labels=[row["span_labels"] for row in rows], span_tokens=[row["span_tokens"] for row in rows],
             image_tokens=[row["image_tokens"] for row in rows], answers=answers, explained=explained,
+            tower=settings.tower,
         )  # fmt: skip
 
     def _row_layout(self, item: VLMItem, settings: CallSettings, offset: int, answer: list[int],
@@ -523,18 +547,48 @@ class VisionLanguageAttributionModel(FrontEndModel):
         result, batch.unit_scores, batch.hop_units = explain_spans(self.declaration, batch.request, options,
                                                                    batch.spans, batch.generated, batch.hops,
                                                                    batch.units)  # fmt: skip
+        if batch.tower:
+            batch.tower_scores = self._tower_scores(batch)
         self._laid_out += [{"answer": batch.answers[row], "unit_keys": batch.unit_keys[row],
                             "span_tokens": batch.span_tokens[row], "image_tokens": batch.image_tokens[row]}
                            for row in range(batch.size)]  # fmt: skip
         return [self.present(batch, result, row) for row in range(batch.size)], result.axis
 
     def present(self, batch: VLMBatch, result, row: int):
-        """One prompt's sequence: units as ``source``, spans as ``target``."""
-        return span_sequence(result, batch.unit_scores, batch.hop_units, row, batch.unit_labels[row],
-                             batch.span_labels[row], batch.request.foil_ids is not None)  # fmt: skip
+        """One prompt's sequence: units as ``source``, spans as ``target``; with ``tower=True``, each image's scores
+        over the tower's input tokens in the sequence scores."""
+        sequence = span_sequence(result, batch.unit_scores, batch.hop_units, row, batch.unit_labels[row],
+                                 batch.span_labels[row], batch.request.foil_ids is not None)  # fmt: skip
+        if batch.tower_scores is not None:
+            sequence.sequence_scores.update(batch.tower_scores[row])
+        return sequence
+
+    def _tower_scores(self, batch: VLMBatch) -> list[dict[str, torch.Tensor]]:
+        """Each row's image-token scores continued through the vision tower (one traced pass of the tower over the
+        batch's images, its ALTI rollout: :mod:`inseq_mixing.methods.tower`), per image ``(tower tokens, spans)``."""
+        tower = self.spec.tower
+        pixels = batch.request.model_call().kwargs["pixel_values"]
+        tokens = getattr(tower.module, "vision_model", tower.module).embeddings.num_positions
+        mask = torch.ones(pixels.shape[0], tokens, dtype=torch.long, device=pixels.device)
+        trace = trace_call(
+            tower.spec, ModelCall(tower.module, {"pixel_values": pixels}, frame_masks={"decoder": mask})
+        )
+        rollout = tower_rollout(trace, tower.layers)
+        found, image = [], 0
+        for row in range(batch.size):
+            scores = batch.unit_scores[row, : len(batch.span_tokens[row])]  # (spans, units): a unit per token
+            entries = {}
+            for number, positions in enumerate(batch.image_tokens[row]):
+                spread = through_tower(scores[:, positions], rollout[image], tower.first_feature)
+                entries[f"tower_image{number + 1}"] = upcast(spread.T.detach()).cpu()
+                image += 1
+            found.append(entries)
+        self._tower_tokens = tokens
+        return found
 
     def before_work(self, items: list[VLMItem]) -> None:
         self._laid_out = []  # each prompt's answer, units and spans, added to ``info`` once the call is done
+        self._tower_tokens = None  # the tower's token count, where the call continues scores through it
 
     def attribute_items(self, items: list, **kwargs):
         """The base loop, then each prompt's answer, units' and spans' positions and image tokens in ``info``."""
@@ -543,6 +597,9 @@ class VisionLanguageAttributionModel(FrontEndModel):
         out.info["generated_texts"] = [self.tokenizer.decode(row["answer"]) for row in laid_out]
         for name in ("unit_keys", "span_tokens", "image_tokens"):
             out.info[name] = [row[name] for row in laid_out]
+        if getattr(self, "_tower_tokens", None) is not None:
+            out.info["tower_tokens"] = _tower_labels(self._tower_tokens)
+            self._tower_tokens = None
         return out
 
     def output_logits(self, batch: VLMBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -589,6 +646,15 @@ def _grid_box(image_processor, width: int, height: int) -> list[float]:
             left, top = (width - box_width) / 2, (height - box_height) / 2
             return [left, top, left + box_width, top + box_height]
     return [0.0, 0.0, float(width), float(height)]
+
+
+def _tower_labels(tokens: int) -> list[str]:
+    """The tower's input tokens: a class token where the patches make a square grid with one token left, then the
+    patches ``r{row}c{column}``."""
+    side = math.isqrt(tokens)
+    leading = [] if side * side == tokens else ["[CLS]"]
+    side = math.isqrt(tokens - len(leading))
+    return leading + [f"r{index // side}c{index % side}" for index in range(tokens - len(leading))]
 
 
 def _short(text: str, limit: int = 40) -> str:

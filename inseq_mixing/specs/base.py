@@ -549,6 +549,25 @@ class HeadSpec:
 
 
 @dataclass(frozen=True)
+class TowerSpec:
+    """A vision-language model's vision tower as far as its image tokens read it, where the projector between them
+    mixes no tokens (LLaVA's): the decoder's image-token scores continue through it
+    (:mod:`inseq_mixing.methods.tower`).
+
+    Attributes:
+        module: The tower (a vision encoder this package reads: CLIP's, SigLIP's).
+        spec: The tower's own spec.
+        layers: How many of its blocks the image tokens' features went through (``vision_feature_layer``).
+        first_feature: The tower token the first image token was read from (1 where the class token is dropped).
+    """
+
+    module: nn.Module
+    spec: "ModelSpec"
+    layers: int
+    first_feature: int
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """A whole model: its family name, its stacks and its LM head.
 
@@ -582,6 +601,8 @@ class ModelSpec:
             multimodal rotary positions: an image's tokens get their row and column), so the trace passes none.
         bidirectional_images: A decoder whose image tokens attend to each other both ways (Gemma 3): its stack is
             traced as not causal (each row read over every key its attention saw), its logits read as a decoder's.
+        tower: A vision-language decoder's vision tower where its scores continue through it (:class:`TowerSpec`),
+            or None.
     """
 
     family: str
@@ -601,6 +622,7 @@ class ModelSpec:
     image_token_id: int | None = None
     own_positions: bool = False
     bidirectional_images: bool = False
+    tower: TowerSpec | None = None
 
     @property
     def is_encoder_only(self) -> bool:

@@ -11,7 +11,7 @@ a front end over images and prompts, scores through the projector and the vision
 from torch import nn
 
 from . import llama
-from .base import ModelSpec, StackSpec, UnsupportedModelError
+from .base import ModelSpec, StackSpec, TowerSpec, UnsupportedModelError
 
 FAMILY = "LLaVA, LLaVA-NeXT, LLaVA-OneVision (a Llama-layout decoder over image and text tokens)"
 KIND = "vision-language"
@@ -39,5 +39,24 @@ def decoder_spec(model: nn.Module, language: nn.Module, image_token_id: int, **f
                      lm_head=model.get_output_embeddings(), image_token_id=image_token_id, **fields)  # fmt: skip
 
 
+def tower_spec(model: nn.Module) -> TowerSpec | None:
+    """LLaVA's vision tower as its image tokens read it (one layer's states, the class token dropped or kept, the
+    projector applied token by token), or None where the features come from several layers (a list of layers) or the
+    image is cut into tiles (LLaVA-NeXT, OneVision)."""
+    from . import get_spec
+
+    config, tower = model.config, model.model.vision_tower
+    layer = config.vision_feature_layer
+    if config.model_type != "llava" or not isinstance(layer, int):
+        return None
+    encoder = getattr(getattr(tower, "vision_model", tower), "encoder", None)
+    if encoder is None:
+        return None
+    blocks = len(encoder.layers)
+    through = layer if layer >= 0 else blocks + 1 + layer  # hidden_states[layer]: the output of that many blocks
+    first = 1 if config.vision_feature_select_strategy == "default" else 0
+    return TowerSpec(module=tower, spec=get_spec(tower), layers=through, first_feature=first)
+
+
 def build(model: nn.Module) -> ModelSpec:
-    return decoder_spec(model, model.model.language_model, model.config.image_token_index)
+    return decoder_spec(model, model.model.language_model, model.config.image_token_index, tower=tower_spec(model))
