@@ -519,3 +519,34 @@ def test_the_tower_is_refused_where_the_projector_merges_or_units_pool():
         qwen.attribute(square, f"the {placeholder('qwen2_vl')} cat", "sat", tower=True, show_progress=False)
     with pytest.raises(ValueError, match="use units='tokens'"):
         front("llava").attribute(square, "the <image> cat", "sat", tower=True, units="images", show_progress=False)
+
+
+def test_attn_lrp_builds_no_graph_through_the_vision_tower():
+    """AttnLRP's relevance stops at the first decoder block's input, so its pass runs the tower and the projector
+    without gradients (no activations kept for them): the tower's output needs no gradient during the pass, the first
+    block's output does, the model's own logit is still explained whole, and gradients are on again after the call."""
+    model = vlm("llava")
+    ids, mask, images = image_batch(model)
+    seen = {}
+
+    def on_tower(_module, _args, out) -> None:  # a hook that returns something would replace the output
+        seen.setdefault("tower", out.last_hidden_state.requires_grad)
+
+    def on_block(_module, _args, out) -> None:
+        seen.setdefault("block", (out[0] if isinstance(out, tuple) else out).requires_grad)
+
+    tower = model.model.vision_tower.register_forward_hook(on_tower)
+    block = get_spec(model).decoder.layers[0].module.register_forward_hook(on_block)
+    try:
+        trace = traced(model, ids, mask, images)
+        predicted = next_tokens({"input_ids": ids})
+        request = Request(get_spec(model), model, mask, None, None, predicted, None, mask.bool(), lambda: trace)
+        seen.clear()
+        scores = DECLARATIONS["attn_lrp"].run(request, DECLARATIONS["attn_lrp"].options())
+    finally:
+        tower.remove()
+        block.remove()
+    assert seen == {"tower": False, "block": True}
+    total = scores.target.sum(-1) + sum(scores.terms.values())
+    torch.testing.assert_close(total[mask.bool()], scores.logit[mask.bool()], rtol=1e-4, atol=1e-4)
+    assert torch.is_grad_enabled()
