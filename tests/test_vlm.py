@@ -550,3 +550,45 @@ def test_attn_lrp_builds_no_graph_through_the_vision_tower():
     total = scores.target.sum(-1) + sum(scores.terms.values())
     torch.testing.assert_close(total[mask.bool()], scores.logit[mask.bool()], rtol=1e-4, atol=1e-4)
     assert torch.is_grad_enabled()
+
+
+def test_the_pointing_game_scores_the_answer_against_its_box(tmp_path):
+    """``evaluate(vlm, methods, rows, "pointing")``: an image token is in the box when half its cell is (on the part
+    of the image its grid covers: LLaVA's centred square), the game is 1 when the answer's highest-scored image token
+    is in it, the gold share is the positive scores' share in it; both read from the front end's own output here;
+    the random baseline is the box's share of the tokens; a row whose box leaves the image is skipped, named."""
+    from PIL import Image
+
+    import inseq_mixing
+    from inseq_mixing.evaluation.vlm import box_tokens
+    from inseq_mixing.testing import synthetic_image
+
+    wide = synthetic_image(40, seed=3)[:30]  # its grid covers (5, 0, 35, 30): cells of 10 × 10 pixels
+    path = tmp_path / "wide.png"
+    Image.fromarray(wide).save(path)
+    rows = [
+        {"images": str(path), "prompt": "the <image> cat", "answer": "sat on", "box": [5, 0, 25, 10]},  # r0c0, r0c1
+        {"images": str(path), "prompt": "a <image> dog", "answer": "the mat", "box": [14, 14, 35, 30]},  # r1c1 on
+        {"images": str(path), "prompt": "a <image> dog", "answer": "the mat", "box": [0, 0, 50, 10]},  # outside
+    ]
+    model = front("llava")
+    evaluation = inseq_mixing.evaluate(model, ["alti_logit", "alti"], rows, "pointing")
+    assert [skip.row for skip in evaluation.skipped] == [2] and "not inside the 40 × 30 image" in \
+        evaluation.skipped[0].reason  # fmt: skip
+    expected = {name: [] for name in ("pointing_game", "gold_share")}
+    for row in rows[:2]:
+        out = model.for_method("alti_logit").attribute(wide, row["prompt"], row["answer"], spans="answer",
+                                                       show_progress=False)  # fmt: skip
+        region, positions = box_tokens(out, row["box"])
+        labels = [out.sequence_attributions[0].source[position].token for position in positions]
+        inside = sorted(label for label, flag in zip(labels, region.tolist(), strict=True) if flag)
+        assert inside == (["img1 r0c0", "img1 r0c1"] if row is rows[0] else ["img1 r1c1", "img1 r1c2", "img1 r2c1",
+                                                                             "img1 r2c2"])  # fmt: skip
+        scores = out.sequence_attributions[0].source_attributions[positions, 0]
+        expected["pointing_game"].append(float(region[int(scores.argmax())]))
+        positive = scores.clamp(min=0)
+        expected["gold_share"].append(float(positive[region].sum() / positive.sum()))
+    summary = evaluation.results["alti_logit"].statistics
+    for metric, values in expected.items():
+        assert float(summary[metric].value()) == pytest.approx(sum(values) / len(values))
+    assert evaluation.baseline["pointing_game"] == pytest.approx((2 / 9 + 4 / 9) / 2)

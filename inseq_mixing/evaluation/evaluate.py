@@ -56,7 +56,9 @@ def evaluate(
     ``faithfulness`` with units silenced instead of tokens replaced (:mod:`.speech_faithfulness`, our extension).
     Image classifiers take ``faithfulness`` by patches (deletion and insertion curves and AOPC, patches replaced by
     the image's mean colour or its blur) and ``pointing`` (the pointing game and the share of the scores inside a
-    gold box or set of patches), with ``random_baseline`` (see :mod:`.vision`, our extension).
+    gold box or set of patches), with ``random_baseline`` (see :mod:`.vision`, our extension). Vision–language decoders
+    take ``pointing``: an answer explained as one span over its first image's tokens, scored against the box the
+    answer names (see :mod:`.vlm`, our extension; rows ``images``, ``prompt``, ``answer``, ``box``).
 
     Every metric comes with a percentile bootstrap 95% interval over the items and every two methods with a paired
     permutation test of the headline metric; an interval that cannot vary (one item, or every item alike) is reported

@@ -154,3 +154,11 @@ def paired_permutation_test(first: Statistic, second: Statistic, draws: int = 10
 
     differences = (permuted(first, second).value() - permuted(second, first).value()).abs()
     return float((1 + (differences >= observed - 1e-12).sum()) / (1 + draws))
+
+
+def defined_mean(values: list[float]) -> Statistic:
+    """The mean over the images where the value is defined (a gold share without positive scores is not): the
+    others weigh 0, so that every method keeps one entry per image for the paired tests."""
+    values = torch.as_tensor(values, dtype=torch.float64)
+    defined = values.isfinite()
+    return Statistic(values.nan_to_num(0.0) * defined, defined.double())

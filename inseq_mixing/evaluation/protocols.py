@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..frontends.kinds import ENCODER, GENERATION, KINDS, SPEECH, VISION, resolve
+from ..frontends.kinds import ENCODER, GENERATION, KINDS, SPEECH, VISION, VISION_LANGUAGE, resolve
 from .items import DEFAULT_COLUMNS, EvaluationInputError
 
 
@@ -201,6 +201,9 @@ register_protocol(Protocol(SPEECH, "faithfulness",
 for _name in ("faithfulness", "pointing"):
     register_protocol(Protocol(VISION, _name, "inseq_mixing.evaluation.vision:run_vision", IMAGE_COLUMNS,
                                IMAGE_OPTIONS))  # fmt: skip
+
+register_protocol(Protocol(VISION_LANGUAGE, "pointing", "inseq_mixing.evaluation.vlm:run_vlm",
+                           ("images", "prompt", "answer", "box")))  # fmt: skip
 
 register_comparison(GENERATION, "inseq_mixing.evaluation.generation:compare_generation")
 register_comparison(ENCODER, "inseq_mixing.evaluation.encoders:compare_encoder")

@@ -50,7 +50,7 @@ from ..runs.data import cell_value, read_rows
 from .explain import Explanation
 from .faithfulness import DEFAULT_FRACTIONS
 from .items import EvaluationInputError, Item, Skipped
-from .metrics import Statistic, nan_mean
+from .metrics import defined_mean, nan_mean
 from .scores import RANDOM_SUFFIX, Evaluation, MethodResult, random_copy, score_methods
 
 VISION_PROTOCOLS = ("faithfulness", "pointing")
@@ -154,7 +154,7 @@ def evaluate_vision(
         else:
             found = [pointing(attribution, row, sequence) for row, sequence in zip(rows, sequences, strict=True)]
         per_image[name] = found
-        statistics = {metric: _defined_mean([image[metric] for image in found]) for metric in evaluation.metrics}
+        statistics = {metric: defined_mean([image[metric] for image in found]) for metric in evaluation.metrics}
         shown = [Explanation(Item(row["row"], None, row["name"], sequence.target[0].token), sequence, None, [],
                              row["image"]) for row, sequence in zip(rows, sequences, strict=True)]  # fmt: skip
         return MethodResult(statistics), shown
@@ -165,14 +165,6 @@ def evaluate_vision(
     evaluation.baseline = {metric: nan_mean([image[f"random_{metric}"] for image in first])
                            for metric in evaluation.metrics}  # fmt: skip
     return evaluation
-
-
-def _defined_mean(values: list[float]) -> Statistic:
-    """The mean over the images where the value is defined (a gold share without positive scores is not): the
-    others weigh 0, so that every method keeps one entry per image for the paired tests."""
-    values = torch.as_tensor(values, dtype=torch.float64)
-    defined = values.isfinite()
-    return Statistic(values.nan_to_num(0.0) * defined, defined.double())
 
 
 # ----- rows -----

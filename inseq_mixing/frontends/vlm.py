@@ -244,7 +244,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
                              "contrastive: use contrast_targets without hops.")  # fmt: skip
         names = names or [f"Prompt {index}" for index in range(len(inputs))]
         rows = zip(names, inputs, targets, foils, strict=True)
-        return [self._item(name, images, prompt, answer, foil) for name, (images, prompt), answer, foil in rows]
+        return [self.prompt_item(name, images, prompt, answer, foil) for name, (images, prompt), answer, foil in rows]
 
     # ----- a dataset run's hooks -----
 
@@ -252,7 +252,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
         """A dataset run's rows (prompts, answers or None, image paths) checked before any work: every image read,
         every prompt encoded with its images, errors naming the row."""
         for name, prompt, answer, images in zip(names, sources, targets, words, strict=True):
-            self._item(name, list(images), prompt, answer, None)
+            self.prompt_item(name, list(images), prompt, answer, None)
 
     def attribute_rows(self, sources: list, targets: list, words: list, own: dict, options: dict,
                        names: list[str] | None = None, progress=None) -> list:  # fmt: skip
@@ -270,7 +270,9 @@ class VisionLanguageAttributionModel(FrontEndModel):
             for sequence, target, answer in zip(out.sequence_attributions, targets, answers, strict=True)
         ]
 
-    def _item(self, name: str, images, prompt, answer, foil) -> VLMItem:
+    def prompt_item(self, name: str, images, prompt, answer, foil) -> VLMItem:
+        """One prompt read and checked (its images read, its placeholders counted, encoded alone, its answer and
+        contrast tokenised), or the ``ValueError`` :meth:`attribute` would raise for it, naming it ``name``."""
         if not isinstance(prompt, str):
             raise ValueError(f"{name} is a {type(prompt).__name__}: give the prompt as a text.")
         listed = list(images) if isinstance(images, list | tuple) else [images]
