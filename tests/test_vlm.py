@@ -592,3 +592,39 @@ def test_the_pointing_game_scores_the_answer_against_its_box(tmp_path):
     for metric, values in expected.items():
         assert float(summary[metric].value()) == pytest.approx(sum(values) / len(values))
     assert evaluation.baseline["pointing_game"] == pytest.approx((2 / 9 + 4 / 9) / 2)
+
+
+def test_boxes_as_units_sum_the_tokens_whose_cells_they_hold():
+    """``units=[box, ...]``: a box's unit is the image tokens with at least half their cell in it (LLaVA's 40 × 30
+    image: its grid covers the centred 30 × 30 square, cells of 10 pixels), its score their scores' sum; the rest of
+    the image is one unit, the text's tokens their own; a box outside the image, or covering no token's half cell,
+    is refused naming the prompt before the model runs."""
+    from inseq_mixing.testing import synthetic_image
+
+    wide = synthetic_image(40, seed=3)[:30]
+    model = front("llava")
+    tokens = model.attribute(wide, "the <image> cat", "sat on", show_progress=False).sequence_attributions[0]
+    labels = [token.token for token in tokens.source]
+    boxed = model.attribute(wide, "the <image> cat", "sat on", units=[[5, 0, 25, 10], (1, [14, 14, 35, 30])],
+                            show_progress=False).sequence_attributions[0]  # fmt: skip
+    units = [token.token for token in boxed.source]
+    assert units[:4] == ["the", "box 1", "image 1 (rest)", "box 2"] and units[4:] == labels[10:]  # at first tokens
+    members = {"box 1": ["r0c0", "r0c1"], "box 2": ["r1c1", "r1c2", "r2c1", "r2c2"],
+               "image 1 (rest)": ["r0c2", "r1c0", "r2c0"]}  # fmt: skip
+    for unit, cells in members.items():
+        rows = [labels.index(f"img1 {cell}") for cell in cells]
+        torch.testing.assert_close(
+            boxed.source_attributions[units.index(unit)], tokens.source_attributions[rows].sum(0)
+        )
+    calls = []
+    handle = model.model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match=r"Prompt 0: box 1 \[0.0, 0.0, 50.0, 10.0\] is not inside image 1"):
+            model.attribute(wide, "the <image> cat", "sat", units=[[0, 0, 50, 10]], show_progress=False)
+        with pytest.raises(ValueError, match="Prompt 0: box 1 .* covers no image token"):
+            model.attribute(wide, "the <image> cat", "sat", units=[[5, 0, 9, 4]], show_progress=False)
+        with pytest.raises(ValueError, match="units: box 1 is 'x'"):
+            model.attribute(wide, "the <image> cat", "sat", units=["x"], show_progress=False)
+    finally:
+        handle.remove()
+    assert not calls

@@ -23,6 +23,7 @@ import re
 
 import torch
 
+from ..frontends.vlm import cells_in_box
 from ..runs.data import cell_value, read_rows
 from .explain import Explanation
 from .items import EvaluationInputError, Item, Skipped
@@ -123,17 +124,7 @@ def box_tokens(output, box) -> tuple[torch.Tensor, list[int]]:
     cells = {index: (int(found[1]), int(found[2])) for index, found in cells.items() if found}
     if not cells:
         raise ValueError("its first image's tokens are not one grid (tiles or numbered tokens): no cell to place.")
-    rows, columns = (1 + max(cell[axis] for cell in cells.values()) for axis in (0, 1))
-    left, top, right, bottom = output.info["image_boxes"][0][0]
-    width, height = (right - left) / columns, (bottom - top) / rows
-    x0, y0, x1, y1 = box
-    inside = []
-    for row, column in cells.values():
-        cell_left, cell_top = left + column * width, top + row * height
-        overlap = max(0.0, min(x1, cell_left + width) - max(x0, cell_left)) * max(
-            0.0, min(y1, cell_top + height) - max(y0, cell_top)
-        )
-        inside.append(overlap >= 0.5 * width * height)
+    inside = cells_in_box(list(cells.values()), output.info["image_boxes"][0][0], box)
     return torch.tensor(inside), list(cells)
 
 

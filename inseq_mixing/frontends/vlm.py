@@ -19,7 +19,8 @@ LLaVA-NeXT, LLaVA-OneVision, Qwen2-VL, Qwen2.5-VL, Idefics3, SmolVLM, InternVL: 
   its tile (a run of image tokens among the image's, where the processor cuts it into several) and its place on the
   tile's grid (``img1 r0c2``: Qwen2-VL's merged-patch grid from ``image_grid_thw``, a square grid where a tile's tokens
   make one, else the token's number ``img1 #5``); ``"images"``: each image's tokens one unit (``image 1``), every other
-  token its own. The generated tokens are units too (a token after the explained one scores 0). Units partition the
+  token its own; or a list of boxes (:meth:`VisionLanguageAttributionModel.box_units`): each box's image tokens one
+  unit. The generated tokens are units too (a token after the explained one scores 0). Units partition the
   tokens; a unit's score is the sum over its tokens (exact for every method: :mod:`inseq_mixing.methods.spans`).
 - ``hops``: a span's score on generated tokens passed back through their own explanations (the long-context front
   end's hops, unchanged).
@@ -40,6 +41,7 @@ units, image overlays. No math here.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +59,8 @@ from .spans import explain_spans, span_sequence
 from .vision import read_image
 
 SPAN_KINDS = ("tokens", "answer")
+#: An image token's place on its image's one grid (:func:`_image_labels`).
+GRID_CELL = re.compile(r"^img\d+ r(\d+)c(\d+)$")
 UNIT_KINDS = ("tokens", "images")
 #: What the processor gives besides the images that is laid out like the ids (Qwen2-VL's ``mm_token_type_ids``):
 #: 2-D integer tensors of the ids' shape, laid out again with the answer (0 on padding and generated tokens).
@@ -88,6 +92,7 @@ class CallSettings:
     hops: int
     max_new_tokens: int
     tower: bool = False
+    boxes: list | None = None
 
 
 @dataclass
@@ -178,7 +183,10 @@ class VisionLanguageAttributionModel(FrontEndModel):
             prompts: A text holding one image placeholder per image, or a list of them.
             generated: The answer to explain per prompt (default: the model's greedy answer).
             spans: ``"tokens"`` or ``"answer"``.
-            units: ``"tokens"`` or ``"images"``.
+            units: ``"tokens"``, ``"images"``, or a list of boxes: ``[x0, y0, x1, y1]`` in the first image's pixels,
+                or ``(image_number, [x0, y0, x1, y1])`` (from 1); each box's image tokens (those with at least half
+                their cell inside, a token in the first box that takes it) are one unit, ``box 1``, ...; the rest of
+                a boxed image is ``image 1 (rest)``, other images whole, every other token its own.
             hops: Hops through the generated tokens (0: none).
             tower: Also continue each image's token scores through the projector and the vision tower onto the
                 tower's input patches (LLaVA; our extension: :mod:`inseq_mixing.methods.tower`), as
@@ -197,8 +205,11 @@ class VisionLanguageAttributionModel(FrontEndModel):
         single = isinstance(prompts, str)
         if spans not in SPAN_KINDS:
             raise ValueError(f"spans={spans!r}: give one of {SPAN_KINDS}.")
-        if units not in UNIT_KINDS:
-            raise ValueError(f"units={units!r}: give one of {UNIT_KINDS}.")
+        boxes = None
+        if not isinstance(units, str):
+            boxes, units = _boxes(units), "boxes"
+        elif units not in UNIT_KINDS:
+            raise ValueError(f"units={units!r}: give one of {UNIT_KINDS}, or a list of boxes.")
         if isinstance(hops, bool) or not isinstance(hops, int) or hops < 0:
             raise ValueError(f"hops must be a non-negative integer, not {hops!r}.")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -213,7 +224,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
             raise ValueError(f"Give one entry of images per prompt ({len(prompts)}), as a list.")
         inputs = list(zip(images, prompts, strict=True))
         call = {"spans": spans, "units": units, "hops": hops, "max_new_tokens": max_new_tokens, "single": single,
-                "tower": tower}  # fmt: skip
+                "tower": tower, "boxes": boxes}  # fmt: skip
         return self.attribute_inputs(inputs, generated, batch_size=batch_size, show_progress=show_progress,
                                      method_options=method_options, call=call)  # fmt: skip
 
@@ -232,7 +243,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
             raise ValueError(f"contrast_targets: {self.method} explains no logit, so no logit difference.")
         return foils
 
-    def items(self, inputs: list, targets, foils, *, single: bool = False, hops: int = 0, names=None,
+    def items(self, inputs: list, targets, foils, *, single: bool = False, hops: int = 0, names=None, boxes=None,
               **_call) -> list[VLMItem]:  # fmt: skip
         """Each prompt's images read, its text checked against them, encoded alone (each image's tokens counted),
         its answer and contrast tokenised: a bad input named before any work (``names``: how errors name each
@@ -244,7 +255,10 @@ class VisionLanguageAttributionModel(FrontEndModel):
                              "contrastive: use contrast_targets without hops.")  # fmt: skip
         names = names or [f"Prompt {index}" for index in range(len(inputs))]
         rows = zip(names, inputs, targets, foils, strict=True)
-        return [self.prompt_item(name, images, prompt, answer, foil) for name, (images, prompt), answer, foil in rows]
+        items = [self.prompt_item(name, images, prompt, answer, foil) for name, (images, prompt), answer, foil in rows]
+        for item in items if boxes is not None else ():
+            self.box_units(item, boxes)  # each box placed on each prompt's image before any work
+        return items
 
     # ----- a dataset run's hooks -----
 
@@ -339,7 +353,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
         return count, grid
 
     def call_settings(self, options: dict, *, spans: str = "tokens", units: str = "tokens", hops: int = 0,
-                      max_new_tokens: int = 20, tower: bool = False, **_call) -> CallSettings:  # fmt: skip
+                      max_new_tokens: int = 20, tower: bool = False, boxes=None, **_call) -> CallSettings:  # fmt: skip
         """The call's settings; ``tower=True`` checked before any work (a tower the scores can continue through,
         one score per image token: units of tokens, no per-layer or per-head axis)."""
         if tower:
@@ -352,7 +366,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
             if units != "tokens" or options.get("per_layer") or options.get("per_head"):
                 raise ValueError("tower=True spreads each image token's one score through the tower: use "
                                  "units='tokens', without per_layer or per_head.")  # fmt: skip
-        return CallSettings(spans, units, hops, max_new_tokens, tower)
+        return CallSettings(spans, units, hops, max_new_tokens, tower, boxes)
 
     def input_sizes(self, items: list[VLMItem], settings: CallSettings | None = None) -> list[InputSize]:
         """Each prompt's tokens with its images expanded, and its answer (at most ``max_new_tokens`` where greedy)."""
@@ -485,22 +499,21 @@ class VisionLanguageAttributionModel(FrontEndModel):
         text = ids[offset:]
         count = len(item.prompt_ids)
         tokens = self.tokenizer.convert_ids_to_tokens(text)
-        image_positions = [index for index in range(count) if text[index] == self.spec.image_token_id]
-        image_tokens, labels, start = [], {}, 0
-        for number, (size, grid) in enumerate(zip(item.image_counts, item.image_grids, strict=True)):
-            positions = image_positions[start : start + size]
-            start += size
-            image_tokens.append(positions)
-            labels.update(_image_labels(number, positions, grid))
+        image_tokens, labels = self.image_positions(item)
+        groups = None
         if settings.units == "images":
-            owner = {position: number for number, positions in enumerate(image_tokens) for position in positions}
+            groups = [(f"image {number + 1}", positions) for number, positions in enumerate(image_tokens)]
+        elif settings.units == "boxes":
+            groups = self.box_units(item, settings.boxes)
+        if groups is not None:  # each group one unit, at its first token; every other token its own
+            owner = {position: number for number, (_, positions) in enumerate(groups) for position in positions}
             unit_keys, unit_labels, seen = [], [], set()
             for index in range(len(text)):
                 if index in owner:
                     if owner[index] not in seen:
                         seen.add(owner[index])
-                        unit_keys.append(image_tokens[owner[index]])
-                        unit_labels.append(f"image {owner[index] + 1}")
+                        unit_keys.append(groups[owner[index]][1])
+                        unit_labels.append(groups[owner[index]][0])
                     continue
                 unit_keys.append([index])
                 unit_labels.append(tokens[index])
@@ -516,6 +529,56 @@ class VisionLanguageAttributionModel(FrontEndModel):
             span_labels = [_short(self.tokenizer.decode(answer))]
         return {"unit_keys": unit_keys, "unit_labels": unit_labels, "span_tokens": span_tokens,
                 "span_labels": span_labels, "image_tokens": image_tokens}  # fmt: skip
+
+    def image_positions(self, item: VLMItem) -> tuple[list[list[int]], dict[int, str]]:
+        """Each image's token positions in its prompt, and each image token's label (:func:`_image_labels`)."""
+        found = [index for index, token in enumerate(item.prompt_ids) if token == self.spec.image_token_id]
+        image_tokens, labels, start = [], {}, 0
+        for number, (size, grid) in enumerate(zip(item.image_counts, item.image_grids, strict=True)):
+            positions = found[start : start + size]
+            start += size
+            image_tokens.append(positions)
+            labels.update(_image_labels(number, positions, grid))
+        return image_tokens, labels
+
+    def box_units(self, item: VLMItem, boxes: list) -> list[tuple[str, list[int]]]:
+        """The units ``units=[box, ...]`` make of one prompt's image tokens: each box's tokens (at least half their
+        cell inside, a token in the first box that takes it), the rest of each boxed image, the other images whole;
+        as ``(label, positions)``.
+
+        Raises:
+            ValueError: A box on an image the prompt does not have, outside its image, on an image whose tokens are
+                not one grid, or covering no token's half cell (naming the prompt).
+        """
+        image_tokens, labels = self.image_positions(item)
+        taken, groups = set(), []
+        for index, (number, box) in enumerate(boxes):
+            if number > len(item.images):
+                raise ValueError(f"{item.name} has {len(item.images)} image(s): box {index + 1} is on image {number}.")
+            image, positions = item.images[number - 1], image_tokens[number - 1]
+            x0, y0, x1, y1 = box
+            if not (0 <= x0 < x1 <= image.width and 0 <= y0 < y1 <= image.height):
+                raise ValueError(f"{item.name}: box {index + 1} {list(box)} is not inside image {number}, "
+                                 f"{image.width} × {image.height} pixels.")  # fmt: skip
+            cells = [GRID_CELL.match(labels[position]) for position in positions]
+            if not all(cells):
+                raise ValueError(f"{item.name}: image {number}'s tokens are not one grid (tiles, or tokens ended by a "
+                                 "newline): a box cannot be placed on them.")  # fmt: skip
+            grid = _grid_box(self.processor.image_processor, image.width, image.height)
+            inside = cells_in_box([(int(cell[1]), int(cell[2])) for cell in cells], grid, box)
+            members = [position for position, flag in zip(positions, inside, strict=True) if flag and
+                       position not in taken]  # fmt: skip
+            if not members:
+                raise ValueError(f"{item.name}: box {index + 1} {list(box)} covers no image token of image {number} "
+                                 "(at least half a token's cell, not already in an earlier box).")  # fmt: skip
+            taken.update(members)
+            groups.append((f"box {index + 1}", members))
+        boxed = {number for number, _ in boxes}
+        for number, positions in enumerate(image_tokens, start=1):
+            rest = [position for position in positions if position not in taken]
+            if rest:
+                groups.append((f"image {number} (rest)" if number in boxed else f"image {number}", rest))
+        return groups
 
     @torch.no_grad()
     def _greedy(self, call: ModelCall, row: int, item: VLMItem, settings: CallSettings) -> list[int]:
@@ -657,6 +720,40 @@ def _tower_labels(tokens: int) -> list[str]:
     leading = [] if side * side == tokens else ["[CLS]"]
     side = math.isqrt(tokens - len(leading))
     return leading + [f"r{index // side}c{index % side}" for index in range(tokens - len(leading))]
+
+
+def cells_in_box(cells: list[tuple[int, int]], grid_box, box) -> list[bool]:
+    """Whether each token cell ``(row, column)`` of an image's grid has at least half its area inside ``box``
+    (``[x0, y0, x1, y1]``), the grid stretched over ``grid_box`` (``(left, top, right, bottom)``, the part of the
+    image it covers: ``info["image_boxes"]``)."""
+    rows, columns = (1 + max(cell[axis] for cell in cells) for axis in (0, 1))
+    left, top, right, bottom = grid_box
+    width, height = (right - left) / columns, (bottom - top) / rows
+    x0, y0, x1, y1 = box
+    inside = []
+    for row, column in cells:
+        cell_left, cell_top = left + column * width, top + row * height
+        wide = max(0.0, min(x1, cell_left + width) - max(x0, cell_left))
+        high = max(0.0, min(y1, cell_top + height) - max(y0, cell_top))
+        inside.append(wide * high >= 0.5 * width * height)
+    return inside
+
+
+def _boxes(units) -> list[tuple[int, list[float]]]:
+    """``units=`` given as boxes: each ``[x0, y0, x1, y1]`` (the first image) or ``(image_number, [...])``."""
+    found = []
+    for index, entry in enumerate(plain(list(units)) if isinstance(units, list | tuple) else [None]):
+        number, box = (1, entry) if isinstance(entry, list | tuple) and len(entry) == 4 else \
+            (entry[0], entry[1]) if isinstance(entry, list | tuple) and len(entry) == 2 else (None, None)  # fmt: skip
+        numbers = isinstance(box, list | tuple) and len(box) == 4 and all(isinstance(v, int | float) for v in box)
+        valid = numbers and isinstance(number, int) and not isinstance(number, bool) and number >= 1
+        if not valid:
+            raise ValueError(f"units: box {index + 1} is {entry!r}; give [x0, y0, x1, y1] in the first image's "
+                             "pixels, or (image_number, [x0, y0, x1, y1]) from image 1.")  # fmt: skip
+        found.append((number, [float(value) for value in box]))
+    if not found:
+        raise ValueError("units: give at least one box, or 'tokens' or 'images'.")
+    return found
 
 
 def _short(text: str, limit: int = 40) -> str:
