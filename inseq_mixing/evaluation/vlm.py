@@ -18,13 +18,10 @@ the reason.
 
 from __future__ import annotations
 
-import json
-import re
-
 import torch
 
-from ..frontends.vlm import cells_in_box
-from ..runs.data import cell_value, read_rows
+from ..frontends.vlm import GRID_CELL, cells_in_box
+from ..runs.data import cell_value, image_paths, read_rows
 from .explain import Explanation
 from .items import EvaluationInputError, Item, Skipped
 from .metrics import defined_mean, nan_mean
@@ -36,8 +33,6 @@ DESCRIPTION = (
     "the highest-scored image token is inside the gold box; gold_share, the share of the positive image-token scores "
     "inside it (higher is better for both); the box's share of the image tokens is the random baseline."
 )
-#: An image token's label on its image's grid (the vision-language front end's).
-GRID_LABEL = re.compile(r"^img1 r(\d+)c(\d+)$")
 
 
 def run_vlm(model, methods: list[str], data, protocol: str, found, settings) -> Evaluation:
@@ -120,8 +115,9 @@ def box_tokens(output, box) -> tuple[torch.Tensor, list[int]]:
         ValueError: The image's tokens are not one grid.
     """
     sequence = output.sequence_attributions[0]
-    cells = {index: GRID_LABEL.match(token.token) for index, token in enumerate(sequence.source)}
-    cells = {index: (int(found[1]), int(found[2])) for index, found in cells.items() if found}
+    cells = {index: GRID_CELL.match(token.token) for index, token in enumerate(sequence.source)}
+    cells = {index: (int(found["row"]), int(found["column"])) for index, found in cells.items()
+             if found and found["image"] == "1"}  # fmt: skip
     if not cells:
         raise ValueError("its first image's tokens are not one grid (tiles or numbered tokens): no cell to place.")
     inside = cells_in_box(list(cells.values()), output.info["image_boxes"][0][0], box)
@@ -142,9 +138,7 @@ def _read_rows(front, data, columns: dict[str, str]) -> tuple[list[dict], list[S
             )
         name = f"Row {index}"
         try:
-            images = cell_value(raw.get(names["images"]))
-            images = json.loads(images) if isinstance(images, str) and images.strip().startswith("[") else images
-            images = list(images) if isinstance(images, list | tuple) else [images]
+            images = list(image_paths(raw.get(names["images"]), index, str(index), names["images"]))
             prompt, answer, box = raw.get(names["prompt"]), raw.get(names["answer"]), cell_value(raw.get(names["box"]))
             if not isinstance(answer, str) or not answer.strip():
                 raise ValueError(f"{name} has no answer: the pointing game explains the phrase its box names.")

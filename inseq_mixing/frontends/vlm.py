@@ -34,8 +34,8 @@ positions and grids (``image_tokens``, ``image_grids``) and the part of the imag
 ``(left, top, right, bottom)`` in its pixels: :func:`inseq_mixing.views.images.answer_heatmap` draws on it).
 
 The decoder is explained: the image tokens' embeddings (the projector's output) are the first block's input, as a
-word's embedding is. Not yet: scores continued through the projector and the vision tower onto pixels, boxes as
-units, image overlays. No math here.
+word's embedding is; ``tower=True`` continues LLaVA's image-token scores through its projector and vision tower
+(:mod:`inseq_mixing.methods.tower`, our extension). No math here.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from .vision import read_image
 
 SPAN_KINDS = ("tokens", "answer")
 #: An image token's place on its image's one grid (:func:`_image_labels`).
-GRID_CELL = re.compile(r"^img\d+ r(\d+)c(\d+)$")
+GRID_CELL = re.compile(r"^img(?P<image>\d+) r(?P<row>\d+)c(?P<column>\d+)$")
 UNIT_KINDS = ("tokens", "images")
 #: What the processor gives besides the images that is laid out like the ids (Qwen2-VL's ``mm_token_type_ids``):
 #: 2-D integer tensors of the ids' shape, laid out again with the answer (0 on padding and generated tokens).
@@ -405,8 +405,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
                 raise ValueError(f"{item.name}: the processor encodes it differently in a batch than alone; run "
                                  "batch_size=1.")  # fmt: skip
         images = {name: value for name, value in encoded.items() if name not in ("input_ids", "attention_mask")}
-        positional = {name for name, value in images.items() if isinstance(value, torch.Tensor) and value.dim() == 2
-                      and value.shape == encoded["input_ids"].shape and value.dtype in POSITIONAL}  # fmt: skip
+        positional = {name for name, value in images.items() if _positional(value, encoded["input_ids"])}
         images = {name: value.to(device, self.model.dtype) if value.is_floating_point() else value.to(device)
                   for name, value in images.items() if isinstance(value, torch.Tensor)}  # fmt: skip
         counts = tuple(len(item.images) for item in items)
@@ -441,9 +440,10 @@ class VisionLanguageAttributionModel(FrontEndModel):
         predicted = torch.cat([ids[:, 1:], shift], 1)
         foils = None if foils is None else torch.cat([foils[:, 1:], shift], 1).to(device)
         ids, mask, predicted = ids.to(device), mask.to(device), predicted.to(device)
-        return self._batch(items, settings, ids, mask, predicted, foils, images, offsets, answers)
+        return self._batch(items, settings, ids, mask, predicted, foils, images, offsets, answers, counts)
 
-    def _batch(self, items, settings, ids, mask, predicted, foils, images, offsets, answers) -> VLMBatch:
+    def _batch(self, items, settings, ids, mask, predicted, foils, images, offsets, answers, counts) -> VLMBatch:
+        """The batch's request, spans' rows and units' members (``counts``: each row's images)."""
         model, spec = self.model, self.spec
         length = ids.shape[1]
         rows = [self._row_layout(item, settings, offsets[row], answers[row], ids[row].tolist())
@@ -469,7 +469,6 @@ class VisionLanguageAttributionModel(FrontEndModel):
         if settings.hops:
             positions = positions | (generated.roll(-1, 1) & mask.bool())  # the rows predicting generated tokens
         kwargs = forward_arguments(model, spec, ids, mask, extra=images)
-        counts = tuple(len(item.images) for item in items)
         records = self.declaration.trace_records
         request = Request(
             spec=spec,
@@ -565,7 +564,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
                 raise ValueError(f"{item.name}: image {number}'s tokens are not one grid (tiles, or tokens ended by a "
                                  "newline): a box cannot be placed on them.")  # fmt: skip
             grid = _grid_box(self.processor.image_processor, image.width, image.height)
-            inside = cells_in_box([(int(cell[1]), int(cell[2])) for cell in cells], grid, box)
+            inside = cells_in_box([(int(cell["row"]), int(cell["column"])) for cell in cells], grid, box)
             members = [position for position, flag in zip(positions, inside, strict=True) if flag and
                        position not in taken]  # fmt: skip
             if not members:
@@ -584,13 +583,8 @@ class VisionLanguageAttributionModel(FrontEndModel):
     def _greedy(self, call: ModelCall, row: int, item: VLMItem, settings: CallSettings) -> list[int]:
         """The model's greedy answer to one prompt (its own images), ended before the end-of-sequence token."""
         kwargs = call.rows(torch.tensor([row], device=self.device))
-        real = kwargs["attention_mask"][0].bool()
-        kwargs["input_ids"] = kwargs["input_ids"][:, real]
-        kwargs["attention_mask"] = kwargs["attention_mask"][:, real]
-        for name, value in list(kwargs.items()):
-            if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[1] == real.shape[0] and \
-                    name not in ("input_ids", "attention_mask") and value.dtype in POSITIONAL:  # fmt: skip
-                kwargs[name] = value[:, real]
+        ids, real = kwargs["input_ids"], kwargs["attention_mask"][0].bool()
+        kwargs.update({name: value[:, real] for name, value in kwargs.items() if _positional(value, ids)})
         stop = self.model.generation_config.eos_token_id
         stop = self.tokenizer.eos_token_id if stop is None else stop
         stops = set(stop) if isinstance(stop, list | tuple) else {stop}
@@ -633,8 +627,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
         batch's images, its ALTI rollout: :mod:`inseq_mixing.methods.tower`), per image ``(tower tokens, spans)``."""
         tower = self.spec.tower
         pixels = batch.request.model_call().kwargs["pixel_values"]
-        tokens = getattr(tower.module, "vision_model", tower.module).embeddings.num_positions
-        mask = torch.ones(pixels.shape[0], tokens, dtype=torch.long, device=pixels.device)
+        mask = torch.ones(pixels.shape[0], tower.tokens, dtype=torch.long, device=pixels.device)
         trace = trace_call(
             tower.spec, ModelCall(tower.module, {"pixel_values": pixels}, frame_masks={"decoder": mask})
         )
@@ -648,23 +641,21 @@ class VisionLanguageAttributionModel(FrontEndModel):
                 entries[f"tower_image{number + 1}"] = upcast(spread.T.detach()).cpu()
                 image += 1
             found.append(entries)
-        self._tower_tokens = tokens
         return found
 
     def before_work(self, items: list[VLMItem]) -> None:
         self._laid_out = []  # each prompt's answer, units and spans, added to ``info`` once the call is done
-        self._tower_tokens = None  # the tower's token count, where the call continues scores through it
 
-    def attribute_items(self, items: list, **kwargs):
-        """The base loop, then each prompt's answer, units' and spans' positions and image tokens in ``info``."""
-        out = super().attribute_items(items, **kwargs)
+    def attribute_items(self, items: list, *, settings: CallSettings | None = None, **kwargs):
+        """The base loop, then each prompt's answer, units' and spans' positions and image tokens in ``info`` (and,
+        with ``tower=True``, the tower's input tokens)."""
+        out = super().attribute_items(items, settings=settings, **kwargs)
         laid_out = self._laid_out
         out.info["generated_texts"] = [self.tokenizer.decode(row["answer"]) for row in laid_out]
         for name in ("unit_keys", "span_tokens", "image_tokens"):
             out.info[name] = [row[name] for row in laid_out]
-        if getattr(self, "_tower_tokens", None) is not None:
-            out.info["tower_tokens"] = _tower_labels(self._tower_tokens)
-            self._tower_tokens = None
+        if settings is not None and settings.tower:
+            out.info["tower_tokens"] = _tower_labels(self.spec.tower.tokens)
         return out
 
     def output_logits(self, batch: VLMBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -672,6 +663,12 @@ class VisionLanguageAttributionModel(FrontEndModel):
         trace = batch.request.trace
         logits = trace.logits if trace.logits is not None else self.spec.lm_head(trace.final_hidden)
         return logits, batch.request.predicted_ids
+
+
+def _positional(value, ids: torch.Tensor) -> bool:
+    """Whether a model input is laid out like the ids (the ids, their mask, Qwen2-VL's ``mm_token_type_ids``): a 2-D
+    integer tensor of their shape."""
+    return isinstance(value, torch.Tensor) and value.shape == ids.shape and value.dtype in POSITIONAL
 
 
 def _image_labels(number: int, positions: list[int], grid: tuple[int, int] | None) -> dict[int, str]:

@@ -207,7 +207,7 @@ def read_examples(
         # (generated), as their empty forms are
         source = source if source.strip() else ""
         if images:
-            words = _image_paths(row.get(words_column), index, example_id, words_column)
+            words = image_paths(row.get(words_column), index, example_id, words_column)
         else:
             words = _word_intervals(row.get(words_column), index, example_id) if has_words else None
         examples.append(Example(index, example_id, source, target if target and target.strip() else None, words))
@@ -228,7 +228,7 @@ def _word_intervals(value, index: int, example_id: str) -> tuple[tuple[str, floa
         ) from None
 
 
-def _image_paths(value, index: int, example_id: str, column: str) -> tuple[str, ...]:
+def image_paths(value, index: int, example_id: str, column: str) -> tuple[str, ...]:
     """One row's image files: a path, or a list of paths (a JSON list in a text cell)."""
     if isinstance(value, str) and value.strip().startswith("["):
         try:

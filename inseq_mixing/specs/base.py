@@ -559,12 +559,14 @@ class TowerSpec:
         spec: The tower's own spec.
         layers: How many of its blocks the image tokens' features went through (``vision_feature_layer``).
         first_feature: The tower token the first image token was read from (1 where the class token is dropped).
+        tokens: The tower's tokens per image (its class token, then its patches).
     """
 
     module: nn.Module
     spec: "ModelSpec"
     layers: int
     first_feature: int
+    tokens: int
 
 
 @dataclass(frozen=True)

@@ -49,13 +49,14 @@ def tower_spec(model: nn.Module) -> TowerSpec | None:
     layer = config.vision_feature_layer
     if config.model_type != "llava" or not isinstance(layer, int):
         return None
-    encoder = getattr(getattr(tower, "vision_model", tower), "encoder", None)
-    if encoder is None:
+    inner = getattr(tower, "vision_model", tower)
+    if getattr(inner, "encoder", None) is None:
         return None
-    blocks = len(encoder.layers)
+    blocks = len(inner.encoder.layers)
     through = layer if layer >= 0 else blocks + 1 + layer  # hidden_states[layer]: the output of that many blocks
     first = 1 if config.vision_feature_select_strategy == "default" else 0
-    return TowerSpec(module=tower, spec=get_spec(tower), layers=through, first_feature=first)
+    return TowerSpec(module=tower, spec=get_spec(tower), layers=through, first_feature=first,
+                     tokens=inner.embeddings.num_positions)  # fmt: skip
 
 
 def build(model: nn.Module) -> ModelSpec:
