@@ -628,3 +628,24 @@ def test_boxes_as_units_sum_the_tokens_whose_cells_they_hold():
     finally:
         handle.remove()
     assert not calls
+
+
+def test_a_dataset_runs_spans_units_and_boxes_are_checked_before_any_work(tmp_path):
+    """A dataset run's own arguments are checked as ``attribute`` checks them, before any row is attributed: an
+    unknown span kind, and a box outside a row's image (named by its row), are refused and no store is written."""
+    from PIL import Image
+
+    from inseq_mixing.runs import attribute_dataset
+    from inseq_mixing.runs.data import DatasetInputError
+
+    square, _ = two_images()
+    path = tmp_path / "square.png"
+    Image.fromarray(square).save(path)
+    rows = [{"images": str(path), "prompt": "the <image> cat", "answer": "sat on"}]
+    model = front("llava")
+    with pytest.raises(DatasetInputError, match=r"spans='words': give one of \('tokens', 'answer'\)"):
+        attribute_dataset(model, "alti_logit", rows, tmp_path / "spans", spans="words", show_progress=False)
+    with pytest.raises(DatasetInputError, match=r"Row 0 \(id '0'\): box 1 \[0.0, 0.0, 90.0, 10.0\] is not inside"):
+        attribute_dataset(model, "alti_logit", rows, tmp_path / "boxes", units=[[0, 0, 90, 10]], show_progress=False)
+    assert not (tmp_path / "spans").exists() and not (tmp_path / "boxes").exists()
+    attribute_dataset(model, "alti_logit", rows, tmp_path / "ok", units=[[0, 0, 20, 20]], show_progress=False)

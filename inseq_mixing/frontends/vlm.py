@@ -203,17 +203,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
             ``inseq.FeatureAttributionOutput``, one sequence per prompt.
         """
         single = isinstance(prompts, str)
-        if spans not in SPAN_KINDS:
-            raise ValueError(f"spans={spans!r}: give one of {SPAN_KINDS}.")
-        boxes = None
-        if not isinstance(units, str):
-            boxes, units = _boxes(units), "boxes"
-        elif units not in UNIT_KINDS:
-            raise ValueError(f"units={units!r}: give one of {UNIT_KINDS}, or a list of boxes.")
-        if isinstance(hops, bool) or not isinstance(hops, int) or hops < 0:
-            raise ValueError(f"hops must be a non-negative integer, not {hops!r}.")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a positive integer, not {max_new_tokens!r}.")
+        call = _call_arguments(spans=spans, units=units, hops=hops, max_new_tokens=max_new_tokens, tower=tower)
         if method_options.get(GRAPH_KEYWORD):
             raise ValueError("contribution_graphs=True is not offered on vision-language models yet.")
         if spans == "answer" and method_options.get("step_scores"):
@@ -223,10 +213,8 @@ class VisionLanguageAttributionModel(FrontEndModel):
         if not isinstance(images, list | tuple) or len(images) != len(prompts):
             raise ValueError(f"Give one entry of images per prompt ({len(prompts)}), as a list.")
         inputs = list(zip(images, prompts, strict=True))
-        call = {"spans": spans, "units": units, "hops": hops, "max_new_tokens": max_new_tokens, "single": single,
-                "tower": tower, "boxes": boxes}  # fmt: skip
         return self.attribute_inputs(inputs, generated, batch_size=batch_size, show_progress=show_progress,
-                                     method_options=method_options, call=call)  # fmt: skip
+                                     method_options=method_options, call={**call, "single": single})  # fmt: skip
 
     # ----- inputs -----
 
@@ -263,10 +251,14 @@ class VisionLanguageAttributionModel(FrontEndModel):
     # ----- a dataset run's hooks -----
 
     def check_rows(self, sources: list, targets: list, words: list, own: dict, names: list[str]) -> None:
-        """A dataset run's rows (prompts, answers or None, image paths) checked before any work: every image read,
-        every prompt encoded with its images, errors naming the row."""
+        """A dataset run's rows (prompts, answers or None, image paths) checked before any work, with the run's
+        ``spans``, ``units`` and ``hops`` (as :meth:`attribute` checks them): every image read, every prompt encoded
+        with its images, every box placed, errors naming the row."""
+        boxes = _call_arguments(**own)["boxes"]
         for name, prompt, answer, images in zip(names, sources, targets, words, strict=True):
-            self.prompt_item(name, list(images), prompt, answer, None)
+            item = self.prompt_item(name, list(images), prompt, answer, None)
+            if boxes is not None:
+                self.box_units(item, boxes)
 
     def attribute_rows(self, sources: list, targets: list, words: list, own: dict, options: dict,
                        names: list[str] | None = None, progress=None) -> list:  # fmt: skip
@@ -274,10 +266,10 @@ class VisionLanguageAttributionModel(FrontEndModel):
         given one, or the greedy one explained."""
         if progress is not None:
             progress.doing("answering and attributing")
-        settings = {"spans": "tokens", "units": "tokens", "hops": 0, "max_new_tokens": 20, **own}
         out = self.attribute_inputs([(list(images), prompt) for images, prompt in zip(words, sources, strict=True)],
                                     list(targets), batch_size=len(sources), show_progress=False,
-                                    method_options=dict(options), call={**settings, "names": names})  # fmt: skip
+                                    method_options=dict(options),
+                                    call={**_call_arguments(**own), "names": names})  # fmt: skip
         answers = out.info["generated_texts"]
         return [
             (sequence, target if target is not None else answer)
@@ -734,6 +726,30 @@ def cells_in_box(cells: list[tuple[int, int]], grid_box, box) -> list[bool]:
         high = max(0.0, min(y1, cell_top + height) - max(y0, cell_top))
         inside.append(wide * high >= 0.5 * width * height)
     return inside
+
+
+def _call_arguments(spans: str = "tokens", units="tokens", hops: int = 0, max_new_tokens: int = 20,
+                    tower: bool = False) -> dict:  # fmt: skip
+    """The front end's own arguments of one call (:meth:`VisionLanguageAttributionModel.attribute`'s, a dataset run's)
+    checked, ``units`` given as boxes read into ``boxes`` (``units="boxes"``).
+
+    Raises:
+        ValueError: An unknown span or unit kind, malformed boxes, a negative or non-integer ``hops``, a
+            ``max_new_tokens`` below 1.
+    """
+    if spans not in SPAN_KINDS:
+        raise ValueError(f"spans={spans!r}: give one of {SPAN_KINDS}.")
+    boxes = None
+    if not isinstance(units, str):
+        boxes, units = _boxes(units), "boxes"
+    elif units not in UNIT_KINDS:
+        raise ValueError(f"units={units!r}: give one of {UNIT_KINDS}, or a list of boxes.")
+    if isinstance(hops, bool) or not isinstance(hops, int) or hops < 0:
+        raise ValueError(f"hops must be a non-negative integer, not {hops!r}.")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, not {max_new_tokens!r}.")
+    return {"spans": spans, "units": units, "hops": hops, "max_new_tokens": max_new_tokens, "tower": tower,
+            "boxes": boxes}  # fmt: skip
 
 
 def _boxes(units) -> list[tuple[int, list[float]]]:
