@@ -328,17 +328,32 @@ def _hybrid(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn:
 
 
 #: Vision–language decoders with a tiny builder (:func:`tiny_vlm`; issue 56, the decoder's first step).
-VLM_FAMILIES = ("llava", "llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm", "internvl",
-                "gemma3", "paligemma")  # fmt: skip
+VLM_FAMILIES = ("llava", "llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
+                "idefics3", "smolvlm", "internvl", "gemma3", "paligemma")  # fmt: skip
 #: The VLMs some of whose tokens attend both ways: Gemma 3's images (each image's block), PaliGemma's prefix.
 VLM_BIDIRECTIONAL = ("gemma3", "paligemma")
+#: The VLMs whose decoder adds vectors to the image tokens' states between its blocks: Qwen3-VL's DeepStack (the tiny
+#: ones after both of their blocks).
+VLM_INJECTED = ("qwen3_vl", "qwen3_vl_moe")
 #: The tiny VLM's image tokens: a :data:`TINY_IMAGE_SIZE` image in :data:`TINY_PATCH_SIZE` patches, 3 × 3 (its class
 #: token dropped).
 VLM_IMAGE_TOKENS = 9
 #: The tiny VLMs' tokens per image: LLaVA-NeXT's and OneVision's images are the whole image and one tile of it, 3 × 3
 #: tokens each, the tile's rows of 3 ended by a newline token.
 VLM_TOKENS_PER_IMAGE = {"llava": 9, "llava_next": 21, "llava_onevision": 21, "qwen2_vl": 9, "qwen2_5_vl": 9,
-                        "idefics3": 9, "smolvlm": 9, "internvl": 18, "gemma3": 9, "paligemma": 9}  # fmt: skip
+                        "qwen3_vl": 9, "qwen3_vl_moe": 9, "idefics3": 9, "smolvlm": 9, "internvl": 18, "gemma3": 9,
+                        "paligemma": 9}  # fmt: skip
+
+
+#: The tokens around a tiny VLM's image tokens that its processor writes (:func:`tiny_vlm_processor`), by the
+#: tokenizer's attribute naming each: ids after the words, before the image token (the last id).
+VLM_MARKS = {
+    "idefics3": {"fake_image_token": "<fake_token_around_image>", "end_of_utterance_token": "<end_of_utterance>",
+                 "global_image_token": "<global-img>"},
+    "smolvlm": {"fake_image_token": "<fake_token_around_image>", "end_of_utterance_token": "<end_of_utterance>",
+                "global_image_token": "<global-img>"},
+    "internvl": {"start_image_token": "<img>", "end_image_token": "</img>", "video_token": "<video>"},
+}  # fmt: skip
 
 
 def tiny_vlm(family: str = "llava", seed: int = 0, tower_layers: int = 1, feature_layer: int = -1) -> torch.nn.Module:
@@ -346,19 +361,25 @@ def tiny_vlm(family: str = "llava", seed: int = 0, tower_layers: int = 1, featur
     eval mode and eager attention: a LLaVA (a one-layer CLIP vision tower, 24 × 24 images in 8 × 8 patches, the GELU
     projector, a two-layer Llama; ``tower_layers`` CLIP blocks, the features read from ``feature_layer``), or a
     Qwen2-VL / Qwen2.5-VL (a one-block vision tower, 24 × 24 images in 4 × 4
-    patches merged 2 × 2, a two-layer Qwen2 with multimodal rotary positions); :data:`VLM_IMAGE_TOKENS` tokens per
-    image."""
+    patches merged 2 × 2, a two-layer Qwen2 with multimodal rotary positions), a Qwen3-VL (a two-block tower whose
+    blocks' states are also added after each of the two Qwen3 blocks, DeepStack; Qwen3-VL-MoE: four experts, two
+    a token); :data:`VLM_IMAGE_TOKENS` tokens per image."""
     if family not in VLM_FAMILIES:
         raise ValueError(f"No builder for vision-language family {family!r}; known: {VLM_FAMILIES}")
     torch.manual_seed(seed)
-    if family in ("qwen2_vl", "qwen2_5_vl"):
+    if family.startswith("qwen"):
         vocab = len(SPECIAL_TOKENS) + len(WORDS) + 3  # the image token, the image's start and end
         vision = dict(depth=1, hidden_size=16, num_heads=2, patch_size=TINY_PATCH_SIZE // 2, spatial_merge_size=2,
                       temporal_patch_size=2, in_channels=3)  # fmt: skip
+        mrope = [1, 1, 0]
         if family == "qwen2_vl":
             vision.update(embed_dim=16, mlp_ratio=2)
-        else:  # Qwen2.5-VL's tower: windows of 16 pixels, its one block with full attention
+        elif family == "qwen2_5_vl":  # Qwen2.5-VL's tower: windows of 16 pixels, its one block with full attention
             vision.update(out_hidden_size=16, intermediate_size=32, window_size=16, fullatt_block_indexes=[0])
+        else:  # Qwen3-VL's: learned positions of a 6 × 6 grid, both blocks' states added to the decoder's (DeepStack)
+            vision.update(depth=2, out_hidden_size=16, intermediate_size=32, num_position_embeddings=36,
+                          deepstack_visual_indexes=[0, 1])  # fmt: skip
+            mrope = [2, 1, 1]  # over a head's 4 rotary frequencies, interleaved
         text = dict(
             vocab_size=vocab,
             hidden_size=16,
@@ -370,9 +391,14 @@ def tiny_vlm(family: str = "llava", seed: int = 0, tower_layers: int = 1, featur
             bos_token_id=BOS_ID,
             eos_token_id=EOS_ID,
             pad_token_id=PAD_ID,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 0]},
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope},
         )
-        name = {"qwen2_vl": "Qwen2VL", "qwen2_5_vl": "Qwen2_5_VL"}[family]
+        if family.startswith("qwen3"):
+            text.update(head_dim=8, rope_parameters={**text["rope_parameters"], "mrope_interleaved": True})
+        if family == "qwen3_vl_moe":
+            text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, decoder_sparse_step=1)
+        name = {"qwen2_vl": "Qwen2VL", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl": "Qwen3VL",
+                "qwen3_vl_moe": "Qwen3VLMoe"}[family]  # fmt: skip
         tokens = dict(image_token_id=vocab - 1, vision_start_token_id=vocab - 2, vision_end_token_id=vocab - 3)
         config = getattr(transformers, f"{name}Config")(vision_config=vision, text_config=text, **tokens)
         model = getattr(transformers, f"{name}ForConditionalGeneration")(config)
@@ -411,7 +437,7 @@ def tiny_vlm(family: str = "llava", seed: int = 0, tower_layers: int = 1, featur
         randomize_weights(model, seed)
         model.set_attn_implementation("eager")
         return model.eval()
-    vocab = len(SPECIAL_TOKENS) + len(WORDS) + 1
+    vocab = len(SPECIAL_TOKENS) + len(WORDS) + len(VLM_MARKS.get(family, ())) + 1  # the marks, then the image token
     vision = transformers.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=tower_layers,
                                            num_attention_heads=2, image_size=TINY_IMAGE_SIZE,
                                            patch_size=TINY_PATCH_SIZE)  # fmt: skip
@@ -491,18 +517,21 @@ def tiny_vlm_inputs(model: torch.nn.Module, ids: torch.Tensor, images: torch.Ten
             "mm_token_type_ids": (ids == model.config.image_token_id).int()}  # fmt: skip
 
 
-#: The tiny VLMs with a local processor (:func:`tiny_vlm_processor`): the others' tiny processors do not make the
-#: tiny models' token counts (OneVision's, Idefics3's and SmolVLM's image splitting, InternVL's tiles).
-VLM_PROCESSOR_FAMILIES = ("llava", "llava_next", "qwen2_vl", "qwen2_5_vl", "gemma3")
+#: The tiny VLMs with a local processor (:func:`tiny_vlm_processor`): not OneVision's (its tiny processor does not make
+#: the tiny model's token counts) nor SmolVLM's (its processor needs ``num2words``; Idefics3's is its layout).
+VLM_PROCESSOR_FAMILIES = ("llava", "llava_next", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "idefics3",
+                          "internvl")  # fmt: skip
 
 
 def tiny_vlm_processor(family: str = "llava"):
     """A local processor for :func:`tiny_vlm` (``family`` in :data:`VLM_PROCESSOR_FAMILIES`): the word tokenizer
     with the family's image tokens added after the words (the tiny model's last ids), and the family's image
     processor at the tiny model's size (LLaVA: 24 × 24 images; LLaVA-NeXT: tiles of 24 × 24 of the three tiny
-    pinpoints; Qwen2-VL: images resized to 24 × 24 up to 48 × 24 pixels, 4 × 4 patches merged 2 × 2; Gemma 3: 24 × 24
-    images, the placeholder ``<start_of_image>`` expanded into its 9 soft tokens). Qwen2-VL's
-    processor is built without its video processor (which needs torchvision): images only."""
+    pinpoints; Qwen2-VL, Qwen3-VL: images resized to 24 × 24 up to 48 × 24 pixels, 4 × 4 patches merged 2 × 2;
+    Gemma 3: 24 × 24 images, the placeholder ``<start_of_image>`` expanded into its 9 soft tokens; Idefics3: one
+    24 × 24 image, not split, between its marks; InternVL: tiles of 24 × 24 and the thumbnail, 9 tokens each, between
+    ``<img>`` and ``</img>``). The Qwens' and InternVL's processors are built without their video processor (which
+    needs torchvision): images only."""
     if family not in VLM_PROCESSOR_FAMILIES:
         raise ValueError(f"No tiny processor for {family!r}; known: {VLM_PROCESSOR_FAMILIES}")
     tokenizer = word_tokenizer(seq2seq=False)
@@ -513,14 +542,24 @@ def tiny_vlm_processor(family: str = "llava"):
             patch_size=TINY_PATCH_SIZE // 2, merge_size=2, temporal_patch_size=2, min_pixels=TINY_IMAGE_SIZE**2,
             max_pixels=2 * TINY_IMAGE_SIZE**2,
         )  # fmt: skip
-        name = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}[family]
+        name = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen3_vl": "Qwen3VLProcessor"}[
+            family
+        ]
         return _images_only(getattr(transformers, name))(images, tokenizer, video_processor=None)
+    if family in VLM_MARKS:  # the marks around the image's tokens, then the image token (the tokenizer names them)
+        image_token = {"internvl": ("context_image_token", "<IMG_CONTEXT>")}.get(family, ("image_token", "<image>"))
+        _named_tokens(tokenizer, {**VLM_MARKS[family], image_token[0]: image_token[1]})
+    if family == "idefics3":  # one 24 × 24 image, not split: 6 × 6 patches, 2 × 2 shuffled into one, 9 tokens
+        side = {"longest_edge": TINY_IMAGE_SIZE}
+        images = transformers.Idefics3ImageProcessorPil(do_image_splitting=False, size=side, max_image_size=side)
+        return transformers.Idefics3Processor(images, tokenizer, image_seq_len=VLM_IMAGE_TOKENS)
+    if family == "internvl":  # tiles of 24 × 24 (the image cropped to up to 12 of them, and its thumbnail), 9 a tile
+        images = transformers.GotOcr2ImageProcessorPil(size={"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE})
+        return _images_only(transformers.InternVLProcessor)(images, tokenizer, video_processor=None,
+                                                            image_seq_length=VLM_IMAGE_TOKENS)  # fmt: skip
     if family == "gemma3":  # the image's start, its soft tokens and its end (the tokenizer names them)
-        marks = {"eoi_token": "<end_of_image>", "boi_token": "<start_of_image>", "image_token": "<image_soft_token>"}
-        tokenizer.add_special_tokens({"additional_special_tokens": list(marks.values())})
-        for name, token in marks.items():
-            setattr(tokenizer, name, token)
-            setattr(tokenizer, f"{name}_id", tokenizer.convert_tokens_to_ids(token))
+        _named_tokens(tokenizer, {"eoi_token": "<end_of_image>", "boi_token": "<start_of_image>",
+                                  "image_token": "<image_soft_token>"})  # fmt: skip
         images = transformers.Gemma3ImageProcessorPil(size={"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE})
         return transformers.Gemma3Processor(image_processor=images, tokenizer=tokenizer,
                                             image_seq_length=VLM_IMAGE_TOKENS)  # fmt: skip
@@ -538,6 +577,14 @@ def tiny_vlm_processor(family: str = "llava"):
         image_grid_pinpoints=[[side, side], [side, 2 * side], [2 * side, side]],
     )  # fmt: skip
     return transformers.LlavaNextProcessor(image_processor=images, **common)
+
+
+def _named_tokens(tokenizer, marks: dict[str, str]) -> None:
+    """Add ``marks`` (attribute name to token, in order) as special tokens, each named on the tokenizer with its id."""
+    tokenizer.add_special_tokens({"additional_special_tokens": list(marks.values())})
+    for name, token in marks.items():
+        setattr(tokenizer, name, token)
+        setattr(tokenizer, f"{name}_id", tokenizer.convert_tokens_to_ids(token))
 
 
 def _images_only(cls):

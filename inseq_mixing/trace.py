@@ -42,7 +42,7 @@ from torch import nn
 from .deferred import check
 from .memory import release_freed_memory
 from .specs import AttentionSpec, HeadSpec, ModelSpec, StackSpec, get_spec
-from .specs.base import LayerScale, MixerSpec, NoFFN, NoMixer
+from .specs.base import InjectedInputs, LayerScale, MixerSpec, NoFFN, NoMixer
 
 logger = logging.getLogger(__name__)
 
@@ -462,7 +462,9 @@ class MixerTrace:
 class LayerTrace:
     """Input, output and attention records of one block, and the input of its FFN sub-block's norm (without a norm,
     of the FFN), and of the norm on the FFN's output if it has one (``ffn_out_norm_input``: the FFN's raw output); a
-    mixture of experts' routing at this pass (``ffn_routing``: weights and experts ``(batch, positions, k)``)."""
+    mixture of experts' routing at this pass (``ffn_routing``: weights and experts ``(batch, positions, k)``); what
+    the stack adds to this block's output before the next block reads it (``injected``, ``(batch, positions,
+    d_model)``: :class:`~.specs.base.InjectedInputs`), or None."""
 
     input: torch.Tensor
     output: torch.Tensor
@@ -471,6 +473,7 @@ class LayerTrace:
     cross_attn: AttentionTrace | None = None
     ffn_out_norm_input: torch.Tensor | None = None
     ffn_routing: tuple[torch.Tensor, torch.Tensor] | None = None
+    injected: torch.Tensor | None = None
 
 
 @dataclass
@@ -621,6 +624,7 @@ class _Recorder:
         self.store: list[dict] = [layer_store() for _ in stack.layers]
         self.mixer_slot: dict = {}  # the one frozen token mixer the methods hold (MixerTrace.slot)
         self.final: dict = {}
+        self.injected: list[torch.Tensor] = []  # added after block l, dense (StackSpec.injected)
 
     def register(self, hooks: ExitStack) -> None:
         """Register every hook; a module listed for several layers (ALBERT's shared block) gets one hook per kind that
@@ -632,6 +636,8 @@ class _Recorder:
 
         if self.stack.final_norm is not None:
             add(self.stack.final_norm, "pre", self._norm_hook(self.final, "input"))
+        if self.stack.injected is not None:
+            add(self.stack.injected.module, "pre_kwargs", self._injected_hook(self.stack.injected, self.injected))
         for store, layer in zip(self.store, self.stack.layers, strict=True):
             add(layer.module, "pre_kwargs", self._input_hook(store))
             add(layer.module, "post", self._output_hook(store))
@@ -679,6 +685,13 @@ class _Recorder:
     def _input_hook(store):
         def hook(module, args, kwargs):
             store["input"] = (args[0] if args else kwargs["hidden_states"]).detach()
+
+        return hook
+
+    @staticmethod
+    def _injected_hook(injected: InjectedInputs, store: list):
+        def hook(module, args, kwargs):
+            store[:] = [vector.detach() for vector in injected.dense(kwargs)]
 
         return hook
 
@@ -795,6 +808,7 @@ class _Recorder:
                     ffn_out_norm_input=store.get("ffn_out_norm_input"),
                     cross_attn=attn.get("cross"),
                     ffn_routing=_routing_by_position(store.get("ffn_routing"), store["input"].shape[:-1]),
+                    injected=self.injected[idx] if idx < len(self.injected) else None,
                 )
             )
         final = self.final.get("input")

@@ -10,7 +10,8 @@ from inseq_mixing.specs import ModelSpec
 
 def forward_with_hooks(model, model_kwargs: dict, handles: list) -> None:
     """Run the model once without gradients, then remove the hook ``handles``, even on failure."""
-    no_cache = {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
+    takes_it = "use_cache" in inspect.signature(model.forward).parameters and "use_cache" not in model_kwargs
+    no_cache = {"use_cache": False} if takes_it else {}
     try:
         with torch.no_grad():
             model(**model_kwargs, **no_cache)

@@ -11,10 +11,12 @@ import torch
 
 from inseq_mixing.declarations import DECLARATIONS, Request
 from inseq_mixing.methods.alti_logit import alti_logit
+from inseq_mixing.methods.value_zeroing import value_zeroing
 from inseq_mixing.specs import get_spec
 from inseq_mixing.testing import (
     VLM_BIDIRECTIONAL,
     VLM_FAMILIES,
+    VLM_INJECTED,
     VLM_PROCESSOR_FAMILIES,
     VLM_TOKENS_PER_IMAGE,
     tiny_vlm,
@@ -24,6 +26,7 @@ from inseq_mixing.testing import (
 from inseq_mixing.trace import trace_model
 
 from .conftest import assert_a_killed_run_resumes, next_tokens
+from .reference import naive_value_zeroing
 
 _MODELS: dict = {}
 #: Text before and after the image, and the left padding of the second row.
@@ -110,6 +113,22 @@ def test_every_method_reads_a_vlm_causally_and_a_padded_row_alone(family, method
 
 
 @pytest.mark.parametrize("family", VLM_FAMILIES)
+def test_value_zeroing_matches_zeroing_image_and_text_values_through_a_hook(family):
+    """Zero token j's value vectors through a hook on the real value projection, re-run the block on its recorded
+    input (Qwen3-VL's: with the features added before it), measure the cosine distance: every image and text token,
+    for every position."""
+    model = vlm(family)
+    ids, mask, images = image_batch(model)
+    kwargs = {"input_ids": ids[:1], "attention_mask": mask[:1], **tiny_vlm_inputs(model, ids[:1], images[:1])}
+    spec = get_spec(model)
+    naive = naive_value_zeroing(model, spec, {**kwargs, "use_cache": False}, "decoder", "self")  # no cache to grow
+    fast = value_zeroing(trace_model(model, ids[:1], mask[:1], extra=kwargs)).decoder[0]
+    torch.testing.assert_close(fast, naive, atol=1e-5, rtol=1e-4)
+    image = ids[0] == spec.image_token_id
+    assert naive[..., image].sum() > 0 and naive[..., ~image].sum() > 0
+
+
+@pytest.mark.parametrize("family", VLM_FAMILIES)
 def test_image_tokens_without_the_images_are_refused_not_explained(family):
     """Ids holding image tokens without ``pixel_values`` would be explained as the placeholder token's own
     embedding, a prediction the model never makes with the image: refused, naming the count and what to pass; text
@@ -140,12 +159,12 @@ def test_gemma_image_models_read_images_both_ways(family, method):
     assert maps[0, first, first + 1 : first + VLM_TOKENS_PER_IMAGE[family]].sum() > 1e-3
 
 
-@pytest.mark.parametrize("family", VLM_BIDIRECTIONAL)
+@pytest.mark.parametrize("family", VLM_BIDIRECTIONAL + VLM_INJECTED)
 @pytest.mark.parametrize("method", ["decompx", "attn_lrp", "alti_logit"])
-def test_logit_methods_add_up_through_tokens_read_both_ways(family, method):
+def test_logit_methods_add_up_through_tokens_read_both_ways_and_features_added_between_blocks(family, method):
     """DecompX, AttnLRP and ALTI-logit through Gemma 3's image blocks and PaliGemma's prefix (tokens reading later
-    ones): the parts and terms add up to the model's own logit at image and text positions (neither tiny model has a
-    soft-cap)."""
+    ones), and through Qwen3-VL's DeepStack features (added to the image tokens' states after each block): the parts
+    and terms add up to the model's own logit at image and text positions (no tiny model has a soft-cap)."""
     model = vlm(family)
     ids, mask, images = image_batch(model)
     trace = traced(model, ids, mask, images)
@@ -159,6 +178,57 @@ def test_logit_methods_add_up_through_tokens_read_both_ways(family, method):
         own = model(input_ids=ids, attention_mask=mask, use_cache=False, **tiny_vlm_inputs(model, ids, images))
     expected = own.logits.gather(-1, predicted[..., None])[..., 0]
     torch.testing.assert_close(scores.logit[mask.bool()], expected[mask.bool()], rtol=1e-4, atol=1e-4)
+
+
+#: The methods that read what a block adds (the rollouts read its attention weights, which its input changes even
+#: where its output is zero).
+READ_WHAT_BLOCKS_ADD = [method for method in DECLARATIONS if method not in ("attention_rollout", "attention_flow")]
+
+
+@pytest.mark.parametrize("method", READ_WHAT_BLOCKS_ADD)
+def test_a_feature_added_after_a_block_counts_as_its_image_tokens_own_as_the_embedding_does(method):
+    """Qwen3-VL's DeepStack adds a vector ``d`` to each image token's state after its first block. Where that block
+    adds nothing (its output projections zeroed), the model is the same function as one whose image tokens start
+    from their embedding plus ``d`` (moved there by a hook on the real first block, the feature itself zeroed): each
+    method that reads what blocks add gives both the same scores at every position, so an added vector is credited
+    to its token whole, as the embedding is (the second block's feature stays added in both)."""
+    model = tiny_vlm("qwen3_vl_moe", seed=3)
+    first = model.model.language_model.layers[0]
+    with torch.no_grad():
+        first.self_attn.o_proj.weight.zero_()
+        first.mlp.experts.down_proj.zero_()
+    ids, mask, images = image_batch(model)
+    extra = tiny_vlm_inputs(model, ids, images)
+    spec, declaration = get_spec(model), DECLARATIONS[method]
+    explained = next_tokens({"input_ids": ids})
+
+    def scores():
+        trace = trace_model(model, ids, mask, extra=extra)
+        request = Request(spec, model, mask, None, None, explained, None, mask.bool(), lambda: trace)
+        return declaration.run(request, declaration.options()).target
+
+    added = scores()
+    moved = {}
+
+    def zero_the_first(_module, args, kwargs):
+        vectors, where = kwargs["deepstack_visual_embeds"], kwargs["visual_pos_masks"]
+        moved["first"] = spec.decoder.injected.scattered(vectors[0], where)
+        return args, {**kwargs, "deepstack_visual_embeds": [torch.zeros_like(vectors[0]), *vectors[1:]]}
+
+    def into_the_embedding(_module, args, kwargs):
+        return (args[0] + moved["first"], *args[1:]), kwargs
+
+    handles = [model.model.language_model.register_forward_pre_hook(zero_the_first, with_kwargs=True),
+               first.register_forward_pre_hook(into_the_embedding, with_kwargs=True)]  # fmt: skip
+    try:
+        embedded = scores()
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert moved["first"].abs().sum() > 1  # the moved feature is not nothing
+    image = ids == spec.image_token_id
+    assert added[image[:, None, :].expand_as(added) & mask.bool()[:, :, None]].abs().sum() > 0
+    torch.testing.assert_close(added, embedded, rtol=1e-4, atol=1e-5)
 
 
 def test_a_vlm_whose_language_model_is_not_laid_out_as_llamas_is_refused_with_the_reason():
@@ -215,6 +285,8 @@ def front(family: str, method: str = "alti_logit"):
 def placeholder(family: str) -> str:
     if family == "gemma3":
         return "<start_of_image>"
+    if family == "internvl":
+        return "<IMG_CONTEXT>"
     return "<|vision_start|><|image_pad|><|vision_end|>" if family.startswith("qwen") else "<image>"
 
 
@@ -262,12 +334,12 @@ def test_the_front_end_explains_the_greedy_answer_and_adds_up_to_the_models_own_
     images = [index for index, label in enumerate(labels) if label.startswith("img1")]
     assert len(images) == sum(out.info["image_counts"][0]) and len(images) == len(out.info["image_tokens"][0][0])
     assert sequence.source_attributions[images].abs().sum() > 0
-    if family != "llava_next":  # a grid label: LLaVA's square grid, Qwen2-VL's merged patches; NeXT's are numbered
+    if family not in ("llava_next", "internvl"):  # a grid: LLaVA's square, Qwen2-VL's merged patches; tiles numbered
         assert "img1 r0c0" in labels and "img1 r1c1" in labels
 
 
 @pytest.mark.parametrize("method", ["alti_logit", "attn_lrp", "alti", "value_zeroing"])
-@pytest.mark.parametrize("family", ["llava_next", "qwen2_vl"])
+@pytest.mark.parametrize("family", ["llava_next", "qwen2_vl", "qwen3_vl"])
 def test_a_batch_of_prompts_with_different_images_equals_each_prompt_alone(family, method):
     """Two prompts whose images make different numbers of tokens (a square and a tall image; one image and two),
     explained in one batch (left-padded, the images cut by row for AttnLRP's copies): each prompt's scores equal
@@ -592,6 +664,100 @@ def test_the_pointing_game_scores_the_answer_against_its_box(tmp_path):
     for metric, values in expected.items():
         assert float(summary[metric].value()) == pytest.approx(sum(values) / len(values))
     assert evaluation.baseline["pointing_game"] == pytest.approx((2 / 9 + 4 / 9) / 2)
+
+
+def projector_outputs(model) -> list:
+    """The modules whose outputs are what the decoder reads of each image token: LLaVA's projector; Qwen3-VL's merger
+    and its DeepStack mergers."""
+    if model.config.model_type == "llava":
+        return [model.model.multi_modal_projector]
+    visual = model.model.visual
+    return [visual.merger, *visual.deepstack_merger_list]
+
+
+def answer_probability_with_tokens_averaged(front_end, image, prompt: str, answer: str, removed: list[int]) -> float:
+    """The naive reading of a removal: the answer's mean token probability (a plain forward pass of the processor's
+    inputs) with the image tokens ``removed`` (indices in the image's order) replaced, at the projectors' outputs
+    (hooks on the real modules), by the mean of the image's tokens."""
+    answer_ids = front_end.tokenizer(answer, add_special_tokens=False)["input_ids"]
+    encoded = front_end.processor(images=[[image]], text=[prompt], return_tensors="pt")
+    ids = torch.cat([encoded["input_ids"], torch.tensor([answer_ids])], 1)
+    extra = {name: value for name, value in encoded.items() if name not in ("input_ids", "attention_mask")}
+    if "mm_token_type_ids" in extra:
+        extra["mm_token_type_ids"] = torch.cat([extra["mm_token_type_ids"], torch.zeros(1, len(answer_ids))], 1).int()
+
+    def averaged(_module, _args, output):
+        flat = output.reshape(-1, output.shape[-1])
+        flat = flat.clone()
+        flat[removed] = flat.mean(0)
+        return flat.reshape(output.shape)
+
+    handles = [module.register_forward_hook(averaged) for module in projector_outputs(front_end.model)]
+    try:
+        with torch.no_grad():
+            logits = front_end.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False,
+                                     **extra).logits[0]  # fmt: skip
+    finally:
+        for handle in handles:
+            handle.remove()
+    first = encoded["input_ids"].shape[1] - 1
+    probabilities = logits[first : first + len(answer_ids)].softmax(-1)
+    return float(probabilities[torch.arange(len(answer_ids)), answer_ids].mean())
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen3_vl"])
+def test_removing_image_tokens_reads_the_answer_as_the_model_does_with_those_tokens_averaged(family):
+    """Faithfulness's reader: with some of the first image's tokens removed, the answer's probability equals a plain
+    forward pass whose projector outputs (Qwen3-VL: its DeepStack mergers' too) put the image tokens' mean at those
+    tokens; nothing removed is the model's own probability."""
+    from inseq_mixing.evaluation.vlm import answer_reader
+
+    square, _ = two_images()
+    model = front(family)
+    prompt, answer = f"the {placeholder(family)} cat", "sat on the"
+    item = model.prompt_item("Prompt 0", [square], prompt, answer, None)
+    read = answer_reader(model, item)
+    count = len(model.image_positions(item)[0][0])
+    removals = [[], [0, 4, 8], [1], list(range(count))]
+    kept = torch.ones(len(removals), count, dtype=torch.bool)
+    for row, removed in enumerate(removals):
+        kept[row, removed] = False
+    probabilities, _ = read(kept)
+    for row, removed in enumerate(removals):
+        naive = answer_probability_with_tokens_averaged(model, square, prompt, answer, removed)
+        assert float(probabilities[row]) == pytest.approx(naive, rel=1e-4, abs=1e-6)
+    assert len(set(probabilities.tolist())) == len(removals)  # each removal changes the answer's probability
+
+
+def test_faithfulness_of_a_vlm_reads_curves_over_the_image_tokens_in_the_answers_order(tmp_path):
+    """``evaluate(vlm, methods, rows, "faithfulness")``: each method's deletion area is the trapezoid of the answer's
+    probability (the naive reading above) as its top-scored image tokens are removed, fraction by fraction; random
+    rankings give the baseline; a row without an answer is skipped, named."""
+    from PIL import Image
+
+    import inseq_mixing
+
+    square, _ = two_images()
+    path = tmp_path / "square.png"
+    Image.fromarray(square).save(path)
+    rows = [{"images": str(path), "prompt": "the <image> cat", "answer": "sat on the"},
+            {"images": str(path), "prompt": "a <image> dog", "answer": ""}]  # fmt: skip
+    model = front("llava")
+    evaluation = inseq_mixing.evaluate(model, ["alti_logit"], rows, "faithfulness", steps=3)
+    assert [skip.row for skip in evaluation.skipped] == [1] and "has no answer" in evaluation.skipped[0].reason
+    out = model.attribute(square, rows[0]["prompt"], rows[0]["answer"], spans="answer", show_progress=False)
+    positions = out.info["image_tokens"][0][0]
+    ranking = torch.argsort(out.sequence_attributions[0].source_attributions[positions, 0], descending=True,
+                            stable=True).tolist()  # fmt: skip
+    counts = [round(9 * step / 3) for step in range(4)]
+    deletion = [answer_probability_with_tokens_averaged(model, square, rows[0]["prompt"], rows[0]["answer"],
+                                                        ranking[:count]) for count in counts]  # fmt: skip
+    expected = float(torch.trapezoid(torch.tensor(deletion, dtype=torch.float64),
+                                     torch.tensor(counts, dtype=torch.float64) / 9))  # fmt: skip
+    summary = evaluation.results["alti_logit"].statistics
+    assert float(summary["deletion_auc"].value()) == pytest.approx(expected, rel=1e-4)
+    assert set(evaluation.baseline) == {"deletion_auc", "insertion_auc", "comprehensiveness_prob",
+                                        "sufficiency_prob"}  # fmt: skip
 
 
 def test_boxes_as_units_sum_the_tokens_whose_cells_they_hold():

@@ -162,3 +162,31 @@ def defined_mean(values: list[float]) -> Statistic:
     values = torch.as_tensor(values, dtype=torch.float64)
     defined = values.isfinite()
     return Statistic(values.nan_to_num(0.0) * defined, defined.double())
+
+
+#: What deletion and insertion curves over ranked items give (:func:`ranking_metrics`).
+CURVE_METRICS = ("deletion_auc", "insertion_auc", "comprehensiveness_prob", "sufficiency_prob")
+
+
+def ranking_metrics(read, ranking: torch.Tensor, patches: int, steps: int) -> dict:
+    """The deletion and insertion curves of one ranking of ``patches`` items (highest first; image patches, a
+    vision-language decoder's image tokens) and the metrics read from them (:data:`CURVE_METRICS`); ``read(kept)``
+    gives the explained probability (first of what it returns) for masks ``(n, patches)`` of the items kept."""
+    counts = [round(patches * step / steps) for step in range(steps + 1)]
+    masks = []  # per curve point: the patches kept
+    for inserted in (False, True):  # deletion, insertion
+        for count in counts:
+            kept = torch.full((patches,), not inserted)  # deletion starts from the image, insertion from none of it
+            kept[ranking[:count]] = inserted
+            masks.append(kept)
+    probability = read(torch.stack(masks))[0].reshape(2, len(counts))
+    fractions = torch.tensor(counts, dtype=torch.float64) / patches
+    deletion, insertion = probability.double()
+    original = deletion[0]
+    inner = slice(1, steps)  # the fractions strictly between 0 and 1
+    return {
+        "deletion_auc": float(torch.trapezoid(deletion, fractions)),
+        "insertion_auc": float(torch.trapezoid(insertion, fractions)),
+        "comprehensiveness_prob": float((original - deletion[inner]).mean()),
+        "sufficiency_prob": float((original - insertion[inner]).mean()),
+    }

@@ -204,6 +204,8 @@ for _name in ("faithfulness", "pointing"):
 
 register_protocol(Protocol(VISION_LANGUAGE, "pointing", "inseq_mixing.evaluation.vlm:run_vlm",
                            ("images", "prompt", "answer", "box")))  # fmt: skip
+register_protocol(Protocol(VISION_LANGUAGE, "faithfulness", "inseq_mixing.evaluation.vlm:run_vlm",
+                           ("images", "prompt", "answer"), ("steps",)))  # fmt: skip
 
 register_comparison(GENERATION, "inseq_mixing.evaluation.generation:compare_generation")
 register_comparison(ENCODER, "inseq_mixing.evaluation.encoders:compare_encoder")

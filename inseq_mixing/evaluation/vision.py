@@ -50,11 +50,11 @@ from ..runs.data import cell_value, read_rows
 from .explain import Explanation
 from .faithfulness import DEFAULT_FRACTIONS
 from .items import EvaluationInputError, Item, Skipped
-from .metrics import defined_mean, nan_mean
+from .metrics import CURVE_METRICS as FAITHFULNESS_METRICS
+from .metrics import defined_mean, nan_mean, ranking_metrics
 from .scores import RANDOM_SUFFIX, Evaluation, MethodResult, random_copy, score_methods
 
 VISION_PROTOCOLS = ("faithfulness", "pointing")
-FAITHFULNESS_METRICS = ("deletion_auc", "insertion_auc", "comprehensiveness_prob", "sufficiency_prob")
 POINTING_METRICS = ("pointing_game", "gold_share")
 REPLACEMENTS = ("mean", "blur")
 #: What the metrics of each protocol mean (the report's words).
@@ -269,28 +269,6 @@ def explained_label(front, inputs: dict, label) -> int:
         return front.output_index(label)
     with torch.no_grad():
         return int(front.model(**inputs).logits[0].float().argmax())
-
-
-def ranking_metrics(read, ranking: torch.Tensor, patches: int, steps: int) -> dict:
-    """The curves of one ranking of the patches (highest first) and the metrics read from them."""
-    counts = [round(patches * step / steps) for step in range(steps + 1)]
-    masks = []  # per curve point: the patches kept
-    for inserted in (False, True):  # deletion, insertion
-        for count in counts:
-            kept = torch.full((patches,), not inserted)  # deletion starts from the image, insertion from none of it
-            kept[ranking[:count]] = inserted
-            masks.append(kept)
-    probability = read(torch.stack(masks))[0].reshape(2, len(counts))
-    fractions = torch.tensor(counts, dtype=torch.float64) / patches
-    deletion, insertion = probability.double()
-    original = deletion[0]
-    inner = slice(1, steps)  # the fractions strictly between 0 and 1
-    return {
-        "deletion_auc": float(torch.trapezoid(deletion, fractions)),
-        "insertion_auc": float(torch.trapezoid(insertion, fractions)),
-        "comprehensiveness_prob": float((original - deletion[inner]).mean()),
-        "sufficiency_prob": float((original - insertion[inner]).mean()),
-    }
 
 
 def _replacement(front, image, inputs: dict, grid: tuple[int, int], replacement: str) -> dict:

@@ -1,22 +1,35 @@
-"""The pointing game on vision–language decoders (our extension: the methods' papers evaluate text and speech): does
-the answer's explanation point into the image region the answer names?
+"""The protocols on vision–language decoders (our extension: the methods' papers evaluate text and speech): the
+pointing game (does the answer's explanation point into the image region the answer names?) and faithfulness by
+image tokens (deletion and insertion curves, AOPC).
 
 Rows (JSONL, CSV, Parquet, a DataFrame or dicts): ``images`` (a path, or a JSON list of paths, one per placeholder of
 the prompt), ``prompt``, ``answer`` (the phrase explained, teacher-forced: required, since the region is the
-phrase's) and ``box`` (``[x0, y0, x1, y1]`` in the first image's own pixels, a list or its JSON). Each method
-explains the answer as one span (``spans="answer"``: its summed logit, a map method's mean row) over the tokens; the
-first image's tokens are the ranked items (the text's and the other images' are never ranked).
+phrase's) and, for ``pointing``, ``box`` (``[x0, y0, x1, y1]`` in the first image's own pixels, a list or its JSON).
+Each method explains the answer as one span (``spans="answer"``: its summed logit, a map method's mean row) over the
+tokens; the first image's tokens are the ranked items (the text's and the other images' are never ranked).
 
-An image token is in the box when at least half of its cell is: its cell is its place on the token grid stretched
-over the part of the image the grid covers (``info["image_boxes"]``: LLaVA's processor keeps the centred square,
-Qwen2-VL's the whole image). ``pointing_game`` is 1 when the highest-scored image token is in the box (ties: the first
-in reading order), ``gold_share`` the share of the positive image-token scores inside it (an answer without a
-positive image-token score has none and is left out of its mean); both have the box's share of the image tokens as
+``pointing``. An image token is in the box when at least half of its cell is: its cell is its place on the token grid
+stretched over the part of the image the grid covers (``info["image_boxes"]``: LLaVA's processor keeps the centred
+square, Qwen2-VL's the whole image). ``pointing_game`` is 1 when the highest-scored image token is in the box (ties:
+the first in reading order), ``gold_share`` the share of the positive image-token scores inside it (an answer without
+a positive image-token score has none and is left out of its mean); both have the box's share of the image tokens as
 their random baseline. An image whose tokens are not one grid (LLaVA-NeXT's tiles, numbered tokens) is skipped with
 the reason.
+
+``faithfulness``. Removing an image token replaces what the decoder reads of it, the level the explanation is over
+(not pixels: a pixel change would move every token the tower mixes it into), by the mean over the first image's
+tokens: its embedding (the first block's input) and any vector the decoder adds to it between blocks (Qwen3-VL's
+DeepStack features). The curves read the answer's probability, teacher-forced: the mean of its tokens'
+probabilities. With the image tokens ranked by the answer's scores and ``steps + 1`` fractions ``f`` from 0 to 1,
+``deletion_auc`` is the area under that probability as the top ``f`` is removed (lower is better), ``insertion_auc``
+as the top ``f`` is put back into an image whose every token is removed (higher is better), and
+``comprehensiveness_prob`` and ``sufficiency_prob`` ERASER's AOPC on the same curves, as for images
+(:mod:`.vision`); random rankings (``random_draws`` per row, the same for every method) are the baseline.
 """
 
 from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
 
 import torch
 
@@ -24,63 +37,88 @@ from ..frontends.vlm import GRID_CELL, cells_in_box
 from ..runs.data import cell_value, image_paths, read_rows
 from .explain import Explanation
 from .items import EvaluationInputError, Item, Skipped
-from .metrics import defined_mean, nan_mean
+from .metrics import CURVE_METRICS, defined_mean, nan_mean, ranking_metrics
 from .scores import Evaluation, MethodResult, score_methods
 
-VLM_METRICS = ("pointing_game", "gold_share")
-DESCRIPTION = (
-    "Vision-language decoders: the answer explained as one span over the first image's tokens. pointing_game, 1 when "
-    "the highest-scored image token is inside the gold box; gold_share, the share of the positive image-token scores "
-    "inside it (higher is better for both); the box's share of the image tokens is the random baseline."
-)
+VLM_PROTOCOLS = ("pointing", "faithfulness")
+METRICS = {"pointing": ("pointing_game", "gold_share"), "faithfulness": CURVE_METRICS}
+DESCRIPTIONS = {
+    "pointing": "Vision-language decoders: the answer explained as one span over the first image's tokens. "
+    "pointing_game, 1 when the highest-scored image token is inside the gold box; gold_share, the share of the "
+    "positive image-token scores inside it (higher is better for both); the box's share of the image tokens is the "
+    "random baseline.",
+    "faithfulness": "Vision-language decoders: the answer explained as one span over the first image's tokens, which "
+    "are removed in the order of its scores (a removed token's embedding, and what the decoder adds to it between "
+    "blocks, replaced by the image tokens' mean). deletion_auc, the area under the answer's probability (its tokens' "
+    "mean, teacher-forced) as the top fraction is removed (lower is better); insertion_auc, as it is put back into an "
+    "image with every token removed (higher is better); comprehensiveness_prob and sufficiency_prob, ERASER's AOPC "
+    "on the same curves (higher and lower are better); random rankings are the baseline.",
+}
+#: Copies of a prompt per forward pass of the curves.
+READ_BATCH = 8
 
 
 def run_vlm(model, methods: list[str], data, protocol: str, found, settings) -> Evaluation:
-    """The pointing game on a vision-language decoder (the protocol registry's entry)."""
+    """A protocol on a vision-language decoder (the protocol registry's entry)."""
     from ..frontends import as_front_end
 
     front = as_front_end(model, methods[0], found, processor=settings.processor, device=settings.device)
-    return evaluate_vlm(front, methods, data, method_kwargs=settings.method_kwargs, draws=settings.draws,
-                        seed=settings.seed, examples=settings.examples, show_progress=settings.show_progress,
+    return evaluate_vlm(front, methods, data, protocol, method_kwargs=settings.method_kwargs, steps=settings.steps,
+                        random_draws=settings.random_draws, draws=settings.draws, seed=settings.seed,
+                        examples=settings.examples, show_progress=settings.show_progress,
                         columns=settings.columns)  # fmt: skip
 
 
-def evaluate_vlm(front, methods: list[str], data, *, method_kwargs: dict | None = None, draws: int = 1000,
-                 seed: int = 0, examples: int = 2, show_progress: bool = False,
-                 columns: dict[str, str] | None = None) -> Evaluation:  # fmt: skip
-    """The pointing game (see the module docstring).
+def evaluate_vlm(front, methods: list[str], data, protocol: str = "pointing", *, method_kwargs: dict | None = None,
+                 steps: int = 10, random_draws: int = 3, draws: int = 1000, seed: int = 0, examples: int = 2,
+                 show_progress: bool = False, columns: dict[str, str] | None = None) -> Evaluation:  # fmt: skip
+    """The pointing game or faithfulness by image tokens (see the module docstring).
 
     Args:
         front: The vision-language front end (:class:`~inseq_mixing.frontends.vlm.VisionLanguageAttributionModel`).
         methods: This package's method names.
         data: The rows.
+        protocol: ``"pointing"`` or ``"faithfulness"``.
         method_kwargs: Per method, its options.
+        steps: Fractions of the curves beyond 0 (faithfulness).
+        random_draws: Random rankings per row (faithfulness).
         draws: Bootstrap resamples and permutations.
-        seed: Seed of the resampling.
+        seed: Seed of the resampling and of the random rankings.
         examples: Explanations kept per method for the report.
         show_progress: Show a progress bar over the methods.
         columns: Column names by role (``images``, ``prompt``, ``answer``, ``box``).
 
     Raises:
-        EvaluationInputError: No row that can be evaluated.
+        EvaluationInputError: An unknown protocol, bad steps, or no row that can be evaluated.
     """
-    rows, skipped = _read_rows(front, data, columns or {})
+    if protocol not in VLM_PROTOCOLS:
+        raise EvaluationInputError(f"Vision-language models take the protocols {VLM_PROTOCOLS}, not {protocol!r}.")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+        raise EvaluationInputError(f"steps must be an integer of at least 2, not {steps!r}.")
+    rows, skipped = _read_rows(front, data, columns or {}, need_box=protocol == "pointing")
     if not rows:
         reasons = "; ".join(skip.reason for skip in skipped[:3])
         raise EvaluationInputError(f"No row of the data can be evaluated: {reasons}.")
-    evaluation = Evaluation("pointing", draws=draws, seed=seed, skipped=skipped)
-    evaluation.metric_names = VLM_METRICS
-    evaluation.description = DESCRIPTION
+    evaluation = Evaluation(protocol, draws=draws, seed=seed, skipped=skipped)
+    evaluation.metric_names = METRICS[protocol]
+    evaluation.description = DESCRIPTIONS[protocol]
     method_kwargs = method_kwargs or {}
     per_row = {}
+    readers = {}  # per row, its curves' reader: the same for every method
 
     def score(method: str):
         attribution = front.for_method(method)
+        generator = torch.Generator().manual_seed(seed)  # the same random rankings for every method
         found, shown = [], []
         for row in rows:
             out = attribution.attribute(row["images"], row["prompt"], row["answer"], spans="answer",
                                         show_progress=False, **method_kwargs.get(method, {}))  # fmt: skip
-            found.append(pointing(out, row["box"]))
+            if protocol == "pointing":
+                found.append(pointing(out, row["box"]))
+            else:
+                if row["row"] not in readers:
+                    readers[row["row"]] = answer_reader(front, row["item"])
+                found.append(curves(out, readers[row["row"]], steps, random_draws, generator))
             shown.append(Explanation(Item(row["row"], None, row["prompt"], row["answer"]),
                                      out.sequence_attributions[0], None, []))  # fmt: skip
         per_row[method] = found
@@ -124,33 +162,122 @@ def box_tokens(output, box) -> tuple[torch.Tensor, list[int]]:
     return torch.tensor(inside), list(cells)
 
 
-def _read_rows(front, data, columns: dict[str, str]) -> tuple[list[dict], list[Skipped]]:
-    """The rows the front end takes (images read, prompt encoded, box inside the first image), the others skipped
-    with their reason."""
-    names = {"images": "images", "prompt": "prompt", "answer": "answer", "box": "box"}
+def first_image_scores(output) -> tuple[torch.Tensor, list[int]]:
+    """The answer's scores over its first image's tokens (a map method's extra axis averaged) and those tokens'
+    positions in the prompt (the output's first sequence, units of tokens)."""
+    positions = output.info["image_tokens"][0][0]
+    scores = output.sequence_attributions[0].source_attributions[positions, 0].float()
+    return (scores.mean(-1) if scores.ndim == 2 else scores), positions
+
+
+def curves(output, read, steps: int, random_draws: int, generator: torch.Generator) -> dict:
+    """One answer's deletion and insertion curves over its first image's tokens, for its scores' ranking and for
+    ``random_draws`` random rankings (``read``: :func:`answer_reader`)."""
+    scores, positions = first_image_scores(output)
+    count = len(positions)
+    result = ranking_metrics(read, torch.argsort(scores, descending=True, stable=True), count, steps)
+    draws = [ranking_metrics(read, torch.randperm(count, generator=generator), count, steps)
+             for _ in range(random_draws)]  # fmt: skip
+    result.update({f"random_{key}": nan_mean([draw[key] for draw in draws]) for key in CURVE_METRICS})
+    return result
+
+
+def answer_reader(front, item):
+    """For masks ``(n, K)`` of the first image's ``K`` tokens kept, the answer's probability (its tokens' mean,
+    teacher-forced) and summed logit with the other tokens removed, each ``(n,)``: see the module docstring."""
+    batch = front.prepare([item], front.call_settings({}, spans="answer"))
+    call, spec = batch.request.caller(), front.spec
+    rows = torch.tensor(batch.explained[0])
+    answer = batch.request.predicted_ids[0].cpu()[rows]
+    offset = batch.request.attention_mask.shape[1] - len(item.prompt_ids) - len(batch.answers[0])
+    positions = torch.tensor(front.image_positions(item)[0][0]) + offset
+
+    @torch.no_grad()
+    def read(kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        probabilities, logits = [], []
+        for start in range(0, len(kept), READ_BATCH):
+            removed = ~kept[start : start + READ_BATCH]
+            copies = call.rows(torch.zeros(len(removed), dtype=torch.long, device=batch.request.attention_mask.device))
+            with tokens_removed(spec, positions, removed):
+                out = call.model(**copies).logits
+            out = out[:, rows.to(out.device)].float().cpu()
+            chosen = out.gather(-1, answer.expand(len(removed), -1)[..., None])[..., 0]
+            probabilities.append(out.softmax(-1).gather(-1, answer.expand(len(removed), -1)[..., None])[..., 0]
+                                 .mean(-1))  # fmt: skip
+            logits.append(chosen.sum(-1))
+        return torch.cat(probabilities), torch.cat(logits)
+
+    return read
+
+
+@contextmanager
+def tokens_removed(spec, positions: torch.Tensor, removed: torch.Tensor):
+    """Inside, copy ``c`` of a forward pass reads the image tokens at ``positions[removed[c]]`` as the mean over
+    ``positions``: their first block's input, and what the decoder adds to them between its blocks
+    (:class:`~inseq_mixing.specs.base.InjectedInputs`)."""
+
+    def averaged(hidden: torch.Tensor) -> torch.Tensor:
+        where = positions.to(hidden.device)
+        mean = hidden[:, where].mean(1, keepdim=True)
+        cut = torch.zeros(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
+        cut[:, where] = removed.to(hidden.device)
+        return torch.where(cut[..., None], mean, hidden)
+
+    def first_block(_module, args, kwargs):
+        if args:
+            return (averaged(args[0]), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": averaged(kwargs["hidden_states"])}
+
+    def between_blocks(_module, args, kwargs):
+        injected = spec.decoder.injected
+        vectors, mask = kwargs.get(injected.vectors), kwargs.get(injected.mask)
+        if vectors is None or mask is None:
+            return None
+        mask = mask.to(vectors[0].device)
+        vectors = [averaged(injected.scattered(vector, mask))[mask] for vector in vectors]
+        return args, {**kwargs, injected.vectors: vectors}
+
+    with ExitStack() as hooks:
+        first = spec.decoder.layers[0].module.register_forward_pre_hook(first_block, with_kwargs=True)
+        hooks.callback(first.remove)
+        if spec.decoder.injected is not None:
+            added = spec.decoder.injected.module.register_forward_pre_hook(between_blocks, with_kwargs=True)
+            hooks.callback(added.remove)
+        yield
+
+
+def _read_rows(front, data, columns: dict[str, str], need_box: bool) -> tuple[list[dict], list[Skipped]]:
+    """The rows the front end takes (images read, prompt encoded, with ``need_box`` a box inside the first image),
+    the others skipped with their reason."""
+    names = {"images": "images", "prompt": "prompt", "answer": "answer"} | ({"box": "box"} if need_box else {})
     names.update({role: name for role, name in columns.items() if role in names and name})
+    what = "the pointing game" if need_box else "faithfulness"
     rows, skipped = [], []
     for index, raw in enumerate(read_rows(data)):
         missing = [names[role] for role in names if role not in raw]
         if missing and index == 0:
-            raise EvaluationInputError(
-                f"The data has no column(s) {missing}: the pointing game reads {list(names.values())}."
-            )
+            raise EvaluationInputError(f"The data has no column(s) {missing}: {what} reads {list(names.values())}.")
         name = f"Row {index}"
         try:
             images = list(image_paths(raw.get(names["images"]), index, str(index), names["images"]))
-            prompt, answer, box = raw.get(names["prompt"]), raw.get(names["answer"]), cell_value(raw.get(names["box"]))
+            prompt, answer = raw.get(names["prompt"]), raw.get(names["answer"])
             if not isinstance(answer, str) or not answer.strip():
-                raise ValueError(f"{name} has no answer: the pointing game explains the phrase its box names.")
+                raise ValueError(f"{name} has no answer: {what} explains the phrase the row gives, teacher-forced.")
             item = front.prompt_item(name, images, prompt, answer, None)
-            if not isinstance(box, list | tuple) or len(box) != 4:
-                raise ValueError(f"{name}: a box is [x0, y0, x1, y1] in the first image's pixels, not {box!r}.")
-            box = [float(value) for value in box]
-            first = item.images[0]
-            if not (0 <= box[0] < box[2] <= first.width and 0 <= box[1] < box[3] <= first.height):
-                raise ValueError(f"{name}: the box {box} is not inside the {first.width} × {first.height} image.")
+            box = _box(name, cell_value(raw.get(names["box"])), item.images[0]) if need_box else None
         except ValueError as error:
             skipped.append(Skipped(index, str(error)))
             continue
-        rows.append({"row": index, "images": item.images, "prompt": prompt, "answer": answer, "box": box})
+        rows.append({"row": index, "images": item.images, "prompt": prompt, "answer": answer, "box": box,
+                     "item": item})  # fmt: skip
     return rows, skipped
+
+
+def _box(name: str, box, image) -> list[float]:
+    """A row's box, checked inside its first image."""
+    if not isinstance(box, list | tuple) or len(box) != 4:
+        raise ValueError(f"{name}: a box is [x0, y0, x1, y1] in the first image's pixels, not {box!r}.")
+    box = [float(value) for value in box]
+    if not (0 <= box[0] < box[2] <= image.width and 0 <= box[1] < box[3] <= image.height):
+        raise ValueError(f"{name}: the box {box} is not inside the {image.width} × {image.height} image.")
+    return box

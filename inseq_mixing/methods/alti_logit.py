@@ -38,6 +38,10 @@ Encoder-only models (masked LMs, classifiers; our extension: the paper covers de
 stack; the head between the final hidden state and the logit is frozen at the forward pass (:mod:`.head`), so
 :math:`u_t` is the frozen head's direction.
 
+A vector the stack adds to a position between its blocks (Qwen3-VL's DeepStack features; our extension) is that
+position's own, as its embedding is: its dot product with the direction there joins the direct term; the ALTI maps of
+the rollout read it as part of the position's residual stream at the next block, as they read an FFN's output.
+
 A final logit soft-cap :math:`c \tanh(z / c)` (Gemma 2) is not linear: the method explains :math:`z`, the logit before
 the cap, and reports the capped value beside it.
 """

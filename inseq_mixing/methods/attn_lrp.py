@@ -32,19 +32,20 @@ returned per position.
 Checked against the authors' library ``lxt`` 2.1 (its rules on the same models: GPT-2, Llama, Qwen2, Qwen3, Gemma 3).
 
 Our choices, flagged: ε = 0 (``lxt`` adds 1e-10 to its identity rule's denominator); relevance read at :math:`h^0`
-rather than at the token embedding; Gemma 2's attention-logit soft-cap, which sits inside the attention kernel, passes
-relevance with its own gradient (≈ 1 for scores well below the cap) instead of the identity rule; encoder–decoders
-(our extension; the paper covers decoder-only and encoder-only models) propagate through cross-attention with the same
-rules, source relevance read at the encoder's first block; encoder-only models (the paper treats them) start from the
-final hidden state along the direction of their head frozen at the forward pass (:mod:`.head`: the identity rule on the
-head's activations and norms is that frozen map), the head's biases and norm shifts absorbed. A span of generated
-tokens may be explained as one quantity, its summed logit, in one backward pass (:func:`span_lrp_of_call`; our
-extension, after FlashTrace): the rules are linear in the relevance they pass down, so it equals the sum of the
-tokens' own relevances. A mixture of experts (our extension): its routing weights and a shared expert's sigmoid gate
-are constants of the pass (their outputs detached), each expert a gated FFN under the rules above. Token mixers that
-are not attention (hybrids; our extension) run under MambaLRP's rules (:data:`MIXER_RULES`); Qwen3-Next's gated
-attention under the rules above, its output gate as a gated FFN's (``σ`` under the identity rule, the uniform rule
-on the product).
+rather than at the token embedding, and at every vector the stack adds to a position between its blocks (Qwen3-VL's
+DeepStack features), credited to that position as its embedding's is; Gemma 2's attention-logit soft-cap, which sits
+inside the attention kernel, passes relevance with its own gradient (≈ 1 for scores well below the cap) instead of the
+identity rule; encoder–decoders (our extension; the paper covers decoder-only and encoder-only models) propagate
+through cross-attention with the same rules, source relevance read at the encoder's first block; encoder-only models
+(the paper treats them) start from the final hidden state along the direction of their head frozen at the forward pass
+(:mod:`.head`: the identity rule on the head's activations and norms is that frozen map), the head's biases and norm
+shifts absorbed. A span of generated tokens may be explained as one quantity, its summed logit, in one backward pass
+(:func:`span_lrp_of_call`; our extension, after FlashTrace): the rules are linear in the relevance they pass down, so
+it equals the sum of the tokens' own relevances. A mixture of experts (our extension): its routing weights and a shared
+expert's sigmoid gate are constants of the pass (their outputs detached), each expert a gated FFN under the rules
+above. Token mixers that are not attention (hybrids; our extension) run under MambaLRP's rules (:data:`MIXER_RULES`);
+Qwen3-Next's gated attention under the rules above, its output gate as a gated FFN's (``σ`` under the identity rule,
+the uniform rule on the product).
 """
 
 import functools
@@ -58,7 +59,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..specs import FFNSpec, ModelSpec
-from ..specs.base import MixerSpec, MoESpec, UnsupportedModelError, is_norm
+from ..specs.base import InjectedInputs, MixerSpec, MoESpec, UnsupportedModelError, is_norm
 from ..trace import (
     ModelCall,
     ModelTrace,
@@ -367,9 +368,14 @@ def no_graph_before_blocks(model: nn.Module, spec: ModelSpec) -> Iterator[None]:
 
 @contextmanager
 def first_block_inputs(spec: ModelSpec, store: dict[str, torch.Tensor]) -> Iterator[None]:
-    """Make the input of each stack's first block a leaf of the graph (``store["decoder"]``, ``store["encoder"]``)."""
+    """Make the input of each stack's first block a leaf of the graph (``store["decoder"]``, ``store["encoder"]``),
+    and each vector a stack adds between its blocks (:class:`~.specs.base.InjectedInputs`): ``store["decoder
+    injected"]``, the leaves and the positions they are added at."""
     with ExitStack() as hooks:
         for name, stack in spec.stacks.items():
+            if stack.injected is not None:
+                hooks.callback(stack.injected.module.register_forward_pre_hook(
+                    _injected_leaves(stack.injected, store, f"{name} injected"), with_kwargs=True).remove)  # fmt: skip
 
             def hook(_module, args, kwargs, name=name):
                 states = (args[0] if args else kwargs["hidden_states"]).detach().requires_grad_(True)
@@ -380,6 +386,22 @@ def first_block_inputs(spec: ModelSpec, store: dict[str, torch.Tensor]) -> Itera
 
             hooks.callback(stack.layers[0].module.register_forward_pre_hook(hook, with_kwargs=True).remove)
         yield
+
+
+def _injected_leaves(injected: InjectedInputs, store: dict, key: str):
+    """A pre-hook on ``injected.module`` that passes its added vectors on as leaves of the graph, kept in
+    ``store[key]`` with their positions' mask (none added: nothing kept)."""
+
+    def hook(_module, args, kwargs):
+        vectors, mask = kwargs.get(injected.vectors), kwargs.get(injected.mask)
+        store.pop(key, None)
+        if vectors is None or mask is None:
+            return None
+        leaves = [vector.detach().requires_grad_(True) for vector in vectors]
+        store[key] = (leaves, mask)
+        return args, {**kwargs, injected.vectors: leaves}
+
+    return hook
 
 
 def _chunk_size(spec: ModelSpec, tokens: int, max_chunk_elements: int) -> int:
@@ -627,7 +649,19 @@ def _relevance(
 
 def input_relevance(recorded: dict[str, torch.Tensor], objective: torch.Tensor) -> dict[str, torch.Tensor]:
     r"""One backward pass from ``objective`` ``(copies,)`` inside :func:`lrp_pass`: each stack's token relevances
-    ``(copies, tokens)``, :math:`h^0_j \cdot \tilde g_j` at its first block's input."""
+    ``(copies, tokens)``, :math:`h^0_j \cdot \tilde g_j` at its first block's input, plus :math:`d^l_j \cdot
+    \tilde g^{l+1}_j` of each vector the stack adds at position :math:`j` between its blocks (our extension: the
+    added vector's relevance is its position's, as the embedding's is)."""
     names = [name for name in ("decoder", "encoder") if name in recorded]
-    grads = torch.autograd.grad(objective.sum(), [recorded[name] for name in names])
-    return {name: (recorded[name] * grad).sum(-1).detach() for name, grad in zip(names, grads, strict=True)}
+    added = {name: recorded[f"{name} injected"] for name in names if f"{name} injected" in recorded}
+    leaves = [recorded[name] for name in names] + [leaf for leaves, _ in added.values() for leaf in leaves]
+    grads = list(torch.autograd.grad(objective.sum(), leaves, allow_unused=True))
+    relevance = {name: (recorded[name] * grads.pop(0)).sum(-1).detach() for name in names}
+    for name, (vectors, mask) in added.items():
+        for vector, grad in zip(vectors, grads[: len(vectors)], strict=True):
+            if grad is not None:  # a vector no explained logit reads (added after the explained positions' reach)
+                relevance[name] += InjectedInputs.scattered((vector * grad).sum(-1).detach(), mask).to(
+                    relevance[name].dtype
+                )
+        del grads[: len(vectors)]
+    return relevance

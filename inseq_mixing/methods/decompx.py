@@ -32,7 +32,9 @@ linear: the components add up to :math:`z`, the logit before the cap, which is r
 Mixtures of experts (our extension): the routing frozen at the traced pass, each chosen expert decomposed as a dense
 gated FFN (:func:`decompose_mixture`). Multi-head latent attention (DeepSeek; our extension): values decompressed from
 a per-token latent, its norm frozen (:class:`LatentMap`). Token mixers that are not attention (hybrids; our
-extension): each component through the frozen mixer (:func:`mixer_sublayer`).
+extension): each component through the frozen mixer (:func:`mixer_sublayer`). A vector the stack adds to a position
+between its blocks (Qwen3-VL's DeepStack features; our extension) joins that position's own component, as the stack's
+input did (:func:`.decompx_plan.add_to_own`).
 """
 
 from dataclasses import dataclass, field
@@ -53,6 +55,7 @@ from .decompx_plan import (  # the memory plan: how the stream is stored and cut
     Components,
     PackedComponents,
     RowBlock,
+    add_to_own,
     attention_slabs,
     available_components,
     ffn_chunks,
@@ -713,12 +716,14 @@ def decompose_stack(
     heads: list[dict[str, HeadReadout]] | None = None,
     offset: int = 0,
     first_row: int = 0,
+    owner: torch.Tensor | None = None,
 ) -> tuple[BlockedStream, list[Components]]:
     """Every block of a stack, then its final norm; returns the output and (if asked) each block's output, dense.
     ``heads``: per layer, the per-head read-outs of its attention sub-blocks (``per_head``); ``offset``: the
-    component of the stack's first token (see :func:`initial_stream`); ``first_row``: the output is read from this
-    position on only, so the last layer's queries, FFN and the final norm skip the blocks before it (which leave the
-    stream)."""
+    component of the stack's first token, ``owner`` its units' (see :func:`initial_stream`); ``first_row``: the output
+    is read from this position on only, so the last layer's queries, FFN and the final norm skip the blocks before it
+    (which leave the stream). A vector the stack adds after a block (:class:`~inseq_mixing.specs.base.InjectedInputs`)
+    joins its position's own component, as the stack's input did."""
     layers = []
     heads = heads or [None] * len(stack_spec.layers)
     last = len(stack_spec.layers) - 1
@@ -726,6 +731,8 @@ def decompose_stack(
         own = offset if index == 0 and options.convention == "reference" else None
         stream = decompose_layer(layer, record, stream, options, stack.causal, encoder, place_encoder, layer_heads,
                                  own, first_row if index == last and not keep_layers else 0)  # fmt: skip
+        if record.injected is not None:
+            add_to_own(stream, record.injected, offset, owner)
         if keep_layers:
             layers.append(stream.to_dense())
     if stack_spec.final_norm is not None:  # on the stream's own parts (read by nothing else from here)
@@ -913,7 +920,8 @@ def _decompose(trace, target_ids, foil_ids, options, keep_layers, per_head, unit
         bias_index = num_source if separate else None
         start = initial_stream(enc.layers[0].input, 0, available, host_available, bias_index,
                                options.max_chunk_elements, owners.get("encoder"))  # fmt: skip
-        encoder, layers["encoder"] = decompose_stack(spec.encoder, enc, start, options, keep_layers=keep_layers)
+        encoder, layers["encoder"] = decompose_stack(spec.encoder, enc, start, options, keep_layers=keep_layers,
+                                                     owner=owners.get("encoder"))  # fmt: skip
         offset, blocks = num_source, [(host["source"], False), (host["decoder"], dec.causal)]
         place = encoder_placement(num_source, dec.mask.shape[1], separate)
     else:
@@ -928,7 +936,7 @@ def _decompose(trace, target_ids, foil_ids, options, keep_layers, per_head, unit
     heads = head_readouts(trace, unembedded, available.shape[-1]) if per_head else None
     stream, layers["decoder"] = decompose_stack(spec.decoder, dec, start, options, encoder, place,
                                                 keep_layers=keep_layers, heads=heads, offset=offset,
-                                                first_row=first_row)  # fmt: skip
+                                                first_row=first_row, owner=owners.get("decoder"))  # fmt: skip
     weights = None
     if spec.head is not None and spec.head.pooling:  # a pooled read-out: the shares summed before the bias split
         scores = summed_into_first(read_out(stream, unembedded), 1)

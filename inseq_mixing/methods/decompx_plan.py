@@ -237,17 +237,34 @@ def initial_stream(
         seen = host_available[:, rows].numpy().any(0)  # (|rows|, K): the tokens some sentence's position sees
         if bias_index is not None:
             seen[:, bias_index] = True
-        own = np.arange(rows.start, rows.stop) + offset if owner is None else owner[:, rows].numpy()
-        host_cols = np.union1d(np.flatnonzero(seen.any(0)), own)  # sorted
+        host_cols = np.union1d(np.flatnonzero(seen.any(0)), _own(rows, offset, owner))  # sorted
         local_bias = None if bias_index is None else int(np.searchsorted(host_cols, bias_index))
         cols = on_device(host_cols, device)
         parts = hidden.new_zeros(batch, rows.stop - rows.start, len(host_cols), d_model, dtype=upcast(hidden).dtype)
-        where = on_device(np.broadcast_to(np.searchsorted(host_cols, own), (batch, rows.stop - rows.start)), device)
-        every = torch.arange(batch, device=device)[:, None]
-        parts[every, torch.arange(rows.stop - rows.start, device=device), where] = upcast(hidden[:, rows])
         stream = Components(parts, available[:, rows][:, :, cols], local_bias)
         blocks.append(RowBlock(rows, cols, stream, host_cols, seen[:, host_cols]))
-    return BlockedStream(blocks, num_components)
+    return add_to_own(BlockedStream(blocks, num_components), hidden, offset, owner)
+
+
+def _own(rows: slice, offset: int, owner: torch.Tensor | None) -> np.ndarray:
+    """The component each of the positions ``rows`` starts in (see :func:`initial_stream`), on the host."""
+    return np.arange(rows.start, rows.stop) + offset if owner is None else owner[:, rows].numpy()
+
+
+def add_to_own(stream: BlockedStream, hidden: torch.Tensor, offset: int, owner: torch.Tensor | None = None
+               ) -> BlockedStream:  # fmt: skip
+    """Add ``hidden`` ``(B, positions, D)`` to each position's own component, where :func:`initial_stream` put the
+    stack's input (``offset``, ``owner`` as there): the stack's input, or a vector the stack adds between its blocks
+    (:class:`~inseq_mixing.specs.base.InjectedInputs`). In place; returns ``stream``."""
+    batch = hidden.shape[0]
+    for block in stream.blocks:
+        rows, parts = block.rows, block.stream.parts
+        count = rows.stop - rows.start
+        where = on_device(np.broadcast_to(np.searchsorted(block.host_cols, _own(rows, offset, owner)),
+                                          (batch, count)), parts.device)  # fmt: skip
+        every = torch.arange(batch, device=parts.device)[:, None]
+        parts[every, torch.arange(count, device=parts.device), where] += upcast(hidden[:, rows]).to(parts.device)
+    return stream
 
 
 #: Run a causal stack's FFN on its packed (position, component) pairs (:func:`ffn_packing`) where blocks of

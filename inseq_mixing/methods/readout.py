@@ -170,7 +170,8 @@ class LogitSweep:
     Attributes:
         self_parts: Per layer, :math:`\\Delta` of the self-attention sub-block ``(B, T, T)``.
         cross_parts: Per layer, :math:`\\Delta` of the cross-attention sub-block ``(B, T, S)``.
-        direct: The embedding's direct term ``(B, T)``.
+        direct: The embedding's direct term ``(B, T)``, with the direct terms of what the stack adds between its
+            blocks at the position itself (:class:`~.specs.base.InjectedInputs`).
         unattributed: Terms not attributed to tokens, each ``(B, T)``.
         branches: Per layer, the direction :math:`g` on each attention sub-block's branch output (before a norm on
             the attention output), ``{"self": (B, T, D), "cross": (B, T, D)}``.
@@ -202,8 +203,11 @@ def sweep_logit(
     if spec.decoder.final_norm is not None:
         direction = _through_norm(spec.decoder.final_norm, stack.final_norm_input, direction, terms, rows)
     self_parts, cross_parts, branches = [], [], []
+    direct = direction.new_zeros(direction.shape[:-1])
     for layer, record in reversed(list(zip(spec.decoder.layers, stack.layers, strict=True))):
         branches.insert(0, {})
+        if record.injected is not None:  # added after this block at some positions: their own, as an embedding
+            direct += _dot(direction, record.injected[:, rows].to(direction.device))
         if layer.ffn.post_norm is not None:
             direction = _through_norm(layer.ffn.post_norm, record.ffn_norm_input, direction, terms, rows)
         terms["ffn"] += _dot(direction, upcast(ffn_output(layer, record)[:, rows]))
@@ -223,7 +227,7 @@ def sweep_logit(
             if parts:
                 collected.insert(0, logit_parts(attn, attn_record, branch, per_head, rows))
             branches[0][name] = branch
-    direct = _dot(direction, upcast(stack.layers[0].input[:, rows]))
+    direct += _dot(direction, upcast(stack.layers[0].input[:, rows]))
     return LogitSweep(self_parts, cross_parts, direct, terms, branches)
 
 

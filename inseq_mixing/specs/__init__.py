@@ -51,10 +51,6 @@ NOT_YET_EXPLAINED = {
     "Qwen3_5ForCausalLM",
     "qwen3_5_moe": "a vision-language model whose images are not read yet; its text decoder is explained: load it as "
     "Qwen3_5MoeForCausalLM",
-    "qwen3_vl": "the vision tower's features added to the decoder's hidden states inside its first layers "
-    "(DeepStack), an input between blocks that the decomposition does not read yet",
-    "qwen3_vl_moe": "the vision tower's features added to the decoder's hidden states inside its first layers "
-    "(DeepStack), an input between blocks that the decomposition does not read yet",
     "minimax": "lightning (linear) attention layers",
     "jetmoe": "a mixture of attention heads",
     "dbrx": "experts laid out in modules of its own",

@@ -486,11 +486,50 @@ class LayerSpec:
 
 
 @dataclass(frozen=True)
+class InjectedInputs:
+    """Vectors a stack adds to some positions' hidden states between its blocks, from outside the stack: Qwen3-VL's
+    DeepStack (the vision tower's features of earlier layers added to the image tokens' states after each of the
+    decoder's first blocks). The stack's module gets them as keyword arguments of its forward call: ``vectors``, a
+    list whose entry ``l`` ``(marked positions, d_model)`` is added after block ``l``, at the positions ``mask``
+    ``(batch, positions)`` marks, in order.
+
+    The methods credit an added vector to the position it is added at, as they credit a block input's own
+    embedding (:meth:`dense`; our extension: no method's paper treats inputs between blocks).
+
+    Attributes:
+        module: The module whose forward gets the vectors (the language model).
+        vectors: The keyword of the list of vectors.
+        mask: The keyword of the positions' mask.
+    """
+
+    module: nn.Module
+    vectors: str
+    mask: str
+
+    def dense(self, kwargs: dict) -> list[torch.Tensor]:
+        """The vectors of a forward call's keyword arguments as ``(batch, positions, d_model)`` tensors, zero where
+        nothing is added (none: the call added none)."""
+        vectors, mask = kwargs.get(self.vectors), kwargs.get(self.mask)
+        if vectors is None or mask is None:
+            return []
+        return [self.scattered(vector, mask) for vector in vectors]
+
+    @staticmethod
+    def scattered(vector: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``vector`` ``(marked, ...)`` placed at ``mask``'s true positions of a zero ``(*mask.shape, ...)``."""
+        mask = mask.to(vector.device)
+        dense = vector.new_zeros(*mask.shape, *vector.shape[1:])
+        dense[mask] = vector
+        return dense
+
+
+@dataclass(frozen=True)
 class StackSpec:
-    """An encoder or decoder stack."""
+    """An encoder or decoder stack; ``injected``: vectors it adds between its blocks (:class:`InjectedInputs`)."""
 
     layers: list[LayerSpec]
     final_norm: nn.Module | None = None
+    injected: InjectedInputs | None = None
 
 
 #: What an encoder-only model's head explains (see :class:`HeadSpec`).

@@ -11,20 +11,31 @@ a front end over images and prompts, scores through the projector and the vision
 from torch import nn
 
 from . import llama
-from .base import ModelSpec, StackSpec, TowerSpec, UnsupportedModelError
+from .base import InjectedInputs, ModelSpec, StackSpec, TowerSpec, UnsupportedModelError
 
 FAMILY = "LLaVA, LLaVA-NeXT, LLaVA-OneVision (a Llama-layout decoder over image and text tokens)"
 KIND = "vision-language"
 MODEL_TYPES = {"llava", "llava_next", "llava_onevision"}
 
 #: The language models a vision-language decoder may be, by ``text_config.model_type``: those laid out as Llama's
-#: (Qwen2-VL's and Qwen2.5-VL's own are Qwen2's).
-TEXT_MODELS = {"llama", "mistral", "qwen2", "qwen3", "qwen2_vl_text", "qwen2_5_vl_text"}
+#: (Qwen2-VL's and Qwen2.5-VL's own are Qwen2's, Qwen3-VL's Qwen3's or Qwen3-MoE's).
+TEXT_MODELS = {
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen2_vl_text",
+    "qwen2_5_vl_text",
+    "qwen3_vl_text",
+    "qwen3_vl_moe_text",
+}
 
 
-def decoder_spec(model: nn.Module, language: nn.Module, image_token_id: int, **fields) -> ModelSpec:
+def decoder_spec(model: nn.Module, language: nn.Module, image_token_id: int, layer_spec=llama.layer_spec,
+                 injected: InjectedInputs | None = None, **fields) -> ModelSpec:  # fmt: skip
     """The spec of a vision-language model's Llama-layout decoder ``language`` (its blocks, final norm, the model's LM
-    head); ``fields``: other :class:`ModelSpec` fields.
+    head); ``layer_spec`` builds each block's (a mixture of experts' own), ``injected``: what the decoder adds between
+    its blocks; ``fields``: other :class:`ModelSpec` fields.
 
     Raises:
         UnsupportedModelError: The language model is not laid out as Llama's.
@@ -34,9 +45,10 @@ def decoder_spec(model: nn.Module, language: nn.Module, image_token_id: int, **f
         known = ", ".join(sorted(TEXT_MODELS))
         raise UnsupportedModelError(f"This {model.config.model_type}'s language model is a {text!r}; its decoder is "
                                     f"explained when it is laid out as Llama's ({known}).")  # fmt: skip
-    layers = [llama.layer_spec(layer, model.config.text_config) for layer in language.layers]
-    return ModelSpec(family=model.config.model_type, decoder=StackSpec(layers=layers, final_norm=language.norm),
-                     lm_head=model.get_output_embeddings(), image_token_id=image_token_id, **fields)  # fmt: skip
+    layers = [layer_spec(layer, model.config.text_config) for layer in language.layers]
+    stack = StackSpec(layers=layers, final_norm=language.norm, injected=injected)
+    return ModelSpec(family=model.config.model_type, decoder=stack, lm_head=model.get_output_embeddings(),
+                     image_token_id=image_token_id, **fields)  # fmt: skip
 
 
 def tower_spec(model: nn.Module) -> TowerSpec | None:
