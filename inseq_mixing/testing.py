@@ -453,9 +453,9 @@ def tiny_vlm(family: str = "llava", seed: int = 0, tower_layers: int = 1, featur
         randomize_weights(model, seed)
         model.set_attn_implementation("eager")
         return model.eval()
-    if family in ("idefics3", "smolvlm"):  # a one-layer tower of 4 × 4 patches, 2 × 2 of them shuffled into one
+    if family in ("idefics3", "smolvlm"):  # a tower of 4 × 4 patches, 2 × 2 of them shuffled into one
         name = {"idefics3": "Idefics3", "smolvlm": "SmolVLM"}[family]
-        tower = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        tower = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=tower_layers, num_attention_heads=2,
                      image_size=TINY_IMAGE_SIZE, patch_size=TINY_PATCH_SIZE // 2)  # fmt: skip
         config = getattr(transformers, f"{name}Config")(vision_config=tower, text_config=text.to_dict(),
                                                         image_token_id=vocab - 1, scale_factor=2)  # fmt: skip

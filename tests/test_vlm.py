@@ -571,11 +571,53 @@ def test_scores_continued_through_the_tower_keep_the_images_total_and_follow_its
                 image += 1
 
 
+def test_scores_continued_through_a_pixel_shuffle_split_each_token_over_its_patches_exactly():
+    """``tower=True`` on Idefics3 (its connector folds 2 × 2 patches into a token by one bias-free linear map): the
+    real connector run on the tower's states with one patch kept gives that patch's part of every token; the parts add
+    up to the embeddings the decoder read; each token's score goes to its patches by the parts' ALTI proximity shares,
+    then through the tower's ALTI rollout; each image's total is the decoder's, span by span."""
+    import inseq_mixing
+    from inseq_mixing.methods.alti import proximity
+    from inseq_mixing.testing import tiny_vlm_processor
+
+    square, tall = two_images()
+    model = tiny_vlm("idefics3", tower_layers=2)
+    front_end = inseq_mixing.load_model(model, "alti_logit", processor=tiny_vlm_processor("idefics3"))
+    images, prompts = [[square], [tall, square]], ["the <image> cat", "a <image> dog <image>"]
+    out = front_end.attribute(images, prompts, ["sat on", "the"], tower=True, batch_size=2, show_progress=False)
+    assert out.info["tower_tokens"][:2] == ["r0c0", "r0c1"] and len(out.info["tower_tokens"]) == 36
+    tower, connector = model.model.vision_model, model.model.connector
+    image = 0
+    for row, sequence in enumerate(out.sequence_attributions):
+        for number, positions in enumerate(out.info["image_tokens"][row]):
+            pixels = front_end.processor(images=[[images[row][number]]], text=["<image>"], return_tensors="pt")
+            read = {}
+            handle = connector.register_forward_hook(lambda _m, _a, out, read=read: read.update(embeddings=out[0]))
+            with torch.no_grad():
+                model(**pixels)
+                handle.remove()
+                states = tower(pixel_values=pixels["pixel_values"][0]).last_hidden_state  # (1, 36, D)
+                parts = torch.stack([connector(states * (torch.arange(36) == patch)[None, :, None])[0]
+                                     for patch in range(36)], 1)  # (tokens, patches, E)  # fmt: skip
+            torch.testing.assert_close(parts.sum(1), read["embeddings"], rtol=1e-5, atol=1e-6)
+            used = parts.abs().sum(-1) > 0  # the patches each token folds: four each
+            assert (used.sum(1) == 4).all()
+            shares = proximity(parts.sum(1)[None], parts.clone()[None])[0] * used
+            shares = shares / shares.sum(1, keepdim=True)
+            decoder = sequence.source_attributions[positions]  # (tokens, spans)
+            expected = (decoder.T @ shares) @ tower_alti(get_spec(model).tower, pixels["pixel_values"][0])[0]
+            spread = sequence.sequence_scores[f"tower_image{number + 1}"]  # (tower tokens, spans)
+            torch.testing.assert_close(spread, expected.T, rtol=1e-4, atol=1e-6)
+            torch.testing.assert_close(spread.sum(0), decoder.sum(0), rtol=1e-5, atol=1e-6)
+            image += 1
+    assert image == 3
+
+
 def tower_alti(tower, pixels: torch.Tensor) -> torch.Tensor:
     """The ALTI declaration's rolled-out map ``(1, tokens, tokens)`` on the tower alone (every row explained)."""
     from inseq_mixing.trace import ModelCall, trace_call
 
-    mask = torch.ones(1, 10, dtype=torch.long)
+    mask = torch.ones(1, tower.tokens, dtype=torch.long)
     trace = trace_call(tower.spec, ModelCall(tower.module, {"pixel_values": pixels}, frame_masks={"decoder": mask}))
     request = Request(tower.spec, tower.module, mask, None, None, torch.zeros_like(mask), None, mask.bool(),
                       lambda: trace)  # fmt: skip

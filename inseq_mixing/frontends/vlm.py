@@ -34,8 +34,8 @@ positions and grids (``image_tokens``, ``image_grids``) and the part of the imag
 ``(left, top, right, bottom)`` in its pixels: :func:`inseq_mixing.views.images.answer_heatmap` draws on it).
 
 The decoder is explained: the image tokens' embeddings (the projector's output) are the first block's input, as a
-word's embedding is; ``tower=True`` continues LLaVA's image-token scores through its projector and vision tower
-(:mod:`inseq_mixing.methods.tower`, our extension). No math here.
+word's embedding is; ``tower=True`` continues LLaVA's, Idefics3's and SmolVLM's image-token scores through the
+projector and the vision tower (:mod:`inseq_mixing.methods.tower`, our extension). No math here.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from ..declarations import DECLARATIONS, InputSize, Request
 from ..declarations.graphs import GRAPH_KEYWORD
 from ..methods.blocks import upcast
 from ..methods.spans import SpanRows
-from ..methods.tower import through_tower, tower_rollout
+from ..methods.tower import merge_shares, through_tower, tower_rollout
 from ..specs import get_spec
 from ..trace import ModelCall, forward_arguments, trace_call
 from .common import FrontEndModel, plain, saved_model
@@ -189,7 +189,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
                 a boxed image is ``image 1 (rest)``, other images whole, every other token its own.
             hops: Hops through the generated tokens (0: none).
             tower: Also continue each image's token scores through the projector and the vision tower onto the
-                tower's input patches (LLaVA; our extension: :mod:`inseq_mixing.methods.tower`), as
+                tower's input patches (LLaVA, Idefics3, SmolVLM; our extension: :mod:`inseq_mixing.methods.tower`), as
                 ``sequence_scores["tower_image1"]``, ... ``(tower tokens, spans)``, labelled in
                 ``info["tower_tokens"]``.
             max_new_tokens: The longest greedy answer.
@@ -352,8 +352,9 @@ class VisionLanguageAttributionModel(FrontEndModel):
             if self.spec.tower is None:
                 raise ValueError(
                     "tower=True continues the image tokens' scores through a projector that mixes no tokens (LLaVA's, "
-                    f"one layer's features); this {self.spec.family}'s merges, pools or tiles them, which is not "
-                    "decomposed yet: leave tower=False."
+                    "one layer's features) or folds patches linearly (Idefics3's and SmolVLM's pixel shuffle); this "
+                    f"{self.spec.family}'s merges, pools or tiles them otherwise, which is not decomposed yet: leave "
+                    "tower=False."
                 )
             if units != "tokens" or options.get("per_layer") or options.get("per_head"):
                 raise ValueError("tower=True spreads each image token's one score through the tower: use "
@@ -618,18 +619,21 @@ class VisionLanguageAttributionModel(FrontEndModel):
         """Each row's image-token scores continued through the vision tower (one traced pass of the tower over the
         batch's images, its ALTI rollout: :mod:`inseq_mixing.methods.tower`), per image ``(tower tokens, spans)``."""
         tower = self.spec.tower
-        pixels = batch.request.model_call().kwargs["pixel_values"]
+        kwargs = batch.request.model_call().kwargs
+        inputs = {"pixel_values": kwargs["pixel_values"]} if tower.inputs is None else tower.inputs(kwargs)
+        pixels = inputs["pixel_values"]
         mask = torch.ones(pixels.shape[0], tower.tokens, dtype=torch.long, device=pixels.device)
-        trace = trace_call(
-            tower.spec, ModelCall(tower.module, {"pixel_values": pixels}, frame_masks={"decoder": mask})
-        )
+        trace = trace_call(tower.spec, ModelCall(tower.module, inputs, frame_masks={"decoder": mask}))
         rollout = tower_rollout(trace, tower.layers)
+        merge = tower.merge
+        shares = None if merge is None else merge_shares(trace.final_hidden, merge.groups, merge.projection.weight)
         found, image = [], 0
         for row in range(batch.size):
             scores = batch.unit_scores[row, : len(batch.span_tokens[row])]  # (spans, units): a unit per token
             entries = {}
             for number, positions in enumerate(batch.image_tokens[row]):
-                spread = through_tower(scores[:, positions], rollout[image], tower.first_feature)
+                folded = None if merge is None else (shares[image], merge.groups)
+                spread = through_tower(scores[:, positions], rollout[image], tower.first_feature, folded)
                 entries[f"tower_image{number + 1}"] = upcast(spread.T.detach()).cpu()
                 image += 1
             found.append(entries)

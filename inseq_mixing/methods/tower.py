@@ -13,14 +13,23 @@ the tower's input tokens (the class token, then the patches)
 
 sum to :math:`\sum_k s_k`: what the decoder gave the image is kept across the junction (signed scores stay signed:
 each :math:`s_k` is spread by a row of non-negative shares). :math:`\ell^* = 0` (the tower's input) leaves the scores
-where they are. A projector that merges tokens (Qwen2-VL's 2 × 2 merger, pixel shuffles, Gemma 3's pooling) would need
-its own decomposition: not treated here.
+where they are.
+
+Idefics3's and SmolVLM's pixel shuffle folds the patches :math:`g_{k1}, \ldots, g_{kn}` into token :math:`k` by one
+bias-free linear map of their concatenation, so its embedding is exactly a sum of one part per patch,
+:math:`e_k = \sum_j W_j x_{g_{kj}}` (:math:`x` the tower's final states). The merge is decomposed, not averaged: each
+part's share is ALTI's proximity to the whole, :math:`c_{kj} = \max(0, \lVert e_k\rVert_1 - \lVert e_k - W_j
+x_{g_{kj}}\rVert_1)`, normalised over :math:`j` (a token none of whose parts is closer to it than the origin splits
+evenly: our definition), and patch :math:`p` gets :math:`\sum_{k, j: g_{kj} = p} s_k c_{kj}` before the tower's
+rollout spreads it; the total is kept. Projectors with a non-linearity after the merge (Qwen2-VL's merger, InternVL's
+MLP) and Gemma 3's pooling are not treated here.
 """
 
 import torch
 
 from ..trace import ModelTrace
-from .alti import alti
+from .alti import alti, proximity
+from .blocks import upcast
 from .rollout import rolled_out_rows
 
 
@@ -35,9 +44,28 @@ def tower_rollout(trace: ModelTrace, layers: int) -> torch.Tensor:
     return rolled_out_rows(lambda layer: maps[:, layer], layers)
 
 
-def through_tower(scores: torch.Tensor, rollout: torch.Tensor, first_feature: int) -> torch.Tensor:
+def merge_shares(states: torch.Tensor, groups: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Each image token's shares over the patches it folds, ``(images, K, n)``, non-negative and summing to 1 over
+    ``n`` (see the module docstring): ``states`` the tower's final states ``(images, patches, D)``, ``groups``
+    ``(K, n)`` the patches of each token in the projector's order, ``weight`` the projection's ``(E, n · D)``."""
+    states = upcast(states)
+    slots = upcast(weight).reshape(weight.shape[0], groups.shape[1], -1)  # (E, n, D): the columns of each slot
+    parts = torch.einsum("iknd,end->ikne", states[:, groups.to(states.device)], slots.to(states.device))
+    shares = proximity(parts.sum(2), parts)  # overwrites the parts, read no further
+    total = shares.sum(-1, keepdim=True)
+    return torch.where(total > 0, shares / total.clamp(min=torch.finfo(shares.dtype).tiny), 1 / groups.shape[1])
+
+
+def through_tower(scores: torch.Tensor, rollout: torch.Tensor, first_feature: int,
+                  merge: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:  # fmt: skip
     """Image-token scores ``(..., K)`` of one image continued onto the tower's input tokens ``(..., N)``: token
     ``k``'s score spread by the rollout's row ``k + first_feature`` (the tower token the projector read for it;
-    ``rollout`` ``(N, N)`` for that image)."""
+    ``rollout`` ``(N, N)`` for that image); with ``merge`` (that image's shares ``(K, n)`` and the groups ``(K, n)``),
+    first spread over the patches each token folds (:func:`merge_shares`)."""
+    if merge is not None:
+        shares, groups = merge
+        spread = scores[..., :, None] * shares.to(scores.dtype)  # (..., K, n)
+        placed = scores.new_zeros(*scores.shape[:-1], rollout.shape[-1] - first_feature)
+        scores = placed.index_add_(-1, groups.flatten().to(scores.device), spread.flatten(-2))
     rows = rollout[first_feature : first_feature + scores.shape[-1]]
     return scores @ rows.to(scores.dtype)

@@ -588,10 +588,25 @@ class HeadSpec:
 
 
 @dataclass(frozen=True)
+class PatchMerge:
+    r"""A projector that folds groups of the tower's patches into one image token by one bias-free linear map of their
+    concatenation (Idefics3's and SmolVLM's pixel shuffle): token ``k``'s embedding is exactly
+    :math:`\sum_j W_j x_{g_{kj}}`, :math:`W_j` the projection's columns of slot ``j``.
+
+    Attributes:
+        groups: ``(tokens, n)`` the tower patches each image token reads, in the order the projector concatenates them.
+        projection: The bias-free linear map on the concatenation (weight ``(d_model, n · tower width)``).
+    """
+
+    groups: torch.Tensor
+    projection: nn.Module
+
+
+@dataclass(frozen=True)
 class TowerSpec:
     """A vision-language model's vision tower as far as its image tokens read it, where the projector between them
-    mixes no tokens (LLaVA's): the decoder's image-token scores continue through it
-    (:mod:`inseq_mixing.methods.tower`).
+    mixes no tokens (LLaVA's) or folds patches by a linear map (Idefics3's pixel shuffle, :class:`PatchMerge`): the
+    decoder's image-token scores continue through it (:mod:`inseq_mixing.methods.tower`).
 
     Attributes:
         module: The tower (a vision encoder this package reads: CLIP's, SigLIP's).
@@ -599,6 +614,8 @@ class TowerSpec:
         layers: How many of its blocks the image tokens' features went through (``vision_feature_layer``).
         first_feature: The tower token the first image token was read from (1 where the class token is dropped).
         tokens: The tower's tokens per image (its class token, then its patches).
+        merge: A projector that folds patches into tokens (:class:`PatchMerge`), or None (one token each).
+        inputs: The tower's keyword inputs from the model's (default: its ``pixel_values``), or None.
     """
 
     module: nn.Module
@@ -606,6 +623,8 @@ class TowerSpec:
     layers: int
     first_feature: int
     tokens: int
+    merge: PatchMerge | None = None
+    inputs: Callable[[dict], dict] | None = None
 
 
 @dataclass(frozen=True)
