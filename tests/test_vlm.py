@@ -5,6 +5,7 @@ gives causal rows and a left-padded row equal to that row with its image alone, 
 AttnLRP gives the model's own logit."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -717,16 +718,23 @@ def projector_outputs(model) -> list:
     return [visual.merger, *visual.deepstack_merger_list]
 
 
-def answer_probability_with_tokens_averaged(front_end, image, prompt: str, answer: str, removed: list[int]) -> float:
-    """The naive reading of a removal: the answer's mean token probability (a plain forward pass of the processor's
-    inputs) with the image tokens ``removed`` (indices in the image's order) replaced, at the projectors' outputs
-    (hooks on the real modules), by the mean of the image's tokens."""
+def answer_inputs(front_end, image, prompt: str, answer: str) -> tuple[torch.Tensor, dict, int, list[int]]:
+    """A plain forward pass's inputs for one image, a prompt and its answer teacher-forced (the processor's, the
+    answer's ids appended): the ids, the other inputs, the position predicting the answer's first token, its ids."""
     answer_ids = front_end.tokenizer(answer, add_special_tokens=False)["input_ids"]
     encoded = front_end.processor(images=[[image]], text=[prompt], return_tensors="pt")
     ids = torch.cat([encoded["input_ids"], torch.tensor([answer_ids])], 1)
     extra = {name: value for name, value in encoded.items() if name not in ("input_ids", "attention_mask")}
     if "mm_token_type_ids" in extra:
         extra["mm_token_type_ids"] = torch.cat([extra["mm_token_type_ids"], torch.zeros(1, len(answer_ids))], 1).int()
+    return ids, extra, encoded["input_ids"].shape[1] - 1, answer_ids
+
+
+def answer_probability_with_tokens_averaged(front_end, image, prompt: str, answer: str, removed: list[int]) -> float:
+    """The naive reading of a removal: the answer's mean token probability (a plain forward pass of the processor's
+    inputs) with the image tokens ``removed`` (indices in the image's order) replaced, at the projectors' outputs
+    (hooks on the real modules), by the mean of the image's tokens."""
+    ids, extra, first, answer_ids = answer_inputs(front_end, image, prompt, answer)
 
     def averaged(_module, _args, output):
         flat = output.reshape(-1, output.shape[-1])
@@ -742,7 +750,6 @@ def answer_probability_with_tokens_averaged(front_end, image, prompt: str, answe
     finally:
         for handle in handles:
             handle.remove()
-    first = encoded["input_ids"].shape[1] - 1
     probabilities = logits[first : first + len(answer_ids)].softmax(-1)
     return float(probabilities[torch.arange(len(answer_ids)), answer_ids].mean())
 
@@ -800,6 +807,93 @@ def test_faithfulness_of_a_vlm_reads_curves_over_the_image_tokens_in_the_answers
     assert float(summary["deletion_auc"].value()) == pytest.approx(expected, rel=1e-4)
     assert set(evaluation.baseline) == {"deletion_auc", "insertion_auc", "comprehensiveness_prob",
                                         "sufficiency_prob"}  # fmt: skip
+
+
+def first_block_gradient(front_end, image, prompt: str, answer: str) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Naively, on the real model: the first decoder block's input made a leaf by a hook, the answer's summed logit
+    (teacher-forced, a plain forward pass of the processor's inputs) and its gradient there: ``(input, gradient)``
+    ``(T, D)`` and the logit."""
+    ids, extra, start, answer_ids = answer_inputs(front_end, image, prompt, answer)
+    leaf = {}
+
+    def made_leaf(_module, args, kwargs):
+        leaf["input"] = args[0].detach().requires_grad_(True)
+        return (leaf["input"], *args[1:]), kwargs
+
+    first = get_spec(front_end.model).decoder.layers[0].module
+    handle = first.register_forward_pre_hook(made_leaf, with_kwargs=True)
+    try:
+        logits = front_end.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **extra).logits
+    finally:
+        handle.remove()
+    logit = logits[0, start : start + len(answer_ids)].gather(-1, torch.tensor(answer_ids)[:, None]).sum()
+    (gradient,) = torch.autograd.grad(logit, leaf["input"])
+    return leaf["input"][0].detach(), gradient[0], float(logit)
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen3_vl"])
+def test_gradient_baselines_on_a_vlm_are_the_gradient_at_the_first_block_input(family):
+    """``input_x_gradient`` and ``saliency`` over image and text tokens for the answer as one span: the gradient of its
+    summed logit at the first block's input (a hook on the real block, a plain backward pass) times that input (or in
+    absolute value), summed over the embedding; ``integrated_gradients`` (a right Riemann sum of 4 steps from the zero
+    input) is the input times the mean of those gradients at a quarter, half, ... of it."""
+    square, _ = two_images()
+    prompt, answer = f"the {placeholder(family)} cat", "sat on the"
+    embeds, gradient, logit = first_block_gradient(front(family), square, prompt, answer)
+    for method, expected in (("input_x_gradient", (embeds * gradient).sum(-1)), ("saliency", gradient.abs().sum(-1))):
+        out = front(family, method).attribute(square, prompt, answer, spans="answer", show_progress=False)
+        sequence = out.sequence_attributions[0]
+        torch.testing.assert_close(sequence.source_attributions[: len(embeds), 0], expected, rtol=1e-4, atol=1e-6)
+        assert sequence.step_scores["logit"][0] == pytest.approx(logit, rel=1e-5)
+        assert out.info["attributed_fn"] == "logit"
+    assert any(token.token.startswith("img1 ") for token in sequence.source[: len(embeds)])
+    steps = 4  # integrated gradients' right Riemann sum: the input times the mean gradient at 1/4, ..., 4/4 of it
+    out = front(family, "integrated_gradients").attribute(square, prompt, answer, spans="answer", n_steps=steps,
+                                                          method="riemann_right", show_progress=False)  # fmt: skip
+    mean = sum(gradient_at_scaled_input(front(family), square, prompt, answer, (k + 1) / steps) for k in range(steps))
+    torch.testing.assert_close(out.sequence_attributions[0].source_attributions[: len(embeds), 0],
+                               (embeds * mean / steps).sum(-1), rtol=1e-4, atol=1e-6)  # fmt: skip
+
+
+def gradient_at_scaled_input(front_end, image, prompt: str, answer: str, scale: float) -> torch.Tensor:
+    """The answer's summed-logit gradient at the first block's input scaled by ``scale`` (a hook on the real block
+    scales it, :func:`first_block_gradient` takes the gradient there)."""
+    first = get_spec(front_end.model).decoder.layers[0].module
+    handle = first.register_forward_pre_hook(lambda _m, args, kwargs: ((args[0] * scale, *args[1:]), kwargs),
+                                             with_kwargs=True)  # fmt: skip
+    try:
+        return first_block_gradient(front_end, image, prompt, answer)[1]
+    finally:
+        handle.remove()
+
+
+def test_compare_on_a_vlm_scores_each_method_by_removing_its_top_image_tokens():
+    """``compare(vlm, methods, [(image, prompt)], [answer], processor=...)``: every method (a gradient baseline among
+    them) explains the answer as one span; each row's comprehensiveness is the mean drop of the answer's probability
+    (the naive reading: projector outputs averaged by hooks) with the method's top image tokens removed, fraction by
+    fraction; a method that fails is named, the others kept."""
+    import inseq_mixing
+
+    square, _ = two_images()
+    model = front("llava")
+    prompt, answer = "the <image> cat", "sat on the"
+    with pytest.warns(UserWarning, match="saliency failed"):
+        comparison = inseq_mixing.compare(model.model, ["alti_logit", "input_x_gradient", "saliency"],
+                                          [(square, prompt)], [answer], processor=model.processor,
+                                          fractions=(0.2, 0.5),
+                                          method_kwargs={"saliency": {"n_steps": 3}})  # fmt: skip
+    assert "saliency" in comparison.failed and set(comparison.outputs) == {"alti_logit", "input_x_gradient"}
+    for method in comparison.outputs:
+        out = comparison.outputs[method]
+        scores = out.sequence_attributions[0].source_attributions[out.info["image_tokens"][0][0], 0]
+        ranking = torch.argsort(scores, descending=True, stable=True).tolist()
+        original = answer_probability_with_tokens_averaged(model, square, prompt, answer, [])
+        drops = [original - answer_probability_with_tokens_averaged(model, square, prompt, answer,
+                                                                    ranking[: math.ceil(fraction * 9)])
+                 for fraction in (0.2, 0.5)]  # fmt: skip
+        row = next(row for row in comparison.tokens if row["method"] == method)
+        assert row["comprehensiveness_prob"] == pytest.approx(sum(drops) / 2, rel=1e-4, abs=1e-7)
+    assert comparison.agreement and comparison.summary()[1]["explains"] == "logit"
 
 
 def test_boxes_as_units_sum_the_tokens_whose_cells_they_hold():

@@ -37,7 +37,10 @@ def compare(
         processor: An image classifier's image processor, when ``model`` is a model object: ``inputs`` are then
             images (paths, PIL images, arrays) and ``targets`` labels; each image's label is scored by AOPC with
             patches replaced by the image's mean colour ([CLS] and the like never), and the methods' agreement is
-            over the patches (:func:`.vision.compare_vision`).
+            over the patches (:func:`.vision.compare_vision`). A vision-language decoder's processor: ``inputs``
+            are ``(images, prompt)`` pairs and ``targets`` answers (default: the greedy ones); each answer is
+            explained as one span and scored by AOPC with its first image's tokens removed, the agreement over those
+            tokens (:func:`.vlm.compare_vlm`).
         replacement_token: The token that replaces perturbed context tokens (default: the unknown token, else pad).
         fractions: Shares of the candidate tokens removed (or kept) at each point of the perturbation curve.
         random_draws: Random rankings averaged for the baseline.

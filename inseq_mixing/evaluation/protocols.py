@@ -210,6 +210,7 @@ register_protocol(Protocol(VISION_LANGUAGE, "faithfulness", "inseq_mixing.evalua
 register_comparison(GENERATION, "inseq_mixing.evaluation.generation:compare_generation")
 register_comparison(ENCODER, "inseq_mixing.evaluation.encoders:compare_encoder")
 register_comparison(VISION, "inseq_mixing.evaluation.vision:compare_vision")
+register_comparison(VISION_LANGUAGE, "inseq_mixing.evaluation.vlm:compare_vlm")
 register_stored(GENERATION, "inseq_mixing.evaluation.generation:stored_faithfulness")
 register_stored(ENCODER, "inseq_mixing.evaluation.encoders:stored_faithfulness")
 register_stored(SPEECH, "inseq_mixing.evaluation.speech_faithfulness:stored_faithfulness")

@@ -162,12 +162,62 @@ def box_tokens(output, box) -> tuple[torch.Tensor, list[int]]:
     return torch.tensor(inside), list(cells)
 
 
-def first_image_scores(output) -> tuple[torch.Tensor, list[int]]:
+def first_image_scores(output, row: int = 0) -> tuple[torch.Tensor, list[int]]:
     """The answer's scores over its first image's tokens (a map method's extra axis averaged) and those tokens'
-    positions in the prompt (the output's first sequence, units of tokens)."""
-    positions = output.info["image_tokens"][0][0]
-    scores = output.sequence_attributions[0].source_attributions[positions, 0].float()
+    positions in the prompt (the output's sequence ``row``, units of tokens, the answer one span)."""
+    positions = output.info["image_tokens"][row][0]
+    scores = output.sequence_attributions[row].source_attributions[positions, 0].float()
     return (scores.mean(-1) if scores.ndim == 2 else scores), positions
+
+
+def compare_vlm(model, methods: list[str], inputs, targets, found, settings):
+    """:func:`~inseq_mixing.compare` on a vision-language decoder: every method (the gradient baselines included, on
+    the first decoder block's input) on the same prompts and answers (the model's greedy answers where none are
+    given), each answer explained as one span; AOPC of the answer's probability with the first image's tokens removed
+    (each read as the image tokens' mean, as the ``faithfulness`` protocol removes them), random rankings as the
+    baseline, and the Spearman agreement of every two methods over those tokens. ``inputs``: an ``(images, prompt)``
+    pair, or a list of them."""
+    from ..frontends import as_front_end
+    from .comparison import Comparison, each_method, fill_one_entry, with_explained
+    from .faithfulness import removal_faithfulness
+
+    front = as_front_end(model, methods[0], found, processor=settings.processor)
+    pairs = [inputs] if isinstance(inputs, tuple) else list(inputs)
+    if not pairs or not all(isinstance(pair, tuple | list) and len(pair) == 2 for pair in pairs):
+        raise ValueError("compare on a vision-language model takes (images, prompt) pairs: one pair or a list.")
+    answers = [targets] if isinstance(targets, str) else targets
+    if answers is None:  # the greedy answers, one generation forced for every method
+        greedy = front.attribute([images for images, _ in pairs], [prompt for _, prompt in pairs], spans="answer",
+                                 max_new_tokens=settings.max_new_tokens or 20, show_progress=False)  # fmt: skip
+        answers = greedy.info["generated_texts"]
+    items = front.items(pairs, answers, None)
+    readers = [answer_reader(front, item) for item in items]
+    fractions, random_draws, method_kwargs = settings.fractions, settings.random_draws, settings.method_kwargs
+
+    def attribute(method: str):
+        options = with_explained(method, method_kwargs.get(method, {}), settings.attributed_fn)
+        out = front.for_method(method).attribute([item.images for item in items], [item.prompt for item in items],
+                                                 list(answers), spans="answer", show_progress=False,
+                                                 **options)  # fmt: skip
+        generator = torch.Generator().manual_seed(0)  # the same random rankings for every method
+        rows = []
+        for row, read in enumerate(readers):
+            scores, positions = first_image_scores(out, row)
+            rows.append(removal_faithfulness(read, scores, torch.ones(len(positions), dtype=torch.bool), fractions,
+                                             random_draws, generator))  # fmt: skip
+        return out, rows
+
+    comparison = Comparison()
+    done = each_method(methods, attribute, comparison.failed, "compare", settings.show_progress, "attributing",
+                       stacklevel=4)  # fmt: skip
+    return fill_one_entry(comparison, done, _first_image_tokens)
+
+
+def _first_image_tokens(sequence) -> torch.Tensor:
+    """A sequence's scores of its answer over its first image's tokens (labelled ``img1 ...``)."""
+    positions = [index for index, token in enumerate(sequence.source) if token.token.startswith("img1 ")]
+    scores = sequence.source_attributions[positions, 0].float()
+    return scores.mean(-1) if scores.ndim == 2 else scores
 
 
 def curves(output, read, steps: int, random_draws: int, generator: torch.Generator) -> dict:

@@ -17,6 +17,28 @@ from ..trace import eval_mode
 #: Inseq's step scores this package's own front ends answer, from the model's logits at the explained entries.
 STEP_SCORES = ("logit", "probability", "entropy")
 
+#: Inseq's gradient baselines, by name, as Captum classes on the input embeddings.
+GRADIENT_METHODS = ("integrated_gradients", "deeplift", "saliency", "input_x_gradient")
+#: The options of Captum's ``attribute`` each gradient baseline takes (``baselines``: a number, a token whose
+#: embedding stands at every position, e.g. the mask or pad token, or a tensor broadcastable to ``(tokens,
+#: d_model)``; ``return_convergence_delta``: Captum's completeness gap, as the step score ``convergence_delta``).
+GRADIENT_OPTIONS = {
+    "integrated_gradients": ("n_steps", "method", "internal_batch_size", "baselines", "return_convergence_delta"),
+    "deeplift": ("baselines", "return_convergence_delta"),
+    "saliency": ("abs",),
+    "input_x_gradient": (),
+}
+
+
+def captum_method(name: str, forward: nn.Module):
+    """Captum's class of the gradient baseline ``name`` on ``forward`` (DeepLift reads the module, the others its
+    forward function)."""
+    import captum.attr
+
+    classes = {"integrated_gradients": captum.attr.IntegratedGradients, "deeplift": captum.attr.DeepLift,
+               "saliency": captum.attr.Saliency, "input_x_gradient": captum.attr.InputXGradient}  # fmt: skip
+    return classes[name](forward if name == "deeplift" else forward.forward)
+
 
 class PreparedBatch(Protocol):
     """What :meth:`FrontEndModel.prepare` returns: one batch ready for the method (``request``: the declaration's
@@ -72,13 +94,26 @@ class FrontEndModel:
             own["max_new_tokens"] = max_new_tokens
         return own, options
 
+    #: The options each gradient baseline takes in this front end (where it runs them: its ``declaration`` None).
+    GRADIENT_OPTIONS: dict[str, tuple[str, ...]] = GRADIENT_OPTIONS
+
     def check_options(self, options: dict) -> None:
-        """Refuse options the method does not take (``ValueError`` naming them)."""
-        self.declaration.check_options(options)
+        """Refuse options the method does not take (``ValueError`` naming them): the declaration's, or a gradient
+        baseline's Captum options (:attr:`GRADIENT_OPTIONS`)."""
+        if self.declaration is not None:
+            self.declaration.check_options(options)
+            return
+        known = self.GRADIENT_OPTIONS[self.method]
+        if set(options) - set(known):
+            raise ValueError(
+                f"Unknown option(s) {sorted(set(options) - set(known))} for {self.method}: it takes {list(known)} "
+                "(Captum's own names)."
+            )
 
     def make_options(self, options: dict) -> dict:
-        """The method's options as its computation takes them (defaults filled in)."""
-        return self.declaration.make_options(options)
+        """The declared method's options as its computation takes them (defaults filled in); a gradient baseline's
+        as given."""
+        return self.declaration.make_options(options) if self.declaration is not None else dict(options)
 
     def inseq_keywords(self, options: dict, targets, contrastive: bool) -> tuple[object, list[str]]:
         """Inseq's names for this front end's arguments, taken out of ``options`` (what an Inseq user passes by

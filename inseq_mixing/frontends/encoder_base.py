@@ -27,20 +27,8 @@ from ..declarations import DECLARATIONS, Request
 from ..methods.blocks import upcast
 from ..methods.results import LogitScores
 from ..specs import get_spec
-from .common import FrontEndModel
+from .common import GRADIENT_METHODS, FrontEndModel, captum_method
 from .layout import logit_step_scores, row_steps, sequence_output, token_list, tokens_first
-
-#: Inseq's gradient baselines, by name, as Captum classes on the input embeddings.
-GRADIENT_METHODS = ("integrated_gradients", "deeplift", "saliency", "input_x_gradient")
-#: The options of Captum's ``attribute`` each gradient baseline takes (``baselines``: a number, a token whose
-#: embedding stands at every position, e.g. the mask or pad token, or a tensor broadcastable to ``(tokens,
-#: d_model)``; ``return_convergence_delta``: Captum's completeness gap, as the step score ``convergence_delta``).
-GRADIENT_OPTIONS = {
-    "integrated_gradients": ("n_steps", "method", "internal_batch_size", "baselines", "return_convergence_delta"),
-    "deeplift": ("baselines", "return_convergence_delta"),
-    "saliency": ("abs",),
-    "input_x_gradient": (),
-}
 
 
 @dataclass
@@ -133,22 +121,6 @@ class EncoderFrontEnd(FrontEndModel):
         """Refuse a target or foil the row's explained positions cannot take (nothing here)."""
 
     # ----- options, foils, a dataset run -----
-
-    def check_options(self, options: dict) -> None:
-        """Refuse unknown option names and wrong values before any work."""
-        if self.declaration is not None:
-            self.declaration.check_options(options)
-            return
-        known = GRADIENT_OPTIONS[self.method]
-        if set(options) - set(known):
-            raise ValueError(
-                f"Unknown option(s) {sorted(set(options) - set(known))} for {self.method}: it takes {list(known)} "
-                "(Captum's own names)."
-            )
-
-    def make_options(self, options: dict) -> dict:
-        """The declared method's options with their defaults; a gradient baseline's as given."""
-        return self.declaration.make_options(options) if self.declaration is not None else dict(options)
 
     def check_rows(self, sources: list, targets: list, words: list, own: dict, names: list[str]) -> None:
         """A dataset run's rows checked before any work (:meth:`validate`), errors naming the row."""
@@ -336,10 +308,6 @@ class EncoderFrontEnd(FrontEndModel):
                             abs: bool = True, **captum_options) -> list:  # noqa: A002  (Captum's name)  # fmt: skip
         """Captum's method on the input embeddings, per explained position (summed over the embedding), with
         Captum's options (:data:`GRADIENT_OPTIONS`; integrated gradients: 50 steps unless ``n_steps`` says)."""
-        import captum.attr
-
-        classes = {"integrated_gradients": captum.attr.IntegratedGradients, "deeplift": captum.attr.DeepLift,
-                   "saliency": captum.attr.Saliency, "input_x_gradient": captum.attr.InputXGradient}  # fmt: skip
         inputs = batch.inputs
         embeds = self.input_embeddings(batch)
         baseline = self.baseline(baselines, embeds)
@@ -353,7 +321,7 @@ class EncoderFrontEnd(FrontEndModel):
                 target = int(batch.target_ids[row, cell])
                 foil = None if batch.foil_ids is None else int(batch.foil_ids[row, cell])
                 model = self.explained_logit(batch, row, cell, target, foil)
-                method = classes[self.method](model if self.method == "deeplift" else model.forward)
+                method = captum_method(self.method, model)
                 kwargs = dict(captum_options)
                 if baseline is not None:
                     kwargs["baselines"] = baseline if baseline.dim() == 0 else baseline[row : row + 1]

@@ -35,13 +35,20 @@ positions and grids (``image_tokens``, ``image_grids``) and the part of the imag
 
 The decoder is explained: the image tokens' embeddings (the projector's output) are the first block's input, as a
 word's embedding is; ``tower=True`` continues LLaVA's, Idefics3's and SmolVLM's image-token scores through the
-projector and the vision tower (:mod:`inseq_mixing.methods.tower`, our extension). No math here.
+projector and the vision tower (:mod:`inseq_mixing.methods.tower`, our extension).
+
+The gradient baselines (``integrated_gradients``, ``deeplift``, ``saliency``, ``input_x_gradient``, Captum's) explain
+each span's summed logit (minus the contrast's) on the same units: Captum's attribution of the first decoder block's
+input, the image tokens' embeddings and the words', summed over the embedding per token (the default baseline: zero
+embeddings). What the decoder adds between its blocks (Qwen3-VL's DeepStack features) is held at its value: it is
+not attributed. No math here.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -49,12 +56,14 @@ from torch import nn
 
 from ..declarations import DECLARATIONS, InputSize, Request
 from ..declarations.graphs import GRAPH_KEYWORD
+from ..methods.attn_lrp import no_graph_before_blocks
 from ..methods.blocks import upcast
-from ..methods.spans import SpanRows
+from ..methods.results import LogitScores
+from ..methods.spans import SpanRows, unit_scores
 from ..methods.tower import merge_shares, through_tower, tower_rollout
 from ..specs import get_spec
 from ..trace import ModelCall, forward_arguments, trace_call
-from .common import FrontEndModel, plain, saved_model
+from .common import GRADIENT_METHODS, GRADIENT_OPTIONS, FrontEndModel, captum_method, plain, saved_model
 from .spans import explain_spans, span_sequence
 from .vision import read_image
 
@@ -139,13 +148,15 @@ class VisionLanguageAttributionModel(FrontEndModel):
     RUN_ARGUMENTS = ("spans", "units", "hops")
     GENERATES = True  # the greedy answers
 
+    #: Captum's options of the gradient baselines here (no convergence gap: a span's is not one Captum call's).
+    GRADIENT_OPTIONS = {name: tuple(option for option in options if option != "return_convergence_delta")
+                        for name, options in GRADIENT_OPTIONS.items()}  # fmt: skip
+
     def __init__(self, model: nn.Module, processor, method: str):
-        if method not in DECLARATIONS:
-            raise ValueError(
-                f"Unknown method {method!r} for vision-language models: use one of {list(DECLARATIONS)} (Inseq's "
-                "gradient methods are not offered on images yet)."
-            )
-        self.model, self.method, self.declaration = model, method, DECLARATIONS[method]
+        if method not in DECLARATIONS and method not in GRADIENT_METHODS:
+            raise ValueError(f"Unknown method {method!r} for vision-language models: use one of "
+                             f"{[*DECLARATIONS, *GRADIENT_METHODS]}.")  # fmt: skip
+        self.model, self.method, self.declaration = model, method, DECLARATIONS.get(method)
         self.spec = get_spec(model)
         tokenizer = getattr(processor, "tokenizer", None)
         if tokenizer is None or not callable(processor) or getattr(processor, "image_processor", None) is None:
@@ -227,7 +238,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
         if contrast is not None and foils is not None:
             raise ValueError("Give the contrast answers once: foils= or contrast_targets= (Inseq's name), not both.")
         foils = plain(contrast if contrast is not None else foils)
-        if foils is not None and not self.declaration.explains_logit:
+        if foils is not None and self.declaration is not None and not self.declaration.explains_logit:
             raise ValueError(f"contrast_targets: {self.method} explains no logit, so no logit difference.")
         return foils
 
@@ -348,6 +359,9 @@ class VisionLanguageAttributionModel(FrontEndModel):
                       max_new_tokens: int = 20, tower: bool = False, boxes=None, **_call) -> CallSettings:  # fmt: skip
         """The call's settings; ``tower=True`` checked before any work (a tower the scores can continue through,
         one score per image token: units of tokens, no per-layer or per-head axis)."""
+        if hops and self.declaration is None:
+            raise ValueError(f"hops pass a span's score through each generated token's own row of a method's scores; "
+                             f"{self.method} gives none: use hops=0.")  # fmt: skip
         if tower:
             if self.spec.tower is None:
                 raise ValueError(
@@ -372,8 +386,15 @@ class VisionLanguageAttributionModel(FrontEndModel):
         what = "each generated token's logit" if spans == "tokens" else "the answer's summed logit"
         boxes = [[_grid_box(self.processor.image_processor, image.width, image.height) for image in item.images]
                  for item in items]  # fmt: skip
+        maps = self.declaration is not None and not self.declaration.explains_logit
+        contrastive = any(item.foil_ids is not None for item in items)
         return {
             "task": "vision-language generation",
+            "attributed_fn": f"{self.method} map: context mixing into each explained position"
+            if maps
+            else "contrast_logits_diff"
+            if contrastive
+            else "logit",
             "image_boxes": boxes,
             "explained": f"{what} (map methods: its row, or the answer's mean row), over image and text units",
             "prompts": [item.prompt for item in items],
@@ -462,7 +483,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
         if settings.hops:
             positions = positions | (generated.roll(-1, 1) & mask.bool())  # the rows predicting generated tokens
         kwargs = forward_arguments(model, spec, ids, mask, extra=images)
-        records = self.declaration.trace_records
+        records = self.declaration.trace_records if self.declaration is not None else (lambda: "all")
         request = Request(
             spec=spec,
             model=model,
@@ -594,11 +615,15 @@ class VisionLanguageAttributionModel(FrontEndModel):
     # ----- outputs -----
 
     def explain(self, batch: VLMBatch, options) -> tuple[list, list[str] | None]:
-        """The spans' scores over tokens (one pass where the method has one), hops through the generated tokens,
-        units summed; one sequence per prompt."""
-        result, batch.unit_scores, batch.hop_units = explain_spans(self.declaration, batch.request, options,
-                                                                   batch.spans, batch.generated, batch.hops,
-                                                                   batch.units)  # fmt: skip
+        """The spans' scores over tokens (one pass where the method has one; a gradient baseline: Captum's, span by
+        span), hops through the generated tokens, units summed; one sequence per prompt."""
+        if self.declaration is None:
+            result = self._gradient_spans(batch, **options)
+            batch.unit_scores, batch.hop_units = unit_scores(result.target, batch.units), None
+        else:
+            result, batch.unit_scores, batch.hop_units = explain_spans(self.declaration, batch.request, options,
+                                                                       batch.spans, batch.generated, batch.hops,
+                                                                       batch.units)  # fmt: skip
         if batch.tower:
             batch.tower_scores = self._tower_scores(batch)
         self._laid_out += [{"answer": batch.answers[row], "unit_keys": batch.unit_keys[row],
@@ -614,6 +639,41 @@ class VisionLanguageAttributionModel(FrontEndModel):
         if batch.tower_scores is not None:
             sequence.sequence_scores.update(batch.tower_scores[row])
         return sequence
+
+    def _gradient_spans(self, batch: VLMBatch, baselines=None, abs: bool = True,  # noqa: A002  (Captum's name)
+                        **captum_options) -> LogitScores:  # fmt: skip
+        """Captum's method on the first block's input, each span's summed logit (minus the contrast's) its output:
+        scores ``(B, N, T)`` (summed over the embedding), the spans' logits ``(B, N)`` (see the module docstring)."""
+        call, request = batch.request.caller(), batch.request
+        members = batch.spans.members
+        embeds = _first_block_input(self.model, self.spec, call.kwargs)
+        if baselines is not None:
+            if not isinstance(baselines, int | float):
+                raise ValueError(f"baselines={baselines!r}: give a number (every embedding coordinate), or nothing "
+                                 "(zeros).")  # fmt: skip
+            captum_options["baselines"] = float(baselines)
+        if self.method == "integrated_gradients":
+            captum_options.setdefault("n_steps", 50)
+        scores = torch.zeros(members.shape, dtype=torch.float32)
+        logits = torch.zeros(members.shape[:2], dtype=torch.float32)
+        for row in range(batch.size):
+            for span in range(members.shape[1]):
+                rows = members[row, span].nonzero().flatten()
+                if not len(rows):
+                    continue
+                foils = None if request.foil_ids is None else request.foil_ids[row, rows]
+                objective = _SpanLogit(self.model, self.spec, call, row, rows, request.predicted_ids[row, rows], foils)
+                with torch.enable_grad():
+                    found = captum_method(self.method, objective).attribute(
+                        embeds[row : row + 1].clone().requires_grad_(True), **captum_options
+                    )
+                if self.method == "saliency" and abs:
+                    found = found.abs()
+                scores[row, span] = upcast(found[0].sum(-1).detach()).cpu()
+                with torch.no_grad():
+                    logits[row, span] = float(objective(embeds[row : row + 1]).detach())
+        device = members.device
+        return LogitScores(target=scores.to(device), source=None, logit=logits.to(device), complete=False)
 
     def _tower_scores(self, batch: VLMBatch) -> list[dict[str, torch.Tensor]]:
         """Each row's image-token scores continued through the vision tower (one traced pass of the tower over the
@@ -659,6 +719,54 @@ class VisionLanguageAttributionModel(FrontEndModel):
         trace = batch.request.trace
         logits = trace.logits if trace.logits is not None else self.spec.lm_head(trace.final_hidden)
         return logits, batch.request.predicted_ids
+
+
+def _first_block_input(model: nn.Module, spec, kwargs: dict) -> torch.Tensor:
+    """The input of the decoder's first block in a forward pass of ``kwargs`` ``(B, T, D)``, detached."""
+    recorded = {}
+
+    def record(_module, args, call) -> None:  # a pre-hook that returns something would replace the arguments
+        recorded["input"] = (args[0] if args else call["hidden_states"]).detach()
+
+    handle = spec.decoder.layers[0].module.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(**kwargs)
+    finally:
+        handle.remove()
+    return recorded["input"]
+
+
+class _SpanLogit(nn.Module):
+    """One span's summed logit (minus the contrast's) as a function of one row's first-block input (Captum's forward
+    function): the model runs on the row's ids and images, each copy of the input replacing that block's input."""
+
+    def __init__(self, model: nn.Module, spec, call: ModelCall, row: int, rows: torch.Tensor, ids: torch.Tensor,
+                 foils: torch.Tensor | None):  # fmt: skip
+        super().__init__()
+        self.model, self.spec, self.call, self.row = model, spec, call, row
+        self.rows, self.ids, self.foils = rows, ids, foils
+
+    def forward(self, embeds: torch.Tensor) -> torch.Tensor:
+        copies = torch.full((embeds.shape[0],), self.row, dtype=torch.long, device=self.rows.device)
+        kwargs = self.call.rows(copies)
+
+        def replace(_module, args, call):
+            if args:
+                return (embeds, *args[1:]), call
+            return args, {**call, "hidden_states": embeds}
+
+        handle = self.spec.decoder.layers[0].module.register_forward_pre_hook(replace, with_kwargs=True)
+        no_graph = no_graph_before_blocks(self.model, self.spec) if torch.is_grad_enabled() else nullcontext()
+        try:
+            with no_graph:  # the tower and the projector run without a graph (the gradient stops at the block)
+                logits = self.model(**kwargs).logits[:, self.rows]
+        finally:
+            handle.remove()
+        chosen = logits.gather(-1, self.ids.expand(len(logits), -1)[..., None])[..., 0]
+        if self.foils is not None:
+            chosen = chosen - logits.gather(-1, self.foils.expand(len(logits), -1)[..., None])[..., 0]
+        return chosen.sum(-1)
 
 
 def _positional(value, ids: torch.Tensor) -> bool:
