@@ -223,7 +223,7 @@ def run_compare(args: argparse.Namespace) -> int:
         result = compare(
             model,
             args.methods,
-            args.text,
+            (args.image, args.text) if args.image else args.text,
             args.target,
             show_progress=True,
             random_draws=args.random_draws,
@@ -520,6 +520,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="methods to compare (default: %(default)s; inseq-mixing methods lists them)",
     )
     compare.add_argument("--target", default=None, help="forced target (default: the model's generation)")
+    compare.add_argument("--image", action="append", default=[],
+                         help="vision-language models: an image of the prompt, one per placeholder in its text, in "
+                              "order (repeat the flag); the answer is --target")  # fmt: skip
     compare.add_argument("--out", default="report.html", help="the HTML report (default: %(default)s)")
     compare.add_argument("--json", default=None, help="also write the metrics as JSON here")
     compare.add_argument("--device", default=None, help="e.g. cpu or cuda (default: Inseq's choice)")

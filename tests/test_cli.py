@@ -305,3 +305,31 @@ def test_a_mistyped_path_is_answered_before_torch_or_inseq_is_imported(args, mes
                           timeout=120)  # fmt: skip
     assert done.stdout.strip() == "2 []", done.stderr[-2000:]
     assert done.stderr.strip().startswith("error: ") and message in done.stderr
+
+
+def test_compare_a_vlm_from_its_folder_with_its_image_and_refuse_an_image_for_a_text_model(tmp_path, capsys):
+    """``inseq-mixing compare PROMPT --model VLM_FOLDER --image IMG --target ANSWER``: the saved tiny LLaVA and its
+    processor loaded from the folder, every method on the answer, the report written (its image tokens labelled);
+    ``--image`` for a text model, and a missing image, each refused in one line (exit 2)."""
+    from PIL import Image
+
+    from inseq_mixing.testing import synthetic_image, tiny_vlm, tiny_vlm_processor
+
+    folder = tmp_path / "tiny-llava"
+    tiny_vlm("llava").save_pretrained(folder)
+    tiny_vlm_processor("llava").save_pretrained(folder)
+    image = tmp_path / "cat.png"
+    Image.fromarray(synthetic_image(40, seed=1)).save(image)
+    report = tmp_path / "r.html"
+    code = main(["compare", "the <image> cat", "--model", str(folder), "--image", str(image), "--target", "sat on",
+                 "--methods", "alti_logit", "input_x_gradient", "--out", str(report)])  # fmt: skip
+    assert code == 0 and "img1 r0c0" in report.read_text()
+    capsys.readouterr()
+    code = main(["compare", "the <image> cat", "--model", str(folder), "--image", str(tmp_path / "no.png"),
+                 "--target", "sat on", "--methods", "alti_logit", "--out", str(tmp_path / "r2.html")])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "no image file" in err[0]
+    code = main(["compare", "the cat", "--model", "demo", "--image", str(image), "--target", "le chat",
+                 "--methods", "alti_logit", "--out", str(tmp_path / "r3.html")])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "are for vision-language models" in err[0]

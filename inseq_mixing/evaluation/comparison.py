@@ -139,6 +139,16 @@ def each_method(methods: list[str], run, failed: dict[str, str], caller: str, sh
     return results
 
 
+def texts_of(inputs) -> list[str]:
+    """``compare``'s inputs as texts (one text or a list), or ``ValueError``: an ``(images, prompt)`` pair (the command
+    line's ``--image``) is a vision-language model's input."""
+    texts = [inputs] if isinstance(inputs, str) else list(inputs)
+    if not all(isinstance(text, str) for text in texts):
+        raise ValueError("compare on this model takes texts; (images, prompt) pairs (--image) are for "
+                         "vision-language models.")  # fmt: skip
+    return texts
+
+
 def check_methods(methods: list[str]) -> None:
     """Refuse an empty method list or names Inseq does not know."""
     if not methods:

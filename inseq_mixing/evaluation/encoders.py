@@ -149,11 +149,12 @@ def compare_encoder(model, methods: list[str], texts, targets, found, settings):
     from ..frontends import as_front_end, load_model
 
     attribution = as_front_end(model, methods[0], found, tokenizer=settings.tokenizer)
-    texts = [texts] if isinstance(texts, str) else list(texts)
+    from .comparison import Comparison, each_method, fill_one_entry, texts_of, with_explained
+
+    texts = texts_of(texts)
     targets = [targets] if isinstance(targets, str) else targets
     fractions, random_draws, method_kwargs = settings.fractions, settings.random_draws, settings.method_kwargs
     show_progress, attributed_fn = settings.show_progress, settings.attributed_fn
-    from .comparison import Comparison, each_method, fill_one_entry, with_explained
 
     comparison = Comparison()
 

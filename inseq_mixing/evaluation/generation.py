@@ -8,7 +8,15 @@ import inseq
 from tqdm.auto import tqdm
 
 from ..frontends import as_front_end
-from .comparison import Comparison, candidate_scores, each_method, token_examples, token_level_scores, with_explained
+from .comparison import (
+    Comparison,
+    candidate_scores,
+    each_method,
+    texts_of,
+    token_examples,
+    token_level_scores,
+    with_explained,
+)
 from .explain import Explanation, explain_items
 from .faithfulness import DEFAULT_FRACTIONS, faithfulness, random_baseline, rank_correlation, target_scores
 from .items import EvaluationInputError, read_items_skipping
@@ -89,7 +97,7 @@ def compare_generation(model, methods: list[str], inputs, targets, found, settin
     fractions, random_draws, show_progress = settings.fractions, settings.random_draws, settings.show_progress
     max_new_tokens, attributed_fn = settings.max_new_tokens, settings.attributed_fn
     replacement_token = settings.replacement_token
-    inputs = [inputs] if isinstance(inputs, str) else list(inputs)
+    inputs = texts_of(inputs)
     targets = [targets] if isinstance(targets, str) else targets
     base = as_front_end(model, methods[0], found, tokenizer=tokenizer)
     hf_model, tokenizer = base.model, base.tokenizer
