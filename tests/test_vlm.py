@@ -614,6 +614,55 @@ def test_scores_continued_through_a_pixel_shuffle_split_each_token_over_its_patc
     assert image == 3
 
 
+def test_scores_continued_through_internvls_mlp_projector_and_tiles_keep_each_images_total():
+    """``tower=True`` on InternVL (pixel shuffle, then an MLP: LayerNorm, linear, GELU, linear; an image in tiles):
+    each token's parts over its four patches, plus the projector's bias path at the pass (its LayerNorm's shift and
+    biases through the activation's slope there, run through the real linear modules), add up to the embedding the
+    real projector gave; each tile's scores go to its patches by the parts' proximity shares, then through the tower's
+    ALTI rollout ([CLS] first); the image's rows are its tiles' in turn, and its total is the decoder's."""
+    import inseq_mixing
+    from inseq_mixing.methods.alti import proximity
+    from inseq_mixing.methods.tower import merge_parts
+    from inseq_mixing.testing import tiny_vlm_processor
+
+    square, _ = two_images()
+    model = tiny_vlm("internvl", seed=1)
+    front_end = inseq_mixing.load_model(model, "alti_logit", processor=tiny_vlm_processor("internvl"))
+    prompt = f"the {placeholder('internvl')} cat"
+    out = front_end.attribute(square, prompt, "sat on", tower=True, show_progress=False)
+    tower = get_spec(model).tower
+    projector = model.model.multi_modal_projector
+    pixels = front_end.processor(images=[[square]], text=[prompt], return_tensors="pt")["pixel_values"]
+    read = {}
+    handle = projector.register_forward_hook(lambda _m, args, output: read.update(input=args[0], output=output))
+    with torch.no_grad():
+        model.model.get_image_features(pixel_values=pixels)
+        handle.remove()
+        states = tower.module(pixel_values=pixels).last_hidden_state[:, 1:]  # (tiles, 36, D) without [CLS]
+        parts = merge_parts(states, tower.merge)  # (tiles, 9, 4, E)
+        pre = projector.linear_1(projector.layer_norm(read["input"]))
+        slope = projector.act(pre) / pre
+        bias_path = projector.linear_2(slope * projector.linear_1(projector.layer_norm.bias.expand_as(read["input"])))
+    torch.testing.assert_close(parts.sum(2) + bias_path, read["output"], rtol=1e-4, atol=1e-5)
+    sequence = out.sequence_attributions[0]
+    positions = out.info["image_tokens"][0][0]
+    decoder = sequence.source_attributions[positions]  # (tiles · 9, spans)
+    tiles = len(pixels)
+    assert tiles > 1 and len(positions) == 9 * tiles
+    spread = sequence.sequence_scores["tower_image1"]  # (tiles · 37, spans)
+    expected = []
+    for tile in range(tiles):
+        shares = proximity(parts[tile].sum(1)[None], parts[tile].clone()[None])[0]
+        total = shares.sum(-1, keepdim=True)
+        shares = torch.where(total > 0, shares / total, 1 / 4)  # (9, 4); no part closer than 0: even (as defined)
+        on_patches = torch.zeros(decoder.shape[1], 37)
+        on_patches[:, 1 + tower.merge.groups.flatten()] += (decoder[9 * tile : 9 * tile + 9].T[:, :, None]
+                                                            * shares).flatten(1)  # fmt: skip
+        expected.append(on_patches @ tower_alti(tower, pixels[tile : tile + 1])[0])
+    torch.testing.assert_close(spread, torch.cat(expected, -1).T, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(spread.sum(0), decoder.sum(0), rtol=1e-5, atol=1e-6)
+
+
 def tower_alti(tower, pixels: torch.Tensor) -> torch.Tensor:
     """The ALTI declaration's rolled-out map ``(1, tokens, tokens)`` on the tower alone (every row explained)."""
     from inseq_mixing.trace import ModelCall, trace_call

@@ -34,8 +34,8 @@ positions and grids (``image_tokens``, ``image_grids``) and the part of the imag
 ``(left, top, right, bottom)`` in its pixels: :func:`inseq_mixing.views.images.answer_heatmap` draws on it).
 
 The decoder is explained: the image tokens' embeddings (the projector's output) are the first block's input, as a
-word's embedding is; ``tower=True`` continues LLaVA's, Idefics3's and SmolVLM's image-token scores through the
-projector and the vision tower (:mod:`inseq_mixing.methods.tower`, our extension).
+word's embedding is; ``tower=True`` continues LLaVA's, Idefics3's, SmolVLM's and InternVL's image-token scores through
+the projector and the vision tower (:mod:`inseq_mixing.methods.tower`, our extension).
 
 The gradient baselines (``integrated_gradients``, ``deeplift``, ``saliency``, ``input_x_gradient``, Captum's) explain
 each span's summed logit (minus the contrast's) on the same units: Captum's attribution of the first decoder block's
@@ -200,9 +200,9 @@ class VisionLanguageAttributionModel(FrontEndModel):
                 a boxed image is ``image 1 (rest)``, other images whole, every other token its own.
             hops: Hops through the generated tokens (0: none).
             tower: Also continue each image's token scores through the projector and the vision tower onto the
-                tower's input patches (LLaVA, Idefics3, SmolVLM; our extension: :mod:`inseq_mixing.methods.tower`), as
-                ``sequence_scores["tower_image1"]``, ... ``(tower tokens, spans)``, labelled in
-                ``info["tower_tokens"]``.
+                tower's input patches (LLaVA, Idefics3, SmolVLM, InternVL; our extension:
+                :mod:`inseq_mixing.methods.tower`), as ``sequence_scores["tower_image1"]``, ... ``(tower tokens,
+                spans)`` (InternVL: each tile's tower tokens in turn), one tile's labelled in ``info["tower_tokens"]``.
             max_new_tokens: The longest greedy answer.
             batch_size: Prompts per forward pass.
             show_progress: Show a progress bar.
@@ -366,9 +366,9 @@ class VisionLanguageAttributionModel(FrontEndModel):
             if self.spec.tower is None:
                 raise ValueError(
                     "tower=True continues the image tokens' scores through a projector that mixes no tokens (LLaVA's, "
-                    "one layer's features) or folds patches linearly (Idefics3's and SmolVLM's pixel shuffle); this "
-                    f"{self.spec.family}'s merges, pools or tiles them otherwise, which is not decomposed yet: leave "
-                    "tower=False."
+                    "one layer's features) or folds patches by a linear map or an MLP (Idefics3's, SmolVLM's and "
+                    f"InternVL's pixel shuffle); this {self.spec.family}'s merges, pools or tiles them otherwise, "
+                    "which is not decomposed yet: leave tower=False."
                 )
             if units != "tokens" or options.get("per_layer") or options.get("per_head"):
                 raise ValueError("tower=True spreads each image token's one score through the tower: use "
@@ -686,17 +686,25 @@ class VisionLanguageAttributionModel(FrontEndModel):
         trace = trace_call(tower.spec, ModelCall(tower.module, inputs, frame_masks={"decoder": mask}))
         rollout = tower_rollout(trace, tower.layers)
         merge = tower.merge
-        shares = None if merge is None else merge_shares(trace.final_hidden, merge.groups, merge.projection.weight)
+        read = trace.final_hidden[:, tower.first_feature :]  # the states the projector read ([CLS] dropped)
+        shares = None if merge is None else merge_shares(read, merge)
+        per_tile = len(merge.groups) if merge is not None else tower.tokens - tower.first_feature
         found, image = [], 0
         for row in range(batch.size):
             scores = batch.unit_scores[row, : len(batch.span_tokens[row])]  # (spans, units): a unit per token
             entries = {}
             for number, positions in enumerate(batch.image_tokens[row]):
-                folded = None if merge is None else (shares[image], merge.groups)
-                spread = through_tower(scores[:, positions], rollout[image], tower.first_feature, folded)
-                entries[f"tower_image{number + 1}"] = upcast(spread.T.detach()).cpu()
-                image += 1
+                spreads = []
+                for start in range(0, len(positions), per_tile):  # each tile one tower image, in order
+                    folded = None if merge is None else (shares[image], merge.groups)
+                    tile = positions[start : start + per_tile]
+                    spreads.append(through_tower(scores[:, tile], rollout[image], tower.first_feature, folded))
+                    image += 1
+                entries[f"tower_image{number + 1}"] = upcast(torch.cat(spreads, -1).T.detach()).cpu()
             found.append(entries)
+        if image != len(rollout):
+            raise ValueError(f"The images' tokens make {image} tower images, and the tower read {len(rollout)}: "
+                             "leave tower=False for this processor's tiling.")  # fmt: skip
         return found
 
     def before_work(self, items: list[VLMItem]) -> None:

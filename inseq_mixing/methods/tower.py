@@ -21,15 +21,22 @@ bias-free linear map of their concatenation, so its embedding is exactly a sum o
 part's share is ALTI's proximity to the whole, :math:`c_{kj} = \max(0, \lVert e_k\rVert_1 - \lVert e_k - W_j
 x_{g_{kj}}\rVert_1)`, normalised over :math:`j` (a token none of whose parts is closer to it than the origin splits
 evenly: our definition), and patch :math:`p` gets :math:`\sum_{k, j: g_{kj} = p} s_k c_{kj}` before the tower's
-rollout spreads it; the total is kept. Projectors with a non-linearity after the merge (Qwen2-VL's merger, InternVL's
-MLP) and Gemma 3's pooling are not treated here.
+rollout spreads it; the total is kept.
+
+InternVL's projector is an MLP on the concatenation (a LayerNorm, a linear map, GELU, a linear map): its parts are
+DecompX's (Modarressi et al., 2023), each slot's part carried through the LayerNorm at the concatenation's statistics
+(its shift, and the biases, given to no patch), the activation linearised at the true pre-activation through the
+origin (:math:`f(h)/h`, DecompX's), so that the parts add up to the embedding minus that bias path; the shares are
+their proximities as above. Qwen2-VL's and Qwen3-VL's mergers and Gemma 3's pooling are not treated here.
 """
 
 import torch
 
+from ..specs.base import PatchMerge, linear_in_out
 from ..trace import ModelTrace
 from .alti import alti, proximity
 from .blocks import upcast
+from .norms import freeze_norm
 from .rollout import rolled_out_rows
 
 
@@ -44,16 +51,41 @@ def tower_rollout(trace: ModelTrace, layers: int) -> torch.Tensor:
     return rolled_out_rows(lambda layer: maps[:, layer], layers)
 
 
-def merge_shares(states: torch.Tensor, groups: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Each image token's shares over the patches it folds, ``(images, K, n)``, non-negative and summing to 1 over
-    ``n`` (see the module docstring): ``states`` the tower's final states ``(images, patches, D)``, ``groups``
-    ``(K, n)`` the patches of each token in the projector's order, ``weight`` the projection's ``(E, n · D)``."""
+def merge_parts(states: torch.Tensor, merge: PatchMerge) -> torch.Tensor:
+    """Each image token's embedding as one part per patch it folds, ``(images, K, n, E)`` (see the module docstring:
+    exact for a bias-free linear projector; an MLP's parts add up to its output minus its bias path): ``states`` the
+    tower's states the projector read ``(images, patches, D)``."""
     states = upcast(states)
-    slots = upcast(weight).reshape(weight.shape[0], groups.shape[1], -1)  # (E, n, D): the columns of each slot
-    parts = torch.einsum("iknd,end->ikne", states[:, groups.to(states.device)], slots.to(states.device))
+    groups = merge.groups.to(states.device)
+    count, width = groups.shape[1], states.shape[-1]
+    folded = states[:, groups]  # (images, K, n, D)
+    slots = folded.new_zeros(*folded.shape[:2], count, count * width)  # each patch alone in its slot
+    for slot in range(count):
+        slots[:, :, slot, slot * width : (slot + 1) * width] = folded[:, :, slot]
+    whole = folded.flatten(2)  # (images, K, n · D): the concatenation the projector read
+    if merge.norm is not None:
+        frozen = freeze_norm(merge.norm, whole)
+        slots = frozen.linear(slots)
+        whole = merge.norm(whole.to(merge.norm.weight.dtype)).to(whole.dtype)
+    weight, _ = linear_in_out(merge.projection)
+    parts = slots @ upcast(weight).to(slots.device)  # (images, K, n, hidden): no bias, no norm shift
+    if merge.activation is not None:
+        pre = upcast(merge.projection(whole.to(weight.dtype)))  # the true pre-activation
+        slope = (upcast(merge.activation(pre)) / pre).masked_fill_(pre == 0, 0)  # f(h) / h, 0 at h = 0
+        parts = parts * slope[:, :, None]
+        if merge.out is not None:
+            out_weight, _ = linear_in_out(merge.out)
+            parts = parts @ upcast(out_weight).to(parts.device)
+    return parts
+
+
+def merge_shares(states: torch.Tensor, merge: PatchMerge) -> torch.Tensor:
+    """Each image token's shares over the patches it folds, ``(images, K, n)``, non-negative and summing to 1 over
+    ``n``: its parts' proximities to their sum (:func:`merge_parts`; see the module docstring)."""
+    parts = merge_parts(states, merge)
     shares = proximity(parts.sum(2), parts)  # overwrites the parts, read no further
     total = shares.sum(-1, keepdim=True)
-    return torch.where(total > 0, shares / total.clamp(min=torch.finfo(shares.dtype).tiny), 1 / groups.shape[1])
+    return torch.where(total > 0, shares / total.clamp(min=torch.finfo(shares.dtype).tiny), 1 / parts.shape[2])
 
 
 def through_tower(scores: torch.Tensor, rollout: torch.Tensor, first_feature: int,

@@ -589,17 +589,24 @@ class HeadSpec:
 
 @dataclass(frozen=True)
 class PatchMerge:
-    r"""A projector that folds groups of the tower's patches into one image token by one bias-free linear map of their
-    concatenation (Idefics3's and SmolVLM's pixel shuffle): token ``k``'s embedding is exactly
-    :math:`\sum_j W_j x_{g_{kj}}`, :math:`W_j` the projection's columns of slot ``j``.
+    r"""A projector that folds groups of the tower's patches into one image token from their concatenation
+    :math:`z = [x_{g_{k1}}; \ldots; x_{g_{kn}}]`: a linear map (Idefics3's and SmolVLM's pixel shuffle, bias-free: the
+    embedding is exactly :math:`\sum_j W_j x_{g_{kj}}`), or an MLP (InternVL's: a LayerNorm on :math:`z`, a linear
+    map, an activation, a second linear map).
 
     Attributes:
         groups: ``(tokens, n)`` the tower patches each image token reads, in the order the projector concatenates them.
-        projection: The bias-free linear map on the concatenation (weight ``(d_model, n · tower width)``).
+        projection: The linear map on the (normalised) concatenation (weight ``(hidden, n · tower width)``).
+        norm: A norm on the concatenation before it, or None.
+        activation: The activation after it, or None (then no ``out`` either).
+        out: The linear map after the activation, or None.
     """
 
     groups: torch.Tensor
     projection: nn.Module
+    norm: nn.Module | None = None
+    activation: Callable | None = None
+    out: nn.Module | None = None
 
 
 @dataclass(frozen=True)

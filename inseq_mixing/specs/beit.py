@@ -25,7 +25,9 @@ KIND = "vision"
 MODEL_TYPES = {"beit", "data2vec-vision"}
 
 
-def _scale(layer: nn.Module, name: str, input_module: nn.Module | None) -> LayerScale | None:
+def layer_scale(layer: nn.Module, name: str, input_module: nn.Module | None) -> LayerScale | None:
+    """The block's layer scale ``name`` (a bare parameter) as a norm without statistics on a branch output, or None
+    where the block has none."""
     scale = getattr(layer, name, None)
     return LayerScale(scale, input_module) if isinstance(scale, nn.Parameter) else None
 
@@ -35,20 +37,20 @@ def layer_spec(layer: nn.Module, config) -> LayerSpec:
     if hasattr(layer, "mlp"):  # BEiT
         attention, mlp = layer.attention, layer.mlp
         self_attn = attn_spec(attention, attention.v_proj, attention.o_proj, heads, layer.layernorm_before, True,
-                              out_norm=_scale(layer, "lambda_1", None))  # fmt: skip
+                              out_norm=layer_scale(layer, "lambda_1", None))  # fmt: skip
         ffn = FFNSpec(forward=mlp, norm=layer.layernorm_after, pre_norm=True, w_in=mlp.fc1, w_out=mlp.fc2,
-                      activation=mlp.activation_fn, out_norm=_scale(layer, "lambda_2", mlp))  # fmt: skip
+                      activation=mlp.activation_fn, out_norm=layer_scale(layer, "lambda_2", mlp))  # fmt: skip
         return LayerSpec(module=layer, self_attn=self_attn, ffn=ffn)
     attention, output = layer.attention.attention, layer.attention.output
     self_attn = attn_spec(attention, attention.value, output.dense, heads, layer.layernorm_before, True,
-                          out_norm=_scale(layer, "lambda_1", None), output_module=output)  # fmt: skip
+                          out_norm=layer_scale(layer, "lambda_1", None), output_module=output)  # fmt: skip
 
     def ffn_forward(hidden):
         return layer.output(layer.intermediate(hidden))
 
     ffn = FFNSpec(forward=ffn_forward, norm=layer.layernorm_after, pre_norm=True, w_in=layer.intermediate.dense,
                   w_out=layer.output.dense, activation=layer.intermediate.intermediate_act_fn,
-                  out_norm=_scale(layer, "lambda_2", layer.output))  # fmt: skip
+                  out_norm=layer_scale(layer, "lambda_2", layer.output))  # fmt: skip
     return LayerSpec(module=layer, self_attn=self_attn, ffn=ffn)
 
 
