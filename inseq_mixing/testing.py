@@ -519,8 +519,8 @@ def tiny_vlm_inputs(model: torch.nn.Module, ids: torch.Tensor, images: torch.Ten
 
 #: The tiny VLMs with a local processor (:func:`tiny_vlm_processor`): not OneVision's (its tiny processor does not make
 #: the tiny model's token counts) nor SmolVLM's (its processor needs ``num2words``; Idefics3's is its layout).
-VLM_PROCESSOR_FAMILIES = ("llava", "llava_next", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "idefics3",
-                          "internvl")  # fmt: skip
+VLM_PROCESSOR_FAMILIES = ("llava", "llava_next", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "paligemma",
+                          "idefics3", "internvl")  # fmt: skip
 
 
 def tiny_vlm_processor(family: str = "llava"):
@@ -528,7 +528,8 @@ def tiny_vlm_processor(family: str = "llava"):
     with the family's image tokens added after the words (the tiny model's last ids), and the family's image
     processor at the tiny model's size (LLaVA: 24 × 24 images; LLaVA-NeXT: tiles of 24 × 24 of the three tiny
     pinpoints; Qwen2-VL, Qwen3-VL: images resized to 24 × 24 up to 48 × 24 pixels, 4 × 4 patches merged 2 × 2;
-    Gemma 3: 24 × 24 images, the placeholder ``<start_of_image>`` expanded into its 9 soft tokens; Idefics3: one
+    Gemma 3: 24 × 24 images, the placeholder ``<start_of_image>`` expanded into its 9 soft tokens; PaliGemma: 24 × 24
+    images, 9 tokens; Idefics3: one
     24 × 24 image, not split, between its marks; InternVL: tiles of 24 × 24 and the thumbnail, 9 tokens each, between
     ``<img>`` and ``</img>``). The Qwens' and InternVL's processors are built without their video processor (which
     needs torchvision): images only."""
@@ -564,6 +565,10 @@ def tiny_vlm_processor(family: str = "llava"):
         return transformers.Gemma3Processor(image_processor=images, tokenizer=tokenizer,
                                             image_seq_length=VLM_IMAGE_TOKENS)  # fmt: skip
     tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    if family == "paligemma":  # 24 × 24 images, 9 tokens before the prompt (the processor puts them first)
+        images = transformers.SiglipImageProcessorPil(size={"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE})
+        images.image_seq_length = VLM_IMAGE_TOKENS
+        return transformers.PaliGemmaProcessor(image_processor=images, tokenizer=tokenizer)
     common = dict(tokenizer=tokenizer, patch_size=TINY_PATCH_SIZE, vision_feature_select_strategy="default",
                   num_additional_image_tokens=1)  # fmt: skip
     if family == "llava":

@@ -322,13 +322,15 @@ def test_the_front_end_explains_the_greedy_answer_and_adds_up_to_the_models_own_
     out = model.attribute(square, prompt, max_new_tokens=4, show_progress=False)
     sequence = out.sequence_attributions[0]
     encoded = model.processor(images=[[square]], text=[prompt], return_tensors="pt")
+    encoded.pop("labels", None)  # PaliGemma's processor gives training labels too
     with torch.no_grad():
-        greedy = model.model.generate(**encoded, max_new_tokens=4, do_sample=False)[0, encoded["input_ids"].shape[1] :]
-    answer = greedy.tolist()
+        generated = model.model.generate(**encoded, max_new_tokens=4, do_sample=False, output_logits=True,
+                                         return_dict_in_generate=True)  # fmt: skip
+    answer = generated.sequences[0, encoded["input_ids"].shape[1] :].tolist()
     answer = answer[: answer.index(1)] if 1 in answer else answer  # the tiny models' end of sequence, id 1
     assert [token.token for token in sequence.target] == model.tokenizer.convert_ids_to_tokens(answer)
-    own = own_logits(model, [square], prompt, answer).gather(-1, torch.tensor(answer)[:, None])[:, 0]
-    torch.testing.assert_close(sequence.step_scores["logit"], own, rtol=1e-4, atol=1e-5)
+    own = torch.stack([step[0, token] for step, token in zip(generated.logits, answer, strict=False)])
+    torch.testing.assert_close(sequence.step_scores["logit"], own, rtol=1e-4, atol=1e-5)  # generation's own logits
     terms = sum(value for name, value in sequence.step_scores.items() if name != "logit")
     torch.testing.assert_close(sequence.source_attributions.sum(0) + terms, own, rtol=1e-4, atol=1e-4)
     labels = [token.token for token in sequence.source]
@@ -663,6 +665,44 @@ def test_scores_continued_through_internvls_mlp_projector_and_tiles_keep_each_im
     torch.testing.assert_close(spread.sum(0), decoder.sum(0), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("family", ["gemma3", "paligemma"])
+def test_scores_continued_through_gemma_towers_pooled_or_one_patch_a_token(family):
+    """``tower=True`` on Gemma 3 (each token the RMSNorm and projection of the mean of a 2 × 2 block of SigLIP patches
+    in the tiny model) and PaliGemma (each token one patch, projected): Gemma 3's parts over its patches add up
+    exactly to the embedding the real projector gave, its shares their proximities; PaliGemma's tokens go to their
+    own patches whole; then the tower's ALTI rollout; each image's total is the decoder's."""
+    from inseq_mixing.methods.alti import proximity
+    from inseq_mixing.methods.tower import merge_parts
+
+    square, _ = two_images()
+    model = front(family)
+    prompt = f"the {placeholder(family)} cat"
+    out = model.attribute(square, prompt, "sat on", tower=True, show_progress=False)
+    tower = get_spec(model.model).tower
+    pixels = model.processor(images=[[square]], text=[prompt], return_tensors="pt")["pixel_values"]
+    sequence = out.sequence_attributions[0]
+    decoder = sequence.source_attributions[out.info["image_tokens"][0][0]]  # (tokens, spans)
+    with torch.no_grad():
+        states = tower.module(pixel_values=pixels).last_hidden_state
+    if family == "gemma3":
+        projector = model.model.model.multi_modal_projector
+        with torch.no_grad():
+            parts = merge_parts(states, tower.merge)[0]  # (9, 4, E)
+            torch.testing.assert_close(parts.sum(1), projector(states)[0], rtol=1e-4, atol=1e-5)
+        shares = proximity(parts.sum(1)[None], parts.clone()[None])[0]
+        total = shares.sum(-1, keepdim=True)
+        shares = torch.where(total > 0, shares / total, 1 / 4)
+        on_patches = torch.zeros(decoder.shape[1], tower.tokens)
+        on_patches[:, tower.merge.groups.flatten()] += (decoder.T[:, :, None] * shares).flatten(1)
+    else:
+        assert tower.merge is None and decoder.shape[0] == tower.tokens
+        on_patches = decoder.T
+    expected = on_patches @ tower_alti(tower, pixels)[0]
+    spread = sequence.sequence_scores["tower_image1"]
+    torch.testing.assert_close(spread, expected.T, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(spread.sum(0), decoder.sum(0), rtol=1e-5, atol=1e-6)
+
+
 def tower_alti(tower, pixels: torch.Tensor) -> torch.Tensor:
     """The ALTI declaration's rolled-out map ``(1, tokens, tokens)`` on the tower alone (every row explained)."""
     from inseq_mixing.trace import ModelCall, trace_call
@@ -679,7 +719,7 @@ def test_the_tower_is_refused_where_the_projector_merges_or_units_pool():
     the reason before the model runs."""
     square, _ = two_images()
     qwen = front("qwen2_vl")
-    with pytest.raises(ValueError, match="qwen2_vl's merges, pools or tiles them"):
+    with pytest.raises(ValueError, match="qwen2_vl's merges or tiles them otherwise"):
         qwen.attribute(square, f"the {placeholder('qwen2_vl')} cat", "sat", tower=True, show_progress=False)
     with pytest.raises(ValueError, match="use units='tokens'"):
         front("llava").attribute(square, "the <image> cat", "sat", tower=True, units="images", show_progress=False)

@@ -34,8 +34,8 @@ positions and grids (``image_tokens``, ``image_grids``) and the part of the imag
 ``(left, top, right, bottom)`` in its pixels: :func:`inseq_mixing.views.images.answer_heatmap` draws on it).
 
 The decoder is explained: the image tokens' embeddings (the projector's output) are the first block's input, as a
-word's embedding is; ``tower=True`` continues LLaVA's, Idefics3's, SmolVLM's and InternVL's image-token scores through
-the projector and the vision tower (:mod:`inseq_mixing.methods.tower`, our extension).
+word's embedding is; ``tower=True`` continues the image-token scores of LLaVA, Idefics3, SmolVLM, InternVL, Gemma 3
+and PaliGemma through the projector and the vision tower (:mod:`inseq_mixing.methods.tower`, our extension).
 
 The gradient baselines (``integrated_gradients``, ``deeplift``, ``saliency``, ``input_x_gradient``, Captum's) explain
 each span's summed logit (minus the contrast's) on the same units: Captum's attribution of the first decoder block's
@@ -72,8 +72,11 @@ SPAN_KINDS = ("tokens", "answer")
 GRID_CELL = re.compile(r"^img(?P<image>\d+) r(?P<row>\d+)c(?P<column>\d+)$")
 UNIT_KINDS = ("tokens", "images")
 #: What the processor gives besides the images that is laid out like the ids (Qwen2-VL's ``mm_token_type_ids``):
-#: 2-D integer tensors of the ids' shape, laid out again with the answer (0 on padding and generated tokens).
+#: 2-D integer tensors of the ids' shape, laid out again with the answer (0 on padding; on generated tokens, 0 or the
+#: spec's value, :attr:`~inseq_mixing.specs.base.ModelSpec.answer_inputs`).
 POSITIONAL = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool)
+#: What a processor returns that the model's forward pass does not take (PaliGemma's ``labels``: a training target).
+NOT_MODEL_INPUTS = ("input_ids", "attention_mask", "labels")
 
 
 @dataclass
@@ -200,7 +203,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
                 a boxed image is ``image 1 (rest)``, other images whole, every other token its own.
             hops: Hops through the generated tokens (0: none).
             tower: Also continue each image's token scores through the projector and the vision tower onto the
-                tower's input patches (LLaVA, Idefics3, SmolVLM, InternVL; our extension:
+                tower's input patches (LLaVA, Idefics3, SmolVLM, InternVL, Gemma 3, PaliGemma; our extension:
                 :mod:`inseq_mixing.methods.tower`), as ``sequence_scores["tower_image1"]``, ... ``(tower tokens,
                 spans)`` (InternVL: each tile's tower tokens in turn), one tile's labelled in ``info["tower_tokens"]``.
             max_new_tokens: The longest greedy answer.
@@ -367,8 +370,8 @@ class VisionLanguageAttributionModel(FrontEndModel):
                 raise ValueError(
                     "tower=True continues the image tokens' scores through a projector that mixes no tokens (LLaVA's, "
                     "one layer's features) or folds patches by a linear map or an MLP (Idefics3's, SmolVLM's and "
-                    f"InternVL's pixel shuffle); this {self.spec.family}'s merges, pools or tiles them otherwise, "
-                    "which is not decomposed yet: leave tower=False."
+                    f"InternVL's pixel shuffle, Gemma 3's pooling); this {self.spec.family}'s merges or tiles them "
+                    "otherwise, which is not decomposed yet: leave tower=False."
                 )
             if units != "tokens" or options.get("per_layer") or options.get("per_head"):
                 raise ValueError("tower=True spreads each image token's one score through the tower: use "
@@ -418,7 +421,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
             if encoded["input_ids"][row][prompt_mask[row]].tolist() != item.prompt_ids:
                 raise ValueError(f"{item.name}: the processor encodes it differently in a batch than alone; run "
                                  "batch_size=1.")  # fmt: skip
-        images = {name: value for name, value in encoded.items() if name not in ("input_ids", "attention_mask")}
+        images = {name: value for name, value in encoded.items() if name not in NOT_MODEL_INPUTS}
         positional = {name for name, value in images.items() if _positional(value, encoded["input_ids"])}
         images = {name: value.to(device, self.model.dtype) if value.is_floating_point() else value.to(device)
                   for name, value in images.items() if isinstance(value, torch.Tensor)}  # fmt: skip
@@ -444,11 +447,13 @@ class VisionLanguageAttributionModel(FrontEndModel):
             mask[row, offsets[row] :] = 1
             if foils is not None:
                 foils[row, offsets[row] :] = torch.tensor(items[row].prompt_ids + items[row].foil_ids)
-        for name in positional:  # laid out again: the prompt's values where its tokens went, 0 elsewhere
+        answer_values = dict(self.spec.answer_inputs)
+        for name in positional:  # laid out again: the prompt's values where its tokens went, the answer's after
             laid = torch.zeros(ids.shape, dtype=images[name].dtype)
             for row, item in enumerate(items):
                 start = offsets[row]
                 laid[row, start : start + len(item.prompt_ids)] = images[name][row][prompt_mask[row]].cpu()
+                laid[row, start + len(item.prompt_ids) :] = answer_values.get(name, 0)  # 0 unless the spec says
             images[name] = laid.to(device)
         shift = torch.full_like(ids[:, :1], pad)
         predicted = torch.cat([ids[:, 1:], shift], 1)

@@ -21,13 +21,15 @@ bias-free linear map of their concatenation, so its embedding is exactly a sum o
 part's share is ALTI's proximity to the whole, :math:`c_{kj} = \max(0, \lVert e_k\rVert_1 - \lVert e_k - W_j
 x_{g_{kj}}\rVert_1)`, normalised over :math:`j` (a token none of whose parts is closer to it than the origin splits
 evenly: our definition), and patch :math:`p` gets :math:`\sum_{k, j: g_{kj} = p} s_k c_{kj}` before the tower's
-rollout spreads it; the total is kept.
+rollout spreads it; the total is kept. Gemma 3 averages each 4 × 4 block of patches (2 × 2 in the tiny model), then
+applies an RMSNorm and a bias-free projection: each patch's part is its share of the mean through the RMSNorm at the
+mean's statistics and the projection, exact, with the same shares.
 
 InternVL's projector is an MLP on the concatenation (a LayerNorm, a linear map, GELU, a linear map): its parts are
 DecompX's (Modarressi et al., 2023), each slot's part carried through the LayerNorm at the concatenation's statistics
 (its shift, and the biases, given to no patch), the activation linearised at the true pre-activation through the
 origin (:math:`f(h)/h`, DecompX's), so that the parts add up to the embedding minus that bias path; the shares are
-their proximities as above. Qwen2-VL's and Qwen3-VL's mergers and Gemma 3's pooling are not treated here.
+their proximities as above. Qwen2-VL's and Qwen3-VL's mergers are not treated here.
 """
 
 import torch
@@ -59,15 +61,19 @@ def merge_parts(states: torch.Tensor, merge: PatchMerge) -> torch.Tensor:
     groups = merge.groups.to(states.device)
     count, width = groups.shape[1], states.shape[-1]
     folded = states[:, groups]  # (images, K, n, D)
-    slots = folded.new_zeros(*folded.shape[:2], count, count * width)  # each patch alone in its slot
-    for slot in range(count):
-        slots[:, :, slot, slot * width : (slot + 1) * width] = folded[:, :, slot]
-    whole = folded.flatten(2)  # (images, K, n · D): the concatenation the projector read
+    if merge.pool == "mean":  # each patch's share of the mean the projector read
+        slots, whole = folded / count, folded.mean(2)
+    else:
+        slots = folded.new_zeros(*folded.shape[:2], count, count * width)  # each patch alone in its slot
+        for slot in range(count):
+            slots[:, :, slot, slot * width : (slot + 1) * width] = folded[:, :, slot]
+        whole = folded.flatten(2)  # (images, K, n · D): the concatenation the projector read
     if merge.norm is not None:
         frozen = freeze_norm(merge.norm, whole)
         slots = frozen.linear(slots)
         whole = merge.norm(whole.to(merge.norm.weight.dtype)).to(whole.dtype)
-    weight, _ = linear_in_out(merge.projection)
+    projection = merge.projection
+    weight = projection if isinstance(projection, torch.Tensor) else linear_in_out(projection)[0]
     parts = slots @ upcast(weight).to(slots.device)  # (images, K, n, hidden): no bias, no norm shift
     if merge.activation is not None:
         pre = upcast(merge.projection(whole.to(weight.dtype)))  # the true pre-activation

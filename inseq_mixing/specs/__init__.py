@@ -51,6 +51,9 @@ NOT_YET_EXPLAINED = {
     "Qwen3_5ForCausalLM",
     "qwen3_5_moe": "a vision-language model whose images are not read yet; its text decoder is explained: load it as "
     "Qwen3_5MoeForCausalLM",
+    "mllama": "cross-attention layers that read the vision tower's projected states (tanh-gated, the rows that see "
+    "no image masked out of their FFN), an encoder–decoder's reading without an encoder stack for the methods to "
+    "start from; explain an image-token VLM (LLaVA, Qwen2-VL, ...)",
     "minimax": "lightning (linear) attention layers",
     "jetmoe": "a mixture of attention heads",
     "dbrx": "experts laid out in modules of its own",

@@ -589,24 +589,28 @@ class HeadSpec:
 
 @dataclass(frozen=True)
 class PatchMerge:
-    r"""A projector that folds groups of the tower's patches into one image token from their concatenation
-    :math:`z = [x_{g_{k1}}; \ldots; x_{g_{kn}}]`: a linear map (Idefics3's and SmolVLM's pixel shuffle, bias-free: the
-    embedding is exactly :math:`\sum_j W_j x_{g_{kj}}`), or an MLP (InternVL's: a LayerNorm on :math:`z`, a linear
-    map, an activation, a second linear map).
+    r"""A projector that folds groups of the tower's patches into one image token, from their concatenation
+    :math:`z = [x_{g_{k1}}; \ldots; x_{g_{kn}}]` (``pool="concat"``) or their mean (``pool="mean"``): a linear map
+    (Idefics3's and SmolVLM's pixel shuffle, bias-free: the embedding is exactly :math:`\sum_j W_j x_{g_{kj}}`), a
+    norm then a linear map (Gemma 3's average pooling, its RMSNorm, its projection), or an MLP (InternVL's: a
+    LayerNorm on :math:`z`, a linear map, an activation, a second linear map).
 
     Attributes:
         groups: ``(tokens, n)`` the tower patches each image token reads, in the order the projector concatenates them.
-        projection: The linear map on the (normalised) concatenation (weight ``(hidden, n · tower width)``).
-        norm: A norm on the concatenation before it, or None.
+        projection: The linear map on the (normalised) concatenation or mean: an ``nn.Linear``, or a weight ``(in,
+            out)`` the projector multiplies by.
+        norm: A norm on the concatenation or mean before it, or None.
         activation: The activation after it, or None (then no ``out`` either).
         out: The linear map after the activation, or None.
+        pool: ``"concat"`` or ``"mean"``.
     """
 
     groups: torch.Tensor
-    projection: nn.Module
+    projection: nn.Module | torch.Tensor
     norm: nn.Module | None = None
     activation: Callable | None = None
     out: nn.Module | None = None
+    pool: str = "concat"
 
 
 @dataclass(frozen=True)
@@ -670,6 +674,9 @@ class ModelSpec:
             traced as not causal (each row read over every key its attention saw), its logits read as a decoder's.
         tower: A vision-language decoder's vision tower where its scores continue through it (:class:`TowerSpec`),
             or None.
+        answer_inputs: A vision-language decoder's inputs laid out like the ids whose value at the answer's tokens is
+            not 0, as ``(name, value)`` pairs: PaliGemma's ``token_type_ids`` are 1 there (the suffix, read causally,
+            as generation reads it; 0 would put the answer in the prefix, read both ways).
     """
 
     family: str
@@ -690,6 +697,7 @@ class ModelSpec:
     own_positions: bool = False
     bidirectional_images: bool = False
     tower: TowerSpec | None = None
+    answer_inputs: tuple[tuple[str, int], ...] = ()
 
     @property
     def is_encoder_only(self) -> bool:
