@@ -245,6 +245,12 @@ def run_compare(args: argparse.Namespace) -> int:
     return 1 if result.failed else 0
 
 
+#: The column roles ``evaluate`` takes a ``--ROLE-column`` flag for: every protocol's (tests check the registry's).
+EVALUATE_COLUMNS = ("source", "prefix", "target", "foil", "evidence", "cues", "alignment", "audio", "words",
+                    "transcript", "image", "label", "box", "patches", "passages", "question", "answer", "gold",
+                    "images", "prompt")  # fmt: skip
+
+
 def parse_options(pairs: list[str]) -> dict:
     """``key=value`` pairs into method options; values are read as JSON (``true``, ``3``, ``"x"``) or kept as text."""
     import json
@@ -613,12 +619,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="image faithfulness: random rankings per image (default: %(default)s)")  # fmt: skip
     evaluate.add_argument("--out", default="evaluation.html", help="the HTML report (default: %(default)s)")
     evaluate.add_argument("--json", default=None, help="also write the metrics as JSON here")
-    for role, default in (("source", "source"), ("prefix", "prefix"), ("target", "target"), ("foil", "foil"),
-                          ("evidence", "evidence"), ("cues", "cues"), ("alignment", "alignment"), ("audio", "audio"),
-                          ("words", "words"), ("transcript", "transcript"), ("image", "image"), ("label", "label"),
-                          ("box", "box"), ("patches", "patches"), ("passages", "passages"),
-                          ("question", "question"), ("answer", "answer"), ("gold", "gold")):  # fmt: skip
-        evaluate.add_argument(f"--{role}-column", default=default, dest=f"{role}_column")
+    for role in EVALUATE_COLUMNS:
+        evaluate.add_argument(f"--{role}-column", default=role, dest=f"{role}_column")
     evaluate.add_argument("--batch-size", type=int, default=16, help="rows per batch (default: %(default)s)")
     evaluate.add_argument("--device", default=None, help="e.g. cpu or cuda (default: Inseq's choice)")
     evaluate.add_argument("--draws", type=int, default=1000, help="bootstrap resamples and permutations")

@@ -307,10 +307,8 @@ def test_a_mistyped_path_is_answered_before_torch_or_inseq_is_imported(args, mes
     assert done.stderr.strip().startswith("error: ") and message in done.stderr
 
 
-def test_compare_a_vlm_from_its_folder_with_its_image_and_refuse_an_image_for_a_text_model(tmp_path, capsys):
-    """``inseq-mixing compare PROMPT --model VLM_FOLDER --image IMG --target ANSWER``: the saved tiny LLaVA and its
-    processor loaded from the folder, every method on the answer, the report written (its image tokens labelled);
-    ``--image`` for a text model, and a missing image, each refused in one line (exit 2)."""
+def saved_tiny_llava(tmp_path):
+    """A tiny LLaVA and its processor saved in a folder, and an image file: their paths."""
     from PIL import Image
 
     from inseq_mixing.testing import synthetic_image, tiny_vlm, tiny_vlm_processor
@@ -320,6 +318,14 @@ def test_compare_a_vlm_from_its_folder_with_its_image_and_refuse_an_image_for_a_
     tiny_vlm_processor("llava").save_pretrained(folder)
     image = tmp_path / "cat.png"
     Image.fromarray(synthetic_image(40, seed=1)).save(image)
+    return folder, image
+
+
+def test_compare_a_vlm_from_its_folder_with_its_image_and_refuse_an_image_for_a_text_model(tmp_path, capsys):
+    """``inseq-mixing compare PROMPT --model VLM_FOLDER --image IMG --target ANSWER``: the saved tiny LLaVA and its
+    processor loaded from the folder, every method on the answer, the report written (its image tokens labelled);
+    ``--image`` for a text model, and a missing image, each refused in one line (exit 2)."""
+    folder, image = saved_tiny_llava(tmp_path)
     report = tmp_path / "r.html"
     code = main(["compare", "the <image> cat", "--model", str(folder), "--image", str(image), "--target", "sat on",
                  "--methods", "alti_logit", "input_x_gradient", "--out", str(report)])  # fmt: skip
@@ -333,3 +339,30 @@ def test_compare_a_vlm_from_its_folder_with_its_image_and_refuse_an_image_for_a_
                  "--methods", "alti_logit", "--out", str(tmp_path / "r3.html")])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "are for vision-language models" in err[0]
+
+
+def test_every_protocols_column_has_an_evaluate_flag():
+    """Each column role a registered protocol reads (the vision-language ones' ``images`` and ``prompt`` among them)
+    has its ``--ROLE-column`` flag in ``inseq-mixing evaluate``."""
+    from inseq_mixing.cli import EVALUATE_COLUMNS
+    from inseq_mixing.evaluation.protocols import PROTOCOLS
+
+    roles = {role for protocol in PROTOCOLS.values() for role in protocol.columns}
+    assert roles <= set(EVALUATE_COLUMNS), sorted(roles - set(EVALUATE_COLUMNS))
+
+
+def test_evaluate_a_vlm_from_the_command_line_with_both_of_its_protocols(tmp_path, capsys):
+    """``inseq-mixing evaluate ROWS --model VLM_FOLDER --protocol faithfulness|pointing``: the rows' images, prompts,
+    answers (and boxes) read from their columns, every method scored, the metrics written as JSON."""
+    folder, image = saved_tiny_llava(tmp_path)
+    rows = tmp_path / "rows.jsonl"
+    pairs = (("the <image> cat", "sat on"), ("a <image> dog", "the mat"))
+    rows.write_text("".join(json.dumps({"images": str(image), "prompt": prompt, "answer": answer,
+                                        "box": [0, 0, 20, 20]}) + "\n" for prompt, answer in pairs))  # fmt: skip
+    for protocol, metric in (("faithfulness", "deletion_auc"), ("pointing", "pointing_game")):
+        metrics = tmp_path / f"{protocol}.json"
+        code = main(["evaluate", str(rows), "--model", str(folder), "--protocol", protocol, "--methods", "alti_logit",
+                     "attn_lrp", "--out", str(tmp_path / f"{protocol}.html"), "--json", str(metrics)]
+                    + (["--steps", "4"] if protocol == "faithfulness" else []))  # fmt: skip
+        assert code == 0, capsys.readouterr().err[-2000:]
+        assert metric in metrics.read_text() and "attn_lrp" in metrics.read_text()
