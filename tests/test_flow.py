@@ -85,6 +85,42 @@ def test_flows_equal_networkx_on_the_authors_graph_from_the_real_attention_weigh
         assert (maps.target[0].triu(1) == 0).all()
 
 
+def test_with_attention_sinks_a_row_is_normalised_to_the_share_that_reaches_the_tokens():
+    """GPT-OSS's learned sinks take part of every attention row (the rows sum to less than 1) and pass nothing on: the
+    capacities are ``0.5 · mean_h A + 0.5 · I`` from the real attention weights, not renormalised; each node's flows,
+    normalised, are scaled to its maximum flow to all the input tokens at once (networkx, a super-sink behind them),
+    and the rest is ``sink_share``: a row plus its share is 1, and the share is not nothing; a model without sinks
+    reports none."""
+    model = tiny_model("gpt_oss")
+    ids = torch.tensor([[5, 9, 14, 7, 22, 31]])
+    with torch.no_grad():
+        attentions = model(input_ids=ids, output_attentions=True).attentions
+    layers = [0.5 * attention[0].double().mean(0).numpy() + 0.5 * np.eye(ids.shape[1]) for attention in attentions]
+    assert all((layer.sum(-1) < 1 - 1e-3).any() for layer in layers)  # the sinks took part of the rows
+    raw, reached = reference_flows(layers), reference_reach(layers)
+    maps = run_flow(model, ids)
+    expected = raw / raw.sum(-1, keepdims=True) * reached[..., None]
+    np.testing.assert_allclose(maps.target[0].double().numpy(), expected, atol=1e-5, rtol=0)
+    share = maps.positions["sink_share"][0].T.double().numpy()  # (layers, positions)
+    np.testing.assert_allclose(share, 1 - reached, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(maps.target[0].sum(-1).double().numpy() + share, 1, atol=1e-5, rtol=0)
+    assert share.min() > 1e-3
+    assert "sink_share" not in run_flow(tiny_model("llama"), ids).positions
+
+
+def reference_reach(layers: list[np.ndarray]) -> np.ndarray:
+    """Each node's networkx maximum flow to every input token at once (a super-sink behind them) ``(L, T)``."""
+    graph = nx.DiGraph()
+    width = layers[0].shape[0]
+    for layer, capacity in enumerate(layers, start=1):
+        for i, j in zip(*np.nonzero(capacity), strict=True):
+            graph.add_edge(("dec", layer, i), ("dec", layer - 1, j), capacity=float(capacity[i, j]))
+    for j in range(width):
+        graph.add_edge(("dec", 0, j), "every token", capacity=2.0)
+    return np.array([[nx.maximum_flow_value(graph, ("dec", layer, i), "every token") for i in range(width)]
+                     for layer in range(1, len(layers) + 1)])  # fmt: skip
+
+
 def test_encoder_decoder_flows_follow_the_joint_graph():
     """Our extension: decoder nodes reach the decoder's layer below through the self-attention (scaled by the
     cross-attention's residual share) and the encoder's last states through the cross-attention."""

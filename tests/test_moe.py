@@ -130,14 +130,15 @@ def test_a_dataset_run_of_a_mixture_or_hybrid_killed_mid_run_resumes_to_the_unin
     assert_a_killed_run_resumes(run, tmp_path, len(rows), monkeypatch)
 
 
-@pytest.mark.parametrize("units", ["tokens", "sentences"])
-def test_attention_rollout_says_where_a_sink_s_share_went(units):
-    """GPT-OSS's learned sinks take part of every attention row and pass nothing on: a span's rolled-out row over the
-    prompt's units and the share ``sink_share`` that went to the sinks add up to 1, and that share is not nothing; a
-    model without sinks has no such share and its span rows sum to 1."""
+@pytest.mark.parametrize(("method", "units"), [("attention_rollout", "tokens"), ("attention_rollout", "sentences"),
+                                               ("attention_flow", "tokens")])  # fmt: skip
+def test_rollout_and_flow_say_where_a_sink_s_share_went(method, units):
+    """GPT-OSS's learned sinks take part of every attention row and pass nothing on: a span's rolled-out (or flow) row
+    over the prompt's units and the share ``sink_share`` that went to the sinks add up to 1, and that share is not
+    nothing; a model without sinks has no such share and its span rows sum to 1."""
     prompt, answer = "the cat sat on the mat . the dog ran .", " she read a book"
     for family in ("gpt_oss", "llama"):
-        model = load_tiny(family, "attention_rollout")
+        model = load_tiny(family, method)
         out = model.attribute(prompt, prompt + answer, spans="answer", units=units, show_progress=False)
         sequence = out.sequence_attributions[0]
         total = sequence.source_attributions.sum(0)

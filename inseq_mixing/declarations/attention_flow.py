@@ -62,7 +62,10 @@ DECLARATION = Declaration(
         "node, rows normalised to 1 as in the authors' code. Solved exactly, one maximum flow per (position, token) "
         "pair, with SciPy's compiled solver (capacities scaled by 2^29 and rounded: each flow within E/2^30 of the "
         "exact value, E the edges of a cut). Encoder–decoders (our extension): the graph the joint rollout multiplies "
-        "through, source and target flows of a row normalised together. Cost: positions × tokens maximum flows (× "
+        "through, source and target flows of a row normalised together. Learned attention sinks (GPT-OSS, our "
+        "extension): the capacities are not renormalised, each node's flows are normalised to its maximum flow to all "
+        "the tokens at once, and the rest is sequence_scores['sink_share'] (a span's: step_scores['sink_share']). "
+        "Cost: positions × tokens maximum flows (× "
         "layers with per_layer=True): seconds for a sentence, not meant for long contexts."
     ),
     options=AttentionFlowOptions,

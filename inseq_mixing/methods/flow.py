@@ -17,6 +17,12 @@ capacities: each is scaled by :math:`2^{29}` and rounded, so every rounded cut i
 one (:math:`E` its number of edges), and so is each maximum flow (min-cut theorem on both graphs); the flows are
 returned divided back. Causal models skip the pairs :math:`j > i` (no path: the flow is 0).
 
+Learned attention sinks (GPT-OSS; our extension, as for the rollout): a row's attention over the tokens sums to less
+than 1, the rest going to a sink that passes nothing on, so the capacities are not renormalised. One more maximum
+flow per node, to all input tokens at once (a super-sink behind them), is the share of the node that reaches the
+tokens; its flows are normalised to that share instead of 1, and the rest is the sink's,
+``positions["sink_share"]`` (rows plus share sum to 1).
+
 Our extension (the paper treats encoders): encoder–decoders use the graph the joint rollout multiplies through
 (:mod:`.rollout`): decoder node :math:`(\ell, t)` has edges to the decoder's :math:`(\ell - 1, t')` with capacity
 :math:`C^\ell_y` and to the encoder's last layer :math:`(L_{enc}, s)` with capacity :math:`C^\ell_x` (the
@@ -59,10 +65,11 @@ class FlowGraph:
         return self.layers[0].shape[0]
 
 
-def solve_flows(graph: FlowGraph, causal: bool, last_only: bool = False) -> np.ndarray:
+def solve_flows(graph: FlowGraph, causal: bool, last_only: bool = False, reach: bool = False):
     """Raw maximum flows ``(L, T, T[+S])``: from each position after each layer to each input token (the decoder's
     tokens, then the source's for encoder–decoders), float64, on the host; with ``last_only``, from the positions
-    after the last layer alone, ``(1, T, T[+S])`` (the lower layers' flows are not solved)."""
+    after the last layer alone, ``(1, T, T[+S])`` (the lower layers' flows are not solved). With ``reach``, also each
+    node's maximum flow to all the input tokens at once ``(L, T)`` (a super-sink behind them): ``(flows, reached)``."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import maximum_flow
 
@@ -76,20 +83,28 @@ def solve_flows(graph: FlowGraph, causal: bool, last_only: bool = False) -> np.n
             pieces.append(_edges(capacity, layer * enc_width, (layer - 1) * enc_width, enc_width, top_encoder))
     solved = [len(graph.layers)] if last_only else range(1, len(graph.layers) + 1)
     flows = np.zeros((len(solved), width, width + enc_width))
+    reached = np.zeros((len(solved), width))
     sinks = [enc_nodes + j for j in range(width)] + list(range(enc_width))  # the input tokens: decoder's, source's
+    everything = enc_nodes + (len(graph.layers) + 1) * width  # the super-sink: behind every input token
+    pieces.append((np.asarray(sinks), np.full(len(sinks), everything), np.full(len(sinks), 2 * CAPACITY_SCALE)))
     for layer, capacity in enumerate(graph.layers, start=1):
         first = enc_nodes + layer * width
         pieces.append(_edges(capacity, first, first - width, width, top_encoder))
         if layer not in solved:
             continue
         sources, targets, caps = (np.concatenate(part) for part in zip(*pieces, strict=True))
-        size = first + width
-        matrix = coo_matrix((caps, (sources, targets)), shape=(size, size)).tocsr()
+        matrix = coo_matrix((caps.astype(np.int32), (sources, targets)), shape=(everything + 1,) * 2).tocsr()
         live = capacity.sum(-1) > 0  # padding: no edge leaves the node
         for i in range(width):
+            if not live[i]:
+                continue
             for index, sink in enumerate(sinks):
-                if live[i] and not (causal and i < index < width):
+                if not (causal and i < index < width):
                     flows[solved.index(layer), i, index] = maximum_flow(matrix, first + i, sink).flow_value
+            if reach:
+                reached[solved.index(layer), i] = maximum_flow(matrix, first + i, everything).flow_value
+    if reach:
+        return flows / CAPACITY_SCALE, reached / CAPACITY_SCALE
     return flows / CAPACITY_SCALE
 
 
@@ -128,7 +143,8 @@ def attention_flow(trace: ModelTrace, every_layer: bool = False, check_row=None)
     """
     from .norm_based import rollout_scores
 
-    scores = rollout_scores(trace, "attention_flow")
+    sinks = trace.spec.attention_sinks and not trace.spec.is_encoder_decoder
+    scores = rollout_scores(trace, "attention_flow", sinks=sinks)
     if scores.cross is not None:
         source_blocks, target_blocks = joint_layer_blocks(scores)
         decoder_layers = torch.cat([target_blocks, source_blocks], dim=-1)
@@ -143,11 +159,19 @@ def attention_flow(trace: ModelTrace, every_layer: bool = False, check_row=None)
         sources = [0] * len(positions) if encoder_host is None else (encoder_host[:, 0].sum(-1) > 0).sum(-1)
         for row, (count, source_count) in enumerate(zip(positions, sources, strict=True)):
             check_row(row, int(count), int(source_count))
-    target, source, encoder = [], [], []
+    target, source, encoder, shares = [], [], [], []
     for row in range(decoder_host.shape[0]):
         encoder_graph = None if encoder_host is None else FlowGraph(layers=list(encoder_host[row]))
         graph = FlowGraph(layers=list(decoder_host[row]), encoder=encoder_graph)
-        flows = _normalised(solve_flows(graph, causal=trace.decoder.causal, last_only=not every_layer))
+        solved = solve_flows(graph, causal=trace.decoder.causal, last_only=not every_layer, reach=sinks)
+        if sinks:  # normalised to the share that reaches the tokens; the rest is the sinks'
+            raw, reached = solved
+            flows = _normalised(raw) * reached[..., None]
+            live = decoder_host[row, 0].sum(-1) > 0
+            share = (1 - reached) * live
+            shares.append(share.T if every_layer else share[0])  # (T, L) or (T,)
+        else:
+            flows = _normalised(solved)
         flows = flows if every_layer else flows[0]
         target.append(flows[..., :width])
         if encoder_graph is not None:
@@ -160,6 +184,8 @@ def attention_flow(trace: ModelTrace, every_layer: bool = False, check_row=None)
     maps = LayerMaps(target=back(target))
     if source:
         maps.source, maps.encoder = back(source), back(encoder)
+    if shares:
+        maps.positions["sink_share"] = back(shares)
     return maps
 
 

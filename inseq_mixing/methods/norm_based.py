@@ -207,11 +207,13 @@ def rollout_layer_maps(stack_spec: StackSpec, stack: StackTrace, sub_block: str,
     return normalize_rows_(stacked).mul_(stack.mask[:, None, :, None])
 
 
-def rollout_scores(trace: ModelTrace, method: str = "attention_rollout") -> AltiScores:
+def rollout_scores(trace: ModelTrace, method: str = "attention_rollout", sinks: bool = False) -> AltiScores:
     """Abnar & Zuidema's layer maps of every attention sub-block of a traced model (the graph attention rollout
-    multiplies through and attention flow solves on), non-finite maps refused in ``method``'s name."""
+    multiplies through and attention flow solves on), non-finite maps refused in ``method``'s name; ``sinks``: the
+    decoder's self-attention rows not renormalised where attention sinks took part of them
+    (:func:`rollout_layer_maps`)."""
     spec, dec, enc = trace.spec, trace.decoder, trace.encoder
-    scores = AltiScores(decoder=rollout_layer_maps(spec.decoder, dec, "self", dec.mask))
+    scores = AltiScores(decoder=rollout_layer_maps(spec.decoder, dec, "self", dec.mask, sinks=sinks))
     if spec.is_encoder_decoder:
         scores.cross = rollout_layer_maps(spec.decoder, dec, "cross", enc.mask)
         scores.encoder = rollout_layer_maps(spec.encoder, enc, "self", enc.mask)
