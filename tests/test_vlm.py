@@ -777,7 +777,7 @@ def test_the_pointing_game_scores_the_answer_against_its_box(tmp_path):
     ]
     model = front("llava")
     evaluation = inseq_mixing.evaluate(model, ["alti_logit", "alti"], rows, "pointing")
-    assert [skip.row for skip in evaluation.skipped] == [2] and "not inside the 40 × 30 image" in \
+    assert [skip.row for skip in evaluation.skipped] == [2] and "not inside the first image, 40 × 30 pixels" in \
         evaluation.skipped[0].reason  # fmt: skip
     expected = {name: [] for name in ("pointing_game", "gold_share")}
     for row in rows[:2]:

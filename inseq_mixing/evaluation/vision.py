@@ -45,7 +45,7 @@ import torch
 
 from ..frontends.common import plain
 from ..frontends.encoder_base import per_text
-from ..frontends.vision import ImageError, read_image
+from ..frontends.vision import ImageError, checked_box, read_image
 from ..runs.data import cell_value, read_rows
 from .explain import Explanation
 from .faithfulness import DEFAULT_FRACTIONS
@@ -221,11 +221,7 @@ def gold_region(front, image, box, patches, name: str) -> torch.Tensor | None:
         return mask
     if not _given(box):
         return None
-    if not isinstance(box, list | tuple) or len(box) != 4:
-        raise ValueError(f"{name}: a box is [x0, y0, x1, y1] in the image's pixels, not {box!r}.")
-    x0, y0, x1, y1 = (float(value) for value in box)
-    if not (0 <= x0 < x1 <= image.width and 0 <= y0 < y1 <= image.height):
-        raise ValueError(f"{name}: the box {box} is not inside the {image.width} × {image.height} image.")
+    x0, y0, x1, y1 = checked_box(box, image, f"{name}: the box")
     from PIL import Image, ImageDraw
 
     drawn = Image.new("RGB", image.size)

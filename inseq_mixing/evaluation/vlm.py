@@ -33,6 +33,7 @@ from contextlib import ExitStack, contextmanager
 
 import torch
 
+from ..frontends.vision import checked_box
 from ..frontends.vlm import GRID_CELL, cells_in_box
 from ..runs.data import cell_value, image_paths, read_rows
 from .explain import Explanation
@@ -314,20 +315,13 @@ def _read_rows(front, data, columns: dict[str, str], need_box: bool) -> tuple[li
             if not isinstance(answer, str) or not answer.strip():
                 raise ValueError(f"{name} has no answer: {what} explains the phrase the row gives, teacher-forced.")
             item = front.prompt_item(name, images, prompt, answer, None)
-            box = _box(name, cell_value(raw.get(names["box"])), item.images[0]) if need_box else None
+            box = None
+            if need_box:
+                box = checked_box(cell_value(raw.get(names["box"])), item.images[0], f"{name}: the box",
+                                  "the first image")  # fmt: skip
         except ValueError as error:
             skipped.append(Skipped(index, str(error)))
             continue
         rows.append({"row": index, "images": item.images, "prompt": prompt, "answer": answer, "box": box,
                      "item": item})  # fmt: skip
     return rows, skipped
-
-
-def _box(name: str, box, image) -> list[float]:
-    """A row's box, checked inside its first image."""
-    if not isinstance(box, list | tuple) or len(box) != 4:
-        raise ValueError(f"{name}: a box is [x0, y0, x1, y1] in the first image's pixels, not {box!r}.")
-    box = [float(value) for value in box]
-    if not (0 <= box[0] < box[2] <= image.width and 0 <= box[1] < box[3] <= image.height):
-        raise ValueError(f"{name}: the box {box} is not inside the {image.width} × {image.height} image.")
-    return box

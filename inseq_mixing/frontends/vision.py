@@ -92,6 +92,17 @@ class _Image:
     name: str
 
 
+def checked_box(box, image, what: str, where: str = "the image") -> list[float]:
+    """``box`` as ``[x0, y0, x1, y1]`` floats inside ``image`` (its own pixels), or ``ValueError`` that starts with
+    ``what`` (the row, or the box, that gave it) and names the image as ``where``."""
+    if not isinstance(box, list | tuple) or len(box) != 4:
+        raise ValueError(f"{what}: a box is [x0, y0, x1, y1] in the image's pixels, not {box!r}.")
+    x0, y0, x1, y1 = (float(value) for value in box)
+    if not (0 <= x0 < x1 <= image.width and 0 <= y0 < y1 <= image.height):
+        raise ValueError(f"{what} {[x0, y0, x1, y1]} is not inside {where}, {image.width} × {image.height} pixels.")
+    return [x0, y0, x1, y1]
+
+
 def read_image(image, name: str):
     """``image`` as an RGB PIL image: a path, a PIL image, an array or a tensor (see the module docstring).
 

@@ -65,7 +65,7 @@ from ..specs import get_spec
 from ..trace import ModelCall, forward_arguments, trace_call
 from .common import GRADIENT_METHODS, GRADIENT_OPTIONS, FrontEndModel, captum_method, plain, saved_model
 from .spans import explain_spans, span_sequence
-from .vision import read_image
+from .vision import checked_box, read_image
 
 SPAN_KINDS = ("tokens", "answer")
 #: An image token's place on its image's one grid (:func:`_image_labels`).
@@ -574,10 +574,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
             if number > len(item.images):
                 raise ValueError(f"{item.name} has {len(item.images)} image(s): box {index + 1} is on image {number}.")
             image, positions = item.images[number - 1], image_tokens[number - 1]
-            x0, y0, x1, y1 = box
-            if not (0 <= x0 < x1 <= image.width and 0 <= y0 < y1 <= image.height):
-                raise ValueError(f"{item.name}: box {index + 1} {list(box)} is not inside image {number}, "
-                                 f"{image.width} × {image.height} pixels.")  # fmt: skip
+            x0, y0, x1, y1 = checked_box(box, image, f"{item.name}: box {index + 1}", f"image {number}")
             cells = [GRID_CELL.match(labels[position]) for position in positions]
             if not all(cells):
                 raise ValueError(f"{item.name}: image {number}'s tokens are not one grid (tiles, or tokens ended by a "
