@@ -517,17 +517,17 @@ def tiny_vlm_inputs(model: torch.nn.Module, ids: torch.Tensor, images: torch.Ten
             "mm_token_type_ids": (ids == model.config.image_token_id).int()}  # fmt: skip
 
 
-#: The tiny VLMs with a local processor (:func:`tiny_vlm_processor`): not OneVision's (its tiny processor does not make
-#: the tiny model's token counts) nor SmolVLM's (its processor needs ``num2words``; Idefics3's is its layout).
-VLM_PROCESSOR_FAMILIES = ("llava", "llava_next", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "paligemma",
-                          "idefics3", "internvl")  # fmt: skip
+#: The tiny VLMs with a local processor (:func:`tiny_vlm_processor`): not SmolVLM's (its processor needs
+#: ``num2words``; Idefics3's is its layout).
+VLM_PROCESSOR_FAMILIES = ("llava", "llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3",
+                          "paligemma", "idefics3", "internvl")  # fmt: skip
 
 
 def tiny_vlm_processor(family: str = "llava"):
     """A local processor for :func:`tiny_vlm` (``family`` in :data:`VLM_PROCESSOR_FAMILIES`): the word tokenizer
     with the family's image tokens added after the words (the tiny model's last ids), and the family's image
-    processor at the tiny model's size (LLaVA: 24 × 24 images; LLaVA-NeXT: tiles of 24 × 24 of the three tiny
-    pinpoints; Qwen2-VL, Qwen3-VL: images resized to 24 × 24 up to 48 × 24 pixels, 4 × 4 patches merged 2 × 2;
+    processor at the tiny model's size (LLaVA: 24 × 24 images; LLaVA-NeXT, OneVision: tiles of 24 × 24 of the three
+    tiny pinpoints; Qwen2-VL, Qwen3-VL: images resized to 24 × 24 up to 48 × 24 pixels, 4 × 4 patches merged 2 × 2;
     Gemma 3: 24 × 24 images, the placeholder ``<start_of_image>`` expanded into its 9 soft tokens; PaliGemma: 24 × 24
     images, 9 tokens; Idefics3: one
     24 × 24 image, not split, between its marks; InternVL: tiles of 24 × 24 and the thumbnail, 9 tokens each, between
@@ -577,10 +577,17 @@ def tiny_vlm_processor(family: str = "llava"):
         )
         return transformers.LlavaProcessor(image_processor=images, **common)
     side = TINY_IMAGE_SIZE
+    pinpoints = [[side, side], [side, 2 * side], [2 * side, side]]
+    if family == "llava_onevision":  # its processor counts the tokens as SigLIP's, no class token to drop ("full")
+        images = transformers.LlavaOnevisionImageProcessorPil(size={"height": side, "width": side},
+                                                              image_grid_pinpoints=pinpoints)  # fmt: skip
+        return _images_only(transformers.LlavaOnevisionProcessor)(
+            image_processor=images, tokenizer=tokenizer, video_processor=None, num_image_tokens=VLM_IMAGE_TOKENS,
+            vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_9",
+        )  # fmt: skip
     images = transformers.LlavaNextImageProcessorPil(
-        size={"shortest_edge": side}, crop_size={"height": side, "width": side},
-        image_grid_pinpoints=[[side, side], [side, 2 * side], [2 * side, side]],
-    )  # fmt: skip
+        size={"shortest_edge": side}, crop_size={"height": side, "width": side}, image_grid_pinpoints=pinpoints
+    )
     return transformers.LlavaNextProcessor(image_processor=images, **common)
 
 

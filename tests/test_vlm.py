@@ -337,7 +337,7 @@ def test_the_front_end_explains_the_greedy_answer_and_adds_up_to_the_models_own_
     images = [index for index, label in enumerate(labels) if label.startswith("img1")]
     assert len(images) == sum(out.info["image_counts"][0]) and len(images) == len(out.info["image_tokens"][0][0])
     assert sequence.source_attributions[images].abs().sum() > 0
-    if family not in ("llava_next", "internvl"):  # a grid: LLaVA's square, Qwen2-VL's merged patches; tiles numbered
+    if family not in ("llava_next", "llava_onevision", "internvl"):  # a grid (LLaVA's, Qwen2-VL's); tiles: numbered
         assert "img1 r0c0" in labels and "img1 r1c1" in labels
 
 
