@@ -898,11 +898,14 @@ def test_faithfulness_of_a_vlm_reads_curves_over_the_image_tokens_in_the_answers
                                         "sufficiency_prob"}  # fmt: skip
 
 
-def first_block_gradient(front_end, image, prompt: str, answer: str) -> tuple[torch.Tensor, torch.Tensor, float]:
+def first_block_gradient(front_end, image, prompt: str, answer: str, read: str | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor, float]:  # fmt: skip
     """Naively, on the real model: the first decoder block's input made a leaf by a hook, the answer's summed logit
-    (teacher-forced, a plain forward pass of the processor's inputs) and its gradient there: ``(input, gradient)``
-    ``(T, D)`` and the logit."""
+    (teacher-forced, a plain forward pass of the processor's inputs; ``read``: the logits of these tokens instead, at
+    the answer's positions) and its gradient there: ``(input, gradient)`` ``(T, D)`` and the logit."""
     ids, extra, start, answer_ids = answer_inputs(front_end, image, prompt, answer)
+    if read is not None:
+        answer_ids = front_end.tokenizer(read, add_special_tokens=False)["input_ids"]
     leaf = {}
 
     def made_leaf(_module, args, kwargs):
@@ -942,6 +945,23 @@ def test_gradient_baselines_on_a_vlm_are_the_gradient_at_the_first_block_input(f
     mean = sum(gradient_at_scaled_input(front(family), square, prompt, answer, (k + 1) / steps) for k in range(steps))
     torch.testing.assert_close(out.sequence_attributions[0].source_attributions[: len(embeds), 0],
                                (embeds * mean / steps).sum(-1), rtol=1e-4, atol=1e-6)  # fmt: skip
+
+
+def test_a_gradient_baseline_on_a_vlm_explains_the_contrast_with_another_answer():
+    """``contrast_targets=``: ``input_x_gradient`` of the answer's summed logit minus the contrast's, read at the
+    answer's positions, is the input times the difference of the two gradients (each a plain backward pass through a
+    hook on the real block), and its step score is the logits' difference."""
+    square, _ = two_images()
+    prompt, answer, contrast = "the <image> cat", "sat on the", "ran to a"
+    embeds, gradient, logit = first_block_gradient(front("llava"), square, prompt, answer)
+    _, foil_gradient, foil_logit = first_block_gradient(front("llava"), square, prompt, answer, read=contrast)
+    out = front("llava", "input_x_gradient").attribute(square, prompt, answer, spans="answer",
+                                                       contrast_targets=contrast, show_progress=False)  # fmt: skip
+    sequence = out.sequence_attributions[0]
+    torch.testing.assert_close(sequence.source_attributions[: len(embeds), 0],
+                               (embeds * (gradient - foil_gradient)).sum(-1), rtol=1e-4, atol=1e-6)  # fmt: skip
+    assert sequence.step_scores["contrast_logits_diff"][0] == pytest.approx(logit - foil_logit, rel=1e-5)
+    assert out.info["attributed_fn"] == "contrast_logits_diff"
 
 
 def gradient_at_scaled_input(front_end, image, prompt: str, answer: str, scale: float) -> torch.Tensor:
