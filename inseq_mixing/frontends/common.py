@@ -4,6 +4,8 @@ hooks of a dataset run, its argument checks.
 No math, no layout (that is :mod:`.layout`'s), and no decision on what kind a model is (that is :mod:`.router`'s).
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 import torch
@@ -28,6 +30,40 @@ GRADIENT_OPTIONS = {
     "saliency": ("abs",),
     "input_x_gradient": (),
 }
+
+
+def first_block_input(runner: nn.Module, first: nn.Module, kwargs: dict) -> torch.Tensor:
+    """What the block ``first`` reads in a forward pass of ``runner`` on ``kwargs`` (without gradients), detached: the
+    input the gradient baselines attribute."""
+    recorded = {}
+
+    def record(_module, args, call) -> None:  # a pre-hook that returns something would replace the arguments
+        recorded["input"] = (args[0] if args else call["hidden_states"]).detach()
+
+    handle = first.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            runner(**kwargs)
+    finally:
+        handle.remove()
+    return recorded["input"]
+
+
+@contextmanager
+def first_block_input_replaced(first: nn.Module, embeds: torch.Tensor) -> Iterator[None]:
+    """Inside, the block ``first`` reads ``embeds`` instead of its input (Captum's forward functions: the explained
+    quantity as a function of that input); the hook removed on exit, whatever happens."""
+
+    def replace(_module, args, call):
+        if args:
+            return (embeds, *args[1:]), call
+        return args, {**call, "hidden_states": embeds}
+
+    handle = first.register_forward_pre_hook(replace, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def captum_method(name: str, forward: nn.Module):

@@ -44,7 +44,7 @@ from torch import nn
 from ..declarations import InputSize
 from ..specs.clip import TextRows, tower
 from ..trace import ModelCall, head_logits, trace_call
-from .common import plain, saved_model
+from .common import first_block_input, first_block_input_replaced, plain, saved_model
 from .encoder_base import EncoderBatch, EncoderFrontEnd, per_text, per_text_positions
 from .layout import token_list
 
@@ -494,19 +494,7 @@ class VisionAttributionModel(EncoderFrontEnd):
 
     def input_embeddings(self, batch: EncoderBatch) -> torch.Tensor:
         """What the gradient baselines attribute: the token embeddings the first block reads ``(B, T, D)``."""
-        recorded = {}
-        first = self.spec.decoder.layers[0].module
-
-        def record(_module, args, kwargs):
-            recorded["input"] = (args[0] if args else kwargs["hidden_states"]).detach()
-
-        handle = first.register_forward_pre_hook(record, with_kwargs=True)
-        try:
-            with torch.no_grad():
-                self.runner(**self.model_inputs(batch))
-        finally:
-            handle.remove()
-        return recorded["input"]
+        return first_block_input(self.runner, self.spec.decoder.layers[0].module, self.model_inputs(batch))
 
     def explained_logit(self, batch: EncoderBatch, row: int, cell: int, target: int, foil: int | None) -> nn.Module:
         """The explained logit of one image as a module of its token embeddings (Captum's forward function)."""
@@ -567,17 +555,8 @@ class _EmbeddedLogit(nn.Module):
 
     def forward(self, embeds: torch.Tensor) -> torch.Tensor:
         inputs = {name: value.expand(embeds.shape[0], *value.shape[1:]) for name, value in self.inputs.items()}
-
-        def replace(_module, args, kwargs):
-            if args:
-                return (embeds, *args[1:]), kwargs
-            return args, {**kwargs, "hidden_states": embeds}
-
-        handle = self.first.register_forward_pre_hook(replace, with_kwargs=True)
-        try:
+        with first_block_input_replaced(self.first, embeds):
             output = self.runner(**inputs)
-        finally:
-            handle.remove()
         logits = (
             output.logits
             if self.head is None

@@ -63,7 +63,16 @@ from ..methods.spans import SpanRows, unit_scores
 from ..methods.tower import merge_shares, through_tower, tower_rollout
 from ..specs import get_spec
 from ..trace import ModelCall, forward_arguments, trace_call
-from .common import GRADIENT_METHODS, GRADIENT_OPTIONS, FrontEndModel, captum_method, plain, saved_model
+from .common import (
+    GRADIENT_METHODS,
+    GRADIENT_OPTIONS,
+    FrontEndModel,
+    captum_method,
+    first_block_input,
+    first_block_input_replaced,
+    plain,
+    saved_model,
+)
 from .spans import explain_spans, span_sequence
 from .vision import checked_box, read_image
 
@@ -648,7 +657,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
         scores ``(B, N, T)`` (summed over the embedding), the spans' logits ``(B, N)`` (see the module docstring)."""
         call, request = batch.request.caller(), batch.request
         members = batch.spans.members
-        embeds = _first_block_input(self.model, self.spec, call.kwargs)
+        embeds = first_block_input(self.model, self.spec.decoder.layers[0].module, call.kwargs)
         if baselines is not None:
             if not isinstance(baselines, int | float):
                 raise ValueError(f"baselines={baselines!r}: give a number (every embedding coordinate), or nothing "
@@ -731,22 +740,6 @@ class VisionLanguageAttributionModel(FrontEndModel):
         return logits, batch.request.predicted_ids
 
 
-def _first_block_input(model: nn.Module, spec, kwargs: dict) -> torch.Tensor:
-    """The input of the decoder's first block in a forward pass of ``kwargs`` ``(B, T, D)``, detached."""
-    recorded = {}
-
-    def record(_module, args, call) -> None:  # a pre-hook that returns something would replace the arguments
-        recorded["input"] = (args[0] if args else call["hidden_states"]).detach()
-
-    handle = spec.decoder.layers[0].module.register_forward_pre_hook(record, with_kwargs=True)
-    try:
-        with torch.no_grad():
-            model(**kwargs)
-    finally:
-        handle.remove()
-    return recorded["input"]
-
-
 class _SpanLogit(nn.Module):
     """One span's summed logit (minus the contrast's) as a function of one row's first-block input (Captum's forward
     function): the model runs on the row's ids and images, each copy of the input replacing that block's input."""
@@ -760,19 +753,9 @@ class _SpanLogit(nn.Module):
     def forward(self, embeds: torch.Tensor) -> torch.Tensor:
         copies = torch.full((embeds.shape[0],), self.row, dtype=torch.long, device=self.rows.device)
         kwargs = self.call.rows(copies)
-
-        def replace(_module, args, call):
-            if args:
-                return (embeds, *args[1:]), call
-            return args, {**call, "hidden_states": embeds}
-
-        handle = self.spec.decoder.layers[0].module.register_forward_pre_hook(replace, with_kwargs=True)
         no_graph = no_graph_before_blocks(self.model, self.spec) if torch.is_grad_enabled() else nullcontext()
-        try:
-            with no_graph:  # the tower and the projector run without a graph (the gradient stops at the block)
-                logits = self.model(**kwargs).logits[:, self.rows]
-        finally:
-            handle.remove()
+        with first_block_input_replaced(self.spec.decoder.layers[0].module, embeds), no_graph:
+            logits = self.model(**kwargs).logits[:, self.rows]  # the tower and projector run without a graph
         chosen = logits.gather(-1, self.ids.expand(len(logits), -1)[..., None])[..., 0]
         if self.foils is not None:
             chosen = chosen - logits.gather(-1, self.foils.expand(len(logits), -1)[..., None])[..., 0]
