@@ -137,8 +137,7 @@ def pointing(output, box) -> dict:
     """The pointing game and the gold share of one answer's scores over its first image's tokens (``box``: the gold
     box in that image's pixels)."""
     region, positions = box_tokens(output, box)
-    scores = output.sequence_attributions[0].source_attributions[positions, 0].float()
-    scores = scores.mean(-1) if scores.ndim == 2 else scores
+    scores = _answer_scores(output.sequence_attributions[0], positions)
     positive = scores.clamp(min=0)
     share = float(positive[region].sum() / positive.sum()) if positive.sum() > 0 else float("nan")
     chance = float(region.float().mean())
@@ -163,12 +162,17 @@ def box_tokens(output, box) -> tuple[torch.Tensor, list[int]]:
     return torch.tensor(inside), list(cells)
 
 
-def first_image_scores(output, row: int = 0) -> tuple[torch.Tensor, list[int]]:
-    """The answer's scores over its first image's tokens (a map method's extra axis averaged) and those tokens'
-    positions in the prompt (the output's sequence ``row``, units of tokens, the answer one span)."""
-    positions = output.info["image_tokens"][row][0]
-    scores = output.sequence_attributions[row].source_attributions[positions, 0].float()
-    return (scores.mean(-1) if scores.ndim == 2 else scores), positions
+def first_image_scores(sequence) -> torch.Tensor:
+    """A sequence's scores of its answer (one span, units of tokens) over its first image's tokens, those labelled
+    ``img1 ...``, in order."""
+    return _answer_scores(sequence, [index for index, token in enumerate(sequence.source)
+                                     if token.token.startswith("img1 ")])  # fmt: skip
+
+
+def _answer_scores(sequence, positions: list[int]) -> torch.Tensor:
+    """The answer's scores of the units at ``positions``, a map method's extra axis (layers, heads) averaged."""
+    scores = sequence.source_attributions[positions, 0].float()
+    return scores.mean(-1) if scores.ndim == 2 else scores
 
 
 def compare_vlm(model, methods: list[str], inputs, targets, found, settings):
@@ -187,10 +191,10 @@ def compare_vlm(model, methods: list[str], inputs, targets, found, settings):
     if not pairs or not all(isinstance(pair, tuple | list) and len(pair) == 2 for pair in pairs):
         raise ValueError("compare on a vision-language model takes (images, prompt) pairs: one pair or a list.")
     answers = [targets] if isinstance(targets, str) else targets
-    if answers is None:  # the greedy answers, one generation forced for every method
-        greedy = front.attribute([images for images, _ in pairs], [prompt for _, prompt in pairs], spans="answer",
-                                 max_new_tokens=settings.max_new_tokens or 20, show_progress=False)  # fmt: skip
-        answers = greedy.info["generated_texts"]
+    if answers is None:  # the greedy answers (generated, not explained), one generation forced for every method
+        greedy = front.call_settings({}, spans="answer", max_new_tokens=settings.max_new_tokens or 20)
+        answers = [front.tokenizer.decode(front.prepare([item], greedy).answers[0])
+                   for item in front.items(pairs, None, None)]  # fmt: skip
     items = front.items(pairs, answers, None)
     readers = [answer_reader(front, item) for item in items]
     fractions, random_draws, method_kwargs = settings.fractions, settings.random_draws, settings.method_kwargs
@@ -202,30 +206,23 @@ def compare_vlm(model, methods: list[str], inputs, targets, found, settings):
                                                  **options)  # fmt: skip
         generator = torch.Generator().manual_seed(0)  # the same random rankings for every method
         rows = []
-        for row, read in enumerate(readers):
-            scores, positions = first_image_scores(out, row)
-            rows.append(removal_faithfulness(read, scores, torch.ones(len(positions), dtype=torch.bool), fractions,
+        for sequence, read in zip(out.sequence_attributions, readers, strict=True):
+            scores = first_image_scores(sequence)
+            rows.append(removal_faithfulness(read, scores, torch.ones(len(scores), dtype=torch.bool), fractions,
                                              random_draws, generator))  # fmt: skip
         return out, rows
 
     comparison = Comparison()
     done = each_method(methods, attribute, comparison.failed, "compare", settings.show_progress, "attributing",
                        stacklevel=4)  # fmt: skip
-    return fill_one_entry(comparison, done, _first_image_tokens)
-
-
-def _first_image_tokens(sequence) -> torch.Tensor:
-    """A sequence's scores of its answer over its first image's tokens (labelled ``img1 ...``)."""
-    positions = [index for index, token in enumerate(sequence.source) if token.token.startswith("img1 ")]
-    scores = sequence.source_attributions[positions, 0].float()
-    return scores.mean(-1) if scores.ndim == 2 else scores
+    return fill_one_entry(comparison, done, first_image_scores)
 
 
 def curves(output, read, steps: int, random_draws: int, generator: torch.Generator) -> dict:
     """One answer's deletion and insertion curves over its first image's tokens, for its scores' ranking and for
     ``random_draws`` random rankings (``read``: :func:`answer_reader`)."""
-    scores, positions = first_image_scores(output)
-    count = len(positions)
+    scores = first_image_scores(output.sequence_attributions[0])
+    count = len(scores)
     result = ranking_metrics(read, torch.argsort(scores, descending=True, stable=True), count, steps)
     draws = [ranking_metrics(read, torch.randperm(count, generator=generator), count, steps)
              for _ in range(random_draws)]  # fmt: skip
@@ -240,8 +237,7 @@ def answer_reader(front, item):
     call, spec = batch.request.caller(), front.spec
     rows = torch.tensor(batch.explained[0])
     answer = batch.request.predicted_ids[0].cpu()[rows]
-    offset = batch.request.attention_mask.shape[1] - len(item.prompt_ids) - len(batch.answers[0])
-    positions = torch.tensor(front.image_positions(item)[0][0]) + offset
+    positions = torch.tensor(front.image_positions(item)[0][0])  # one prompt: no padding before it
 
     @torch.no_grad()
     def read(kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
