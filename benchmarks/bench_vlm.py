@@ -30,12 +30,18 @@ def build(layers: int, tower_layers: int, side: int):
     import torch
     import transformers
 
-    from inseq_mixing.testing import BOS_ID, EOS_ID, PAD_ID, _images_only, randomize_weights, word_tokenizer
+    from inseq_mixing.testing import (
+        BOS_ID,
+        EOS_ID,
+        PAD_ID,
+        QWEN_VL_MARKS,
+        images_only,
+        qwen_vl_tokenizer,
+        randomize_weights,
+    )
 
-    tokenizer = word_tokenizer(seq2seq=False)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|vision_end|>", "<|vision_start|>",
-                                                                "<|image_pad|>"]})  # fmt: skip
-    end, start, pad = tokenizer.convert_tokens_to_ids(["<|vision_end|>", "<|vision_start|>", "<|image_pad|>"])
+    tokenizer = qwen_vl_tokenizer()
+    end, start, pad = tokenizer.convert_tokens_to_ids(list(QWEN_VL_MARKS))
     text = dict(
         vocab_size=151936,
         hidden_size=1536,
@@ -59,7 +65,7 @@ def build(layers: int, tower_layers: int, side: int):
     randomize_weights(model, 0)
     images = transformers.Qwen2VLImageProcessorPil(patch_size=14, merge_size=2, temporal_patch_size=2,
                                                    min_pixels=side * side, max_pixels=side * side)  # fmt: skip
-    processor = _images_only(transformers.Qwen2VLProcessor)(images, tokenizer, video_processor=None)
+    processor = images_only(transformers.Qwen2VLProcessor)(images, tokenizer, video_processor=None)
     return model, processor
 
 

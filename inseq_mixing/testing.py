@@ -535,10 +535,8 @@ def tiny_vlm_processor(family: str = "llava"):
     needs torchvision): images only."""
     if family not in VLM_PROCESSOR_FAMILIES:
         raise ValueError(f"No tiny processor for {family!r}; known: {VLM_PROCESSOR_FAMILIES}")
-    tokenizer = word_tokenizer(seq2seq=False)
     if family.startswith("qwen"):
-        tokenizer.add_special_tokens({"additional_special_tokens": ["<|vision_end|>", "<|vision_start|>",
-                                                                    "<|image_pad|>"]})  # fmt: skip
+        tokenizer = qwen_vl_tokenizer()
         images = transformers.Qwen2VLImageProcessorPil(
             patch_size=TINY_PATCH_SIZE // 2, merge_size=2, temporal_patch_size=2, min_pixels=TINY_IMAGE_SIZE**2,
             max_pixels=2 * TINY_IMAGE_SIZE**2,
@@ -546,7 +544,8 @@ def tiny_vlm_processor(family: str = "llava"):
         name = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen3_vl": "Qwen3VLProcessor"}[
             family
         ]
-        return _images_only(getattr(transformers, name))(images, tokenizer, video_processor=None)
+        return images_only(getattr(transformers, name))(images, tokenizer, video_processor=None)
+    tokenizer = word_tokenizer(seq2seq=False)
     if family in VLM_MARKS:  # the marks around the image's tokens, then the image token (the tokenizer names them)
         image_token = {"internvl": ("context_image_token", "<IMG_CONTEXT>")}.get(family, ("image_token", "<image>"))
         _named_tokens(tokenizer, {**VLM_MARKS[family], image_token[0]: image_token[1]})
@@ -556,7 +555,7 @@ def tiny_vlm_processor(family: str = "llava"):
         return transformers.Idefics3Processor(images, tokenizer, image_seq_len=VLM_IMAGE_TOKENS)
     if family == "internvl":  # tiles of 24 × 24 (the image cropped to up to 12 of them, and its thumbnail), 9 a tile
         images = transformers.GotOcr2ImageProcessorPil(size={"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE})
-        return _images_only(transformers.InternVLProcessor)(images, tokenizer, video_processor=None,
+        return images_only(transformers.InternVLProcessor)(images, tokenizer, video_processor=None,
                                                             image_seq_length=VLM_IMAGE_TOKENS)  # fmt: skip
     if family == "gemma3":  # the image's start, its soft tokens and its end (the tokenizer names them)
         _named_tokens(tokenizer, {"eoi_token": "<end_of_image>", "boi_token": "<start_of_image>",
@@ -581,7 +580,7 @@ def tiny_vlm_processor(family: str = "llava"):
     if family == "llava_onevision":  # its processor counts the tokens as SigLIP's, no class token to drop ("full")
         images = transformers.LlavaOnevisionImageProcessorPil(size={"height": side, "width": side},
                                                               image_grid_pinpoints=pinpoints)  # fmt: skip
-        return _images_only(transformers.LlavaOnevisionProcessor)(
+        return images_only(transformers.LlavaOnevisionProcessor)(
             image_processor=images, tokenizer=tokenizer, video_processor=None, num_image_tokens=VLM_IMAGE_TOKENS,
             vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_9",
         )  # fmt: skip
@@ -599,7 +598,19 @@ def _named_tokens(tokenizer, marks: dict[str, str]) -> None:
         setattr(tokenizer, f"{name}_id", tokenizer.convert_tokens_to_ids(token))
 
 
-def _images_only(cls):
+#: Qwen-VL's image marks, in the order their ids follow the words: ``(vision_end, vision_start, image_pad)``.
+QWEN_VL_MARKS = ("<|vision_end|>", "<|vision_start|>", "<|image_pad|>")
+
+
+def qwen_vl_tokenizer():
+    """The word tokenizer with Qwen-VL's image marks after the words (:data:`QWEN_VL_MARKS`: the tiny Qwen VLMs' last
+    ids, the image token last)."""
+    tokenizer = word_tokenizer(seq2seq=False)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_VL_MARKS)})
+    return tokenizer
+
+
+def images_only(cls):
     """``cls`` (a processor with a video processor) built without one: images only."""
 
     class ImagesOnly(cls):
