@@ -329,7 +329,7 @@ def _hybrid(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn:
 
 #: Vision–language decoders with a tiny builder (:func:`tiny_vlm`; issue 56, the decoder's first step).
 VLM_FAMILIES = ("llava", "llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
-                "idefics3", "smolvlm", "internvl", "gemma3", "paligemma")  # fmt: skip
+                "qwen3_5", "qwen3_5_moe", "idefics3", "smolvlm", "internvl", "gemma3", "paligemma")  # fmt: skip
 #: The VLMs some of whose tokens attend both ways: Gemma 3's images (each image's block), PaliGemma's prefix.
 VLM_BIDIRECTIONAL = ("gemma3", "paligemma")
 #: The VLMs whose decoder adds vectors to the image tokens' states between its blocks: Qwen3-VL's DeepStack (the tiny
@@ -341,8 +341,8 @@ VLM_IMAGE_TOKENS = 9
 #: The tiny VLMs' tokens per image: LLaVA-NeXT's and OneVision's images are the whole image and one tile of it, 3 × 3
 #: tokens each, the tile's rows of 3 ended by a newline token.
 VLM_TOKENS_PER_IMAGE = {"llava": 9, "llava_next": 21, "llava_onevision": 21, "qwen2_vl": 9, "qwen2_5_vl": 9,
-                        "qwen3_vl": 9, "qwen3_vl_moe": 9, "idefics3": 9, "smolvlm": 9, "internvl": 18, "gemma3": 9,
-                        "paligemma": 9}  # fmt: skip
+                        "qwen3_vl": 9, "qwen3_vl_moe": 9, "qwen3_5": 9, "qwen3_5_moe": 9, "idefics3": 9, "smolvlm": 9,
+                        "internvl": 18, "gemma3": 9, "paligemma": 9}  # fmt: skip
 
 
 #: The tokens around a tiny VLM's image tokens that its processor writes (:func:`tiny_vlm_processor`), by the
@@ -363,7 +363,8 @@ def tiny_vlm(family: str = "llava", seed: int = 0, tower_layers: int = 1, featur
     Qwen2-VL / Qwen2.5-VL (a one-block vision tower, 24 × 24 images in 4 × 4
     patches merged 2 × 2, a two-layer Qwen2 with multimodal rotary positions), a Qwen3-VL (a two-block tower whose
     blocks' states are also added after each of the two Qwen3 blocks, DeepStack; Qwen3-VL-MoE: four experts, two
-    a token); :data:`VLM_IMAGE_TOKENS` tokens per image."""
+    a token), a Qwen3.5 (a one-block tower, a Gated DeltaNet block then a gated attention block; Qwen3.5-MoE: four
+    experts and a shared one); :data:`VLM_IMAGE_TOKENS` tokens per image."""
     if family not in VLM_FAMILIES:
         raise ValueError(f"No builder for vision-language family {family!r}; known: {VLM_FAMILIES}")
     torch.manual_seed(seed)
@@ -376,6 +377,9 @@ def tiny_vlm(family: str = "llava", seed: int = 0, tower_layers: int = 1, featur
             vision.update(embed_dim=16, mlp_ratio=2)
         elif family == "qwen2_5_vl":  # Qwen2.5-VL's tower: windows of 16 pixels, its one block with full attention
             vision.update(out_hidden_size=16, intermediate_size=32, window_size=16, fullatt_block_indexes=[0])
+        elif family.startswith("qwen3_5"):  # Qwen3.5's: Qwen3-VL's learned positions, no DeepStack
+            vision.update(out_hidden_size=16, intermediate_size=32, num_position_embeddings=36)
+            mrope = [2, 1, 1]  # over a head's 4 rotary frequencies (half of its 16 channels rotate), interleaved
         else:  # Qwen3-VL's: learned positions of a 6 × 6 grid, both blocks' states added to the decoder's (DeepStack)
             vision.update(depth=2, out_hidden_size=16, intermediate_size=32, num_position_embeddings=36,
                           deepstack_visual_indexes=[0, 1])  # fmt: skip
@@ -395,10 +399,17 @@ def tiny_vlm(family: str = "llava", seed: int = 0, tower_layers: int = 1, featur
         )
         if family.startswith("qwen3"):
             text.update(head_dim=8, rope_parameters={**text["rope_parameters"], "mrope_interleaved": True})
-        if family == "qwen3_vl_moe":
+        if family.startswith("qwen3_5"):  # a Gated DeltaNet block (2 key, 4 value heads), then gated attention
+            text.update(head_dim=16, layer_types=["linear_attention", "full_attention"], linear_num_value_heads=4,
+                        linear_num_key_heads=2, linear_key_head_dim=4, linear_value_head_dim=4,
+                        linear_conv_kernel_dim=3)  # fmt: skip
+            text["rope_parameters"]["partial_rotary_factor"] = 0.5
+        if family.endswith("_moe"):
             text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, decoder_sparse_step=1)
-        name = {"qwen2_vl": "Qwen2VL", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl": "Qwen3VL",
-                "qwen3_vl_moe": "Qwen3VLMoe"}[family]  # fmt: skip
+        if family == "qwen3_5_moe":  # and a sigmoid-gated shared expert
+            text.update(shared_expert_intermediate_size=16)
+        name = {"qwen2_vl": "Qwen2VL", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl": "Qwen3VL", "qwen3_vl_moe": "Qwen3VLMoe",
+                "qwen3_5": "Qwen3_5", "qwen3_5_moe": "Qwen3_5Moe"}[family]  # fmt: skip
         tokens = dict(image_token_id=vocab - 1, vision_start_token_id=vocab - 2, vision_end_token_id=vocab - 3)
         config = getattr(transformers, f"{name}Config")(vision_config=vision, text_config=text, **tokens)
         model = getattr(transformers, f"{name}ForConditionalGeneration")(config)
@@ -519,20 +530,20 @@ def tiny_vlm_inputs(model: torch.nn.Module, ids: torch.Tensor, images: torch.Ten
 
 #: The tiny VLMs with a local processor (:func:`tiny_vlm_processor`): not SmolVLM's (its processor needs
 #: ``num2words``; Idefics3's is its layout).
-VLM_PROCESSOR_FAMILIES = ("llava", "llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3",
-                          "paligemma", "idefics3", "internvl")  # fmt: skip
+VLM_PROCESSOR_FAMILIES = ("llava", "llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5",
+                          "gemma3", "paligemma", "idefics3", "internvl")  # fmt: skip
 
 
 def tiny_vlm_processor(family: str = "llava"):
     """A local processor for :func:`tiny_vlm` (``family`` in :data:`VLM_PROCESSOR_FAMILIES`): the word tokenizer
     with the family's image tokens added after the words (the tiny model's last ids), and the family's image
     processor at the tiny model's size (LLaVA: 24 × 24 images; LLaVA-NeXT, OneVision: tiles of 24 × 24 of the three
-    tiny pinpoints; Qwen2-VL, Qwen3-VL: images resized to 24 × 24 up to 48 × 24 pixels, 4 × 4 patches merged 2 × 2;
-    Gemma 3: 24 × 24 images, the placeholder ``<start_of_image>`` expanded into its 9 soft tokens; PaliGemma: 24 × 24
-    images, 9 tokens; Idefics3: one
-    24 × 24 image, not split, between its marks; InternVL: tiles of 24 × 24 and the thumbnail, 9 tokens each, between
-    ``<img>`` and ``</img>``). The Qwens' and InternVL's processors are built without their video processor (which
-    needs torchvision): images only."""
+    tiny pinpoints; Qwen2-VL, Qwen3-VL, Qwen3.5 (Qwen3-VL's processor): images resized to 24 × 24 up to 48 × 24
+    pixels, 4 × 4 patches merged 2 × 2; Gemma 3: 24 × 24 images, the placeholder ``<start_of_image>`` expanded into
+    its 9 soft tokens; PaliGemma: 24 × 24 images, 9 tokens; Idefics3: one 24 × 24 image, not split, between its
+    marks; InternVL: tiles of 24 × 24 and the thumbnail, 9 tokens each, between ``<img>`` and ``</img>``). The
+    Qwens' and InternVL's processors are built without their video processor (which needs torchvision): images
+    only."""
     if family not in VLM_PROCESSOR_FAMILIES:
         raise ValueError(f"No tiny processor for {family!r}; known: {VLM_PROCESSOR_FAMILIES}")
     if family.startswith("qwen"):
@@ -541,9 +552,7 @@ def tiny_vlm_processor(family: str = "llava"):
             patch_size=TINY_PATCH_SIZE // 2, merge_size=2, temporal_patch_size=2, min_pixels=TINY_IMAGE_SIZE**2,
             max_pixels=2 * TINY_IMAGE_SIZE**2,
         )  # fmt: skip
-        name = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen3_vl": "Qwen3VLProcessor"}[
-            family
-        ]
+        name = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}.get(family, "Qwen3VLProcessor")
         return images_only(getattr(transformers, name))(images, tokenizer, video_processor=None)
     tokenizer = word_tokenizer(seq2seq=False)
     if family in VLM_MARKS:  # the marks around the image's tokens, then the image token (the tokenizer names them)

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from inseq_mixing.specs import ModelSpec
+from inseq_mixing.specs.base import MixerSpec
 
 
 def forward_with_hooks(model, model_kwargs: dict, handles: list) -> None:
@@ -48,9 +49,29 @@ def run_layer(layer_module, call) -> torch.Tensor:
     return output[0] if isinstance(output, tuple) else output
 
 
+def mixer_value_input(mixer) -> tuple[torch.nn.Module, slice | torch.Tensor]:
+    """The projection whose output holds a mixer's value input, and where in it: Mamba-2's ``x`` (after the gate),
+    LFM2's ``x`` (after its two gates), Qwen3.5's Gated DeltaNet values (after its queries and keys), Qwen3-Next's
+    (interleaved per key head: found by its own reordering run on the channels' indices), gated attention's
+    ``v_proj`` whole."""
+    if hasattr(mixer, "v_proj"):
+        return mixer.v_proj, slice(None)
+    if hasattr(mixer, "in_proj_qkvz"):
+        index = torch.arange(mixer.in_proj_qkvz.out_features, dtype=torch.float)[None, None]
+        ba = torch.zeros(1, 1, mixer.in_proj_ba.out_features)
+        return mixer.in_proj_qkvz, mixer.fix_query_key_value_ordering(index, ba)[2].flatten().long()
+    if hasattr(mixer, "in_proj_qkv"):
+        return mixer.in_proj_qkv, slice(2 * mixer.key_dim, None)
+    if hasattr(mixer, "intermediate_size"):  # Mamba-2
+        return mixer.in_proj, slice(mixer.intermediate_size, 2 * mixer.intermediate_size)
+    width = mixer.out_proj.out_features
+    return mixer.in_proj, slice(2 * width, 3 * width)
+
+
 def naive_value_zeroing(model, spec: ModelSpec, model_kwargs: dict, stack: str, sub_block: str, metric="cosine"):
-    """For every layer and token j: zero v_j through a hook on the value projection, re-run the layer on its clean
-    input, and measure the distance to the clean layer output. Returns ``(layers, positions, tokens)`` for batch 0."""
+    """For every layer and token j: zero v_j through a hook on the value projection (a mixer's value input: its slice
+    of the input projection, :func:`mixer_value_input`), re-run the layer on its clean input, and measure the distance
+    to the clean layer output. Returns ``(layers, positions, tokens)`` for batch 0."""
     calls = capture_layer_calls(model, spec, model_kwargs)
     layers = (spec.decoder if stack == "decoder" else spec.encoder).layers
     per_layer = []
@@ -59,15 +80,19 @@ def naive_value_zeroing(model, spec: ModelSpec, model_kwargs: dict, stack: str, 
         clean = run_layer(layer.module, calls[(stack, idx)])
         num_keys = model_kwargs["input_ids"].shape[1] if sub_block == "cross" or stack == "encoder" else None
         num_keys = num_keys or clean.shape[1]
+        if isinstance(attn, MixerSpec):
+            projection, channels = mixer_value_input(attn.module)
+        else:
+            projection, channels = attn.value_proj, attn.value_slice
         columns = []
         for j in range(num_keys):
 
-            def zero_value(module, args, output, j=j, columns=attn.value_slice):
+            def zero_value(module, args, output, j=j, columns=channels):
                 output = output.clone()
                 output[..., j, columns] = 0  # a latent attention's up-projection: (B, 1, T, ·)
                 return output
 
-            handle = attn.value_proj.register_forward_hook(zero_value)
+            handle = projection.register_forward_hook(zero_value)
             try:
                 corrupted = run_layer(layer.module, calls[(stack, idx)])
             finally:

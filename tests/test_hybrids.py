@@ -24,6 +24,7 @@ from inseq_mixing.testing import HYBRID_FAMILIES, load_tiny, tiny_model
 from inseq_mixing.trace import MixerTrace, trace_model
 
 from .conftest import forward_hooks, next_tokens
+from .reference import mixer_value_input
 
 logging.getLogger("transformers").setLevel(logging.ERROR)  # the kernels' fallback notices
 
@@ -102,25 +103,6 @@ def test_the_traced_mixers_parts_add_up_to_each_layers_output_and_are_causal(fam
             torch.testing.assert_close(own, parts[:, torch.arange(2, 11), torch.arange(2, 11)], rtol=1e-4, atol=1e-5)
 
 
-def value_input(mixer) -> tuple[torch.nn.Module, slice | torch.Tensor]:
-    """The projection whose output holds a mixer's value input, and where in it: Mamba-2's ``x`` (after the gate),
-    LFM2's ``x`` (after its two gates), Qwen3.5's Gated DeltaNet values (after its queries and keys), Qwen3-Next's
-    (interleaved per key head: found by its own reordering run on the channels' indices), gated attention's
-    ``v_proj`` whole."""
-    if hasattr(mixer, "v_proj"):
-        return mixer.v_proj, slice(None)
-    if hasattr(mixer, "in_proj_qkvz"):
-        index = torch.arange(mixer.in_proj_qkvz.out_features, dtype=torch.float)[None, None]
-        ba = torch.zeros(1, 1, mixer.in_proj_ba.out_features)
-        return mixer.in_proj_qkvz, mixer.fix_query_key_value_ordering(index, ba)[2].flatten().long()
-    if hasattr(mixer, "in_proj_qkv"):
-        return mixer.in_proj_qkv, slice(2 * mixer.key_dim, None)
-    if hasattr(mixer, "intermediate_size"):  # Mamba-2
-        return mixer.in_proj, slice(mixer.intermediate_size, 2 * mixer.intermediate_size)
-    width = mixer.out_proj.out_features
-    return mixer.in_proj, slice(2 * width, 3 * width)
-
-
 def rerun_zeroed(model, ids, mask, block, projection, channels, token: int) -> torch.Tensor:
     """``block``'s output in the model run again with ``token``'s ``channels`` of ``projection``'s output zeroed."""
     outputs = {}
@@ -157,7 +139,7 @@ def test_value_zeroing_of_a_mixer_is_the_model_rerun_with_the_tokens_value_input
         with torch.no_grad():
             scores = zeroing_distances(layer, record, "self", causal=True)
         naive = torch.zeros_like(scores)
-        projection, channels = value_input(layer.self_attn.module)
+        projection, channels = mixer_value_input(layer.self_attn.module)
         for token in range(ids.shape[1]):
             naive[:, :, token] = distance(rerun_zeroed(model, ids, mask, layer.module, projection, channels, token),
                                           record.output, "cosine")  # fmt: skip

@@ -342,7 +342,7 @@ def test_the_front_end_explains_the_greedy_answer_and_adds_up_to_the_models_own_
 
 
 @pytest.mark.parametrize("method", ["alti_logit", "attn_lrp", "alti", "value_zeroing"])
-@pytest.mark.parametrize("family", ["llava_next", "qwen2_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["llava_next", "qwen2_vl", "qwen3_vl", "qwen3_5"])
 def test_a_batch_of_prompts_with_different_images_equals_each_prompt_alone(family, method):
     """Two prompts whose images make different numbers of tokens (a square and a tall image; one image and two),
     explained in one batch (left-padded, the images cut by row for AttnLRP's copies): each prompt's scores equal

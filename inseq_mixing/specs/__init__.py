@@ -47,10 +47,6 @@ NOT_YET_EXPLAINED = {
     "falcon_h1": "Mamba-2 mixers beside its attention heads in one block, and multipliers on every branch",
     "zamba": "a shared attention block that reads its input concatenated with the embeddings",
     "zamba2": "shared attention blocks that read their input concatenated with the embeddings, with adapters per call",
-    "qwen3_5": "a vision-language model whose images are not read yet; its text decoder is explained: load it as "
-    "Qwen3_5ForCausalLM",
-    "qwen3_5_moe": "a vision-language model whose images are not read yet; its text decoder is explained: load it as "
-    "Qwen3_5MoeForCausalLM",
     "mllama": "cross-attention layers that read the vision tower's projected states (tanh-gated, the rows that see "
     "no image masked out of their FFN), an encoder–decoder's reading without an encoder stack for the methods to "
     "start from; explain an image-token VLM (LLaVA, Qwen2-VL, ...)",

@@ -28,6 +28,8 @@ TEXT_MODELS = {
     "qwen2_5_vl_text",
     "qwen3_vl_text",
     "qwen3_vl_moe_text",
+    "qwen3_5_text",
+    "qwen3_5_moe_text",
 }
 
 
