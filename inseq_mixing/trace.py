@@ -25,8 +25,17 @@ run whole, as before.
 nothing else) keeps of each layer only its input and output and what recomputes its probabilities; the value vectors,
 the attention output and the norms' inputs are dropped as they are recorded (:class:`Unrecorded` holds their shape):
 three ``T × d_model`` tensors a layer fewer on GPT-2.
+
+**Layers rebuilt when read.** A long trace of a decoder-only or encoder-only model (one that keeps no probabilities)
+keeps of each layer only its input, its output and its call (the mask and positions it was given, which every layer
+shares). A method that reads anything else of a layer gets that layer's records (``records``' own) rebuilt
+(:class:`RecomputedLayer`): the block run again on its recorded input and call with the trace's hooks, in eager
+attention, by the same blocks of rows, in eval mode (the same numbers, bit for bit), one layer held at a time. A long
+trace then holds one ``T × d_model`` tensor a layer where it held five and a half (two for ``"attention"``), for one
+more pass through a block per layer read.
 """
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -615,12 +624,13 @@ class _Recorder:
     """Collects one stack's tensors through forward hooks."""
 
     def __init__(self, stack: StackSpec, keep_cross_call: bool, model: nn.Module, slot: dict | None = None,
-                 records: str = "all"):  # fmt: skip
+                 records: str = "all", rebuilt: bool = False):  # fmt: skip
         self.stack = stack
         self.keep_cross_call = keep_cross_call
         self.model = model
         self.slot = slot  # None: keep the probabilities; else the trace's one slot of recomputed ones
-        layer_store = dict if records == "all" else _AttentionRecords
+        self.records, self.rebuilt = records, rebuilt  # rebuilt: layers kept as input, output, call (RecomputedLayer)
+        layer_store = _AttentionRecords if records == "attention" and not rebuilt else dict
         self.store: list[dict] = [layer_store() for _ in stack.layers]
         self.mixer_slot: dict = {}  # the one frozen token mixer the methods hold (MixerTrace.slot)
         self.final: dict = {}
@@ -639,8 +649,10 @@ class _Recorder:
         if self.stack.injected is not None:
             add(self.stack.injected.module, "pre_kwargs", self._injected_hook(self.stack.injected, self.injected))
         for store, layer in zip(self.store, self.stack.layers, strict=True):
-            add(layer.module, "pre_kwargs", self._input_hook(store))
+            add(layer.module, "pre_kwargs", self._input_hook(store, keep_call=self.rebuilt))
             add(layer.module, "post", self._output_hook(store))
+            if self.rebuilt:  # the rest is recorded when a method reads it (RecomputedLayer)
+                continue
             ffn_entry = layer.ffn.norm if layer.ffn.norm is not None else layer.ffn.forward
             if not isinstance(ffn_entry, nn.Module):
                 raise TypeError("An FFNSpec without a norm needs a module as `forward`: the trace records its input.")
@@ -682,9 +694,13 @@ class _Recorder:
             hooks.callback(handle.remove)
 
     @staticmethod
-    def _input_hook(store):
+    def _input_hook(store, keep_call: bool = False):
         def hook(module, args, kwargs):
             store["input"] = (args[0] if args else kwargs["hidden_states"]).detach()
+            if keep_call:  # what runs the block again (its input the recorded one), no cache
+                kwargs = {key: None if key in CACHE_ARGUMENTS and key != "cache_position" else value
+                          for key, value in kwargs.items()}  # fmt: skip
+                store["call"] = (args, kwargs, store["input"]._version)
 
         return hook
 
@@ -769,7 +785,39 @@ class _Recorder:
                           norm_input=store.get("self_norm_input", store["input"]), slot=self.mixer_slot,
                           position_embeddings=store.get("self_mixer_rotary"))  # fmt: skip
 
+    def rerun(self, index: int, mask: torch.Tensor, causal: bool) -> LayerTrace:
+        """Block ``index``'s whole records, from running it again on its recorded input and call with this
+        recorder's hooks (see :class:`RecomputedLayer`).
+
+        Raises:
+            TraceError: The recorded input was changed in place after the forward pass.
+        """
+        args, kwargs, version = self.store[index]["call"]
+        if self.store[index]["input"]._version != version:
+            raise TraceError("A block's recorded input was changed in place after the forward pass: its records "
+                             "cannot be recomputed. Trace again.")  # fmt: skip
+        layer = self.stack.layers[index]
+        one = _Recorder(dataclasses.replace(self.stack, layers=[layer], final_norm=None, injected=None),
+                        self.keep_cross_call, self.model, self.slot, self.records)  # fmt: skip
+        one.mixer_slot = self.mixer_slot  # one frozen mixer for the whole trace
+        with ExitStack() as hooks, torch.no_grad():
+            hooks.enter_context(eval_mode(self.model))
+            hooks.enter_context(eager_attention(self.model))
+            if self.slot is not None:  # as the forward pass ran it
+                hooks.enter_context(eager_in_row_blocks())
+            one.register(hooks)
+            layer.module(*args, **kwargs)
+        record = one.result(mask, causal).layers[0]
+        record.injected = self.injected[index] if index < len(self.injected) else None
+        return record
+
     def result(self, mask: torch.Tensor, causal: bool) -> StackTrace:
+        if self.rebuilt:
+            held: dict = {}  # the one layer whose records are rebuilt
+            layers = [RecomputedLayer(self, index, mask, causal, held) for index in range(len(self.store))]
+            final = self.final.get("input")
+            final = None if final is None else final.reshape(*mask.shape, -1)
+            return StackTrace(layers=layers, mask=mask.bool(), causal=causal, final_norm_input=final)
         layers = []
         for idx, (store, layer_spec) in enumerate(zip(self.store, self.stack.layers, strict=True)):
             for key in [key for key in store if key.endswith("norm_input")]:  # OPT flattens before its FFN norm
@@ -814,6 +862,45 @@ class _Recorder:
         final = self.final.get("input")
         final = None if final is None else final.reshape(*mask.shape, -1)
         return StackTrace(layers=layers, mask=mask.bool(), causal=causal, final_norm_input=final)
+
+
+class RecomputedLayer:
+    """One block's records in a long trace of a decoder-only or encoder-only model: its ``input``, ``output`` and
+    ``injected`` are the forward pass's; reading any other :class:`LayerTrace` field runs the block again on its
+    recorded input and call with the trace's hooks (:meth:`_Recorder.rerun`: the same module on the same arguments, in
+    eager attention, by the same blocks of rows, in eval mode: the same numbers, bit for bit). The layers of a trace
+    share one slot holding the last layer rebuilt, so that reading the layers one after another holds one layer's
+    records at a time.
+
+    Attributes:
+        reruns: How many times this layer was rebuilt.
+    """
+
+    def holds(self) -> list:
+        """What this record keeps alive: its input, output and added vectors, its call, and the slot of the one
+        layer rebuilt (shared by the trace's layers)."""
+        return [self.input, self.output, self.injected, self._recorder.store[self._index].get("call"), self._held]
+
+    def __init__(self, recorder: "_Recorder", index: int, mask: torch.Tensor, causal: bool, held: dict):
+        store = recorder.store[index]
+        self.input, self.output = store["input"], store["output"]
+        self.injected = recorder.injected[index] if index < len(recorder.injected) else None
+        self.reruns = 0
+        self._recorder, self._index, self._mask, self._causal, self._held = recorder, index, mask, causal, held
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # not a record (copying, pickling)
+            raise AttributeError(name)
+        return getattr(self.record(), name)
+
+    def record(self) -> LayerTrace:
+        """The layer's whole records, rebuilt unless they are the ones held."""
+        if self._held.get("owner") is not self:
+            self._held.clear()  # the previous layer's records are freed before this one's are computed
+            record = self._recorder.rerun(self._index, self._mask, self._causal)
+            self.reruns += 1
+            self._held.update(owner=self, record=record)
+        return self._held["record"]
 
 
 class _AttentionRecords(dict):
@@ -1151,7 +1238,9 @@ def trace_model(
         keep_probs: Keep every layer's attention probabilities (True), or recompute a layer's when it is read
             (False: :class:`ProbsSource`); None: keep them up to :data:`KEPT_PROBS_BYTES` for the whole trace.
         records: ``"all"``, or ``"attention"``: keep only what attention rollout and flow read (each layer's input,
-            output and probabilities; the rest :class:`Unrecorded`).
+            output and probabilities; the rest :class:`Unrecorded`). A trace that keeps no probabilities of a
+            decoder-only or encoder-only model keeps each layer's input, output and call, and rebuilds these records
+            when read (:class:`RecomputedLayer`).
 
     Returns:
         The recorded :class:`ModelTrace`.
@@ -1189,8 +1278,9 @@ def trace_call(spec: ModelSpec, call: ModelCall, full_logits: bool = True, keep_
     if keep_probs is None:
         keep_probs = probs_bytes(spec, call) <= KEPT_PROBS_BYTES
     slot = None if keep_probs else {}  # the one layer of recomputed probabilities the trace holds
+    rebuilt = not keep_probs and not spec.is_encoder_decoder  # a long trace: layers rebuilt when read
     recorders = {
-        name: _Recorder(stack, name == "decoder", model, slot, records) for name, stack in spec.stacks.items()
+        name: _Recorder(stack, name == "decoder", model, slot, records, rebuilt) for name, stack in spec.stacks.items()
     }
     skip_head = not full_logits and spec.lm_head is not None and not spec.is_encoder_only
     with ExitStack() as hooks:

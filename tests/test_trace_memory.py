@@ -10,6 +10,7 @@ import torch
 
 import inseq_mixing.trace as trace_module
 from inseq_mixing.declarations import DECLARATIONS, Request
+from inseq_mixing.specs import get_spec
 from inseq_mixing.testing import (
     ALL_FAMILIES,
     ENCODER_FAMILIES,
@@ -26,7 +27,15 @@ from inseq_mixing.testing import (
     tiny_vision,
     vision_processor,
 )
-from inseq_mixing.trace import ModelCall, ProbsSource, TraceError, Unrecorded, trace_call, trace_model
+from inseq_mixing.trace import (
+    ModelCall,
+    ProbsSource,
+    RecomputedLayer,
+    TraceError,
+    Unrecorded,
+    trace_call,
+    trace_model,
+)
 
 from .conftest import example_kwargs, get_tiny, next_tokens, trace_of
 
@@ -99,7 +108,6 @@ def test_recomputed_probabilities_on_every_speech_and_vision_family(family, smal
     else:
         model, processor = tiny_vision(family), vision_processor(family)
         inputs = dict(processor(images=[synthetic_image()], return_tensors="pt"))
-    from inseq_mixing.specs import get_spec
 
     spec = get_spec(model)
     inputs.pop("attention_mask", None)
@@ -142,7 +150,6 @@ def test_every_method_gives_the_same_scores_without_kept_probabilities(family, m
     reads attention by blocks of query rows (blocks of one to three rows here)."""
     model = get_tiny(family)
     kwargs = example_kwargs(family, batch=2, seed=1)
-    from inseq_mixing.specs import get_spec
 
     spec = get_spec(model)
     ids, target = kwargs["input_ids"], kwargs.get("decoder_input_ids")
@@ -164,7 +171,6 @@ def test_a_padded_batch_gives_the_same_scores_without_kept_probabilities(family,
     """A left-padded batch (a right-padded source for encoder–decoders): its fully masked rows see every key in a
     block run, the other blocks only the keys their rows see (:func:`~inseq_mixing.trace.key_limits`); the scores
     are those of the trace that kept every layer's probabilities."""
-    from inseq_mixing.specs import get_spec
 
     model, spec = get_tiny(family), get_spec(get_tiny(family))
     kwargs = example_kwargs(family, batch=2, seed=3)
@@ -199,6 +205,9 @@ def reachable_tensors(root) -> list[torch.Tensor]:
         elif dataclasses.is_dataclass(value) and not isinstance(value, type):
             seen.add(id(value))
             stack += [getattr(value, item.name) for item in dataclasses.fields(value)]
+        elif isinstance(value, RecomputedLayer):
+            seen.add(id(value))
+            stack += value.holds()
         elif isinstance(value, ProbsSource):
             seen.add(id(value))
             stack += [value.args, value.kwargs, value.slot]
@@ -238,22 +247,62 @@ def test_a_long_trace_holds_one_layers_probabilities_at_most(monkeypatch):
     assert torch.equal(kept_scores.target, lazy_scores.target)
 
 
+def long_trace_bytes(trace, length: int) -> int:
+    """The bytes of a trace's records besides its logits and what grows with ``length``² (the shared causal mask),
+    each checked to hold no more memory than its own elements (GPT-2's values are a slice of its fused
+    query-key-value projection: kept alone, not with the queries and keys)."""
+    records = [t for t in reachable_tensors(trace) if t.numel() < length * length]
+    assert all(t.untyped_storage().nbytes() <= t.numel() * t.element_size() for t in records)
+    logits = 0 if trace.logits is None else trace.logits.untyped_storage().nbytes()
+    return sum(t.untyped_storage().nbytes() for t in records) - logits
+
+
+@pytest.mark.parametrize("records", ("all", "attention"))
 @pytest.mark.parametrize("family", ("gpt2", "llama"))
-def test_a_long_traces_records_hold_their_own_bytes_and_a_few_rows_of_d_model_a_layer(family):
-    """What a long trace keeps besides attention: no record holds more memory than its own elements (GPT-2's values
-    are a slice of its fused query-key-value projection: kept alone, not with the queries and keys), and all records
-    together are at most five ``T × d_model`` tensors a layer (the attention's input, values, attention output, the
-    FFN's norm input, the layer's output), the embeddings and final norm's input, and the logits."""
+def test_a_long_trace_keeps_one_row_of_d_model_a_layer_and_rebuilds_the_one_layer_read(family, records):
+    """A long trace keeps each layer's input (the previous one's output) and its call: one ``T × d_model`` a layer,
+    the embeddings and final norm's input, and a few ``(T,)`` vectors (masks, positions, the rows' key limits). A
+    layer read is rebuilt once, and holds its records (five rows for ``"all"``: the attention's input, values,
+    attention output, the FFN's norm input, the output; two for ``"attention"``) until another layer is read, which
+    frees them: the trace never holds two layers' records."""
     layers, length, d_model = 6, 384, 32
     model = tiny_model(family, layers=layers, heads=4, d_model=d_model)
     ids = torch.randint(5, 60, (1, length), generator=torch.Generator().manual_seed(0))
-    trace = trace_model(model, ids, keep_probs=False)
-    records = [t for t in reachable_tensors(trace) if t.numel() < length * length]  # not the shared causal mask
-    assert all(t.untyped_storage().nbytes() <= t.numel() * t.element_size() for t in records)
-    row = length * d_model * 4
-    logits = trace.logits.untyped_storage().nbytes()
-    vectors = 16 * length * 8  # masks, positions, the rows' key limits: a few (T,) vectors
-    assert sum(t.untyped_storage().nbytes() for t in records) <= (5 * layers + 2) * row + logits + vectors
+    trace = trace_model(model, ids, keep_probs=False, records=records)
+    row, vectors = length * d_model * 4, 16 * length * 8
+    assert long_trace_bytes(trace, length) <= (layers + 2) * row + vectors
+    rebuilt = 5 if records == "all" else 2
+    for index in (2, 3, 3):
+        layer = trace.decoder.layers[index]
+        assert layer.self_attn.source is not None  # read: rebuilt, then held (its probabilities not read here)
+        assert long_trace_bytes(trace, length) <= (layers + 2 + rebuilt) * row + vectors
+        assert long_trace_bytes(trace, length) >= (layers + rebuilt) * row
+    assert [layer.reruns for layer in trace.decoder.layers] == [0, 0, 1, 1, 0, 0]  # layer 3 read twice, built once
+    if records == "attention":
+        assert isinstance(trace.decoder.layers[0].self_attn.values, Unrecorded)
+    with pytest.raises(ValueError, match="records='values'"):
+        trace_model(model, ids, records="values")
+
+
+@pytest.mark.parametrize("method", list(DECLARATIONS))
+def test_every_method_rebuilds_each_layer_of_a_long_trace_at_most_twice(method):
+    """A method reads a long trace's layers in passes over the stack, not back and forth: each layer is rebuilt once
+    or twice (ALTI-logit and the attention norms walk the stack twice), so the rebuilds cost at most two more passes
+    through the blocks; AttnLRP reads none of the records."""
+    model = get_tiny("gpt2")
+    ids = torch.randint(5, 60, (1, 24), generator=torch.Generator().manual_seed(0))
+    mask, declaration, traces = torch.ones_like(ids), DECLARATIONS[method], []
+
+    def traced():
+        traces.append(trace_model(model, ids, mask, keep_probs=False, records=declaration.records))
+        return traces[-1]
+
+    rows = torch.zeros_like(mask, dtype=torch.bool)
+    rows[:, -4:] = True
+    request = Request(get_spec(model), model, mask, None, None, ids.roll(-1, 1), None, rows, traced)
+    declaration.run(request, declaration.options())
+    reruns = [layer.reruns for trace in traces for layer in trace.decoder.layers]
+    assert max(reruns) <= 2 and (method == "attn_lrp" or min(reruns) >= 1)
 
 
 #: The methods that read the probabilities and nothing else of a trace, as their declarations say.
@@ -269,7 +318,6 @@ def test_rollout_and_flow_give_the_same_maps_from_a_trace_of_attention_alone(fam
     """A trace that keeps only each layer's input, output and what recomputes its probabilities (and reads them by
     blocks of one to three rows) gives rollout and flow the maps (rolled out and per layer) of a trace that keeps
     everything; a method that reads more than attention is refused on it, never given a number."""
-    from inseq_mixing.specs import get_spec
 
     model, spec = get_tiny(family), get_spec(get_tiny(family))
     kwargs = example_kwargs(family, batch=2, seed=2)
@@ -294,27 +342,6 @@ def test_rollout_and_flow_give_the_same_maps_from_a_trace_of_attention_alone(fam
         assert_same_results(*found)
     with pytest.raises(TraceError, match="records='all'"):
         DECLARATIONS["alti"].run(request(traces["attention"]), DECLARATIONS["alti"].options())
-
-
-def test_a_trace_of_attention_alone_holds_two_rows_of_d_model_a_layer():
-    """What a long trace for rollout keeps: each layer's output (the next one's input) and the attention's input
-    (what recomputes its probabilities), about two ``T × d_model`` a layer; the values, attention outputs and norms'
-    inputs are dropped as they are recorded."""
-    layers, length, d_model = 6, 384, 32
-    model = tiny_model("gpt2", layers=layers, heads=4, d_model=d_model)
-    ids = torch.randint(5, 60, (1, length), generator=torch.Generator().manual_seed(0))
-    row = length * d_model * 4
-
-    def record_bytes(trace) -> int:
-        records = [t for t in reachable_tensors(trace) if t.numel() < length * length]
-        return sum(t.untyped_storage().nbytes() for t in records) - trace.logits.untyped_storage().nbytes()
-
-    everything = record_bytes(trace_model(model, ids, keep_probs=False))
-    attention = record_bytes(trace_model(model, ids, keep_probs=False, records="attention"))
-    assert everything >= (4 * layers) * row  # the values, attention output and FFN's norm input too
-    assert attention <= (2 * layers + 2) * row + 16 * length * 8  # and a few (T,) vectors
-    with pytest.raises(ValueError, match="records='values'"):
-        trace_model(model, ids, records="values")
 
 
 def test_model_attribute_traces_attention_alone_for_rollout_and_everything_for_graphs(monkeypatch):
@@ -397,7 +424,6 @@ def test_a_long_trace_runs_and_reads_attention_by_blocks_of_query_rows(monkeypat
 
 
 def _request(model, ids, trace, positions: torch.Tensor | None = None) -> Request:
-    from inseq_mixing.specs import get_spec
 
     mask = torch.ones_like(ids)
     positions = mask.bool() if positions is None else positions
