@@ -528,10 +528,9 @@ def tiny_vlm_inputs(model: torch.nn.Module, ids: torch.Tensor, images: torch.Ten
             "mm_token_type_ids": (ids == model.config.image_token_id).int()}  # fmt: skip
 
 
-#: The tiny VLMs with a local processor (:func:`tiny_vlm_processor`): not SmolVLM's (its processor needs
-#: ``num2words``; Idefics3's is its layout).
+#: The tiny VLMs with a local processor (:func:`tiny_vlm_processor`; SmolVLM's needs ``num2words``, a test extra).
 VLM_PROCESSOR_FAMILIES = ("llava", "llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5",
-                          "gemma3", "paligemma", "idefics3", "internvl")  # fmt: skip
+                          "gemma3", "paligemma", "idefics3", "smolvlm", "internvl")  # fmt: skip
 
 
 def tiny_vlm_processor(family: str = "llava"):
@@ -540,10 +539,10 @@ def tiny_vlm_processor(family: str = "llava"):
     processor at the tiny model's size (LLaVA: 24 × 24 images; LLaVA-NeXT, OneVision: tiles of 24 × 24 of the three
     tiny pinpoints; Qwen2-VL, Qwen3-VL, Qwen3.5 (Qwen3-VL's processor): images resized to 24 × 24 up to 48 × 24
     pixels, 4 × 4 patches merged 2 × 2; Gemma 3: 24 × 24 images, the placeholder ``<start_of_image>`` expanded into
-    its 9 soft tokens; PaliGemma: 24 × 24 images, 9 tokens; Idefics3: one 24 × 24 image, not split, between its
-    marks; InternVL: tiles of 24 × 24 and the thumbnail, 9 tokens each, between ``<img>`` and ``</img>``). The
-    Qwens' and InternVL's processors are built without their video processor (which needs torchvision): images
-    only."""
+    its 9 soft tokens; PaliGemma: 24 × 24 images, 9 tokens; Idefics3 and SmolVLM: one 24 × 24 image, not split,
+    between its marks; InternVL: tiles of 24 × 24 and the thumbnail, 9 tokens each, between ``<img>`` and
+    ``</img>``). The Qwens', SmolVLM's and InternVL's processors are built without their video processor (which needs
+    torchvision): images only."""
     if family not in VLM_PROCESSOR_FAMILIES:
         raise ValueError(f"No tiny processor for {family!r}; known: {VLM_PROCESSOR_FAMILIES}")
     if family.startswith("qwen"):
@@ -558,9 +557,14 @@ def tiny_vlm_processor(family: str = "llava"):
     if family in VLM_MARKS:  # the marks around the image's tokens, then the image token (the tokenizer names them)
         image_token = {"internvl": ("context_image_token", "<IMG_CONTEXT>")}.get(family, ("image_token", "<image>"))
         _named_tokens(tokenizer, {**VLM_MARKS[family], image_token[0]: image_token[1]})
-    if family == "idefics3":  # one 24 × 24 image, not split: 6 × 6 patches, 2 × 2 shuffled into one, 9 tokens
+    if family in ("idefics3", "smolvlm"):  # one 24 × 24 image, not split: 6 × 6 patches, 2 × 2 shuffled into one
         side = {"longest_edge": TINY_IMAGE_SIZE}
-        images = transformers.Idefics3ImageProcessorPil(do_image_splitting=False, size=side, max_image_size=side)
+        name = {"idefics3": "Idefics3", "smolvlm": "SmolVLM"}[family]
+        images = getattr(transformers, f"{name}ImageProcessorPil")(do_image_splitting=False, size=side,
+                                                                   max_image_size=side)  # fmt: skip
+        if family == "smolvlm":  # images only (its video processor needs torchvision)
+            return images_only(transformers.SmolVLMProcessor)(images, tokenizer, video_processor=None,
+                                                              image_seq_len=VLM_IMAGE_TOKENS)  # fmt: skip
         return transformers.Idefics3Processor(images, tokenizer, image_seq_len=VLM_IMAGE_TOKENS)
     if family == "internvl":  # tiles of 24 × 24 (the image cropped to up to 12 of them, and its thumbnail), 9 a tile
         images = transformers.GotOcr2ImageProcessorPil(size={"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE})

@@ -137,13 +137,17 @@ def alti_logit(
         scores = scores or alti(trace, True, max_chunk_elements=max_chunk_elements, decoder_layers=below_last)
     direction, bias = readout(trace, target_ids, foil_ids)
     rows = slice(first_row, None)
-    sweep = sweep_logit(trace, direction[:, rows], per_head, rows=rows)
+    folded = {}  # streamed: the parts folded top-down through each layer's map in the sweep's pass
+
+    def fold(index: int, parts: torch.Tensor) -> None:
+        folded["rolled"] = parts if not folded else _folded(trace, folded["rolled"], index, parts, max_chunk_elements)
+
+    sweep = sweep_logit(trace, direction[:, rows], per_head, rows=rows, on_layer=fold if streamed else None)
     sweep.unattributed = {name: _from_row(term, first_row, -1) for name, term in sweep.unattributed.items()}
     sweep.unattributed["logit_bias"] = _from_row(bias[:, rows], first_row, -1)
     sweep.direct = _from_row(sweep.direct, first_row, -1)
     if streamed:
-        target = torch.diag_embed(sweep.direct) + _from_row(_rolled_back(trace, sweep.self_parts, max_chunk_elements),
-                                                            first_row, -2)  # fmt: skip
+        target = torch.diag_embed(sweep.direct) + _from_row(folded["rolled"], first_row, -2)
         return _scores(trace, target_ids, foil_ids, sweep, target)
     rolled = alti_rollouts(scores)
     self_parts = _from_row(torch.stack(sweep.self_parts, dim=1), first_row, -2)  # (B, L, [H,] T, T)
@@ -170,17 +174,15 @@ def alti_logit(
     return _scores(trace, target_ids, foil_ids, sweep, target, source, target_heads, source_heads)
 
 
-def _rolled_back(trace: ModelTrace, parts: list[torch.Tensor], max_chunk_elements: int) -> torch.Tensor:
-    r""":math:`\sum_l P^l R^{l-1}` for the layers' parts ``P^l`` ``(B, rows, T)``, in Horner's form top-down: each
-    layer's ALTI map computed when reached and dropped after one product (see the module docstring)."""
+def _folded(trace: ModelTrace, rolled: torch.Tensor, index: int, parts: torch.Tensor,
+            max_chunk_elements: int) -> torch.Tensor:  # fmt: skip
+    r"""One step of :math:`\sum_l P^l R^{l-1}` in Horner's form top-down (see the module docstring): what the layers
+    above ``index`` gave, ``rolled`` ``(B, rows, T)``, through layer ``index``'s ALTI map (computed here, dropped after
+    one product), plus that layer's parts."""
     spec, stack = trace.spec, trace.decoder
-    rolled = parts[-1]
-    for index in range(len(parts) - 2, -1, -1):
-        layer_map = stack_contributions(spec.decoder, stack, "self", stack.mask, max_chunk_elements,
-                                        layers=slice(index, index + 1))[:, 0]  # fmt: skip
-        rolled = rolled @ layer_map + parts[index]
-        del layer_map
-    return rolled
+    layer_map = stack_contributions(spec.decoder, stack, "self", stack.mask, max_chunk_elements,
+                                    layers=slice(index, index + 1))[:, 0]  # fmt: skip
+    return rolled @ layer_map + parts
 
 
 def _scores(trace, target_ids, foil_ids, sweep, target, source=None, target_heads=None, source_heads=None):

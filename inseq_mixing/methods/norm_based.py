@@ -103,22 +103,32 @@ def attention_norm(
             max_chunk_elements=max_chunk_elements, first_row=first_row,
         )  # fmt: skip
 
-    def scores(stack_spec, stack, sub_block, key_mask):
-        if per_layer:
-            return stack_scores(stack_spec, stack, sub_block, key_mask, layer_scores, with_residual)
-        total = None
+    def scores(stack_spec, stack, sub_block, key_mask, read_layer=None):
+        """The stack's maps (per layer, or summed into their mean) a layer at a time; ``read_layer(index)`` is
+        called on each layer while its records are the ones held (a long trace rebuilds each layer once)."""
+        found = None  # (B, L, Q, K) per layer, else (B, Q, K) summed
         for index in range(len(stack.layers)):
-            found = stack_scores(stack_spec, stack, sub_block, key_mask, layer_scores, with_residual,
+            layer = stack_scores(stack_spec, stack, sub_block, key_mask, layer_scores, with_residual,
                                  slice(index, index + 1))[:, 0]  # fmt: skip
-            total = found if total is None else total.add_(found)
-        return total / len(stack.layers)
+            if read_layer is not None:
+                read_layer(index)
+            if not per_layer:
+                found = layer if found is None else found.add_(layer)
+                continue
+            if found is None:
+                found = layer.new_zeros(layer.shape[0], len(stack.layers), *layer.shape[1:])
+            found[:, index] = layer
+        return found if per_layer else found / len(stack.layers)
 
     spec, dec, enc = trace.spec, trace.decoder, trace.encoder
-    result = LayerMaps(target=scores(spec.decoder, dec, "self", dec.mask))
     ratios = []
-    for layer, record in zip(spec.decoder.layers, dec.layers, strict=True):
+
+    def mixing_ratio_of(index: int) -> None:
+        layer, record = spec.decoder.layers[index], dec.layers[index]
         maps = following_norms(layer, record, layer.self_attn, record.self_attn) if layer_norm else []
         ratios.append(mixing_ratio(layer.self_attn, record.self_attn, record.input, maps) * dec.mask)
+
+    result = LayerMaps(target=scores(spec.decoder, dec, "self", dec.mask, mixing_ratio_of))
     result.positions["context_mixing_ratio"] = torch.stack(ratios, dim=1)
     if spec.is_encoder_decoder:
         result.source = scores(spec.decoder, dec, "cross", enc.mask)[..., : enc.mask.shape[1]]

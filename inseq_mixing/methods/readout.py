@@ -9,6 +9,7 @@ The math is ALTI-logit's (Ferrando et al., ACL 2023; see :mod:`.alti_logit`, whi
 encoder–decoder, post-LN and attention-output-norm cases are our extensions, described there.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -192,11 +193,18 @@ def _through_norm(norm, norm_input, direction, terms, rows: slice = slice(None))
 
 
 def sweep_logit(
-    trace: ModelTrace, direction: torch.Tensor, per_head: bool = False, parts: bool = True, rows: slice = slice(None)
+    trace: ModelTrace,
+    direction: torch.Tensor,
+    per_head: bool = False,
+    parts: bool = True,
+    rows: slice = slice(None),
+    on_layer: Callable[[int, torch.Tensor], None] | None = None,
 ) -> LogitSweep:
     """Carry :math:`u` from the logit down the decoder's residual stream, splitting the logit on the way (attention
     parts per head with ``per_head``: ``(B, H, T, K)`` each; none with ``parts=False``, for the directions only).
-    ``direction`` may hold the logits of some query positions only, ``rows``: every result then holds those rows."""
+    ``direction`` may hold the logits of some query positions only, ``rows``: every result then holds those rows.
+    ``on_layer(index, self_parts)`` is called on each layer, top-down, once its self-attention parts are computed and
+    while its records are the ones a long trace holds (a caller that reads the layer too reads it in this pass)."""
     spec, stack = trace.spec, trace.decoder
     terms = {name: direction.new_zeros(direction.shape[:-1]) for name in UNATTRIBUTED_TERMS}
     direction = direction * spec.logits_scale
@@ -204,7 +212,8 @@ def sweep_logit(
         direction = _through_norm(spec.decoder.final_norm, stack.final_norm_input, direction, terms, rows)
     self_parts, cross_parts, branches = [], [], []
     direct = direction.new_zeros(direction.shape[:-1])
-    for layer, record in reversed(list(zip(spec.decoder.layers, stack.layers, strict=True))):
+    for index in range(len(stack.layers) - 1, -1, -1):
+        layer, record = spec.decoder.layers[index], stack.layers[index]
         branches.insert(0, {})
         if record.injected is not None:  # added after this block at some positions: their own, as an embedding
             direct += _dot(direction, record.injected[:, rows].to(direction.device))
@@ -227,6 +236,8 @@ def sweep_logit(
             if parts:
                 collected.insert(0, logit_parts(attn, attn_record, branch, per_head, rows))
             branches[0][name] = branch
+        if on_layer is not None:
+            on_layer(index, self_parts[0] if parts else None)
     direct += _dot(direction, upcast(stack.layers[0].input[:, rows]))
     return LogitSweep(self_parts, cross_parts, direct, terms, branches)
 
