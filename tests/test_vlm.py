@@ -495,6 +495,44 @@ def test_the_explorer_shows_the_image_beside_the_caption_word_by_word(page, tmp_
                                              abs=1e-6)  # fmt: skip
 
 
+def test_the_explorer_draws_every_image_of_a_prompt_on_one_scale(page, tmp_path):
+    """A prompt with two images (a square and a tall one): the explorer draws both, each image's tokens as the
+    patches of its own grid with the clicked word's scores, and one colour scale over both images' patches: each
+    patch's opacity is its score's magnitude over the largest of both images' (drawn in Chromium)."""
+    import re
+
+    from inseq_mixing.views.explorer import explore
+
+    square, tall = two_images()
+    mark = placeholder("qwen2_vl")
+    out = front("qwen2_vl").attribute([square, tall], f"the {mark} cat and {mark}", "sat on", show_progress=False)
+    path = tmp_path / "two.html"
+    explore(out, path, images=[[square, tall]])
+    page.goto(path.as_uri())
+    page.click("#panels .panel >> nth=0 >> th.col[data-col='1']")  # the second word
+    overlay = "#overlays .overlay[data-method='0']"
+    assert page.locator(f"{overlay} figure.picture").count() == 2
+    assert "one scale over the 2 images' patches" in page.text_content(f"{overlay} .what")
+    sequence = out.sequence_attributions[0]
+    labels = [token.token for token in sequence.source]
+    values = {}
+    for number, positions in enumerate(out.info["image_tokens"][0], start=1):
+        drawn = page.eval_on_selector_all(f"{overlay} figure[data-image='{number}'] rect.patch",
+                                          "rs => rs.map(r => [r.textContent, r.getAttribute('fill')])")  # fmt: skip
+        assert len(drawn) == len(positions)
+        for text, fill in drawn:
+            name, value = text.split(": ")
+            assert re.match(rf"img{number} r\d+c\d+$", name)
+            expected = sequence.source_attributions[labels.index(name), 1].item()
+            assert float(value) == pytest.approx(expected, rel=1e-3, abs=1e-6)
+            values[name] = (abs(expected), float(fill.rsplit(",", 1)[1].rstrip(")")))  # the fill's opacity
+    top = max(magnitude for magnitude, _ in values.values())
+    for magnitude, opacity in values.values():  # |v| / the largest |v| of both images, not of its own image
+        assert opacity == pytest.approx(magnitude / top, abs=2e-3)
+    tops = [max(v for name, (v, _) in values.items() if name.startswith(f"img{n} ")) for n in (1, 2)]
+    assert min(tops) < 0.95 * max(tops)  # so that a scale per image would have drawn another opacity
+
+
 def test_a_dataset_run_of_images_and_prompts_killed_mid_run_resumes_to_the_uninterrupted_one(tmp_path, monkeypatch):
     """Rows of (image files, prompt, answer or none) run in batches, each row stored as the prompt explained alone
     (its greedy answer where none was given); a run killed after its first shard resumes to the rows of an

@@ -234,9 +234,10 @@ def decompose_norm(
     return components.like(parts)
 
 
-def attention_bias(attn: AttentionSpec, probs: torch.Tensor) -> torch.Tensor | None:
+def attention_bias(attn: AttentionSpec, row_sums: torch.Tensor) -> torch.Tensor | None:
     r"""Output bias plus the value bias carried through :math:`W_O`, :math:`b_O + \sum_h (\sum_j \alpha^h_{ij})
-    b^h_V W^h_O` for every query :math:`i`: ``(B, queries, D)``, ``(D,)`` without a value bias, or None.
+    b^h_V W^h_O` for every query :math:`i`: ``(B, queries, D)``, ``(D,)`` without a value bias, or None;
+    ``row_sums``: :math:`\sum_j \alpha^h_{ij}` ``(B, heads, queries)``.
 
     The rows of :math:`\alpha` sum to 1 only to the precision of the softmax, which transformers takes in float32 for
     most families even in a float64 model; weighting the value bias by the recorded row sums keeps the components'
@@ -246,8 +247,8 @@ def attention_bias(attn: AttentionSpec, probs: torch.Tensor) -> torch.Tensor | N
     bias = None if attn.out_bias is None else upcast(attn.out_bias)
     if value_bias is not None:
         per_head = upcast(value_bias).reshape(attn.num_kv_heads, attn.head_dim)[attn.kv_head_of_query_head()]
-        carried = torch.einsum("he,hed->hd", per_head.to(probs.device), upcast(attn.out_weight_per_head()))
-        carried = torch.einsum("bhq,hd->bqd", probs.sum(-1), carried)  # (B, queries, D)
+        carried = torch.einsum("he,hed->hd", per_head.to(row_sums.device), upcast(attn.out_weight_per_head()))
+        carried = torch.einsum("bhq,hd->bqd", row_sums, carried)  # (B, queries, D)
         bias = carried if bias is None else carried + bias.to(carried.device)
     return bias
 
@@ -374,32 +375,43 @@ def attention_sublayer(
     self_attention = keys is None
     keys = stream if self_attention else keys
     norms = key_norms(attn, record, keys, mode) if self_attention else None
-    probs = upcast(record.probs)
-    batch, _, num_queries, num_keys = probs.shape
+    batch, num_queries = record.output.shape[:2]
+    num_keys, device = record.values.shape[1], record.output.device
     out_weight = upcast(attn.out_weight_per_head())
-    weights = [torch.zeros_like(block.stream.available, dtype=probs.dtype) for block in stream.blocks]
     # one slab's largest tensors are (B, positions, slab width, heads, head_dim): at most max_chunk_elements
     width = items_per_chunk(batch * max(num_queries, num_keys) * out_weight.shape[-1], options.max_chunk_elements)
-    bias = attention_bias(attn, probs)
+    floor = next((block.rows.start for block in stream.blocks if block.rows.stop > first_row), num_queries)
+    slabs = list(attention_slabs(keys, num_queries, num_keys, width, causal, self_attention, place, floor))
+    # a long trace mixed in one slab (components over units): its probabilities read a block of query rows at a time,
+    # never the layer's heads × T² at once; several slabs would each compute the rows again: read whole
+    probs = None if record.kept_probs is None and len(slabs) == 1 else upcast(record.probs)
+    weights = [torch.zeros_like(block.stream.available, dtype=out_weight.dtype) for block in stream.blocks]
     value_bias = None
     if own_offset is not None and self_attention and attn.value_weight()[1] is not None:
         bias = None if attn.out_bias is None else upcast(attn.out_bias)
         per_kv_head = upcast(attn.value_weight()[1]).reshape(attn.num_kv_heads, attn.head_dim)
         value_bias = per_kv_head[attn.kv_head_of_query_head().to(per_kv_head.device)]  # (H, head_dim)
     out_frozen = None if attn.out_norm is None else freeze_norm(attn.out_norm, record.output)
-    biases = [branch_bias(bias, out_frozen, block.rows) for block in stream.blocks]
     weighted = mode in ("absdot", "norm")
-    floor = next((block.rows.start for block in stream.blocks if block.rows.stop > first_row), num_queries)
     out_matrix = out_weight.flatten(0, 1)  # (H · head_dim, D): W_O as one matrix against (heads, head_dim)
-    for slab in attention_slabs(keys, num_queries, num_keys, width, causal, self_attention, place, floor):
+    biases = None
+    for slab in slabs:
         values = slab_values(attn, keys, norms, slab)
         if value_bias is not None:  # each component's own token keeps the value bias (the first layer, 'reference')
             own = slab.components - own_offset - slab.key_rows.start
             mine = np.flatnonzero((own >= 0) & (own < values.shape[1]))
-            values[:, on_device(own[mine], probs.device), on_device(mine, probs.device)] += value_bias
-        part = torch.einsum("bhqj,bjkhe->bqkhe", probs[:, :, slab.query_rows, slab.key_rows], values)
+            values[:, on_device(own[mine], device), on_device(mine, device)] += value_bias
+        if probs is None:  # by blocks of rows, the rows' sums gathered on the way (every row: the bias reads them)
+            part, row_sums = _mixed_by_rows(record, slab, values, num_queries)
+        else:
+            part = torch.einsum("bhqj,bjkhe->bqkhe", probs[:, :, slab.query_rows, slab.key_rows], values)
+            row_sums = probs.sum(-1) if biases is None else None
+        if biases is None:  # from the first slab on (every slab reads the same rows' sums)
+            if value_bias is None:
+                bias = attention_bias(attn, row_sums)
+            biases = [branch_bias(bias, out_frozen, block.rows) for block in stream.blocks]
         if heads is not None:
-            heads.read(part, out_weight, slab.query_rows, on_device(slab.query_components, probs.device))
+            heads.read(part, out_weight, slab.query_rows, on_device(slab.query_components, device))
         del values
         for target in slab_targets(stream, slab, packed=slab.packed and out_frozen is None):
             contribution = part[target.read].flatten(-2) @ out_matrix
@@ -413,6 +425,9 @@ def attention_sublayer(
                 weights[target.number][target.write] = bias_weights(contribution, block_bias, mode)
         del part
         release_freed_memory()  # the heap's holes from this slab (see ..memory)
+    if biases is None:  # no slab carried anything: the bias alone
+        bias = attention_bias(attn, upcast(record.probs).sum(-1)) if value_bias is None else bias
+        biases = [branch_bias(bias, out_frozen, block.rows) for block in stream.blocks]
     if first_row:  # every key is read: the blocks before the first kept row leave the stream
         kept = [index for index, block in enumerate(stream.blocks) if block.rows.stop > first_row]
         stream.blocks = [stream.blocks[index] for index in kept]
@@ -475,6 +490,27 @@ class HeadReadout:
         """Read one slab: ``part`` ``(B, q, slab, H, head_dim)`` of the query ``rows``."""
         read = torch.einsum("bqkhe,hed,bqd->bhqk", part, out_weight, self.direction[:, rows])
         self.scores[:, :, rows, components] = read
+
+
+def _mixed_by_rows(record: AttentionTrace, slab: AttentionSlab, values: torch.Tensor,
+                   num_queries: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """A slab's attention output ``(B, slab query rows, |slab|, heads, head_dim)`` from a long trace's probabilities
+    read a block of query rows at a time (:meth:`~inseq_mixing.trace.AttentionTrace.row_blocks`), and every row's
+    sum ``(B, heads, queries)`` gathered on the way."""
+    rows, keys = slab.query_rows, slab.key_rows
+    part = values.new_empty(values.shape[0], rows.stop - rows.start, *values.shape[2:])
+    row_sums = None
+    for queries, block in record.row_blocks():
+        block = upcast(block)
+        if row_sums is None:
+            row_sums = block.new_empty(block.shape[0], block.shape[1], num_queries)
+        row_sums[:, :, queries] = block.sum(-1)
+        start, stop = max(queries.start, rows.start), min(queries.stop, rows.stop)
+        if start < stop:
+            read = block[:, :, start - queries.start : stop - queries.start, keys]
+            part[:, start - rows.start : stop - rows.start] = torch.einsum("bhqj,bjkhe->bqkhe", read, values)
+        del block
+    return part, row_sums
 
 
 def branch_bias(bias: torch.Tensor | None, out_frozen: FrozenNorm | None, rows: slice) -> torch.Tensor | None:

@@ -52,7 +52,8 @@ def explore(outputs, path=None, *, images=None, audio=None, sampling_rate: int =
             inputs, or a dictionary ``{name: output}`` (names default to each output's method).
         path: Where to write the page (None: only return it).
         images: The images a vision output explains, one per sequence (paths, PIL images, arrays or tensors); a
-            vision-language output: each prompt's images (its first is drawn, cut to what its grid covers).
+            vision-language output: each prompt's images (a list; each drawn cut to what its grid covers, its tokens
+            on it, one colour scale over every image of the prompt).
         audio: The waveforms a speech output explains, one per sequence (1-D arrays at ``sampling_rate``).
         sampling_rate: The waveforms' sampling rate.
         title: The page's title.
@@ -71,14 +72,15 @@ def explore(outputs, path=None, *, images=None, audio=None, sampling_rate: int =
         if len(output.sequence_attributions) != count:
             raise ValueError(f"Output {name!r} has {len(output.sequence_attributions)} sequence(s), the first has "
                              f"{count}: give outputs of the same inputs.")  # fmt: skip
-    media = [None] * count
-    if images is not None:  # a vision-language output: each prompt's first image, cut to what its grid covers
+    media = [[] for _ in range(count)]  # per sequence: its images (a vision-language prompt's several) or waveform
+    if images is not None:  # a vision-language output: each prompt's images, cut to what their grids cover
         boxes = (first.info or {}).get("image_boxes")
-        media = [_image_media(image[0] if isinstance(image, list | tuple) else image,
-                              None if boxes is None else boxes[index][0])
-                 for index, image in enumerate(_one_per_sequence(images, count, "image"))]  # fmt: skip
+        for index, pictures in enumerate(_one_per_sequence(images, count, "image")):
+            pictures = list(pictures) if isinstance(pictures, list | tuple) else [pictures]
+            media[index] = [_image_media(picture, None if boxes is None else boxes[index][number])
+                            for number, picture in enumerate(pictures)]  # fmt: skip
     elif audio is not None:
-        media = [_audio_media(wave, sampling_rate) for wave in _one_per_sequence(audio, count, "waveform")]
+        media = [[_audio_media(wave, sampling_rate)] for wave in _one_per_sequence(audio, count, "waveform")]
     sequences = []
     for index in range(count):
         methods = [_method_data(name, output, index) for name, output in named.items()]
@@ -94,10 +96,11 @@ def explore(outputs, path=None, *, images=None, audio=None, sampling_rate: int =
         graphs = _graphs(named.values(), index, units)
         seconds = (first.info or {}).get("unit_seconds")
         seconds = seconds[index] if isinstance(seconds, list) and index < len(seconds) else None
-        placed = _place_units(media[index], units, seconds)
-        groups = None if placed is not None and placed["kind"] == "image" else row_groups(units)
+        placed = [_place_units(item, units, seconds, number + 1) for number, item in enumerate(media[index])]
+        image = bool(placed) and placed[0]["kind"] == "image"
         sequence = {"name": _sequence_name(first, index), "units": units, "columns": columns, "methods": methods,
-                    "graphs": graphs, "media": placed, "groups": groups}  # fmt: skip
+                    "graphs": graphs, "media": placed[0] if placed else None, "images": placed if image else [],
+                    "groups": None if image else row_groups(units)}  # fmt: skip
         sequences.append(sequence)
     data = {"title": title or "Context mixing explorer", "sequences": sequences,
             "note": next((o.info.get("contribution_graphs_note") for o in named.values()
@@ -395,9 +398,10 @@ def _audio_media(wave, sampling_rate: int) -> dict:
             "seconds": samples.size / sampling_rate}  # fmt: skip
 
 
-def _place_units(media: dict | None, units: list[dict], seconds: list | None = None) -> dict | None:
-    """Where each unit sits on the media: an image's patches (``r{row}c{column}``) on their grid, an audio unit at
-    its start time (the speech output's ``info["unit_seconds"]``, else read from a label like ``0.50-0.98s``)."""
+def _place_units(media: dict | None, units: list[dict], seconds: list | None = None, number: int = 1) -> dict | None:
+    """Where each unit sits on the media: an image's patches (``r{row}c{column}``; a vision-language prompt's image
+    ``number``'s, ``img{number} r{row}c{column}``) on their grid, an audio unit at its start time (the speech output's
+    ``info["unit_seconds"]``, else read from a label like ``0.50-0.98s``)."""
     if media is None:
         return None
     places = {}
@@ -405,8 +409,9 @@ def _place_units(media: dict | None, units: list[dict], seconds: list | None = N
         from .images import PATCH_LABEL
 
         cells = {index: PATCH_LABEL.match(unit["token"]) for index, unit in enumerate(units)}
+        names = (None, "1") if number == 1 else (str(number),)  # a bare vision output's patches are image 1's
         cells = {index: (int(m["row"]), int(m["column"])) for index, m in cells.items()
-                 if m and m["image"] in (None, "1")}  # a vision-language output: its first image's  # fmt: skip
+                 if m and m["image"] in names}  # fmt: skip
         if cells:
             rows = 1 + max(r for r, _ in cells.values())
             cols = 1 + max(c for _, c in cells.values())
