@@ -260,6 +260,35 @@ def test_decompx_mixing_a_long_layer_by_blocks_of_rows_is_exact_in_float64(famil
         model.to(torch.float32)
 
 
+def test_decompx_over_units_mixes_a_long_layer_in_one_slab_by_blocks_of_rows(monkeypatch, small_blocks):
+    """DecompX over context units on a long trace whose slabs of components would be cut small (``max_chunk_elements``
+    tiny, as a long prompt's are): one slab of every component, its probabilities read by blocks of rows (the path
+    counted), and in float64 the scores of the trace that keeps every layer's probabilities to 1e-12."""
+    import inseq
+
+    import inseq_mixing.methods.decompx as decompx_module
+    from inseq_mixing.testing import WORDS, word_tokenizer
+
+    model = tiny_model("gpt2", layers=2, heads=8, d_model=32).to(torch.float64)  # a slab of 5 under 8 heads' T²
+    generator = torch.Generator().manual_seed(3)
+    words = [WORDS[int(index)] for index in torch.randint(len(WORDS), (150,), generator=generator)]
+    prompt = " . ".join(" ".join(words[start : start + 50]) for start in (0, 50, 100)) + " ."
+    front = inseq.load_model(model, "decompx", tokenizer=word_tokenizer(seq2seq=False))
+    mixed = []
+    by_rows = decompx_module._mixed_by_rows
+    monkeypatch.setattr(decompx_module, "_mixed_by_rows", lambda *args: mixed.append(1) or by_rows(*args))
+    scores = {}
+    for kept in (True, False):
+        monkeypatch.setattr(trace_module, "KEPT_PROBS_BYTES", 2**40 if kept else 0)
+        out = front.attribute(prompt, prompt + " the cat sat", spans="answer", units="sentences",
+                              unit_components=True, max_chunk_elements=256, show_progress=False)  # fmt: skip
+        scores[kept] = out.sequence_attributions[0]
+        assert bool(mixed) != kept  # the long trace's layers by rows, the kept one's whole
+    torch.testing.assert_close(scores[False].source_attributions, scores[True].source_attributions, rtol=0,
+                               atol=1e-12)  # fmt: skip
+    assert scores[True].source_attributions.abs().sum() > 0
+
+
 def test_a_long_trace_holds_one_layers_probabilities_at_most(monkeypatch):
     layers, heads, length = 6, 4, 384
     model = tiny_model("gpt2", layers=layers, heads=heads, d_model=32)

@@ -380,6 +380,10 @@ def attention_sublayer(
     out_weight = upcast(attn.out_weight_per_head())
     # one slab's largest tensors are (B, positions, slab width, heads, head_dim): at most max_chunk_elements
     width = items_per_chunk(batch * max(num_queries, num_keys) * out_weight.shape[-1], options.max_chunk_elements)
+    if record.kept_probs is None and keys.num_components > width:  # a long trace: one slab, if it is the smaller
+        one_slab = batch * max(num_queries, num_keys) * keys.num_components * out_weight.shape[-1]
+        if 4 * one_slab < batch * record.heads * num_queries * num_keys:  # (a few of its tensors against the layer's
+            width = keys.num_components  # probabilities, which several slabs would each read whole or compute again)
     floor = next((block.rows.start for block in stream.blocks if block.rows.stop > first_row), num_queries)
     slabs = list(attention_slabs(keys, num_queries, num_keys, width, causal, self_attention, place, floor))
     # a long trace mixed in one slab (components over units): its probabilities read a block of query rows at a time,
