@@ -50,7 +50,7 @@ from torch import nn
 
 from .deferred import check
 from .memory import release_freed_memory
-from .specs import AttentionSpec, HeadSpec, ModelSpec, StackSpec, get_spec
+from .specs import AttentionSpec, HeadSpec, LayerSpec, ModelSpec, StackSpec, get_spec
 from .specs.base import InjectedInputs, LayerScale, MixerSpec, NoFFN, NoMixer
 
 logger = logging.getLogger(__name__)
@@ -785,7 +785,7 @@ class _Recorder:
                           norm_input=store.get("self_norm_input", store["input"]), slot=self.mixer_slot,
                           position_embeddings=store.get("self_mixer_rotary"))  # fmt: skip
 
-    def rerun(self, index: int, mask: torch.Tensor, causal: bool) -> LayerTrace:
+    def rerun(self, index: int) -> LayerTrace:
         """Block ``index``'s whole records, from running it again on its recorded input and call with this
         recorder's hooks (see :class:`RecomputedLayer`).
 
@@ -807,61 +807,62 @@ class _Recorder:
                 hooks.enter_context(eager_in_row_blocks())
             one.register(hooks)
             layer.module(*args, **kwargs)
-        record = one.result(mask, causal).layers[0]
+        record = one._layer_record(0, one.store[0], layer)
         record.injected = self.injected[index] if index < len(self.injected) else None
         return record
 
     def result(self, mask: torch.Tensor, causal: bool) -> StackTrace:
         if self.rebuilt:
             held: dict = {}  # the one layer whose records are rebuilt
-            layers = [RecomputedLayer(self, index, mask, causal, held) for index in range(len(self.store))]
-            final = self.final.get("input")
-            final = None if final is None else final.reshape(*mask.shape, -1)
-            return StackTrace(layers=layers, mask=mask.bool(), causal=causal, final_norm_input=final)
-        layers = []
-        for idx, (store, layer_spec) in enumerate(zip(self.store, self.stack.layers, strict=True)):
-            for key in [key for key in store if key.endswith("norm_input")]:  # OPT flattens before its FFN norm
-                if not isinstance(store[key], Unrecorded):
-                    store[key] = store[key].reshape(*store["input"].shape[:-1], -1)
-            if isinstance(layer_spec.self_attn.module, NoMixer):  # it adds nothing to the block's input
-                input_ = store["input"]
-                store.update(self_mixer_input=input_, self_mixer_mask=None, self_output=torch.zeros_like(input_))
-            mixer = "self_mixer_input" in store
-            if not mixer and store.get("self_probs") is None:
-                raise TraceError(
-                    f"Layer {idx} returned no attention probabilities. inseq-mixing needs eager attention; "
-                    "switching failed for this model. Load it with attn_implementation='eager'."
-                )
-            attn = {"self": self._mixer_record(store)} if mixer else {}
-            for name in ("self", "cross"):
-                if f"{name}_output" in store and name not in attn:
-                    probs = store[f"{name}_probs"]
-                    recomputed = isinstance(probs, ProbsSource)
-                    attn[name] = AttentionTrace(
-                        kept_probs=None if recomputed else probs.detach(),
-                        source=probs if recomputed else None,
-                        values=store[f"{name}_values"],
-                        output=store[f"{name}_output"],
-                        norm_input=store.get(f"{name}_norm_input", store["input"]),
-                        call=store.get(f"{name}_call"),
-                        latent_norm_input=store.get(f"{name}_latent_norm_input"),
-                        num_heads=getattr(self.stack.layers[idx], f"{name}_attn").num_heads,
-                    )
-            layers.append(
-                LayerTrace(
-                    input=store["input"],
-                    output=store["output"],
-                    self_attn=attn["self"],
-                    ffn_norm_input=store["output" if isinstance(layer_spec.ffn.forward, NoFFN) else "ffn_norm_input"],
-                    ffn_out_norm_input=store.get("ffn_out_norm_input"),
-                    cross_attn=attn.get("cross"),
-                    ffn_routing=_routing_by_position(store.get("ffn_routing"), store["input"].shape[:-1]),
-                    injected=self.injected[idx] if idx < len(self.injected) else None,
-                )
-            )
+            layers = [RecomputedLayer(self, index, held) for index in range(len(self.store))]
+        else:
+            layers = [
+                self._layer_record(idx, store, layer_spec)
+                for idx, (store, layer_spec) in enumerate(zip(self.store, self.stack.layers, strict=True))
+            ]
         final = self.final.get("input")
         final = None if final is None else final.reshape(*mask.shape, -1)
         return StackTrace(layers=layers, mask=mask.bool(), causal=causal, final_norm_input=final)
+
+    def _layer_record(self, idx: int, store: dict, layer_spec: LayerSpec) -> LayerTrace:
+        """Block ``idx``'s records (``store``, recorded by this recorder's hooks) as a :class:`LayerTrace`."""
+        for key in [key for key in store if key.endswith("norm_input")]:  # OPT flattens before its FFN norm
+            if not isinstance(store[key], Unrecorded):
+                store[key] = store[key].reshape(*store["input"].shape[:-1], -1)
+        if isinstance(layer_spec.self_attn.module, NoMixer):  # it adds nothing to the block's input
+            input_ = store["input"]
+            store.update(self_mixer_input=input_, self_mixer_mask=None, self_output=torch.zeros_like(input_))
+        mixer = "self_mixer_input" in store
+        if not mixer and store.get("self_probs") is None:
+            raise TraceError(
+                f"Layer {idx} returned no attention probabilities. inseq-mixing needs eager attention; "
+                "switching failed for this model. Load it with attn_implementation='eager'."
+            )
+        attn = {"self": self._mixer_record(store)} if mixer else {}
+        for name in ("self", "cross"):
+            if f"{name}_output" in store and name not in attn:
+                probs = store[f"{name}_probs"]
+                recomputed = isinstance(probs, ProbsSource)
+                attn[name] = AttentionTrace(
+                    kept_probs=None if recomputed else probs.detach(),
+                    source=probs if recomputed else None,
+                    values=store[f"{name}_values"],
+                    output=store[f"{name}_output"],
+                    norm_input=store.get(f"{name}_norm_input", store["input"]),
+                    call=store.get(f"{name}_call"),
+                    latent_norm_input=store.get(f"{name}_latent_norm_input"),
+                    num_heads=getattr(self.stack.layers[idx], f"{name}_attn").num_heads,
+                )
+        return LayerTrace(
+            input=store["input"],
+            output=store["output"],
+            self_attn=attn["self"],
+            ffn_norm_input=store["output" if isinstance(layer_spec.ffn.forward, NoFFN) else "ffn_norm_input"],
+            ffn_out_norm_input=store.get("ffn_out_norm_input"),
+            cross_attn=attn.get("cross"),
+            ffn_routing=_routing_by_position(store.get("ffn_routing"), store["input"].shape[:-1]),
+            injected=self.injected[idx] if idx < len(self.injected) else None,
+        )
 
 
 class RecomputedLayer:
@@ -876,17 +877,17 @@ class RecomputedLayer:
         reruns: How many times this layer was rebuilt.
     """
 
-    def holds(self) -> list:
-        """What this record keeps alive: its input, output and added vectors, its call, and the slot of the one
-        layer rebuilt (shared by the trace's layers)."""
-        return [self.input, self.output, self.injected, self._recorder.store[self._index].get("call"), self._held]
-
-    def __init__(self, recorder: "_Recorder", index: int, mask: torch.Tensor, causal: bool, held: dict):
+    def __init__(self, recorder: "_Recorder", index: int, held: dict):
         store = recorder.store[index]
         self.input, self.output = store["input"], store["output"]
         self.injected = recorder.injected[index] if index < len(recorder.injected) else None
         self.reruns = 0
-        self._recorder, self._index, self._mask, self._causal, self._held = recorder, index, mask, causal, held
+        self._recorder, self._index, self._held = recorder, index, held
+
+    def holds(self) -> list:
+        """What this record keeps alive: its input, output and added vectors, its call, and the slot of the one
+        layer rebuilt (shared by the trace's layers)."""
+        return [self.input, self.output, self.injected, self._recorder.store[self._index].get("call"), self._held]
 
     def __getattr__(self, name: str):
         if name.startswith("_"):  # not a record (copying, pickling)
@@ -897,7 +898,7 @@ class RecomputedLayer:
         """The layer's whole records, rebuilt unless they are the ones held."""
         if self._held.get("owner") is not self:
             self._held.clear()  # the previous layer's records are freed before this one's are computed
-            record = self._recorder.rerun(self._index, self._mask, self._causal)
+            record = self._recorder.rerun(self._index)
             self.reruns += 1
             self._held.update(owner=self, record=record)
         return self._held["record"]

@@ -429,8 +429,8 @@ def attention_sublayer(
                 weights[target.number][target.write] = bias_weights(contribution, block_bias, mode)
         del part
         release_freed_memory()  # the heap's holes from this slab (see ..memory)
-    if biases is None:  # no slab carried anything: the bias alone
-        bias = attention_bias(attn, upcast(record.probs).sum(-1)) if value_bias is None else bias
+    if biases is None:  # no slab carried anything (so the probabilities were read whole): the bias alone
+        bias = attention_bias(attn, probs.sum(-1)) if value_bias is None else bias
         biases = [branch_bias(bias, out_frozen, block.rows) for block in stream.blocks]
     if first_row:  # every key is read: the blocks before the first kept row leave the stream
         kept = [index for index, block in enumerate(stream.blocks) if block.rows.stop > first_row]
