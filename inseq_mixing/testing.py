@@ -364,19 +364,21 @@ def tiny_vlm(family: str = "llava", seed: int = 0, tower_layers: int = 1, featur
     patches merged 2 × 2, a two-layer Qwen2 with multimodal rotary positions), a Qwen3-VL (a two-block tower whose
     blocks' states are also added after each of the two Qwen3 blocks, DeepStack; Qwen3-VL-MoE: four experts, two
     a token), a Qwen3.5 (a one-block tower, a Gated DeltaNet block then a gated attention block; Qwen3.5-MoE: four
-    experts and a shared one); :data:`VLM_IMAGE_TOKENS` tokens per image."""
+    experts and a shared one); :data:`VLM_IMAGE_TOKENS` tokens per image. The Qwens' towers (but Qwen3-VL's) have
+    ``tower_layers`` blocks (Qwen2.5-VL's last with full attention, the others in windows of 2 × 2 units)."""
     if family not in VLM_FAMILIES:
         raise ValueError(f"No builder for vision-language family {family!r}; known: {VLM_FAMILIES}")
     torch.manual_seed(seed)
     if family.startswith("qwen"):
         vocab = len(SPECIAL_TOKENS) + len(WORDS) + 3  # the image token, the image's start and end
-        vision = dict(depth=1, hidden_size=16, num_heads=2, patch_size=TINY_PATCH_SIZE // 2, spatial_merge_size=2,
-                      temporal_patch_size=2, in_channels=3)  # fmt: skip
+        vision = dict(depth=tower_layers, hidden_size=16, num_heads=2, patch_size=TINY_PATCH_SIZE // 2,
+                      spatial_merge_size=2, temporal_patch_size=2, in_channels=3)  # fmt: skip
         mrope = [1, 1, 0]
         if family == "qwen2_vl":
             vision.update(embed_dim=16, mlp_ratio=2)
-        elif family == "qwen2_5_vl":  # Qwen2.5-VL's tower: windows of 16 pixels, its one block with full attention
-            vision.update(out_hidden_size=16, intermediate_size=32, window_size=16, fullatt_block_indexes=[0])
+        elif family == "qwen2_5_vl":  # Qwen2.5-VL's tower: windows of 16 pixels, its last block with full attention
+            vision.update(out_hidden_size=16, intermediate_size=32, window_size=16,
+                          fullatt_block_indexes=[tower_layers - 1])  # fmt: skip
         elif family.startswith("qwen3_5"):  # Qwen3.5's: Qwen3-VL's learned positions, no DeepStack
             vision.update(out_hidden_size=16, intermediate_size=32, num_position_embeddings=36)
             mrope = [2, 1, 1]  # over a head's 4 rotary frequencies (half of its 16 channels rotate), interleaved

@@ -752,13 +752,144 @@ def tower_alti(tower, pixels: torch.Tensor) -> torch.Tensor:
     return DECLARATIONS["alti"].run(request, DECLARATIONS["alti"].options()).target
 
 
-def test_the_tower_is_refused_where_the_projector_merges_or_units_pool():
-    """``tower=True`` on Qwen2-VL (its merger folds 2 × 2 patches into one token) or with image units: refused with
-    the reason before the model runs."""
+def window_order(height: int, width: int, window: int) -> list[int]:
+    """Qwen2.5-VL's order of one image's patches (processor indices) by its definition: windows of ``window`` ×
+    ``window`` 2 × 2-patch units row by row, each window's units row by row, each unit's four patches in turn."""
+    units_high, units_wide = height // 2, width // 2
+    order = []
+    for top in range(0, units_high, window):
+        for left in range(0, units_wide, window):
+            for row in range(top, min(top + window, units_high)):
+                for column in range(left, min(left + window, units_wide)):
+                    unit = row * units_wide + column
+                    order += [4 * unit + patch for patch in range(4)]
+    return order
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_5"])
+def test_scores_continued_through_packed_towers_read_each_image_as_the_model_attends_it(family, monkeypatch):
+    """``tower=True`` on the packed towers (every image one sequence, two blocks; Qwen2.5-VL's first in windows), two
+    prompts, images of two sizes: the traced tower's probabilities, image by image in the processor's patch order, are
+    the model's own eager attention weights (each image's, each window's, captured from its run and placed by the
+    windows' definition); the real merger on the traced final states gives the embeddings the decoder read, and the
+    merge parts (each patch normalised alone) plus the bias path add up to them; each image's scores are the decoder's
+    spread by the parts' shares then the ALTI rollout, their total the decoder's; each image's labels its grid's."""
+    import sys
+
+    import inseq_mixing
+    from inseq_mixing.methods.alti import proximity
+    from inseq_mixing.methods.tower import merge_parts
+    from inseq_mixing.testing import tiny_vlm_processor
+    from inseq_mixing.trace import ModelCall, trace_call
+
+    square, tall = two_images()
+    model = tiny_vlm(family, tower_layers=2)
+    processor = tiny_vlm_processor(family)
+    mark = placeholder(family)
+    images, prompts = [[square], [tall, square]], [f"the {mark} cat", f"a {mark} dog {mark}"]
+    front_end = inseq_mixing.load_model(model, "alti_logit", processor=processor)
+    out = front_end.attribute(images, prompts, ["sat on", "the"], tower=True, batch_size=2, show_progress=False)
+    tower, visual = get_spec(model).tower, model.model.visual
+    family_module = sys.modules[type(visual.blocks[0].attn).__module__]
+    own_eager, seen = family_module.eager_attention_forward, []
+
+    def eager(module, query, *args, **kwargs):
+        output, weights = own_eager(module, query, *args, **kwargs)
+        seen[-1].append(weights[0])
+        return output, weights
+
+    monkeypatch.setattr(family_module, "eager_attention_forward", eager)
+    marks = [block.register_forward_pre_hook(lambda *_: seen.append([])) for block in visual.blocks]
+    kwargs = processor(images=images, text=prompts, padding=True, return_tensors="pt")
+    try:
+        runs = tower.tower_runs(dict(kwargs))
+    finally:
+        for mark in marks:
+            mark.remove()
+    grids = kwargs["image_grid_thw"].tolist()
+    assert [len(run.labels) for run in runs] == [h * w for _, h, w in grids] and len(runs) == 3
+    assert out.info["tower_tokens"] == [[runs[0].labels], [runs[1].labels, runs[2].labels]]
+    decoder_images = model.model.get_image_features(kwargs["pixel_values"], kwargs["image_grid_thw"])
+    decoder_images = getattr(decoder_images, "pooler_output", decoder_images)
+    embeddings = torch.cat(list(decoder_images)) if isinstance(decoder_images, tuple | list) else decoder_images
+    start, token = 0, 0
+    expected_spreads = []
+    for image, run in enumerate(runs):
+        _, height, width = grids[image]
+        assert sorted(run.labels) == sorted(f"r{r}c{c}" for r in range(height) for c in range(width))
+        trace = trace_call(tower.spec, ModelCall(tower.module, run.inputs, frame_masks={"decoder": run.mask}))
+        size = height * width
+        order = window_order(height, width, 2) if family == "qwen2_5_vl" else list(range(size))
+        at = torch.empty(size, dtype=torch.long)
+        at[torch.tensor(order)] = torch.arange(size)  # each processor patch's position in the model's run
+        for block, chunks in enumerate(seen):
+            heads = torch.stack([torch.block_diag(*[chunk[h] for chunk in chunks]) for h in range(chunks[0].shape[0])])
+            own = heads[:, start : start + size, start : start + size][:, at][:, :, at]
+            windowed = family == "qwen2_5_vl" and block == 0
+            assert windowed == bool((own == 0).any())
+            torch.testing.assert_close(trace.decoder.layers[block].self_attn.probs[0], own, rtol=1e-4, atol=1e-6)
+        states = trace.final_hidden  # (1, patches, D), the processor's order
+        tokens = size // 4
+        merged = visual.merger(states[0])
+        torch.testing.assert_close(merged, embeddings[token : token + tokens], rtol=1e-4, atol=1e-5)
+        parts = merge_parts(states, tower.merge)[0]  # (tokens, 4, E)
+        merger = visual.merger
+        if family == "qwen3_5":
+            norm, (linear_1, act, linear_2) = merger.norm, (merger.linear_fc1, merger.act_fn, merger.linear_fc2)
+        else:
+            norm, (linear_1, act, linear_2) = merger.ln_q, merger.mlp
+        with torch.no_grad():  # the biases through the activation's slope at the pass, run through the real modules
+            concat = norm(states[0]).reshape(tokens, -1)
+            pre = linear_1(concat)
+            bias_path = linear_2(act(pre) / pre * linear_1(torch.zeros_like(concat)))
+        torch.testing.assert_close(parts.sum(1) + bias_path, merged, rtol=1e-4, atol=1e-5)
+        shares = proximity(parts.sum(1)[None], parts.clone()[None])[0]
+        total = shares.sum(-1, keepdim=True)
+        shares = torch.where(total > 0, shares / total, 1 / 4)
+        request = Request(tower.spec, tower.module, run.mask, None, None, torch.zeros_like(run.mask), None,
+                          run.mask.bool(), lambda trace=trace: trace)  # fmt: skip
+        rollout = DECLARATIONS["alti"].run(request, DECLARATIONS["alti"].options()).target[0]
+        expected_spreads.append((shares, rollout))
+        start, token = start + size, token + tokens
+    image = 0
+    for row, sequence in enumerate(out.sequence_attributions):
+        for number, positions in enumerate(out.info["image_tokens"][row]):
+            shares, rollout = expected_spreads[image]
+            decoder = sequence.source_attributions[positions]  # (tokens, spans)
+            on_patches = (decoder.T[:, :, None] * shares).flatten(1)  # token k's four patches are 4k .. 4k + 3
+            spread = sequence.sequence_scores[f"tower_image{number + 1}"]
+            torch.testing.assert_close(spread, (on_patches @ rollout).T, rtol=1e-4, atol=1e-6)
+            torch.testing.assert_close(spread.sum(0), decoder.sum(0), rtol=1e-5, atol=1e-6)
+            image += 1
+    assert image == 3
+
+
+def test_a_packed_tower_run_that_is_not_the_models_own_is_refused(monkeypatch):
+    """The traced tower is checked against the model's own run of it: Qwen2.5-VL's windows put in the wrong order
+    (the unit order left as the model's) give other final states, and ``tower=True`` is refused, not answered."""
+    import inseq_mixing
+    from inseq_mixing.specs import qwen2_vl
+    from inseq_mixing.testing import tiny_vlm_processor
+    from inseq_mixing.trace import TraceError
+
     square, _ = two_images()
-    qwen = front("qwen2_vl")
-    with pytest.raises(ValueError, match="qwen2_vl's merges or tiles them otherwise"):
-        qwen.attribute(square, f"the {placeholder('qwen2_vl')} cat", "sat", tower=True, show_progress=False)
+    model = inseq_mixing.load_model(tiny_vlm("qwen2_5_vl", tower_layers=2), "alti_logit",
+                                    processor=tiny_vlm_processor("qwen2_5_vl"))  # fmt: skip
+    prompt = f"the {placeholder('qwen2_5_vl')} cat"
+    model.attribute(square, prompt, "sat", tower=True, show_progress=False)  # the model's own order: answered
+    monkeypatch.setattr(qwen2_vl, "get_vision_window_index",
+                        lambda grid, *_: (torch.arange(int(grid[:, 1:].prod()) // 4), None))  # fmt: skip
+    with pytest.raises(TraceError, match="computes them otherwise"):
+        model.attribute(square, prompt, "sat", tower=True, show_progress=False)
+
+
+def test_the_tower_is_refused_where_the_projector_merges_or_units_pool():
+    """``tower=True`` on Qwen3-VL (DeepStack: earlier tower blocks' merged states are added to the decoder's) or with
+    image units: refused with the reason before the model runs."""
+    square, _ = two_images()
+    qwen = front("qwen3_vl")
+    with pytest.raises(ValueError, match="qwen3_vl's image tokens read the tower otherwise"):
+        qwen.attribute(square, f"the {placeholder('qwen3_vl')} cat", "sat", tower=True, show_progress=False)
     with pytest.raises(ValueError, match="use units='tokens'"):
         front("llava").attribute(square, "the <image> cat", "sat", tower=True, units="images", show_progress=False)
 

@@ -34,8 +34,9 @@ positions and grids (``image_tokens``, ``image_grids``) and the part of the imag
 ``(left, top, right, bottom)`` in its pixels: :func:`inseq_mixing.views.images.answer_heatmap` draws on it).
 
 The decoder is explained: the image tokens' embeddings (the projector's output) are the first block's input, as a
-word's embedding is; ``tower=True`` continues the image-token scores of LLaVA, Idefics3, SmolVLM, InternVL, Gemma 3
-and PaliGemma through the projector and the vision tower (:mod:`inseq_mixing.methods.tower`, our extension).
+word's embedding is; ``tower=True`` continues the image-token scores of LLaVA, Idefics3, SmolVLM, InternVL, Gemma 3,
+PaliGemma, Qwen2-VL, Qwen2.5-VL and Qwen3.5 through the projector and the vision tower
+(:mod:`inseq_mixing.methods.tower`, our extension).
 
 The gradient baselines (``integrated_gradients``, ``deeplift``, ``saliency``, ``input_x_gradient``, Captum's) explain
 each span's summed logit (minus the contrast's) on the same units: Captum's attribution of the first decoder block's
@@ -60,7 +61,7 @@ from ..methods.attn_lrp import no_graph_before_blocks
 from ..methods.blocks import upcast
 from ..methods.results import LogitScores
 from ..methods.spans import SpanRows, unit_scores
-from ..methods.tower import merge_shares, through_tower, tower_rollout
+from ..methods.tower import check_reproduced, merge_shares, through_tower, tower_rollout
 from ..specs import get_spec
 from ..trace import ModelCall, forward_arguments, trace_call
 from .common import (
@@ -212,9 +213,10 @@ class VisionLanguageAttributionModel(FrontEndModel):
                 a boxed image is ``image 1 (rest)``, other images whole, every other token its own.
             hops: Hops through the generated tokens (0: none).
             tower: Also continue each image's token scores through the projector and the vision tower onto the
-                tower's input patches (LLaVA, Idefics3, SmolVLM, InternVL, Gemma 3, PaliGemma; our extension:
-                :mod:`inseq_mixing.methods.tower`), as ``sequence_scores["tower_image1"]``, ... ``(tower tokens,
-                spans)`` (InternVL: each tile's tower tokens in turn), one tile's labelled in ``info["tower_tokens"]``.
+                tower's input patches (LLaVA, Idefics3, SmolVLM, InternVL, Gemma 3, PaliGemma, Qwen2-VL, Qwen2.5-VL,
+                Qwen3.5; our extension: :mod:`inseq_mixing.methods.tower`), as ``sequence_scores["tower_image1"]``,
+                ... ``(tower tokens, spans)`` (InternVL: each tile's tower tokens in turn), one tile's labelled in
+                ``info["tower_tokens"]`` (the Qwens', whose images differ in size: per prompt, each image's labels).
             max_new_tokens: The longest greedy answer.
             batch_size: Prompts per forward pass.
             show_progress: Show a progress bar.
@@ -379,8 +381,9 @@ class VisionLanguageAttributionModel(FrontEndModel):
                 raise ValueError(
                     "tower=True continues the image tokens' scores through a projector that mixes no tokens (LLaVA's, "
                     "one layer's features) or folds patches by a linear map or an MLP (Idefics3's, SmolVLM's and "
-                    f"InternVL's pixel shuffle, Gemma 3's pooling); this {self.spec.family}'s merges or tiles them "
-                    "otherwise, which is not decomposed yet: leave tower=False."
+                    "InternVL's pixel shuffle, Gemma 3's pooling, the mergers of Qwen2-VL, Qwen2.5-VL and Qwen3.5); "
+                    f"this {self.spec.family}'s image tokens read the tower otherwise (Qwen3-VL's DeepStack adds "
+                    "earlier blocks' states to the decoder's), which is not decomposed yet: leave tower=False."
                 )
             if units != "tokens" or options.get("per_layer") or options.get("per_head"):
                 raise ValueError("tower=True spreads each image token's one score through the tower: use "
@@ -687,39 +690,52 @@ class VisionLanguageAttributionModel(FrontEndModel):
         return LogitScores(target=scores.to(device), source=None, logit=logits.to(device), complete=False)
 
     def _tower_scores(self, batch: VLMBatch) -> list[dict[str, torch.Tensor]]:
-        """Each row's image-token scores continued through the vision tower (one traced pass of the tower over the
-        batch's images, its ALTI rollout: :mod:`inseq_mixing.methods.tower`), per image ``(tower tokens, spans)``."""
+        """Each row's image-token scores continued through the vision tower (the tower traced over the batch's
+        images, in one run or one per image, its ALTI rollout: :mod:`inseq_mixing.methods.tower`), per image
+        ``(tower tokens, spans)``."""
         tower = self.spec.tower
-        kwargs = batch.request.model_call().kwargs
-        inputs = {"pixel_values": kwargs["pixel_values"]} if tower.inputs is None else tower.inputs(kwargs)
-        pixels = inputs["pixel_values"]
-        mask = torch.ones(pixels.shape[0], tower.tokens, dtype=torch.long, device=pixels.device)
-        trace = trace_call(tower.spec, ModelCall(tower.module, inputs, frame_masks={"decoder": mask}))
-        rollout = tower_rollout(trace, tower.layers)
         merge = tower.merge
-        read = trace.final_hidden[:, tower.first_feature :]  # the states the projector read ([CLS] dropped)
-        shares = None if merge is None else merge_shares(read, merge)
-        per_tile = len(merge.groups) if merge is not None else tower.tokens - tower.first_feature
-        found, image = [], 0
+        read, labels = [], []  # per tower image: its rollout, its merge shares and groups (or None); its labels
+        for run in tower.tower_runs(batch.request.model_call().kwargs):
+            trace = trace_call(tower.spec, ModelCall(tower.module, run.inputs, frame_masks={"decoder": run.mask}))
+            if run.expected is not None:
+                check_reproduced(trace.final_hidden, run.read_out, run.expected)
+            rollout = tower_rollout(trace, tower.layers)
+            states = trace.final_hidden[:, tower.first_feature :]  # the states the projector read ([CLS] dropped)
+            shares = None if merge is None else merge_shares(states, merge)
+            groups = None if merge is None else merge.groups_of(states.shape[1])
+            read += [(rollout[image], None if merge is None else (shares[image], groups))
+                     for image in range(len(rollout))]  # fmt: skip
+            labels += [run.labels] * len(rollout)
+        tiles, image = [], 0  # per row, per image: the tower images (tiles) its tokens came from, in order
+        for row in range(batch.size):
+            tiles.append([])
+            for positions in batch.image_tokens[row]:
+                start, own = 0, []
+                while start < len(positions) and image < len(read):
+                    tokens = len(read[image][1][1]) if merge is not None else len(read[image][0]) - tower.first_feature
+                    own.append((image, positions[start : start + tokens]))
+                    start, image = start + tokens, image + 1
+                tiles[-1].append(own)
+                if start != len(positions):
+                    image = -1  # refused below
+        if image != len(read):
+            raise ValueError(f"The images' tokens do not make the {len(read)} images the tower read: leave "
+                             "tower=False for this processor's tiling.")  # fmt: skip
+        found = []
         for row in range(batch.size):
             scores = batch.unit_scores[row, : len(batch.span_tokens[row])]  # (spans, units): a unit per token
-            entries = {}
-            for number, positions in enumerate(batch.image_tokens[row]):
-                spreads = []
-                for start in range(0, len(positions), per_tile):  # each tile one tower image, in order
-                    folded = None if merge is None else (shares[image], merge.groups)
-                    tile = positions[start : start + per_tile]
-                    spreads.append(through_tower(scores[:, tile], rollout[image], tower.first_feature, folded))
-                    image += 1
-                entries[f"tower_image{number + 1}"] = upcast(torch.cat(spreads, -1).T.detach()).cpu()
-            found.append(entries)
-        if image != len(rollout):
-            raise ValueError(f"The images' tokens make {image} tower images, and the tower read {len(rollout)}: "
-                             "leave tower=False for this processor's tiling.")  # fmt: skip
+            spreads = [[through_tower(scores[:, tile], read[image][0], tower.first_feature, read[image][1])
+                        for image, tile in own] for own in tiles[row]]  # fmt: skip
+            found.append({f"tower_image{number + 1}": upcast(torch.cat(spread, -1).T.detach()).cpu()
+                          for number, spread in enumerate(spreads)})  # fmt: skip
+            if tower.runs is not None:  # images of their own sizes: each one's labels
+                self._laid_out_towers.append([labels[own[0][0]] for own in tiles[row]])
         return found
 
     def before_work(self, items: list[VLMItem]) -> None:
         self._laid_out = []  # each prompt's answer, units and spans, added to ``info`` once the call is done
+        self._laid_out_towers = []  # with tower=True and images of their own sizes, each prompt's images' labels
 
     def attribute_items(self, items: list, *, settings: CallSettings | None = None, **kwargs):
         """The base loop, then each prompt's answer, units' and spans' positions and image tokens in ``info`` (and,
@@ -730,7 +746,8 @@ class VisionLanguageAttributionModel(FrontEndModel):
         for name in ("unit_keys", "span_tokens", "image_tokens"):
             out.info[name] = [row[name] for row in laid_out]
         if settings is not None and settings.tower:
-            out.info["tower_tokens"] = _tower_labels(self.spec.tower.tokens)
+            tower = self.spec.tower
+            out.info["tower_tokens"] = self._laid_out_towers if tower.runs is not None else _tower_labels(tower.tokens)
         return out
 
     def output_logits(self, batch: VLMBatch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,13 +29,18 @@ InternVL's projector is an MLP on the concatenation (a LayerNorm, a linear map, 
 DecompX's (Modarressi et al., 2023), each slot's part carried through the LayerNorm at the concatenation's statistics
 (its shift, and the biases, given to no patch), the activation linearised at the true pre-activation through the
 origin (:math:`f(h)/h`, DecompX's), so that the parts add up to the embedding minus that bias path; the shares are
-their proximities as above. Qwen2-VL's and Qwen3-VL's mergers are not treated here.
+their proximities as above. Qwen2-VL's, Qwen2.5-VL's and Qwen3.5's mergers are the same MLP on the concatenation of
+each 2 × 2 unit's patches, but normalise each patch before it (a LayerNorm, Qwen2.5-VL's an RMSNorm): a slot is its
+patch's normalised state exactly (the norm's shift belongs to that patch), the rest as InternVL's. Their towers run
+every image as one packed sequence; the trace reads each image alone through the model's modules
+(:mod:`inseq_mixing.specs.packed_tower`), Qwen2.5-VL's windows as masks. Qwen3-VL's tower is not treated: its
+DeepStack adds earlier blocks' merged states to the decoder's, so an image token's score is not its embedding's alone.
 """
 
 import torch
 
 from ..specs.base import PatchMerge, linear_in_out
-from ..trace import ModelTrace
+from ..trace import ModelTrace, TraceError
 from .alti import alti, proximity
 from .blocks import upcast
 from .norms import freeze_norm
@@ -58,9 +63,11 @@ def merge_parts(states: torch.Tensor, merge: PatchMerge) -> torch.Tensor:
     exact for a bias-free linear projector; an MLP's parts add up to its output minus its bias path): ``states`` the
     tower's states the projector read ``(images, patches, D)``."""
     states = upcast(states)
-    groups = merge.groups.to(states.device)
+    groups = merge.groups_of(states.shape[1]).to(states.device)
     count, width = groups.shape[1], states.shape[-1]
     folded = states[:, groups]  # (images, K, n, D)
+    if merge.norm is not None and merge.patch_norm:  # each patch's own norm: its slot is its normalised state, exact
+        folded = merge.norm(folded.to(merge.norm.weight.dtype)).to(folded.dtype)
     if merge.pool == "mean":  # each patch's share of the mean the projector read
         slots, whole = folded / count, folded.mean(2)
     else:
@@ -68,7 +75,7 @@ def merge_parts(states: torch.Tensor, merge: PatchMerge) -> torch.Tensor:
         for slot in range(count):
             slots[:, :, slot, slot * width : (slot + 1) * width] = folded[:, :, slot]
         whole = folded.flatten(2)  # (images, K, n · D): the concatenation the projector read
-    if merge.norm is not None:
+    if merge.norm is not None and not merge.patch_norm:
         frozen = freeze_norm(merge.norm, whole)
         slots = frozen.linear(slots)
         whole = merge.norm(whole.to(merge.norm.weight.dtype)).to(whole.dtype)
@@ -107,3 +114,22 @@ def through_tower(scores: torch.Tensor, rollout: torch.Tensor, first_feature: in
         scores = placed.index_add_(-1, groups.flatten().to(scores.device), spread.flatten(-2))
     rows = rollout[first_feature : first_feature + scores.shape[-1]]
     return scores @ rows.to(scores.dtype)
+
+
+def check_reproduced(final: torch.Tensor, read_out: torch.nn.Module, expected: torch.Tensor) -> None:
+    """Refuse a traced run of a tower whose final states of one image ``(1, tokens, D)``, through the model's merger
+    ``read_out``, do not give the embeddings the model gave that image's tokens: up to the order of sums (a relative
+    difference of 1e-3, 5e-2 in half precision); other blocks, or patches in another order, are far from that.
+
+    Raises:
+        TraceError: They differ more.
+    """
+    with torch.no_grad():
+        found = read_out(final[0].to(expected.dtype))
+    allowed = 5e-2 if torch.finfo(expected.dtype).bits <= 16 else 1e-3
+    found, expected = upcast(found), upcast(expected).to(found.device)
+    difference = float((found - expected).norm() / expected.norm().clamp(min=torch.finfo(torch.float32).tiny))
+    if not difference <= allowed:
+        raise TraceError(f"The vision tower's traced run gives image embeddings {difference:.2g} away from the "
+                         "model's own (relative): this transformers version computes them otherwise; leave "
+                         "tower=False.")  # fmt: skip

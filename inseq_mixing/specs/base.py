@@ -596,21 +596,45 @@ class PatchMerge:
     LayerNorm on :math:`z`, a linear map, an activation, a second linear map).
 
     Attributes:
-        groups: ``(tokens, n)`` the tower patches each image token reads, in the order the projector concatenates them.
+        groups: ``(tokens, n)`` the tower patches each image token reads, in the order the projector concatenates them;
+            or ``n``: each ``n`` patches in a row fold into a token, however many the image has (the packed towers').
         projection: The linear map on the (normalised) concatenation or mean: an ``nn.Linear``, or a weight ``(in,
             out)`` the projector multiplies by.
         norm: A norm on the concatenation or mean before it, or None.
         activation: The activation after it, or None (then no ``out`` either).
         out: The linear map after the activation, or None.
         pool: ``"concat"`` or ``"mean"``.
+        patch_norm: ``norm`` is applied to each patch's state before they are folded (Qwen2-VL's merger), not to the
+            concatenation or mean.
     """
 
-    groups: torch.Tensor
+    groups: torch.Tensor | int
     projection: nn.Module | torch.Tensor
     norm: nn.Module | None = None
     activation: Callable | None = None
     out: nn.Module | None = None
     pool: str = "concat"
+    patch_norm: bool = False
+
+    def groups_of(self, patches: int) -> torch.Tensor:
+        """The ``(tokens, n)`` patches each token folds, for an image of ``patches`` patches."""
+        if isinstance(self.groups, torch.Tensor):
+            return self.groups
+        return torch.arange(patches).reshape(-1, self.groups)
+
+
+@dataclass(frozen=True)
+class TowerRun:
+    """One traced run of a vision tower: its keyword inputs, its padding mask ``(images, tokens)`` (every token
+    real), the labels of one image's tokens (None: :attr:`TowerSpec.tokens`'), and a check: ``read_out`` (the
+    model's merger) on the traced run's final states of one image must give ``expected``, the embeddings the model
+    gave that image's tokens (None: no check)."""
+
+    inputs: dict
+    mask: torch.Tensor
+    labels: list[str] | None = None
+    expected: torch.Tensor | None = None
+    read_out: nn.Module | None = None
 
 
 @dataclass(frozen=True)
@@ -627,6 +651,9 @@ class TowerSpec:
         tokens: The tower's tokens per image (its class token, then its patches).
         merge: A projector that folds patches into tokens (:class:`PatchMerge`), or None (one token each).
         inputs: The tower's keyword inputs from the model's (default: its ``pixel_values``), or None.
+        runs: The tower's runs from the model's keyword inputs, one per image (the packed towers of Qwen2-VL and its
+            successors, whose images differ in size: :mod:`.packed_tower`), or None: one run of every image
+            (:meth:`tower_runs`).
     """
 
     module: nn.Module
@@ -636,6 +663,15 @@ class TowerSpec:
     tokens: int
     merge: PatchMerge | None = None
     inputs: Callable[[dict], dict] | None = None
+    runs: Callable[[dict], list[TowerRun]] | None = None
+
+    def tower_runs(self, kwargs: dict) -> list[TowerRun]:
+        """The tower's traced runs for the model's keyword inputs ``kwargs``, each image in one of them, in order."""
+        if self.runs is not None:
+            return self.runs(kwargs)
+        inputs = {"pixel_values": kwargs["pixel_values"]} if self.inputs is None else self.inputs(kwargs)
+        pixels = inputs["pixel_values"]
+        return [TowerRun(inputs, torch.ones(pixels.shape[0], self.tokens, dtype=torch.long, device=pixels.device))]
 
 
 @dataclass(frozen=True)
