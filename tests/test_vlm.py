@@ -752,6 +752,76 @@ def tower_alti(tower, pixels: torch.Tensor) -> torch.Tensor:
     return DECLARATIONS["alti"].run(request, DECLARATIONS["alti"].options()).target
 
 
+@pytest.mark.parametrize("family", ["llava_next", "llava_onevision"])
+def test_scores_continued_through_tiles_follow_the_models_own_packing(family):
+    """``tower=True`` on LLaVA-NeXT and OneVision (each image in tiles: the base tile's tokens, then the other tiles'
+    put together on the image's grid, cut to its aspect ratio, a learned newline after each row), a square and a tall
+    image: every image token's embedding the model packed is the projector on the tower token the layout names (the
+    newline's where it names none); each tile's scores are the decoder's scores of its tokens through the tile's ALTI
+    rollout; each image's total is the decoder's over its tokens but the newlines."""
+    from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
+
+    import inseq_mixing
+    from inseq_mixing.testing import tiny_vlm_processor
+
+    square, tall = two_images()
+    model = tiny_vlm(family, tower_layers=2)
+    processor = tiny_vlm_processor(family)
+    images, prompts = [[square], [tall]], ["the <image> cat", "a <image> dog"]
+    front_end = inseq_mixing.load_model(model, "alti_logit", processor=processor)
+    out = front_end.attribute(images, prompts, ["sat on", "the"], tower=True, batch_size=2, show_progress=False)
+    assert out.info["tower_tokens"][:2] == ["[CLS]", "r0c0"] and len(out.info["tower_tokens"]) == 10
+    tower, inner = get_spec(model).tower, model.model
+    kwargs = processor(images=images, text=prompts, padding=True, return_tensors="pt")
+    counts = [image_size_to_num_patches(size, model.config.image_grid_pinpoints, model.config.vision_config.image_size)
+              for size in kwargs["image_sizes"]]  # fmt: skip
+    tiles = torch.cat([pixels[:count] for pixels, count in zip(kwargs["pixel_values"], counts, strict=True)])
+    (run,) = tower.tower_runs(dict(kwargs))
+    with torch.no_grad():
+        packed = inner.get_image_features(pixel_values=kwargs["pixel_values"], image_sizes=kwargs["image_sizes"],
+                                          **({"batch_num_images": kwargs["batch_num_images"]}
+                                             if "batch_num_images" in kwargs else {})).pooler_output  # fmt: skip
+        states = tower.module(pixel_values=tiles, output_hidden_states=True).hidden_states[-1][:, 1:]
+        projected = inner.multi_modal_projector(states)  # (tiles, 9, E)
+    tile = 0
+    for row, sequence in enumerate(out.sequence_attributions):
+        (positions,) = out.info["image_tokens"][row]
+        placed = run.layout[row]
+        newline = placed[:, 0] < 0
+        assert newline.any() and (placed[~newline, 0] >= tile).all() and len(placed) == len(positions)
+        expected = torch.where(newline[:, None], inner.image_newline.detach(), projected[placed[:, 0], placed[:, 1]])
+        torch.testing.assert_close(packed[row], expected)
+        decoder = sequence.source_attributions[positions]  # (tokens, spans)
+        spread = sequence.sequence_scores["tower_image1"]  # (tiles · 10, spans)
+        assert spread.shape[0] == 10 * counts[row]
+        for own in range(counts[row]):
+            on_tokens = torch.zeros(decoder.shape[1], 10)
+            chosen = placed[:, 0] == tile
+            on_tokens[:, 1 + placed[chosen, 1]] = decoder[chosen].T
+            rollout = tower_alti(tower, tiles[tile : tile + 1])[0]
+            torch.testing.assert_close(spread[10 * own : 10 * own + 10], (on_tokens @ rollout).T, rtol=1e-4, atol=1e-6)
+            tile += 1
+        torch.testing.assert_close(spread.sum(0), decoder[~newline].sum(0), rtol=1e-5, atol=1e-6)
+    assert tile == len(tiles)
+
+
+def test_tiles_the_model_resamples_are_refused_with_the_tower():
+    """OneVision resamples an image's grid of tiles when it holds more patches than ``anyres_max_N`` keeps (here N = 1:
+    9 patches): its tokens then blend patches, so ``tower=True`` is refused with the reason; without the tower the
+    same call is answered."""
+    import inseq_mixing
+    from inseq_mixing.testing import tiny_vlm_processor
+
+    _, tall = two_images()
+    model = tiny_vlm("llava_onevision")
+    processor = tiny_vlm_processor("llava_onevision")
+    model.config.vision_aspect_ratio = processor.vision_aspect_ratio = "anyres_max_1"  # the processor counts tokens
+    front_end = inseq_mixing.load_model(model, "alti_logit", processor=processor)
+    with pytest.raises(ValueError, match="resamples image 1's grid of tiles"):
+        front_end.attribute(tall, "a <image> dog", "the", tower=True, show_progress=False)
+    assert front_end.attribute(tall, "a <image> dog", "the", show_progress=False).sequence_attributions
+
+
 def window_order(height: int, width: int, window: int) -> list[int]:
     """Qwen2.5-VL's order of one image's patches (processor indices) by its definition: windows of ``window`` ×
     ``window`` 2 × 2-patch units row by row, each window's units row by row, each unit's four patches in turn."""

@@ -34,9 +34,8 @@ positions and grids (``image_tokens``, ``image_grids``) and the part of the imag
 ``(left, top, right, bottom)`` in its pixels: :func:`inseq_mixing.views.images.answer_heatmap` draws on it).
 
 The decoder is explained: the image tokens' embeddings (the projector's output) are the first block's input, as a
-word's embedding is; ``tower=True`` continues the image-token scores of LLaVA, Idefics3, SmolVLM, InternVL, Gemma 3,
-PaliGemma, Qwen2-VL, Qwen2.5-VL and Qwen3.5 through the projector and the vision tower
-(:mod:`inseq_mixing.methods.tower`, our extension).
+word's embedding is; ``tower=True`` continues the image-token scores of every family but Qwen3-VL through the
+projector and the vision tower (:mod:`inseq_mixing.methods.tower`, our extension).
 
 The gradient baselines (``integrated_gradients``, ``deeplift``, ``saliency``, ``input_x_gradient``, Captum's) explain
 each span's summed logit (minus the contrast's) on the same units: Captum's attribution of the first decoder block's
@@ -213,10 +212,11 @@ class VisionLanguageAttributionModel(FrontEndModel):
                 a boxed image is ``image 1 (rest)``, other images whole, every other token its own.
             hops: Hops through the generated tokens (0: none).
             tower: Also continue each image's token scores through the projector and the vision tower onto the
-                tower's input patches (LLaVA, Idefics3, SmolVLM, InternVL, Gemma 3, PaliGemma, Qwen2-VL, Qwen2.5-VL,
-                Qwen3.5; our extension: :mod:`inseq_mixing.methods.tower`), as ``sequence_scores["tower_image1"]``,
-                ... ``(tower tokens, spans)`` (InternVL: each tile's tower tokens in turn), one tile's labelled in
-                ``info["tower_tokens"]`` (the Qwens', whose images differ in size: per prompt, each image's labels).
+                tower's input patches (every family but Qwen3-VL; our extension: :mod:`inseq_mixing.methods.tower`),
+                as ``sequence_scores["tower_image1"]``, ... ``(tower tokens, spans)`` (InternVL, LLaVA-NeXT,
+                OneVision: each tile's tower tokens in turn; LLaVA-NeXT's newline tokens keep their scores), one
+                tile's labelled in ``info["tower_tokens"]`` (the Qwens', whose images differ in size: per prompt,
+                each image's labels).
             max_new_tokens: The longest greedy answer.
             batch_size: Prompts per forward pass.
             show_progress: Show a progress bar.
@@ -381,7 +381,8 @@ class VisionLanguageAttributionModel(FrontEndModel):
                 raise ValueError(
                     "tower=True continues the image tokens' scores through a projector that mixes no tokens (LLaVA's, "
                     "one layer's features) or folds patches by a linear map or an MLP (Idefics3's, SmolVLM's and "
-                    "InternVL's pixel shuffle, Gemma 3's pooling, the mergers of Qwen2-VL, Qwen2.5-VL and Qwen3.5); "
+                    "InternVL's pixel shuffle, Gemma 3's pooling, the mergers of Qwen2-VL, Qwen2.5-VL and Qwen3.5, "
+                    "LLaVA-NeXT's tiles); "
                     f"this {self.spec.family}'s image tokens read the tower otherwise (Qwen3-VL's DeepStack adds "
                     "earlier blocks' states to the decoder's), which is not decomposed yet: leave tower=False."
                 )
@@ -631,6 +632,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
     def explain(self, batch: VLMBatch, options) -> tuple[list, list[str] | None]:
         """The spans' scores over tokens (one pass where the method has one; a gradient baseline: Captum's, span by
         span), hops through the generated tokens, units summed; one sequence per prompt."""
+        runs = self.spec.tower.tower_runs(batch.request.model_call().kwargs) if batch.tower else None  # refusals first
         if self.declaration is None:
             result = self._gradient_spans(batch, **options)
             batch.unit_scores, batch.hop_units = unit_scores(result.target, batch.units), None
@@ -639,7 +641,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
                                                                        batch.spans, batch.generated, batch.hops,
                                                                        batch.units)  # fmt: skip
         if batch.tower:
-            batch.tower_scores = self._tower_scores(batch)
+            batch.tower_scores = self._tower_scores(batch, runs)
         self._laid_out += [{"answer": batch.answers[row], "unit_keys": batch.unit_keys[row],
                             "span_tokens": batch.span_tokens[row], "image_tokens": batch.image_tokens[row]}
                            for row in range(batch.size)]  # fmt: skip
@@ -689,14 +691,14 @@ class VisionLanguageAttributionModel(FrontEndModel):
         device = members.device
         return LogitScores(target=scores.to(device), source=None, logit=logits.to(device), complete=False)
 
-    def _tower_scores(self, batch: VLMBatch) -> list[dict[str, torch.Tensor]]:
+    def _tower_scores(self, batch: VLMBatch, runs: list) -> list[dict[str, torch.Tensor]]:
         """Each row's image-token scores continued through the vision tower (the tower traced over the batch's
         images, in one run or one per image, its ALTI rollout: :mod:`inseq_mixing.methods.tower`), per image
         ``(tower tokens, spans)``."""
         tower = self.spec.tower
         merge = tower.merge
         read, labels = [], []  # per tower image: its rollout, its merge shares and groups (or None); its labels
-        for run in tower.tower_runs(batch.request.model_call().kwargs):
+        for run in runs:
             trace = trace_call(tower.spec, ModelCall(tower.module, run.inputs, frame_masks={"decoder": run.mask}))
             if run.expected is not None:
                 check_reproduced(trace.final_hidden, run.read_out, run.expected)
@@ -707,29 +709,23 @@ class VisionLanguageAttributionModel(FrontEndModel):
             read += [(rollout[image], None if merge is None else (shares[image], groups))
                      for image in range(len(rollout))]  # fmt: skip
             labels += [run.labels] * len(rollout)
-        tiles, image = [], 0  # per row, per image: the tower images (tiles) its tokens came from, in order
-        for row in range(batch.size):
-            tiles.append([])
-            for positions in batch.image_tokens[row]:
-                start, own = 0, []
-                while start < len(positions) and image < len(read):
-                    tokens = len(read[image][1][1]) if merge is not None else len(read[image][0]) - tower.first_feature
-                    own.append((image, positions[start : start + tokens]))
-                    start, image = start + tokens, image + 1
-                tiles[-1].append(own)
-                if start != len(positions):
-                    image = -1  # refused below
-        if image != len(read):
-            raise ValueError(f"The images' tokens do not make the {len(read)} images the tower read: leave "
-                             "tower=False for this processor's tiling.")  # fmt: skip
+        layout = [placed for run in runs for placed in (run.layout or [])] if runs[0].layout is not None else None
+        tiles = _tower_tiles(batch.image_tokens, read, tower.first_feature, layout)
         found = []
         for row in range(batch.size):
             scores = batch.unit_scores[row, : len(batch.span_tokens[row])]  # (spans, units): a unit per token
-            spreads = [[through_tower(scores[:, tile], read[image][0], tower.first_feature, read[image][1])
-                        for image, tile in own] for own in tiles[row]]  # fmt: skip
+            spreads = []
+            for own in tiles[row]:
+                spread = []
+                for image, positions, features in own:
+                    rollout, folded = read[image]
+                    on_tokens = scores.new_zeros(scores.shape[0], _read_tokens(read[image], tower.first_feature))
+                    on_tokens[:, features] = scores[:, positions]
+                    spread.append(through_tower(on_tokens, rollout, tower.first_feature, folded))
+                spreads.append(spread)
             found.append({f"tower_image{number + 1}": upcast(torch.cat(spread, -1).T.detach()).cpu()
                           for number, spread in enumerate(spreads)})  # fmt: skip
-            if tower.runs is not None:  # images of their own sizes: each one's labels
+            if not tower.tokens:  # images of their own sizes: their labels
                 self._laid_out_towers.append([labels[own[0][0]] for own in tiles[row]])
         return found
 
@@ -747,7 +743,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
             out.info[name] = [row[name] for row in laid_out]
         if settings is not None and settings.tower:
             tower = self.spec.tower
-            out.info["tower_tokens"] = self._laid_out_towers if tower.runs is not None else _tower_labels(tower.tokens)
+            out.info["tower_tokens"] = _tower_labels(tower.tokens) if tower.tokens else self._laid_out_towers
         return out
 
     def output_logits(self, batch: VLMBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -822,6 +818,52 @@ def _grid_box(image_processor, width: int, height: int) -> list[float]:
             left, top = (width - box_width) / 2, (height - box_height) / 2
             return [left, top, left + box_width, top + box_height]
     return [0.0, 0.0, float(width), float(height)]
+
+
+def _read_tokens(read: tuple, first_feature: int) -> int:
+    """How many tokens of one tower image the projector turns into image tokens: its merged tokens, or its tokens
+    after ``first_feature``."""
+    rollout, folded = read
+    return len(folded[1]) if folded is not None else len(rollout) - first_feature
+
+
+def _tower_tiles(image_tokens: list, read: list, first_feature: int, layout: list | None) -> list:
+    """Per row, per image: the tower images its tokens came from, each as ``(tower image, the image tokens' positions,
+    the tokens read in that tower image)``: each tower image's tokens in turn (``layout`` None), or as ``layout``
+    places them (per image of the batch ``(tokens, 2)``, ``-1`` for a token no tower token gave).
+
+    Raises:
+        ValueError: The images' tokens do not make the tower images read.
+    """
+    images = [positions for row in image_tokens for positions in row]
+    fits = layout is None or len(layout) == len(images)
+    found, image = [], 0
+    for number, positions in enumerate(images if fits else []):
+        own = []
+        if layout is None:
+            start = 0
+            while start < len(positions) and image < len(read):
+                count = _read_tokens(read[image], first_feature)
+                own.append((image, positions[start : start + count], torch.arange(count)))
+                start, image = start + count, image + 1
+            fits = fits and start == len(positions)
+        else:
+            placed = layout[number]
+            fits = fits and len(placed) == len(positions)
+            for tower_image in placed[:, 0].unique().tolist() if fits else []:
+                chosen = placed[:, 0] == tower_image
+                if tower_image >= 0:
+                    own.append((tower_image, torch.as_tensor(positions)[chosen], placed[chosen, 1]))
+            image = max(image, *(entry[0] + 1 for entry in own)) if own else image
+        found.append(own)
+    if not fits or image != len(read) or not all(found):
+        raise ValueError(f"The images' tokens do not make the {len(read)} images the tower read: leave tower=False "
+                         "for this processor's tiling.")  # fmt: skip
+    tiles, number = [], 0
+    for row in image_tokens:
+        tiles.append(found[number : number + len(row)])
+        number += len(row)
+    return tiles
 
 
 def _tower_labels(tokens: int) -> list[str]:

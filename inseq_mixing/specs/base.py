@@ -628,13 +628,17 @@ class TowerRun:
     """One traced run of a vision tower: its keyword inputs, its padding mask ``(images, tokens)`` (every token
     real), the labels of one image's tokens (None: :attr:`TowerSpec.tokens`'), and a check: ``read_out`` (the
     model's merger) on the traced run's final states of one image must give ``expected``, the embeddings the model
-    gave that image's tokens (None: no check)."""
+    gave that image's tokens (None: no check). ``layout``: where the image tokens' embeddings come from, when not
+    from each tower image's tokens in turn (LLaVA-NeXT's tiles laid out on the image's grid): per image of the
+    model's input, ``(tokens, 2)``: the tower image (counted over the run) and the token read in it (after
+    ``first_feature``), or ``(-1, -1)`` for a token no tower token gave (a learned newline)."""
 
     inputs: dict
     mask: torch.Tensor
     labels: list[str] | None = None
     expected: torch.Tensor | None = None
     read_out: nn.Module | None = None
+    layout: list[torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)

@@ -4,14 +4,20 @@ of the image's tokens in a Llama-layout language model's input. The decoder is e
 tokens and the text's, every method reads them as it reads a Llama's (the image tokens' embeddings are the first
 block's input, as a token's embedding is).
 
-Issue 56, first step: the decoder's spec and trace (the forward pass takes ``pixel_values`` beside the ids). Not yet:
-a front end over images and prompts, scores through the projector and the vision tower, image views.
+The tower (our extension, :mod:`inseq_mixing.methods.tower`): the projector maps one tower token's state to one image
+token, so each image token's score goes to its tower token whole, then through the tower's rollout. LLaVA-NeXT's and
+OneVision's image tokens are the base tile's, then the other tiles' put together on the image's grid, cut to its aspect
+ratio, each row ended by a learned newline (which no tower token gives: its score stays on the decoder's row); which
+tile and token each image token is comes from the model's own packing run on indices (:func:`tile_runs`).
 """
 
+from collections.abc import Callable
+
+import torch
 from torch import nn
 
 from . import llama
-from .base import InjectedInputs, ModelSpec, StackSpec, TowerSpec, UnsupportedModelError
+from .base import InjectedInputs, ModelSpec, StackSpec, TowerRun, TowerSpec, UnsupportedModelError
 
 FAMILY = "LLaVA, LLaVA-NeXT, LLaVA-OneVision (a Llama-layout decoder over image and text tokens)"
 KIND = "vision-language"
@@ -55,13 +61,13 @@ def decoder_spec(model: nn.Module, language: nn.Module, image_token_id: int, lay
 
 def tower_spec(model: nn.Module) -> TowerSpec | None:
     """LLaVA's vision tower as its image tokens read it (one layer's states, the class token dropped or kept, the
-    projector applied token by token), or None where the features come from several layers (a list of layers) or the
-    image is cut into tiles (LLaVA-NeXT, OneVision)."""
+    projector applied token by token; LLaVA-NeXT's and OneVision's tiles laid out by the model's own packing:
+    :func:`tile_runs`), or None where the features come from several layers (a list of layers)."""
     from . import get_spec
 
     config, tower = model.config, model.model.vision_tower
     layer = config.vision_feature_layer
-    if config.model_type != "llava" or not isinstance(layer, int):
+    if not isinstance(layer, int):
         return None
     inner = getattr(tower, "vision_model", tower)
     if getattr(inner, "encoder", None) is None:
@@ -69,8 +75,65 @@ def tower_spec(model: nn.Module) -> TowerSpec | None:
     blocks = len(inner.encoder.layers)
     through = layer if layer >= 0 else blocks + 1 + layer  # hidden_states[layer]: the output of that many blocks
     first = 1 if config.vision_feature_select_strategy == "default" else 0
-    return TowerSpec(module=tower, spec=get_spec(tower), layers=through, first_feature=first,
-                     tokens=inner.embeddings.num_positions)  # fmt: skip
+    tokens = inner.embeddings.num_positions
+    runs = None if config.model_type == "llava" else tile_runs(model, tokens, tokens - first)
+    return TowerSpec(module=tower, spec=get_spec(tower), layers=through, first_feature=first, tokens=tokens,
+                     runs=runs)  # fmt: skip
+
+
+#: The model's keyword inputs its image features are computed from (LLaVA-NeXT's, OneVision's).
+IMAGE_ARGUMENTS = ("pixel_values", "image_sizes", "batch_num_images")
+
+
+def tile_runs(model: nn.Module, tokens: int, read: int) -> Callable[[dict], list[TowerRun]]:
+    """LLaVA-NeXT's and OneVision's tower run: every tile the model encodes, and where each image token's embedding
+    comes from, both read from the model's own ``get_image_features`` on the inputs, its projector's output
+    replaced by each tile token's index (and its square) in float64: the packing (the base tile, then the other tiles
+    put together on the image's grid, cut to its aspect ratio, a learned newline after each row) moves the indices as
+    it moves the embeddings. ``tokens``: the tower's per tile, ``read``: those the projector reads.
+
+    Raises (when called):
+        ValueError: The model resamples an image's grid (OneVision's ``anyres_max``, for images whose tiles make more
+            patches than it keeps): its tokens then blend patches, which is not decomposed.
+    """
+    inner = model.model
+
+    def runs(kwargs: dict) -> list[TowerRun]:
+        seen = {}
+
+        def tiles(_module, args, call) -> None:
+            seen["pixels"] = args[0] if args else call["pixel_values"]
+
+        def indices(_module, _args, output) -> torch.Tensor:
+            count = output.shape[0] * output.shape[1]
+            index = torch.arange(count, dtype=torch.float64, device=output.device).reshape(*output.shape[:2], 1)
+            return torch.cat([index, index.square(), index.new_zeros(*output.shape[:2], output.shape[2] - 2)], -1)
+
+        hooks = [inner.vision_tower.register_forward_pre_hook(tiles, with_kwargs=True),
+                 inner.multi_modal_projector.register_forward_hook(indices)]  # fmt: skip
+        try:
+            with torch.no_grad():
+                packed = inner.get_image_features(**{name: kwargs[name] for name in IMAGE_ARGUMENTS
+                                                     if name in kwargs}).pooler_output  # fmt: skip
+        finally:
+            for hook in hooks:
+                hook.remove()
+        newline = inner.image_newline.detach().double()
+        layout = []
+        for number, rows in enumerate(packed):
+            is_newline = (rows == newline.to(rows.device)).all(-1)
+            index = rows[:, 0]
+            if not torch.equal(rows[~is_newline, 1], index[~is_newline].square()):
+                raise ValueError(f"tower=True: the model resamples image {number + 1}'s grid of tiles (its tokens "
+                                 "blend patches), which is not decomposed: give a smaller image, or leave "
+                                 "tower=False.")  # fmt: skip
+            where = index.round().long()
+            layout.append(torch.stack([where // read, where % read], -1).masked_fill_(is_newline[:, None], -1))
+        pixels = seen["pixels"]
+        mask = torch.ones(pixels.shape[0], tokens, dtype=torch.long, device=pixels.device)
+        return [TowerRun({"pixel_values": pixels}, mask, layout=layout)]
+
+    return runs
 
 
 def build(model: nn.Module) -> ModelSpec:
