@@ -468,6 +468,42 @@ def test_the_answer_is_drawn_over_the_part_of_the_image_its_grid_covers():
         answer_heatmap(llava, wide, image_number=2)
 
 
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+def test_the_tower_scores_are_drawn_on_the_towers_patches(family):
+    """``answer_heatmap(..., tower=True)`` draws the scores continued through the tower on its patch grid (LLaVA's
+    3 × 3 patches, ``[CLS]`` in the caption; Qwen2-VL's patches of the resized image, in the processor's order
+    laid out by their labels), over the same box as the tokens; an output without tower scores, or a tiled image's, is
+    refused with the reason."""
+    from inseq_mixing.testing import synthetic_image
+    from inseq_mixing.views.images import answer_heatmap
+
+    wide = synthetic_image(40, seed=3)[:30]
+    prompt = "the <image> cat" if family == "llava" else f"the {placeholder(family)} cat"
+    model = front(family)
+    out = model.attribute(wide, prompt, "sat on", tower=True, show_progress=False)
+    spread = out.sequence_attributions[0].sequence_scores["tower_image1"]
+    labels = out.info["tower_tokens"] if family == "llava" else out.info["tower_tokens"][0][0]
+    figure = answer_heatmap(out, wide, entry=1, tower=True)
+    overlay = figure.axes[0].images[1]
+    assert tuple(overlay.get_extent()) == tuple(out.info["image_boxes"][0][0][i] for i in (0, 2, 3, 1))
+    drawn = overlay.get_array()
+    cells = [label for label in labels if label.startswith("r")]
+    assert drawn.size == len(cells) > 9 * (family != "llava")
+    for number, label in enumerate(labels):
+        if label.startswith("r"):
+            row, column = (int(part) for part in label[1:].split("c"))
+            assert drawn[row, column] == pytest.approx(spread[number, 1].item())
+    if family == "llava":
+        assert f"[CLS]: {spread[0, 1].item():.3g}" in figure.axes[0].get_xlabel()
+    plain = model.attribute(wide, prompt, "sat on", show_progress=False)
+    with pytest.raises(ValueError, match="no tower scores for image 1"):
+        answer_heatmap(plain, wide, tower=True)
+    tiled = front("internvl").attribute(wide, f"the {placeholder('internvl')} cat", "sat", tower=True,
+                                        show_progress=False)  # fmt: skip
+    with pytest.raises(ValueError, match="tiles, whose patches are not one grid"):
+        answer_heatmap(tiled, wide, tower=True)
+
+
 def test_the_explorer_shows_the_image_beside_the_caption_word_by_word(page, tmp_path):
     """The explorer of a LLaVA's answer: the image cut to what its grid covers, each of its tokens a patch of the
     overlay, the overlay of the clicked word being that word's scores over the image tokens (drawn in Chromium)."""

@@ -39,14 +39,43 @@ def patch_grid(sequence, entry: int = 0, layer: int | None = None,
     column = scores[:, entry]
     if column.dim() == 2:
         column = column[:, -1 if layer is None else layer]
+    return _on_grid([token.token for token in sequence.source], column.float().tolist(), image_number)
+
+
+def tower_grid(output, sequence: int = 0, entry: int = 0, image_number: int = 1) -> tuple[np.ndarray, dict]:
+    """A vision-language output's scores continued through the vision tower (``attribute(..., tower=True)``) for one
+    explained entry and one image, as a ``(rows, columns)`` grid of the tower's patches, and the other tower tokens'
+    scores (``[CLS]``).
+
+    Raises:
+        ValueError: The output has no tower scores for that image, or the tower read the image in tiles (InternVL,
+            LLaVA-NeXT: its tower tokens are not one grid).
+    """
+    found = output.sequence_attributions[sequence].sequence_scores or {}
+    scores = found.get(f"tower_image{image_number}")
+    if scores is None:
+        raise ValueError(f"Sequence {sequence} has no tower scores for image {image_number}: call attribute(..., "
+                         "tower=True).")  # fmt: skip
+    labels = (output.info or {}).get("tower_tokens") or []
+    if labels and isinstance(labels[0], list):  # images of their own sizes: per prompt, per image
+        labels = labels[sequence][image_number - 1]
+    if len(labels) != len(scores):
+        raise ValueError(f"Image {image_number}'s tower read it in {len(scores) // max(len(labels), 1)} tiles, whose "
+                         "patches are not one grid: draw its image tokens (tower=False).")  # fmt: skip
+    return _on_grid(labels, scores[:, entry].float().tolist(), image_number=1)
+
+
+def _on_grid(labels: list[str], values: list[float], image_number: int) -> tuple[np.ndarray, dict[str, float]]:
+    """Scores of tokens labelled ``r{row}c{column}`` (or ``img{n} r{row}c{column}``, image ``image_number``'s) on
+    their grid, and the other tokens' (where no token names an image)."""
     cells, others = {}, {}
-    several = any(token.token.startswith("img") for token in sequence.source)
-    for token, value in zip(sequence.source, column.float().tolist(), strict=True):
-        found = PATCH_LABEL.match(token.token)
+    several = any(label.startswith("img") for label in labels)
+    for label, value in zip(labels, values, strict=True):
+        found = PATCH_LABEL.match(label)
         if found and (found["image"] is None or int(found["image"]) == image_number):
             cells[(int(found["row"]), int(found["column"]))] = value
         elif not several:
-            others[token.token] = value
+            others[label] = value
     if not cells:
         raise ValueError(
             "No patch tokens (r{row}c{column}, or img{image} r{row}c{column} on one grid) in this sequence: it is not "
@@ -67,10 +96,12 @@ def _scale(values: np.ndarray, signed: bool | None) -> tuple[str, float, float, 
     return (colour_map(True), -top, top, True) if signed else (colour_map(False), 0.0, top, False)
 
 
-def _entry_scale(sequence, entry: int, layer: int | None, signed: bool | None, image_number: int = 1):
-    """One entry's patch grid, its other tokens' scores, and the colour scale drawn for both (cmap, low, high,
-    signed): what :func:`image_heatmap` draws and a caption of it says."""
-    grid, others = patch_grid(sequence, entry, layer, image_number)
+def _entry_scale(sequence, entry: int, layer: int | None, signed: bool | None, image_number: int = 1,
+                 drawn: tuple | None = None):  # fmt: skip
+    """One entry's patch grid (``drawn``, a grid and other scores, where given), its other tokens' scores, and the
+    colour scale drawn for both (cmap, low, high, signed): what :func:`image_heatmap` draws and a caption of it
+    says."""
+    grid, others = patch_grid(sequence, entry, layer, image_number) if drawn is None else drawn
     return grid, others, _scale(np.concatenate([grid.ravel(), list(others.values())]), signed)
 
 
@@ -82,7 +113,7 @@ def _caption(signed: bool) -> str:
 
 def image_heatmap(sequence, image, *, entry: int = 0, layer: int | None = None, signed: bool | None = None,
                   path=None, title: str | None = None, alpha: float = 0.55, method: str | None = None,
-                  image_number: int = 1, box=None):  # fmt: skip
+                  image_number: int = 1, box=None, drawn: tuple | None = None):  # fmt: skip
     """The patches' scores over ``image`` for one explained entry.
 
     Args:
@@ -100,6 +131,8 @@ def image_heatmap(sequence, image, *, entry: int = 0, layer: int | None = None, 
         method: The method's name, for the default title (a sequence does not carry it; the output's
             ``info["attribution_method"]`` does).
         alpha: Opacity of the scores over the image.
+        drawn: The grid to draw and the other tokens' scores, in place of the sequence's own patch scores (the tower's
+            patches: :func:`tower_grid`).
 
     Returns:
         A matplotlib ``Figure``.
@@ -107,7 +140,7 @@ def image_heatmap(sequence, image, *, entry: int = 0, layer: int | None = None, 
     from ..frontends.vision import read_image
 
     picture = np.asarray(read_image(image, "The image"))
-    grid, others, (cmap, low, high, signed) = _entry_scale(sequence, entry, layer, signed, image_number)
+    grid, others, (cmap, low, high, signed) = _entry_scale(sequence, entry, layer, signed, image_number, drawn)
     figure, axis = plt.subplots(figsize=(5.2, 4.6))
     height, width = picture.shape[:2]
     left, top, right, bottom = (0, 0, width, height) if box is None else box
@@ -134,10 +167,12 @@ def image_heatmap(sequence, image, *, entry: int = 0, layer: int | None = None, 
 
 
 def answer_heatmap(output, images, *, sequence: int = 0, entry: int = 0, image_number: int = 1, path=None,
-                   **options):  # fmt: skip
+                   tower: bool = False, **options):  # fmt: skip
     """A vision-language output's image-token scores for one explained entry (a generated token, or the answer) over
     the image, on the part of it the tokens' grid covers (``info["image_boxes"]``: LLaVA's processor keeps the
-    centred square, Qwen2-VL's the whole image): :func:`image_heatmap` for that output.
+    centred square, Qwen2-VL's the whole image): :func:`image_heatmap` for that output; with ``tower=True``, the
+    scores continued through the vision tower onto its patches instead (:func:`tower_grid`: a finer grid over the
+    same part of the image; ``[CLS]``'s score in the caption).
 
     Args:
         output: The output of a vision-language model's ``attribute``.
@@ -146,6 +181,7 @@ def answer_heatmap(output, images, *, sequence: int = 0, entry: int = 0, image_n
         entry: Which explained entry (a generated token; 0 with ``spans="answer"``).
         image_number: Which image of the prompt (from 1).
         path: Also save the figure there.
+        tower: Draw the tower's patches (the output of ``attribute(..., tower=True)``).
         options: Further arguments of :func:`image_heatmap` (``signed``, ``title``, ``alpha``, ``layer``).
 
     Returns:
@@ -158,9 +194,10 @@ def answer_heatmap(output, images, *, sequence: int = 0, entry: int = 0, image_n
     if not 1 <= image_number <= len(boxes[sequence]) or len(listed) != len(boxes[sequence]):
         raise ValueError(f"Sequence {sequence} explains {len(boxes[sequence])} image(s): give them all, and an "
                          f"image_number from 1 to {len(boxes[sequence])}, not {image_number}.")  # fmt: skip
+    drawn = tower_grid(output, sequence, entry, image_number) if tower else None
     return image_heatmap(output.sequence_attributions[sequence], listed[image_number - 1], entry=entry, path=path,
                          method=output.info.get("attribution_method"), image_number=image_number,
-                         box=boxes[sequence][image_number - 1], **options)  # fmt: skip
+                         box=boxes[sequence][image_number - 1], drawn=drawn, **options)  # fmt: skip
 
 
 def layer_image_grid(sequence, image, *, entry: int = 0, signed: bool | None = None, path=None,
