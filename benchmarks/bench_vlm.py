@@ -10,10 +10,12 @@ of 14 pixels merged 2 × 2) and a local processor (the word tokenizer with Qwen2
 processor at ``--side`` pixels a side: 224 gives 64 tokens an image). The prompt is ``--images`` image placeholders
 and 20 words, the answer ``--answer`` words. In that process: the SDPA forward pass of the prompt and answer (best of
 ``--repeats``), then the call, timed once, its peak resident memory (``VmHWM`` after the call, the mark reset just
-before it, after ``malloc_trim``) minus the resident memory just before it.
+before it, after ``malloc_trim``) minus the resident memory just before it. ``--units tokens --tower`` times the
+continuation through the merger and the tower (``tower=True``, which needs one score per image token); compare it
+with ``--units tokens`` alone.
 
     python benchmarks/bench_vlm.py [--images 1 4] [--methods alti_logit attn_lrp attention_rollout] [--side 224]
-        [--answer 10] [--repeats 2] [--layers 28]
+        [--answer 10] [--repeats 2] [--layers 28] [--units images|tokens] [--tower]
 """
 
 import argparse
@@ -101,7 +103,8 @@ def child(count: int, method: str, args) -> dict:
         refs.write("5")
     before = _status("VmRSS:")
     start = time.perf_counter()
-    out = front.attribute(images, prompt, answer, spans="answer", units="images", show_progress=False)
+    out = front.attribute(images, prompt, answer, spans="answer", units=args.units, tower=args.tower,
+                          show_progress=False)  # fmt: skip
     seconds = time.perf_counter() - start
     peak = _status("VmHWM:")
     assert out.sequence_attributions[0].source_attributions.shape[1] == 1
@@ -124,6 +127,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--layers", type=int, default=28)
     parser.add_argument("--tower-layers", type=int, default=32)
+    parser.add_argument("--units", choices=["images", "tokens"], default="images")
+    parser.add_argument("--tower", action="store_true", help="continue the scores through the tower (units tokens)")
     parser.add_argument("--child", nargs=2, metavar=("IMAGES", "METHOD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -134,15 +139,14 @@ def main() -> None:
     print(f"torch {torch.__version__}, cpu, float32, {torch.get_num_threads()} threads; Qwen2-VL-2B-shaped "
           f"({args.layers} decoder layers, {args.tower_layers} tower blocks), {args.side} px images, "
           f"{PROMPT_WORDS} prompt words, {args.answer} answer words")  # fmt: skip
-    print(
-        "model.attribute(spans='answer', units='images'): time, time / SDPA forward of the same input, peak GB "
-        "above the model"
-    )
+    print(f"model.attribute(spans='answer', units={args.units!r}, tower={args.tower}): time, time / SDPA forward of "
+          "the same input, peak GB above the model")  # fmt: skip
     for count in args.images:
         for method in args.methods:
             command = [sys.executable, __file__, "--child", str(count), method, "--repeats", str(args.repeats),
                        "--side", str(args.side), "--answer", str(args.answer), "--layers", str(args.layers),
-                       "--tower-layers", str(args.tower_layers)]  # fmt: skip
+                       "--tower-layers", str(args.tower_layers), "--units", args.units,
+                       *(["--tower"] if args.tower else [])]  # fmt: skip
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:
                 print(f"{count} image(s) {method:>18}: failed: {done.stderr.strip().splitlines()[-1][:200]}")

@@ -4,6 +4,7 @@ rotary positions). ALTI-logit adds up to the model's own logits at image and tex
 gives causal rows and a left-padded row equal to that row with its image alone, the image tokens get their share, and
 AttnLRP gives the model's own logit."""
 
+import contextlib
 import json
 import math
 
@@ -968,6 +969,36 @@ def test_scores_continued_through_packed_towers_read_each_image_as_the_model_att
             torch.testing.assert_close(spread.sum(0), decoder.sum(0), rtol=1e-5, atol=1e-6)
             image += 1
     assert image == 3
+
+
+@pytest.mark.parametrize("method", ["alti_logit", "attn_lrp"])
+def test_a_packed_tower_is_read_from_the_models_own_pass_and_run_once(method):
+    """``tower=True`` on Qwen2-VL reads the tower's first-block input and its merged embeddings from the forward pass
+    the method runs anyway: the real tower runs once in the call (as without the tower), and the scores are those of
+    a call that runs it a second time of its own (the recorder disabled)."""
+    from inseq_mixing.specs import packed_tower
+
+    square, tall = two_images()
+    model = front("qwen2_vl", method)
+    prompt = f"a {placeholder('qwen2_vl')} dog {placeholder('qwen2_vl')}"
+    calls = []
+    hook = model.model.model.visual.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        out = model.attribute([square, tall], prompt, "the", tower=True, show_progress=False)
+        assert len(calls) == 1
+        original = packed_tower.tower_recorder
+        packed_tower.tower_recorder = lambda tower: contextlib.nullcontext({})  # nothing read: a run of its own
+        try:
+            calls.clear()
+            again = model.attribute([square, tall], prompt, "the", tower=True, show_progress=False)
+        finally:
+            packed_tower.tower_recorder = original
+        assert len(calls) == 2
+    finally:
+        hook.remove()
+    for number in (1, 2):
+        torch.testing.assert_close(out.sequence_attributions[0].sequence_scores[f"tower_image{number}"],
+                                   again.sequence_attributions[0].sequence_scores[f"tower_image{number}"])  # fmt: skip
 
 
 def test_a_packed_tower_run_that_is_not_the_models_own_is_refused(monkeypatch):

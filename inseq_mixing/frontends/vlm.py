@@ -632,15 +632,19 @@ class VisionLanguageAttributionModel(FrontEndModel):
     def explain(self, batch: VLMBatch, options) -> tuple[list, list[str] | None]:
         """The spans' scores over tokens (one pass where the method has one; a gradient baseline: Captum's, span by
         span), hops through the generated tokens, units summed; one sequence per prompt."""
-        runs = self.spec.tower.tower_runs(batch.request.model_call().kwargs) if batch.tower else None  # refusals first
-        if self.declaration is None:
-            result = self._gradient_spans(batch, **options)
-            batch.unit_scores, batch.hop_units = unit_scores(result.target, batch.units), None
-        else:
-            result, batch.unit_scores, batch.hop_units = explain_spans(self.declaration, batch.request, options,
-                                                                       batch.spans, batch.generated, batch.hops,
-                                                                       batch.units)  # fmt: skip
+        tower, kwargs = self.spec.tower, batch.request.model_call().kwargs if batch.tower else None
+        recorded = batch.tower and tower.recorder is not None  # the tower read from the model's own forward pass
+        runs = tower.tower_runs(kwargs) if batch.tower and not recorded else None  # refusals first
+        with tower.recorder() if recorded else nullcontext() as seen:
+            if self.declaration is None:
+                result = self._gradient_spans(batch, **options)
+                batch.unit_scores, batch.hop_units = unit_scores(result.target, batch.units), None
+            else:
+                result, batch.unit_scores, batch.hop_units = explain_spans(self.declaration, batch.request, options,
+                                                                           batch.spans, batch.generated, batch.hops,
+                                                                           batch.units)  # fmt: skip
         if batch.tower:
+            runs = runs if runs is not None else tower.tower_runs(kwargs, seen)
             batch.tower_scores = self._tower_scores(batch, runs)
         self._laid_out += [{"answer": batch.answers[row], "unit_keys": batch.unit_keys[row],
                             "span_tokens": batch.span_tokens[row], "image_tokens": batch.image_tokens[row]}

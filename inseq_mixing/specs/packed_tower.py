@@ -9,12 +9,14 @@ eager attention functions), on one image ``(1, patches, width)`` in the processo
 four patches in a row, the units row by row), a window's split given as a mask, the probabilities returned: what the
 model computes for that image, up to the order of floating-point sums. Its input (the first block's, after the patch
 embedding and, in Qwen3.5's tower, the learned positions) and its rotary angles are read from the model's own run of
-the tower (:func:`tower_runs`), which also gives the embeddings the traced run's final states must give through the
-model's merger (a check of both the blocks and the order of patches).
+the tower (:func:`tower_recorder`: the model's own forward pass, read while the method runs it, so the tower is not run
+twice), which also gives the embeddings the traced run's final states must give through the model's merger (a check of
+both the blocks and the order of patches).
 """
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -93,30 +95,56 @@ class _Read:
     embeddings: torch.Tensor
 
 
-def _read_tower(tower: nn.Module, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> _Read:
+def tower_recorder(tower: nn.Module) -> AbstractContextManager[dict]:
+    """While active, the first run of ``tower`` (the model's own forward pass, whatever the method runs) is read into
+    the dict yielded: its first block's input and rotary angles, each block's cumulative lengths, its merged
+    embeddings. Hooks removed afterwards."""
+    return _recording(tower)
+
+
+@contextmanager
+def _recording(tower: nn.Module) -> Iterator[dict]:
     seen = {"lengths": []}
 
     def before(_module, args, kwargs) -> None:
+        if "embeddings" in seen:
+            return
         if "hidden" not in seen:
             seen["hidden"] = (args[0] if args else kwargs["hidden_states"]).detach()
             seen["rotary"] = tuple(value.detach() for value in kwargs["position_embeddings"])
         seen["lengths"].append(kwargs["cu_seqlens"])
 
+    def after(_module, _args, output) -> None:
+        seen.setdefault("embeddings", output.pooler_output.detach())
+
     hooks = [block.register_forward_pre_hook(before, with_kwargs=True) for block in tower.blocks]
+    hooks.append(tower.register_forward_hook(after))
     try:
-        with torch.no_grad():
-            embeddings = tower(pixel_values, grid_thw=grid_thw).pooler_output.detach()
+        yield seen
     finally:
         for hook in hooks:
             hook.remove()
-    return _Read(seen["hidden"], seen["rotary"], seen["lengths"], embeddings)
 
 
-def tower_runs(view: PackedTower, kwargs: dict, order: Callable[[torch.Tensor], torch.Tensor] | None) -> list:
+def _read_tower(tower: nn.Module, pixel_values: torch.Tensor, grid_thw: torch.Tensor, seen: dict | None) -> _Read:
+    """What the model's run of the tower gave: ``seen`` (:func:`tower_recorder`) where it read a whole run of these
+    images, else a run of the tower's own."""
+    if not seen or "embeddings" not in seen or len(seen["lengths"]) != len(tower.blocks):
+        with _recording(tower) as seen, torch.no_grad():
+            tower(pixel_values, grid_thw=grid_thw)
+    if len(seen["hidden"]) != len(pixel_values):
+        raise ValueError(f"The vision tower ran on {len(seen['hidden'])} patches, and the model's input holds "
+                         f"{len(pixel_values)}: leave tower=False.")  # fmt: skip
+    return _Read(seen["hidden"], seen["rotary"], seen["lengths"], seen["embeddings"])
+
+
+def tower_runs(view: PackedTower, kwargs: dict, order: Callable[[torch.Tensor], torch.Tensor] | None,
+               seen: dict | None = None) -> list:  # fmt: skip
     """One :class:`TowerRun` per image of the model's keyword inputs ``kwargs`` (``pixel_values``,
-    ``image_grid_thw``): the model's run of the tower read, then each image's first-block input, rotary angles and
-    window masks put in the processor's order of patches; ``order`` maps the model's order to the processor's (patch
-    ``order[q]`` is at position ``q``; None: the same).
+    ``image_grid_thw``): the model's run of the tower read (``seen``: what :func:`tower_recorder` read of the model's
+    own forward pass, else a run here), then each image's first-block input, rotary angles and window masks put in the
+    processor's order of patches; ``order`` maps the model's order to the processor's (patch ``order[q]`` is at
+    position ``q``; None: the same).
 
     Raises:
         ValueError: An image has more than one frame (a video's; the front end explains images).
@@ -124,7 +152,7 @@ def tower_runs(view: PackedTower, kwargs: dict, order: Callable[[torch.Tensor], 
     grid = kwargs["image_grid_thw"]
     if (grid[:, 0] != 1).any():
         raise ValueError("tower=True reads images of one frame each; a video's frames are not explained here.")
-    read = _read_tower(view.tower, kwargs["pixel_values"], grid)
+    read = _read_tower(view.tower, kwargs["pixel_values"], grid, seen)
     total, device = len(read.hidden), read.hidden.device
     where = torch.arange(total, device=device) if order is None else order(grid).to(device)
     back = torch.empty_like(where)
@@ -195,4 +223,5 @@ def packed_tower_spec(tower: nn.Module, ffn: Callable[[nn.Module], FFNSpec], mer
     ]
     spec = ModelSpec(family=tower.config.model_type, causal=False, decoder=StackSpec(layers=layers))
     return TowerSpec(module=view, spec=spec, layers=len(layers), first_feature=0, tokens=0, merge=merge,
-                     runs=lambda kwargs: tower_runs(view, kwargs, order))  # fmt: skip
+                     runs=lambda kwargs, seen=None: tower_runs(view, kwargs, order, seen),
+                     recorder=lambda: tower_recorder(tower))  # fmt: skip
