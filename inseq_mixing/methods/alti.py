@@ -40,7 +40,7 @@ from .blocks import refuse_non_finite, upcast
 from .norms import freeze_norm
 from .parts import DEFAULT_CHUNK_ELEMENTS, head_part_scores, part_scores, stack_scores
 from .results import LayerMaps
-from .rollout import joint_rollout, normalize_rows, rolled_out_rows
+from .rollout import joint_rollout, normalize_rows, normalize_rows_, rolled_out_rows
 from .rollout import rollout as rollout_stack
 
 
@@ -150,8 +150,9 @@ def stack_contributions(
             for layer in range(maps.shape[1])
         ]
         return torch.stack(rows, dim=1).unflatten(-1, (heads, -1)).transpose(2, 3)
-    rows = [normalize_rows(fill_empty_rows(maps[:, layer], stack.mask, self_mixing)) for layer in range(maps.shape[1])]
-    return torch.stack(rows, dim=1)
+    for layer in range(maps.shape[1]):  # in place: at long lengths a layer's map is the largest tensor held
+        normalize_rows_(fill_empty_rows_(maps[:, layer], stack.mask, self_mixing))
+    return maps
 
 
 def fill_empty_rows(
@@ -169,6 +170,20 @@ def fill_empty_rows(
     check(empty.sum(), warn_empty_rows)  # read with the other checks: no host–device synchronisation here
     own = own_rows(scores, self_mixing) if own is None else own
     return torch.where(empty[..., None], own, scores)
+
+
+def fill_empty_rows_(scores: torch.Tensor, query_mask: torch.Tensor, self_mixing: bool) -> torch.Tensor:
+    """:func:`fill_empty_rows` in place, for rows over tokens (``(B, Q, K)``): an empty row's own cell (the
+    diagonal, or the residual column) set to 1, no temporary of the scores' size; ``scores`` returned."""
+    if self_mixing and scores.shape[-2] != scores.shape[-1]:
+        return scores.copy_(fill_empty_rows(scores, query_mask, self_mixing))
+    refuse_non_finite("ALTI", scores)
+    empty = (scores.sum(-1) == 0) & query_mask
+    check(empty.sum(), warn_empty_rows)
+    scores.masked_fill_(empty[..., None], 0.0)  # as the identity row replaces it whole
+    own = scores.diagonal(dim1=-2, dim2=-1) if self_mixing else scores[..., -1]
+    own.masked_fill_(empty, 1.0)
+    return scores
 
 
 def warn_empty_rows(count: int) -> None:

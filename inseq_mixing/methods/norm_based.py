@@ -36,7 +36,7 @@ from .mixers import frozen_mixer
 from .norms import FrozenNorm, freeze_norm
 from .parts import DEFAULT_CHUNK_ELEMENTS, l2_norms, part_scores, part_source, stack_scores
 from .results import LayerMaps
-from .rollout import normalize_rows, normalize_rows_, rolled_out_rows
+from .rollout import normalize_rows_, rolled_out_rows
 
 
 def following_norms(layer: LayerSpec, record: LayerTrace, attn: AttentionSpec, attn_record: AttentionTrace):
@@ -118,7 +118,7 @@ def attention_norm(
             if found is None:
                 found = layer.new_zeros(layer.shape[0], len(stack.layers), *layer.shape[1:])
             found[:, index] = layer
-        return found if per_layer else found / len(stack.layers)
+        return found if per_layer else found.div_(len(stack.layers))
 
     spec, dec, enc = trace.spec, trace.decoder, trace.encoder
     ratios = []
@@ -139,8 +139,8 @@ def attention_norm(
 
 
 def _normalised(maps: torch.Tensor, stack: StackTrace) -> torch.Tensor:
-    """Rows normalised to 1 at real positions (``(B, L, Q, K)``)."""
-    return normalize_rows(maps) * stack.mask[:, None, :, None]
+    """Rows normalised to 1 at real positions (``(B, L, Q, K)``), in place."""
+    return normalize_rows_(maps).mul_(stack.mask[:, None, :, None])
 
 
 @torch.no_grad()

@@ -271,7 +271,8 @@ def stack_scores(
 ) -> torch.Tensor:  # fmt: skip
     """``layer_scores`` on one kind of sub-block (``"self"`` or ``"cross"``) of every layer of a stack (or of its
     first ``layers``, or of the layers a slice picks), impossible cells (padding, future keys) set to 0:
-    ``(B, L, [H,] Q, K[+1])`` (a scorer may add axes before ``Q``)."""
+    ``(B, L, [H,] Q, K[+1])`` (a scorer may add axes before ``Q``; it returns a tensor of its own, which is
+    changed in place)."""
     self_mixing = sub_block == "self"
     causal = stack.causal and self_mixing
     if with_residual and not self_mixing:
@@ -284,7 +285,7 @@ def stack_scores(
             attn, attn_record, residual = layer.self_attn, record.self_attn, record.input
         else:
             attn, attn_record, residual = layer.cross_attn, record.cross_attn, cross_attention_input(layer, record)
-        scores = layer_scores(layer, record, attn, attn_record, residual, self_mixing, causal)
+        scores = layer_scores(layer, record, attn, attn_record, residual, self_mixing, causal)  # a tensor of its own
         cells = valid.reshape(valid.shape[0], *[1] * (scores.dim() - 3), *valid.shape[1:])  # extra axes: heads
-        per_layer.append(scores.masked_fill(~cells, 0.0))
-    return torch.stack(per_layer, dim=1)
+        per_layer.append(scores.masked_fill_(~cells, 0.0))
+    return per_layer[0].unsqueeze(1) if len(per_layer) == 1 else torch.stack(per_layer, dim=1)  # one layer: no copy
