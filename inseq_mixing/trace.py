@@ -33,8 +33,16 @@ shares). A method that reads anything else of a layer gets that layer's records 
 attention, by the same blocks of rows, in eval mode (the same numbers, bit for bit), one layer held at a time. A long
 trace then holds one ``T × d_model`` tensor a layer where it held five and a half (two for ``"attention"``), for one
 more pass through a block per layer read.
+
+**No causal mask kept.** The model gives eager attention an additive causal mask of one float per pair of positions
+(0.27 GB at 8,192 tokens, shared by every layer). When a long trace's blocks take their attention function from
+transformers and the mask is exactly the causal one (checked entry by entry), their kept calls drop it
+(:meth:`_Recorder.drop_masks`), and a block run again makes each block of rows' part of it (:func:`causal_rows`: the
+same numbers). A padded batch's mask, a sliding window's or a prefix read both ways is kept, and so is the mask of a
+stack with other token mixers (they read it themselves).
 """
 
+import contextvars
 import dataclasses
 import functools
 import itertools
@@ -137,14 +145,31 @@ def key_limits(mask, num_queries: int) -> torch.Tensor | None:
     return limits.expand(num_queries) if limits.numel() == 1 else limits
 
 
-def _block_call(default, module, query, key, value, mask, args, kwargs, rows: slice, keys: int | None = None):
+#: Set while a long trace's block runs again without the causal mask it was given (:meth:`_Recorder.drop_masks`):
+#: an attention call with no mask then gets that mask's rows, made for each block of rows (:func:`causal_rows`).
+_CAUSAL_ROWS: contextvars.ContextVar[bool] = contextvars.ContextVar("causal_rows", default=False)
+
+
+def causal_rows(queries: torch.Tensor, keys: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """The rows ``queries`` (positions) of the additive causal mask over ``keys`` keys ``(1, 1, rows, keys)``, as
+    transformers gives eager attention: 0 where a query sees a key (at or before its own position), the dtype's
+    lowest value elsewhere."""
+    later = torch.arange(keys, device=device)[None, :] > queries.to(device)[:, None]
+    return torch.zeros(later.shape, dtype=dtype, device=device).masked_fill_(later, torch.finfo(dtype).min)[None, None]
+
+
+def _block_call(default, module, query, key, value, mask, args, kwargs, rows: slice, keys: int | None = None,
+                causal: bool = False):  # fmt: skip
     """The eager function ``default`` on the query ``rows`` of a call: the queries, mask and every per-row bias cut;
     with ``keys``, the keys, values, mask and per-row biases cut to the first ``keys`` keys as well (the rows' later
-    keys masked: see :func:`key_limits`)."""
+    keys masked: see :func:`key_limits`). ``causal``, and no mask: the causal mask's rows, made for these rows."""
     num_queries, num_keys = query.shape[2], key.shape[-2]
     args = [_mask_rows(arg, rows, num_queries) for arg in args]
     kwargs = {name: _mask_rows(arg, rows, num_queries) for name, arg in kwargs.items()}
-    mask = _mask_rows(mask, rows, num_queries)
+    if causal and mask is None:
+        mask = causal_rows(torch.arange(num_queries)[rows], num_keys, query.dtype, query.device)
+    else:
+        mask = _mask_rows(mask, rows, num_queries)
     if keys is not None and keys < num_keys:
         args = [_mask_keys(arg, num_keys, keys) for arg in args]
         kwargs = {name: _mask_keys(arg, num_keys, keys) for name, arg in kwargs.items()}
@@ -161,18 +186,24 @@ class _Captured(Exception):
     """Stops an attention module once its attention function has been given its query and key states."""
 
 
-def _eager_by_rows(default, module, query, key, value, attention_mask, *args, **kwargs):
+def _eager_by_rows(default, module, query, key, value, attention_mask, *args, seen: set | None = None, **kwargs):
     """The family's eager attention ``default`` run a block of query rows at a time; its outputs joined, no
-    probabilities returned (the long trace recomputes them when read)."""
+    probabilities returned (the long trace recomputes them when read); ``seen``: the modules that called it. With no
+    mask while :data:`_CAUSAL_ROWS` is set, each block gets the causal mask's rows."""
+    if seen is not None:
+        seen.add(module)
     batch, heads, num_queries = query.shape[:3]
+    causal = attention_mask is None and _CAUSAL_ROWS.get()
     rows = rows_per_block(batch, heads, key.shape[-2])
     if rows >= num_queries:
+        if causal:
+            attention_mask = causal_rows(torch.arange(num_queries), key.shape[-2], query.dtype, query.device)
         return default(module, query, key, value, attention_mask, *args, **kwargs)[0], None
     rows += rows == heads  # a block's length must not equal the heads, so that the output's query axis is found
     blocks = [slice(start, start + rows) for start in range(0, num_queries, rows)]
-    limits = key_limits(attention_mask, num_queries)
+    limits = torch.arange(1, num_queries + 1) if causal else key_limits(attention_mask, num_queries)
     call = (default, module, query, key, value, attention_mask, args, kwargs)
-    outputs = [_block_call(*call, block, _keys_of(limits, block))[0] for block in blocks]
+    outputs = [_block_call(*call, block, _keys_of(limits, block), causal)[0] for block in blocks]
     axis = 1 if outputs[0].shape[1] == rows else 2  # (batch, queries, ...) or (batch, heads, queries, ...)
     return torch.cat(outputs, dim=axis), None
 
@@ -183,10 +214,11 @@ def _capture(store: dict, default, module, query, key, value, attention_mask, *a
 
 
 @contextmanager
-def eager_in_row_blocks(capture: dict | None = None) -> Iterator[None]:
+def eager_in_row_blocks(capture: dict | None = None, seen: set | None = None) -> Iterator[None]:
     """While active, an attention module that asks transformers' ``AttentionInterface`` for eager attention gets its
-    family's eager function run a block of query rows at a time (:func:`_eager_by_rows`), or, with ``capture``, the
-    call's function and arguments stored there and the module stopped (:class:`_Captured`). Put back afterwards."""
+    family's eager function run a block of query rows at a time (:func:`_eager_by_rows`; ``seen`` collects those
+    modules), or, with ``capture``, the call's function and arguments stored there and the module stopped
+    (:class:`_Captured`). Put back afterwards."""
     from transformers.modeling_utils import AttentionInterface
 
     own = AttentionInterface.__dict__["get_interface"]
@@ -197,7 +229,7 @@ def eager_in_row_blocks(capture: dict | None = None) -> Iterator[None]:
             return function
         if capture is not None:
             return functools.partial(_capture, capture, default)
-        return functools.partial(_eager_by_rows, default)
+        return functools.partial(_eager_by_rows, default, seen=seen)
 
     AttentionInterface.get_interface = get_interface
     try:
@@ -218,6 +250,7 @@ class ProbsSource:
 
     def __init__(self, model: nn.Module, module: nn.Module, args: tuple, kwargs: dict, index: int, slot: dict):
         self.model, self.module, self.index, self.slot = model, module, index, slot
+        self.causal = _CAUSAL_ROWS.get()  # recorded without its causal mask: made by rows when read
         self.args = args
         self.kwargs = {key: value for key, value in kwargs.items() if key not in CACHE_ARGUMENTS or value is None}
         tensors = [value for value in (*args, *self.kwargs.values()) if isinstance(value, torch.Tensor)]
@@ -226,6 +259,10 @@ class ProbsSource:
     def probs(self) -> torch.Tensor:
         if self.slot.get("owner") is self and "probs" in self.slot:
             return self.slot["probs"]
+        if self.causal:  # its mask is made by rows: every row at once
+            probs = self.rows(slice(None))
+            self.slot["probs"] = probs
+            return probs
         self._check()
         self.slot.clear()  # the previous layer's probabilities are freed before this one's are computed
         with torch.no_grad(), eval_mode(self.module), eager_attention(self.model):
@@ -248,15 +285,17 @@ class ProbsSource:
                     probs = None
             if probs is None:
                 _, query, _, _, mask, _, _ = captured["call"]
-                captured["limits"] = key_limits(mask, query.shape[2])
+                causal = self.causal and mask is None
+                captured["limits"] = (
+                    torch.arange(1, query.shape[2] + 1) if causal else key_limits(mask, query.shape[2])
+                )
             self.slot.update(owner=self, **({"probs": probs} if probs is not None else captured))
         if "probs" in self.slot:
             return self.slot["probs"][:, :, queries]
         num_keys = self.slot["call"][2].shape[-2]
         with torch.no_grad():
-            probs = _block_call(
-                self.slot["function"], *self.slot["call"], queries, _keys_of(self.slot["limits"], queries)
-            )[1].detach()
+            probs = _block_call(self.slot["function"], *self.slot["call"], queries,
+                                _keys_of(self.slot["limits"], queries), self.causal)[1].detach()  # fmt: skip
         return (
             probs if probs.shape[-1] == num_keys else torch.nn.functional.pad(probs, (0, num_keys - probs.shape[-1]))
         )
@@ -800,16 +839,49 @@ class _Recorder:
         one = _Recorder(dataclasses.replace(self.stack, layers=[layer], final_norm=None, injected=None),
                         self.keep_cross_call, self.model, self.slot, self.records)  # fmt: skip
         one.mixer_slot = self.mixer_slot  # one frozen mixer for the whole trace
+        causal = self.store[index].get("dropped", False)
         with ExitStack() as hooks, torch.no_grad():
             hooks.enter_context(eval_mode(self.model))
             hooks.enter_context(eager_attention(self.model))
             if self.slot is not None:  # as the forward pass ran it
                 hooks.enter_context(eager_in_row_blocks())
             one.register(hooks)
+            flag = _CAUSAL_ROWS.set(causal)  # its causal mask dropped: made by blocks of rows
+            hooks.callback(_CAUSAL_ROWS.reset, flag)
             layer.module(*args, **kwargs)
         record = one._layer_record(0, one.store[0], layer)
         record.injected = self.injected[index] if index < len(self.injected) else None
         return record
+
+    def drop_masks(self, interfaced: set) -> None:
+        """A long trace's kept block calls without the model's additive causal mask (``(batch, 1, T, T)``, one float
+        per pair, shared by every layer): a block whose attention module took its eager function from transformers
+        during the forward pass (``interfaced``), whose call holds exactly that mask (checked entry by entry), runs
+        again without it, the mask's rows made for each block of rows (:data:`_CAUSAL_ROWS`). Any other mask
+        (padding, sliding windows, a prefix read both ways) is kept."""
+        checked: dict[int, bool] = {}
+        for store, layer in zip(self.store, self.stack.layers, strict=True):
+            call = store.get("call")
+            attention = layer.self_attn
+            if call is None or not isinstance(attention, AttentionSpec) or layer.cross_attn is not None:
+                continue
+            if attention.module not in interfaced:
+                continue
+            args, kwargs, version = call
+            length = store["input"].shape[1]
+            found = [("arg", at) for at, value in enumerate(args) if _square_mask(value, length)]
+            found += [("kwarg", name) for name, value in kwargs.items() if _square_mask(value, length)]
+            if len(found) != 1:
+                continue
+            kind, at = found[0]
+            mask = args[at] if kind == "arg" else kwargs[at]
+            if id(mask) not in checked:
+                checked[id(mask)] = _is_causal_mask(mask)
+            if not checked[id(mask)]:
+                continue
+            args = tuple(None if kind == "arg" and number == at else value for number, value in enumerate(args))
+            kwargs = {name: None if kind == "kwarg" and name == at else value for name, value in kwargs.items()}
+            store["call"], store["dropped"] = (args, kwargs, version), True
 
     def result(self, mask: torch.Tensor, causal: bool) -> StackTrace:
         if self.rebuilt:
@@ -863,6 +935,25 @@ class _Recorder:
             ffn_routing=_routing_by_position(store.get("ffn_routing"), store["input"].shape[:-1]),
             injected=self.injected[idx] if idx < len(self.injected) else None,
         )
+
+
+def _square_mask(value, length: int) -> bool:
+    """Whether a call argument is an additive attention mask over ``length`` positions ``(batch, 1, T, T)``."""
+    return (isinstance(value, torch.Tensor) and value.dim() == 4 and value.is_floating_point()
+            and value.shape[1] == 1 and value.shape[-2] == value.shape[-1] == length)  # fmt: skip
+
+
+def _is_causal_mask(mask: torch.Tensor) -> bool:
+    """Whether every row of ``mask`` ``(batch, 1, T, T)`` is the causal mask's (:func:`causal_rows`), read by blocks
+    of rows."""
+    length = mask.shape[-1]
+    step = rows_per_block(mask.shape[0], 1, length)
+    for start in range(0, length, step):
+        rows = torch.arange(start, min(start + step, length))
+        block = mask[:, :, start : start + len(rows)]
+        if not torch.equal(block, causal_rows(rows, length, mask.dtype, mask.device).expand_as(block)):
+            return False
+    return True
 
 
 class RecomputedLayer:
@@ -1287,8 +1378,9 @@ def trace_call(spec: ModelSpec, call: ModelCall, full_logits: bool = True, keep_
     with ExitStack() as hooks:
         hooks.enter_context(eval_mode(model))
         hooks.enter_context(eager_attention(model))
+        interfaced: set = set()  # the attention modules that took their eager function from transformers
         if not keep_probs:  # nobody reads the forward's probabilities: its attention runs by blocks of query rows
-            hooks.enter_context(eager_in_row_blocks())
+            hooks.enter_context(eager_in_row_blocks(seen=interfaced))
         for recorder in recorders.values():
             recorder.register(hooks)
         for block in spec.block_modules():
@@ -1302,6 +1394,8 @@ def trace_call(spec: ModelSpec, call: ModelCall, full_logits: bool = True, keep_
             hooks.callback(head_hook.remove)
         with torch.no_grad():
             output = model(**kwargs)
+            if rebuilt:  # the causal mask is made again by rows when a layer is read
+                recorders["decoder"].drop_masks(interfaced)
             decoder = recorders["decoder"].result(
                 call.decoder_mask, causal=spec.causal and not spec.bidirectional_images
             )

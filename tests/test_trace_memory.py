@@ -290,6 +290,9 @@ def test_decompx_over_units_mixes_a_long_layer_in_one_slab_by_blocks_of_rows(mon
 
 
 def test_a_long_trace_holds_one_layers_probabilities_at_most(monkeypatch):
+    """Above ``KEPT_PROBS_BYTES`` a trace keeps no probabilities and not the model's causal mask (a float a pair of
+    positions): reading the layers one at a time holds one layer's probabilities at most, each the kept trace's bit
+    for bit, and ALTI's scores are the same."""
     layers, heads, length = 6, 4, 384
     model = tiny_model("gpt2", layers=layers, heads=heads, d_model=32)
     ids = torch.randint(5, 60, (1, length), generator=torch.Generator().manual_seed(0))
@@ -299,8 +302,9 @@ def test_a_long_trace_holds_one_layers_probabilities_at_most(monkeypatch):
     monkeypatch.setattr(trace_module, "KEPT_PROBS_BYTES", layers * one_layer - 1)  # just below: the trace chooses
     trace = trace_model(model, ids)
     assert all(record.kept_probs is None for record in attention_records(trace))
-    limit = one_layer + length * length * 4  # one layer's probabilities, and one (1, 1, T, T) mask shared by all
-    assert quadratic_bytes(trace, length) <= limit - one_layer  # nothing read yet: no layer's probabilities
+    limit = one_layer  # one layer's probabilities; the model's (1, 1, T, T) causal mask is not kept (made by rows)
+    assert quadratic_bytes(trace, length) == 0  # nothing read yet: no layer's probabilities, no mask
+    assert trace_module._CAUSAL_ROWS.get() is False  # set only while a layer runs again
     for layer, kept_layer in zip(trace.decoder.layers, kept.decoder.layers, strict=True):  # a layer at a time,
         probs = layer.self_attn.probs  # as the methods read them
         assert torch.equal(probs, kept_layer.self_attn.probs)
@@ -309,6 +313,24 @@ def test_a_long_trace_holds_one_layers_probabilities_at_most(monkeypatch):
     kept_scores = DECLARATIONS["alti"].compute(_request(model, ids, kept), DECLARATIONS["alti"].options())
     lazy_scores = DECLARATIONS["alti"].compute(_request(model, ids, trace), DECLARATIONS["alti"].options())
     assert torch.equal(kept_scores.target, lazy_scores.target)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_long_trace_keeps_a_mask_that_is_not_the_causal_one(family, monkeypatch):
+    """A left-padded batch's mask is not the causal mask alone: a long trace keeps it (its quadratic bytes), and the
+    layers read from it are the kept trace's bit for bit; the same batch unpadded keeps none."""
+    model = tiny_model(family, layers=2, heads=4, d_model=32)
+    length = 160  # its square above the logits' elements (2 × 160 × the tiny vocabulary)
+    ids = torch.randint(5, 60, (2, length), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0
+    monkeypatch.setattr(trace_module, "KEPT_PROBS_BYTES", 0)
+    for padding, held in ((mask, True), (torch.ones_like(ids), False)):
+        kept = trace_model(model, ids, padding, keep_probs=True)
+        trace = trace_model(model, ids, padding)
+        assert (quadratic_bytes(trace, length) > 0) == held
+        for layer, kept_layer in zip(trace.decoder.layers, kept.decoder.layers, strict=True):
+            assert torch.equal(layer.self_attn.probs.nan_to_num(-1.0), kept_layer.self_attn.probs.nan_to_num(-1.0))
 
 
 def long_trace_bytes(trace, length: int) -> int:

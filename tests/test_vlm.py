@@ -396,6 +396,34 @@ def test_images_as_units_and_the_answer_as_one_span_are_sums_of_the_token_scores
     torch.testing.assert_close(contrast.source_attributions.sum(0) + terms, expected, rtol=1e-4, atol=1e-4)
 
 
+def test_a_onevision_prompt_of_two_images_counts_the_tokens_each_makes_beside_the_other():
+    """OneVision encodes an image alone in tiles, and two images of one prompt untiled: the front end counts each
+    image's tokens as the processor laid them out in that prompt (a run of image tokens each), the scores plus the
+    terms equal the model's own logits, and the tower reads each image as one tile (its newline keeping its score)."""
+    square, tall = two_images()
+    model = front("llava_onevision")
+    prompt = "a <image> dog <image>"
+    out = model.attribute([tall, square], prompt, "sat on", tower=True, show_progress=False)
+    encoded = model.processor(images=[[tall, square]], text=[prompt], return_tensors="pt")["input_ids"][0].tolist()
+    image_id = model.tokenizer.convert_tokens_to_ids("<image>")
+    found = [index for index, token in enumerate(encoded) if token == image_id]
+    alone = model.processor(images=[[tall]], text=["<image>"], return_tensors="pt")["input_ids"]
+    assert int((alone == image_id).sum()) > 10  # alone, the tall image is tiled
+    assert out.info["image_tokens"][0] == [found[:10], found[10:]]  # beside another: 9 tokens and a newline each
+    sequence = out.sequence_attributions[0]
+    answer_ids = model.tokenizer("sat on", add_special_tokens=False)["input_ids"]
+    expected = own_logits(model, [tall, square], prompt, answer_ids).gather(-1, torch.tensor(answer_ids)[:, None])[
+        :, 0
+    ]
+    terms = sum(value for name, value in sequence.step_scores.items() if name != "logit")
+    torch.testing.assert_close(sequence.source_attributions.sum(0) + terms, expected, rtol=1e-4, atol=1e-4)
+    for number, positions in enumerate(out.info["image_tokens"][0], start=1):
+        spread = sequence.sequence_scores[f"tower_image{number}"]
+        assert spread.shape[0] == 10  # one tile's tower tokens ([CLS] and 9 patches)
+        decoder = sequence.source_attributions[positions[:-1]]  # the last is the newline
+        torch.testing.assert_close(spread.sum(0), decoder.sum(0), rtol=1e-5, atol=1e-6)
+
+
 def test_bad_prompts_are_named_before_the_model_runs():
     """A prompt whose placeholders do not match its images, an unreadable image, a contrast answer of another length,
     unknown spans or units: refused naming the prompt and what to do, before any forward pass."""

@@ -320,6 +320,9 @@ class VisionLanguageAttributionModel(FrontEndModel):
         prompt_ids = self._encode(name, read, prompt)["input_ids"][0].tolist()
         counts, grids = zip(*(self._image_tokens(name, image) for image in read), strict=True)
         found = sum(token == self.spec.image_token_id for token in prompt_ids)
+        runs = _runs(prompt_ids, self.spec.image_token_id)
+        if found != sum(counts) and len(runs) == len(read):  # tokens an image makes beside others (OneVision's)
+            counts = tuple(runs)
         if found != sum(counts):
             raise ValueError(
                 f"{name}: its text holds {found} image tokens once encoded, and its images make {sum(counts)}: write "
@@ -822,6 +825,19 @@ def _grid_box(image_processor, width: int, height: int) -> list[float]:
             left, top = (width - box_width) / 2, (height - box_height) / 2
             return [left, top, left + box_width, top + box_height]
     return [0.0, 0.0, float(width), float(height)]
+
+
+def _runs(ids: list[int], token: int) -> list[int]:
+    """The lengths of the runs of ``token`` in ``ids``, in order."""
+    runs, previous = [], None
+    for current in ids:
+        if current == token:
+            if previous == token:
+                runs[-1] += 1
+            else:
+                runs.append(1)
+        previous = current
+    return runs
 
 
 def _read_tokens(read: tuple, first_feature: int) -> int:
