@@ -110,14 +110,15 @@ def attention_norm(
         for index in range(len(stack.layers)):
             layer = stack_scores(stack_spec, stack, sub_block, key_mask, layer_scores, with_residual,
                                  slice(index, index + 1))[:, 0]  # fmt: skip
-            if read_layer is not None:
-                read_layer(index)
             if not per_layer:
                 found = layer if found is None else found.add_(layer)
-                continue
-            if found is None:
-                found = layer.new_zeros(layer.shape[0], len(stack.layers), *layer.shape[1:])
-            found[:, index] = layer
+            else:
+                if found is None:
+                    found = layer.new_zeros(layer.shape[0], len(stack.layers), *layer.shape[1:])
+                found[:, index] = layer
+            del layer  # in ``found``: not held beside what ``read_layer`` computes
+            if read_layer is not None:
+                read_layer(index)
         return found if per_layer else found.div_(len(stack.layers))
 
     spec, dec, enc = trace.spec, trace.decoder, trace.encoder

@@ -144,10 +144,17 @@ class AttentionParts:
     batched product over its keys)."""
 
     def __init__(self, attn: AttentionSpec, record: AttentionTrace):
-        self.record = record
+        self.attn, self.record = attn, record
         self.probs = RowBlocks(record)
-        self.values = head_value_outputs(attn, record).transpose(1, 2).contiguous()
-        self.num_keys, self.heads = self.values.shape[1], self.values.shape[2]
+        self._values = None
+        self.num_keys, self.heads = record.values.shape[1], attn.num_heads
+
+    @property
+    def values(self) -> torch.Tensor:
+        """Each head's value outputs, keys first ``(B, K, H, D)``, made when a tile first reads them."""
+        if self._values is None:
+            self._values = head_value_outputs(self.attn, self.record).transpose(1, 2).contiguous()
+        return self._values
 
     def tiles(self, tiles: list[tuple[slice, slice]]) -> list[tuple[slice, slice]]:
         return self.probs.tiles(tiles)
@@ -162,7 +169,7 @@ class AttentionParts:
 
     def totals(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every position's parts summed and its own part ``(B, Q, D)`` each, a block of query rows at a time."""
-        values = self.values.transpose(1, 2)  # (B, H, K, D)
+        values = head_value_outputs(self.attn, self.record) if self._values is None else self._values.transpose(1, 2)
         total, own = [], []
         for queries, probs in self.record.row_blocks():  # one block of query rows' probabilities at a time
             probs = upcast(probs)
