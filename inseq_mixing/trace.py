@@ -125,12 +125,15 @@ def _mask_keys(mask, num_keys: int, keys: int):
     return mask
 
 
-def key_limits(mask, num_queries: int) -> torch.Tensor | None:
+def key_limits(mask, num_queries: int, causal: bool = False) -> torch.Tensor | None:
     """For each query row, one past the last key its attention ``mask`` (additive, or boolean: True attends) lets it
     see, over the batch and heads, on the host ``(queries,)``: the keys after it get probability exactly 0 in that
     row, so a block of rows may leave them out (a causal layer's masked half). A row that sees no key (a left-padded
-    row) gets every key: its softmax spreads over all of them. None without a mask. One read of the device per call;
-    computed a block of rows at a time."""
+    row) gets every key: its softmax spreads over all of them. None without a mask, unless ``causal`` (a dropped
+    causal mask, :func:`causal_rows`: row ``i`` sees keys ``0 .. i``). One read of the device per call; computed a
+    block of rows at a time."""
+    if mask is None and causal:
+        return torch.arange(1, num_queries + 1)
     if not isinstance(mask, torch.Tensor) or mask.dim() < 2:
         return None
     num_keys = mask.shape[-1]
@@ -201,7 +204,7 @@ def _eager_by_rows(default, module, query, key, value, attention_mask, *args, se
         return default(module, query, key, value, attention_mask, *args, **kwargs)[0], None
     rows += rows == heads  # a block's length must not equal the heads, so that the output's query axis is found
     blocks = [slice(start, start + rows) for start in range(0, num_queries, rows)]
-    limits = torch.arange(1, num_queries + 1) if causal else key_limits(attention_mask, num_queries)
+    limits = key_limits(attention_mask, num_queries, causal)
     call = (default, module, query, key, value, attention_mask, args, kwargs)
     outputs = [_block_call(*call, block, _keys_of(limits, block), causal)[0] for block in blocks]
     axis = 1 if outputs[0].shape[1] == rows else 2  # (batch, queries, ...) or (batch, heads, queries, ...)
@@ -285,10 +288,7 @@ class ProbsSource:
                     probs = None
             if probs is None:
                 _, query, _, _, mask, _, _ = captured["call"]
-                causal = self.causal and mask is None
-                captured["limits"] = (
-                    torch.arange(1, query.shape[2] + 1) if causal else key_limits(mask, query.shape[2])
-                )
+                captured["limits"] = key_limits(mask, query.shape[2], self.causal)
             self.slot.update(owner=self, **({"probs": probs} if probs is not None else captured))
         if "probs" in self.slot:
             return self.slot["probs"][:, :, queries]

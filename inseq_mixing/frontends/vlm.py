@@ -46,6 +46,7 @@ not attributed. No math here.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from contextlib import nullcontext
@@ -829,15 +830,7 @@ def _grid_box(image_processor, width: int, height: int) -> list[float]:
 
 def _runs(ids: list[int], token: int) -> list[int]:
     """The lengths of the runs of ``token`` in ``ids``, in order."""
-    runs, previous = [], None
-    for current in ids:
-        if current == token:
-            if previous == token:
-                runs[-1] += 1
-            else:
-                runs.append(1)
-        previous = current
-    return runs
+    return [len(list(run)) for value, run in itertools.groupby(ids) if value == token]
 
 
 def _read_tokens(read: tuple, first_feature: int) -> int:

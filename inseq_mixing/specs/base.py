@@ -656,9 +656,9 @@ class TowerSpec:
         tokens: The tower's tokens per image (its class token, then its patches).
         merge: A projector that folds patches into tokens (:class:`PatchMerge`), or None (one token each).
         inputs: The tower's keyword inputs from the model's (default: its ``pixel_values``), or None.
-        runs: The tower's runs from the model's keyword inputs (and what ``recorder`` read), one per image (the
-            packed towers of Qwen2-VL and its successors, whose images differ in size: :mod:`.packed_tower`), or
-            None: one run of every image (:meth:`tower_runs`).
+        runs: The tower's runs from the model's keyword inputs and what ``recorder`` read (None without one): one per
+            image (the packed towers of Qwen2-VL and its successors, whose images differ in size:
+            :mod:`.packed_tower`), LLaVA-NeXT's tiles laid out; or None: one run of every image (:meth:`tower_runs`).
         recorder: A context manager that reads what ``runs`` needs from the model's own forward pass while the
             method runs it (yielding a dict), or None: ``runs`` is called before the method.
     """
@@ -670,14 +670,14 @@ class TowerSpec:
     tokens: int
     merge: PatchMerge | None = None
     inputs: Callable[[dict], dict] | None = None
-    runs: Callable[..., list[TowerRun]] | None = None
+    runs: Callable[[dict, dict | None], list[TowerRun]] | None = None
     recorder: Callable[[], AbstractContextManager[dict]] | None = None
 
     def tower_runs(self, kwargs: dict, seen: dict | None = None) -> list[TowerRun]:
         """The tower's traced runs for the model's keyword inputs ``kwargs`` (``seen``: what :attr:`recorder` read),
         each image in one of them, in order."""
         if self.runs is not None:
-            return self.runs(kwargs, seen) if self.recorder is not None else self.runs(kwargs)
+            return self.runs(kwargs, seen)
         inputs = {"pixel_values": kwargs["pixel_values"]} if self.inputs is None else self.inputs(kwargs)
         pixels = inputs["pixel_values"]
         return [TowerRun(inputs, torch.ones(pixels.shape[0], self.tokens, dtype=torch.long, device=pixels.device))]

@@ -85,7 +85,7 @@ def tower_spec(model: nn.Module) -> TowerSpec | None:
 IMAGE_ARGUMENTS = ("pixel_values", "image_sizes", "batch_num_images")
 
 
-def tile_runs(model: nn.Module, tokens: int, read: int) -> Callable[[dict], list[TowerRun]]:
+def tile_runs(model: nn.Module, tokens: int, read: int) -> Callable[[dict, dict | None], list[TowerRun]]:
     """LLaVA-NeXT's and OneVision's tower run: every tile the model encodes, and where each image token's embedding
     comes from, both read from the model's own ``get_image_features`` on the inputs, its projector's output
     replaced by each tile token's index (and its square) in float64: the packing (the base tile, then the other tiles
@@ -98,7 +98,7 @@ def tile_runs(model: nn.Module, tokens: int, read: int) -> Callable[[dict], list
     """
     inner = model.model
 
-    def runs(kwargs: dict) -> list[TowerRun]:
+    def runs(kwargs: dict, _recorded: dict | None = None) -> list[TowerRun]:  # read before the method: no recorder
         seen = {}
 
         def tiles(_module, args, call) -> None:

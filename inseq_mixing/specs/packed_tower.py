@@ -14,6 +14,7 @@ twice), which also gives the embeddings the traced run's final states must give 
 both the blocks and the order of patches).
 """
 
+import itertools
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.vision_utils import get_vision_position_ids
 
 from .base import FFNSpec, LayerSpec, ModelSpec, PatchMerge, StackSpec, TowerRun, TowerSpec
 from .base import attention as attn_spec
@@ -158,19 +160,16 @@ def tower_runs(view: PackedTower, kwargs: dict, order: Callable[[torch.Tensor], 
     back = torch.empty_like(where)
     back[where] = torch.arange(total, device=where.device)  # the model's position of each patch
 
-    def ordered(tensor: torch.Tensor) -> torch.Tensor:
-        return tensor[back]
-
     positions = torch.arange(total, device=device)
-    segments = [ordered(torch.bucketize(positions, lengths.to(device, torch.long)[1:], right=True))
+    segments = [torch.bucketize(positions, lengths.to(device, torch.long)[1:], right=True)[back]
                 for lengths in read.lengths]  # fmt: skip
+    every_hidden, rotary = read.hidden[back], tuple(part[back] for part in read.rotary)  # the processor's order
     sizes = (grid[:, 1] * grid[:, 2]).tolist()
-    starts = [sum(sizes[:image]) for image in range(len(sizes))]
     merge = view.tower.spatial_merge_size
     runs = []
-    for image, (start, size) in enumerate(zip(starts, sizes, strict=True)):
+    for image, (start, size) in enumerate(zip(itertools.accumulate([0, *sizes[:-1]]), sizes, strict=True)):
         rows = slice(start, start + size)
-        hidden = ordered(read.hidden)[rows][None]
+        hidden = every_hidden[rows][None]
         masks = []
         for segment in segments:
             own = segment[rows]
@@ -180,22 +179,14 @@ def tower_runs(view: PackedTower, kwargs: dict, order: Callable[[torch.Tensor], 
                 same = own[:, None] == own[None, :]
                 mask = torch.zeros(same.shape, dtype=hidden.dtype, device=hidden.device)
                 masks.append(mask.masked_fill_(~same, torch.finfo(hidden.dtype).min)[None, None])
-        height, width = int(grid[image, 1]), int(grid[image, 2])
-        labels = [f"r{row}c{column}" for row, column in _raster(height, width, merge).tolist()]
-        inputs = {"hidden_states": hidden, "position_embeddings": tuple(ordered(part)[rows] for part in read.rotary),
+        cells = get_vision_position_ids(grid[image : image + 1], merge).tolist()  # the model's (row, column)
+        labels = [f"r{row}c{column}" for row, column in cells]
+        inputs = {"hidden_states": hidden, "position_embeddings": tuple(part[rows] for part in rotary),
                   "masks": tuple(masks)}  # fmt: skip
         mask = torch.ones(1, size, dtype=torch.long, device=hidden.device)
         units = slice(start // merge**2, (start + size) // merge**2)
         runs.append(TowerRun(inputs, mask, labels, read.embeddings[units], view.tower.merger))
     return runs
-
-
-def _raster(height: int, width: int, merge: int) -> torch.Tensor:
-    """The (row, column) of each patch in the processor's order: 2 × 2 units (``merge`` × ``merge``) row by row,
-    each unit's patches row by row."""
-    rows, columns = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")
-    shape = (height // merge, merge, width // merge, merge)
-    return torch.stack([part.reshape(shape).transpose(1, 2).flatten() for part in (rows, columns)], -1)
 
 
 def packed_tower_spec(tower: nn.Module, ffn: Callable[[nn.Module], FFNSpec], merge: PatchMerge,
