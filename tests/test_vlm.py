@@ -338,7 +338,9 @@ def test_the_front_end_explains_the_greedy_answer_and_adds_up_to_the_models_own_
     images = [index for index, label in enumerate(labels) if label.startswith("img1")]
     assert len(images) == sum(out.info["image_counts"][0]) and len(images) == len(out.info["image_tokens"][0][0])
     assert sequence.source_attributions[images].abs().sum() > 0
-    if family not in ("llava_next", "llava_onevision", "internvl"):  # a grid (LLaVA's, Qwen2-VL's); tiles: numbered
+    if family == "internvl":  # tiles of one run cut by the processor's tokens per tile, each a grid
+        assert "img1 t1 r0c0" in labels and "img1 t2 r2c2" in labels
+    elif family not in ("llava_next", "llava_onevision"):  # a grid (LLaVA's, Qwen2-VL's); packed tiles: numbered
         assert "img1 r0c0" in labels and "img1 r1c1" in labels
 
 
@@ -1373,6 +1375,160 @@ def test_boxes_as_units_sum_the_tokens_whose_cells_they_hold():
     finally:
         handle.remove()
     assert not calls
+
+
+def image_embeddings(front_end, pixels_changed: dict) -> torch.Tensor:
+    """The decoder's input embeddings ``(tokens, width)`` of a prompt (the processor's inputs, ``pixels_changed``
+    replacing some), read at the language model's input."""
+    seen = {}
+    language = front_end.model.model.language_model
+
+    def read(_module, _args, kwargs) -> None:
+        seen.setdefault("embeds", kwargs["inputs_embeds"][0].clone())
+
+    handle = language.register_forward_pre_hook(read, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            front_end.model(**pixels_changed, use_cache=False)
+    finally:
+        handle.remove()
+    return seen["embeds"]
+
+
+def by_tokens_and_units(model, image, prompt: str, answer: str, units: str):
+    """One prompt explained over tokens and over ``units``; each unit's score checked to be its tokens' summed."""
+    tokens = model.attribute(image, prompt, answer, show_progress=False)
+    out = model.attribute(image, prompt, answer, units=units, show_progress=False)
+    scores = tokens.sequence_attributions[0].source_attributions
+    for row, members in enumerate(out.info["unit_keys"][0]):
+        torch.testing.assert_close(out.sequence_attributions[0].source_attributions[row], scores[members].sum(0))
+    return tokens, out
+
+
+@pytest.mark.parametrize("family", ["internvl", "llava_next", "llava_onevision", "llava"])
+def test_tiles_as_units_are_the_tokens_each_tile_gives(family):
+    """``units="tiles"``: unit ``img1 t{k}`` holds the image tokens whose embeddings change when the model's k-th
+    tile's pixels change and no other (a black-box check on the model: InternVL's one run of tiles cut by the
+    processor's tokens per tile, LLaVA-NeXT's and OneVision's tiles packed on the image's grid), the tokens no tile
+    changes are the image's newlines; an untiled image is one unit; each unit's score is its tokens' summed."""
+    _, tall = two_images()
+    model = front(family)
+    prompt = f"the {placeholder(family)} cat"
+    tokens, tiles = by_tokens_and_units(model, tall, prompt, "sat on", "tiles")
+    labels = [token.token for token in tiles.sequence_attributions[0].source]
+    keys = dict(zip(labels, tiles.info["unit_keys"][0], strict=True))
+    encoded = dict(model.processor(images=[[tall]], text=[prompt], return_tensors="pt"))
+    pixels = encoded["pixel_values"]
+    flat = pixels.reshape(-1, *pixels.shape[-3:])
+    image = tokens.info["image_tokens"][0][0]
+    plain = image_embeddings(model, encoded)
+    changed_by = []
+    for tile in range(flat.shape[0]):
+        moved = flat.clone()
+        moved[tile] += 1.0
+        embeds = image_embeddings(model, encoded | {"pixel_values": moved.reshape(pixels.shape)})
+        changed_by.append(sorted((embeds - plain).abs().amax(-1).nonzero()[:, 0].tolist()))
+    if family == "llava":
+        assert len(changed_by) == 1 and "image 1" in keys and keys["image 1"] == image
+    else:
+        assert len(changed_by) >= 3  # the whole image and two tiles at least
+        assert [label for label in labels if label.startswith("img1 t")] == [f"img1 t{k + 1}" for k in
+                                                                             range(len(changed_by))]  # fmt: skip
+        for tile, positions in enumerate(changed_by):
+            assert keys[f"img1 t{tile + 1}"] == positions
+        rest = sorted(set(image) - {position for positions in changed_by for position in positions})
+        assert keys.get("img1 newlines", []) == rest and (bool(rest) == family.startswith("llava"))
+
+
+def test_tiles_the_model_resamples_are_refused_as_units():
+    """OneVision's resampled grid (``anyres_max_1``: its tokens blend tiles) cannot be cut into tiles:
+    ``units="tiles"`` is refused with the reason, naming the image."""
+    import inseq_mixing
+    from inseq_mixing.testing import tiny_vlm_processor
+
+    _, tall = two_images()
+    model = tiny_vlm("llava_onevision")
+    processor = tiny_vlm_processor("llava_onevision")
+    model.config.vision_aspect_ratio = processor.vision_aspect_ratio = "anyres_max_1"
+    front_end = inseq_mixing.load_model(model, "alti_logit", processor=processor)
+    with pytest.raises(ValueError, match="units='tiles': the model resamples image 1's grid of tiles"):
+        front_end.attribute(tall, "a <image> dog", "the", units="tiles", show_progress=False)
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+def test_sentences_as_units_are_the_prompts_and_the_answers_sentences(family):
+    """``units="sentences"``: the text between images and markup tokens cut into its sentences (a sentence an image
+    interrupts is two units), each image one unit, markup tokens their own, the answer's sentences ``(generated)``;
+    the units partition the tokens and each unit's score is its tokens' summed."""
+    square, _ = two_images()
+    model = front(family)
+    prompt = f"the cat sat . the dog {placeholder(family)} sat on the mat . a dog"
+    tokens, out = by_tokens_and_units(model, square, prompt, "sat on the . the cat", "sentences")
+    labels = [token.token for token in out.sequence_attributions[0].source]
+    marks = ["<|vision_start|>", "image 1", "<|vision_end|>"] if family == "qwen2_vl" else ["image 1"]
+    assert labels == ["the cat sat .", "the dog", *marks, "sat on the mat .", "a dog", "(generated) sat on the .",
+                      "(generated) the cat"]  # fmt: skip
+    keys = out.info["unit_keys"][0]
+    text = tokens.sequence_attributions[0].source
+    assert sorted(key for members in keys for key in members) == list(range(len(text)))
+    for label, members in zip(labels, keys, strict=True):
+        words = " ".join(text[key].token for key in members)
+        assert label == "image 1" or words == label.removeprefix("(generated) ")
+
+
+def sentence_tokenizer(kind: str):
+    """A tokenizer trained here on a few sentences: byte-level BPE (GPT-2's kind) or SentencePiece-like BPE
+    (Llama's: a metaspace, spaces folded into the next token)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    if kind == "bytes":
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    else:
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+        tokenizer.decoder = decoders.Metaspace()
+        alphabet = []
+    corpus = ["The cat sat on the mat. A dog ran! Is it late? Dr. Smith met Mrs. Jones at 5 p.m. today."] * 20
+    tokenizer.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>"],
+                                                              initial_alphabet=alphabet))  # fmt: skip
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>")
+
+
+WORDS_OF_SENTENCES = ["The", "cat", "sat", "on", "the", "mat", "A", "dog", "ran", "Is", "it", "late", "Dr.", "Smith"]
+
+
+@pytest.mark.parametrize("kind", ["bytes", "metaspace"])
+def test_a_stretch_of_text_is_cut_into_its_sentences_token_for_token(kind):
+    """For any text of sentences, :func:`_sentence_groups` partitions its tokens in order, and each group's tokens
+    decode to its sentence (``sentencex``'s cut of the whole text), spaces aside: found by bisection over prefixes,
+    with tokens that fold the space before a word into it (a metaspace) and tokens of bytes."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from inseq_mixing.frontends.spans import sentence_ranges
+    from inseq_mixing.frontends.vlm import _sentence_groups
+
+    tokenizer = sentence_tokenizer(kind)
+    sentence = st.lists(st.sampled_from(WORDS_OF_SENTENCES), min_size=1, max_size=6).map(" ".join)
+    ends = st.sampled_from([".", "!", "?"])
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(st.tuples(sentence, ends), min_size=1, max_size=5))
+    def check(parts):
+        text = " ".join(words + end for words, end in parts)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        groups = _sentence_groups(tokenizer, ids)
+        assert [index for _, members in groups for index in members] == list(range(len(ids)))
+        decoded = tokenizer.decode(ids, clean_up_tokenization_spaces=False)
+        expected = [decoded[begin:end].strip() for begin, end in sentence_ranges(decoded, "en")]
+        found = [tokenizer.decode([ids[i] for i in members], clean_up_tokenization_spaces=False).strip()
+                 for _, members in groups]  # fmt: skip
+        assert found == expected
+
+    check()
 
 
 def test_a_dataset_runs_spans_units_and_boxes_are_checked_before_any_work(tmp_path):

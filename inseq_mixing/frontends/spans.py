@@ -337,7 +337,10 @@ class SpanAttributionModel(FrontEndModel):
         unit_keys, unit_texts, taken = [], [], set()
         for tokens, texts in (
             (prompt_tokens, [(prompt[b:e], (b, e)) for b, e in _unit_ranges(units, prompt, separator, language)]),
-            (answer_tokens, [(f"(generated) {answer[b:e].strip()}", (b, e)) for b, e in _sentences(answer, language)]),
+            (
+                answer_tokens,
+                [(f"(generated) {answer[b:e].strip()}", (b, e)) for b, e in sentence_ranges(answer, language)],
+            ),
         ):
             for text, (begin, end) in texts:
                 members = [key for key, (first, last) in tokens if first < end and begin < last and key not in taken]
@@ -585,7 +588,7 @@ def _span_ranges(spans, answer: str, language: str) -> list[tuple[int, int]]:
     if spans == "answer":
         return [(0, len(answer))]
     if spans == "sentences":
-        return _sentences(answer, language)
+        return sentence_ranges(answer, language)
     return _ranges(spans, answer, "the span")
 
 
@@ -593,7 +596,7 @@ def _unit_ranges(units, prompt: str, separator: str, language: str) -> list[tupl
     """Character ranges of the prompt's units (not ``"tokens"``; a kind is known: :func:`check_span_arguments`
     ran)."""
     if units == "sentences":
-        return _sentences(prompt, language)
+        return sentence_ranges(prompt, language)
     if units == "passages":
         if not separator:
             raise ValueError("units='passages' cuts the prompt at separator=, which is empty.")
@@ -606,7 +609,7 @@ def _unit_ranges(units, prompt: str, separator: str, language: str) -> list[tupl
     return _ranges(units, prompt, "the unit")
 
 
-def _sentences(text: str, language: str) -> list[tuple[int, int]]:
+def sentence_ranges(text: str, language: str) -> list[tuple[int, int]]:
     """Character ranges of the sentences of ``text`` (``sentencex``), blank runs left out."""
     from sentencex import get_sentence_boundaries
 

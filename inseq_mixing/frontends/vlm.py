@@ -19,8 +19,10 @@ LLaVA-NeXT, LLaVA-OneVision, Qwen2-VL, Qwen2.5-VL, Idefics3, SmolVLM, InternVL: 
   its tile (a run of image tokens among the image's, where the processor cuts it into several) and its place on the
   tile's grid (``img1 r0c2``: Qwen2-VL's merged-patch grid from ``image_grid_thw``, a square grid where a tile's tokens
   make one, else the token's number ``img1 #5``); ``"images"``: each image's tokens one unit (``image 1``), every other
-  token its own; or a list of boxes (:meth:`VisionLanguageAttributionModel.box_units`): each box's image tokens one
-  unit. The generated tokens are units too (a token after the explained one scores 0). Units partition the
+  token its own; ``"tiles"``: each tile's tokens one unit (:meth:`VisionLanguageAttributionModel.tile_units`);
+  ``"sentences"``: each image one unit, the text's sentences (:meth:`VisionLanguageAttributionModel.sentence_units`);
+  or a list of boxes (:meth:`VisionLanguageAttributionModel.box_units`): each box's image tokens one unit. The
+  generated tokens are units too (a token after the explained one scores 0). Units partition the
   tokens; a unit's score is the sum over its tokens (exact for every method: :mod:`inseq_mixing.methods.spans`).
 - ``hops``: a span's score on generated tokens passed back through their own explanations (the long-context front
   end's hops, unchanged).
@@ -74,13 +76,14 @@ from .common import (
     plain,
     saved_model,
 )
-from .spans import explain_spans, span_sequence
+from .spans import explain_spans, sentence_ranges, span_sequence
 from .vision import checked_box, read_image
+from .words import markup_ids
 
 SPAN_KINDS = ("tokens", "answer")
 #: An image token's place on its image's one grid (:func:`_image_labels`).
 GRID_CELL = re.compile(r"^img(?P<image>\d+) r(?P<row>\d+)c(?P<column>\d+)$")
-UNIT_KINDS = ("tokens", "images")
+UNIT_KINDS = ("tokens", "images", "tiles", "sentences")
 #: What the processor gives besides the images that is laid out like the ids (Qwen2-VL's ``mm_token_type_ids``):
 #: 2-D integer tensors of the ids' shape, laid out again with the answer (0 on padding; on generated tokens, 0 or the
 #: spec's value, :attr:`~inseq_mixing.specs.base.ModelSpec.answer_inputs`).
@@ -207,7 +210,9 @@ class VisionLanguageAttributionModel(FrontEndModel):
             prompts: A text holding one image placeholder per image, or a list of them.
             generated: The answer to explain per prompt (default: the model's greedy answer).
             spans: ``"tokens"`` or ``"answer"``.
-            units: ``"tokens"``, ``"images"``, or a list of boxes: ``[x0, y0, x1, y1]`` in the first image's pixels,
+            units: ``"tokens"``, ``"images"``, ``"tiles"`` (each tile's tokens, an untiled image whole),
+                ``"sentences"`` (each image whole, the prompt's and the answer's sentences), or a list of boxes:
+                ``[x0, y0, x1, y1]`` in the first image's pixels,
                 or ``(image_number, [x0, y0, x1, y1])`` (from 1); each box's image tokens (those with at least half
                 their cell inside, a token in the first box that takes it) are one unit, ``box 1``, ...; the rest of
                 a boxed image is ``image 1 (rest)``, other images whole, every other token its own.
@@ -482,7 +487,11 @@ class VisionLanguageAttributionModel(FrontEndModel):
         """The batch's request, spans' rows and units' members (``counts``: each row's images)."""
         model, spec = self.model, self.spec
         length = ids.shape[1]
-        rows = [self._row_layout(item, settings, offsets[row], answers[row], ids[row].tolist())
+        packed = [None] * len(items)
+        if settings.units == "tiles" and spec.image_tiles is not None:  # the model's own packing places the tiles
+            placed = iter(spec.image_tiles(images))
+            packed = [[next(placed).tolist() for _ in range(count)] for count in counts]
+        rows = [self._row_layout(item, settings, offsets[row], answers[row], ids[row].tolist(), packed[row])
                 for row, item in enumerate(items)]  # fmt: skip
         span_count = max(len(row["span_tokens"]) for row in rows)
         unit_count = max(len(row["unit_keys"]) for row in rows)
@@ -529,8 +538,9 @@ class VisionLanguageAttributionModel(FrontEndModel):
         )  # fmt: skip
 
     def _row_layout(self, item: VLMItem, settings: CallSettings, offset: int, answer: list[int],
-                    ids: list[int]) -> dict:  # fmt: skip
-        """One prompt's units, spans and image tokens, as positions in its own text (prompt, then answer)."""
+                    ids: list[int], packed: list[list[int]] | None = None) -> dict:  # fmt: skip
+        """One prompt's units, spans and image tokens, as positions in its own text (prompt, then answer);
+        ``packed``: each image token's tile, from the model's packing (:attr:`ModelSpec.image_tiles`)."""
         text = ids[offset:]
         count = len(item.prompt_ids)
         tokens = self.tokenizer.convert_ids_to_tokens(text)
@@ -538,6 +548,10 @@ class VisionLanguageAttributionModel(FrontEndModel):
         groups = None
         if settings.units == "images":
             groups = [(f"image {number + 1}", positions) for number, positions in enumerate(image_tokens)]
+        elif settings.units == "tiles":
+            groups = self.tile_units(item, packed)
+        elif settings.units == "sentences":
+            groups = self.sentence_units(item, answer)
         elif settings.units == "boxes":
             groups = self.box_units(item, settings.boxes)
         if groups is not None:  # each group one unit, at its first token; every other token its own
@@ -573,8 +587,70 @@ class VisionLanguageAttributionModel(FrontEndModel):
             positions = found[start : start + size]
             start += size
             image_tokens.append(positions)
-            labels.update(_image_labels(number, positions, grid))
+            labels.update(_image_labels(number, self.tiles_of(positions), grid))
         return image_tokens, labels
+
+    def tiles_of(self, positions: list[int]) -> list[list[int]]:
+        """An image's tiles as its tokens show them: each run of its tokens (Idefics3's and SmolVLM's tiles, between
+        their text markers), a run of several tiles' tokens cut into tiles (InternVL's, the processor's
+        ``image_seq_length`` tokens each); one tile where the model packs its tiles on the image's grid (LLaVA-NeXT's:
+        :meth:`tile_units` reads them from the model)."""
+        runs = [[position for _, position in run]
+                for _, run in itertools.groupby(enumerate(positions), lambda pair: pair[1] - pair[0])]  # fmt: skip
+        size = getattr(self.processor, "image_seq_length", None)
+        if self.spec.image_tiles is not None or not isinstance(size, int) or size < 1:
+            return runs
+        return [run[start : start + size] if len(run) % size == 0 else run for run in runs
+                for start in (range(0, len(run), size) if len(run) % size == 0 else [0])]  # fmt: skip
+
+    def tile_units(self, item: VLMItem, packed: list[list[int]] | None = None) -> list[tuple[str, list[int]]]:
+        """The units ``units="tiles"`` make of one prompt's image tokens, as ``(label, positions)``: each tile's
+        tokens (``img1 t2``, in the processor's order of tiles) and the image's newlines (``img1 newlines``) where
+        an image has several tiles; an image of one tile is one unit (``image 1``, its newline in it). ``packed``:
+        each image token's tile from the model's packing (:attr:`ModelSpec.image_tiles`), else :meth:`tiles_of`.
+
+        Raises:
+            ValueError: The model's packing does not place the image's tokens (naming the prompt).
+        """
+        image_tokens, _ = self.image_positions(item)
+        groups = []
+        for number, positions in enumerate(image_tokens, start=1):
+            newlines = []
+            if packed is None:
+                tiles = self.tiles_of(positions)
+            else:
+                owner = packed[number - 1]
+                if len(owner) != len(positions):
+                    raise ValueError(f"{item.name}: the model packs {len(owner)} tokens for image {number}, which "
+                                     f"has {len(positions)}: use units='images' for this tiling.")  # fmt: skip
+                tiles = [[position for position, tile in zip(positions, owner, strict=True) if tile == chosen]
+                         for chosen in sorted({tile for tile in owner if tile >= 0})]  # fmt: skip
+                newlines = [position for position, tile in zip(positions, owner, strict=True) if tile < 0]
+            if len(tiles) <= 1:
+                groups.append((f"image {number}", positions))
+                continue
+            groups += [(f"img{number} t{tile}", members) for tile, members in enumerate(tiles, start=1)]
+            if newlines:
+                groups.append((f"img{number} newlines", newlines))
+        return groups
+
+    def sentence_units(self, item: VLMItem, answer: list[int]) -> list[tuple[str, list[int]]]:
+        """The units ``units="sentences"`` make of one prompt and its answer, as ``(label, positions)``: each image's
+        tokens (``image 1``), the sentences of each stretch of the prompt's text between images and markup tokens,
+        and the answer's (``(generated) ...``); markup tokens (chat markers) stay their own units."""
+        image_tokens, _ = self.image_positions(item)
+        groups = [(f"image {number}", positions) for number, positions in enumerate(image_tokens, start=1)]
+        apart = markup_ids(self.tokenizer) | {self.spec.image_token_id}
+        text, count = item.prompt_ids + list(answer), len(item.prompt_ids)
+        for (generated, markup), run in itertools.groupby(
+            range(len(text)), lambda index: (index >= count, text[index] in apart)
+        ):
+            if markup:
+                continue
+            positions = list(run)
+            for label, members in _sentence_groups(self.tokenizer, [text[index] for index in positions]):
+                groups.append((("(generated) " if generated else "") + label, [positions[m] for m in members]))
+        return groups
 
     def box_units(self, item: VLMItem, boxes: list) -> list[tuple[str, list[int]]]:
         """The units ``units=[box, ...]`` make of one prompt's image tokens: each box's tokens (at least half their
@@ -789,23 +865,40 @@ def _positional(value, ids: torch.Tensor) -> bool:
     return isinstance(value, torch.Tensor) and value.shape == ids.shape and value.dtype in POSITIONAL
 
 
-def _image_labels(number: int, positions: list[int], grid: tuple[int, int] | None) -> dict[int, str]:
-    """Each image token's label: its image, its tile (a run of the image's tokens, where there are several) and its
-    place on the tile's grid (``grid``, or a square one where the run makes one), else its number in the run."""
-    runs, labels = [], {}
-    for position in positions:
-        if runs and position == runs[-1][-1] + 1:
-            runs[-1].append(position)
-        else:
-            runs.append([position])
-    for tile, run in enumerate(runs):
-        prefix = f"img{number + 1}" + (f" t{tile + 1}" if len(runs) > 1 else "")
+def _image_labels(number: int, tiles: list[list[int]], grid: tuple[int, int] | None) -> dict[int, str]:
+    """Each image token's label: its image, its tile (where it has several: ``tiles``, each tile's positions) and its
+    place on the tile's grid (``grid``, or a square one where the tile makes one), else its number in the tile."""
+    labels = {}
+    for tile, run in enumerate(tiles):
+        prefix = f"img{number + 1}" + (f" t{tile + 1}" if len(tiles) > 1 else "")
         side = math.isqrt(len(run))
         rows, columns = grid if grid is not None and grid[0] * grid[1] == len(run) else (side, side)
         for index, position in enumerate(run):
             labels[position] = f"{prefix} r{index // columns}c{index % columns}" if rows * columns == len(run) \
                 else f"{prefix} #{index}"  # fmt: skip
     return labels
+
+
+def _sentence_groups(tokenizer, ids: list[int], language: str = "en") -> list[tuple[str, list[int]]]:
+    """A stretch of text tokens cut into its sentences (``sentencex`` on its decoded text), as ``(label, token
+    indices)``: a sentence's tokens end where the decoded text reaches its end (found by bisection over prefixes, a
+    handful of decodes a sentence); spaces between sentences go with the next, every token in one."""
+    decode = lambda part: tokenizer.decode(part, clean_up_tokenization_spaces=False)  # noqa: E731
+    text = decode(ids)
+    ranges = sentence_ranges(text, language)
+    if not ranges:  # blank (a chat template's line breaks): each token its own
+        return [(token, [index]) for index, token in enumerate(tokenizer.convert_ids_to_tokens(ids))]
+    cuts = [0]
+    for begin, end in ranges[:-1]:
+        end = begin + len(text[begin:end].rstrip())  # its last character, the spaces after it left to the next
+        low, high = cuts[-1], len(ids)  # the fewest tokens whose text reaches the sentence's end
+        while low < high:
+            middle = (low + high) // 2
+            low, high = (low, middle) if len(decode(ids[:middle])) >= end else (middle + 1, high)
+        cuts.append(low)
+    cuts.append(len(ids))
+    bounds = zip(ranges, cuts[:-1], cuts[1:], strict=True)
+    return [(_short(text[begin:end]), list(range(low, last))) for (begin, end), low, last in bounds if last > low]
 
 
 def _grid_box(image_processor, width: int, height: int) -> list[float]:
@@ -942,7 +1035,7 @@ def _boxes(units) -> list[tuple[int, list[float]]]:
                              "pixels, or (image_number, [x0, y0, x1, y1]) from image 1.")  # fmt: skip
         found.append((number, [float(value) for value in box]))
     if not found:
-        raise ValueError("units: give at least one box, or 'tokens' or 'images'.")
+        raise ValueError(f"units: give at least one box, or one of {UNIT_KINDS}.")
     return found
 
 

@@ -722,6 +722,10 @@ class ModelSpec:
         answer_inputs: A vision-language decoder's inputs laid out like the ids whose value at the answer's tokens is
             not 0, as ``(name, value)`` pairs: PaliGemma's ``token_type_ids`` are 1 there (the suffix, read causally,
             as generation reads it; 0 would put the answer in the prefix, read both ways).
+        image_tiles: Where a vision-language decoder's tiles of one image are not each a run of its tokens (LLaVA-NeXT
+            packs them on the image's grid): from the model's keyword inputs, per image, each image token's tile
+            (``-1``: a token of no tile, a learned newline), read from the model's own packing; or None: the front
+            end reads the tiles from the tokens (:mod:`inseq_mixing.frontends.vlm`).
     """
 
     family: str
@@ -743,6 +747,7 @@ class ModelSpec:
     bidirectional_images: bool = False
     tower: TowerSpec | None = None
     answer_inputs: tuple[tuple[str, int], ...] = ()
+    image_tiles: Callable[[dict], list[torch.Tensor]] | None = None
 
     @property
     def is_encoder_only(self) -> bool:

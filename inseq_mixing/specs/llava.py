@@ -85,56 +85,82 @@ def tower_spec(model: nn.Module) -> TowerSpec | None:
 IMAGE_ARGUMENTS = ("pixel_values", "image_sizes", "batch_num_images")
 
 
-def tile_runs(model: nn.Module, tokens: int, read: int) -> Callable[[dict, dict | None], list[TowerRun]]:
-    """LLaVA-NeXT's and OneVision's tower run: every tile the model encodes, and where each image token's embedding
-    comes from, both read from the model's own ``get_image_features`` on the inputs, its projector's output
-    replaced by each tile token's index (and its square) in float64: the packing (the base tile, then the other tiles
-    put together on the image's grid, cut to its aspect ratio, a learned newline after each row) moves the indices as
-    it moves the embeddings. ``tokens``: the tower's per tile, ``read``: those the projector reads.
+def packed_layout(model: nn.Module, kwargs: dict, read: int, what: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Where each image token's embedding comes from in LLaVA-NeXT's and OneVision's packing, read from the model's
+    own ``get_image_features`` on the inputs ``kwargs``, its projector's output replaced by each tile token's index
+    (and its square) in float64: the packing (the base tile, then the other tiles put together on the image's grid,
+    cut to its aspect ratio, a learned newline after each row) moves the indices as it moves the embeddings.
+    ``read``: the tokens of a tile the projector reads; ``what``: the request, for the error.
 
-    Raises (when called):
+    Returns:
+        The tiles' pixels the tower read (every image's, in order) and, per image, ``(tokens, 2)``: the tile (counted
+        over every image's) and the token read in it, ``(-1, -1)`` for a learned newline.
+
+    Raises:
         ValueError: The model resamples an image's grid (OneVision's ``anyres_max``, for images whose tiles make more
             patches than it keeps): its tokens then blend patches, which is not decomposed.
     """
-    inner = model.model
+    inner, seen = model.model, {}
+
+    def tiles(_module, args, call) -> None:
+        seen["pixels"] = args[0] if args else call["pixel_values"]
+
+    def indices(_module, _args, output) -> torch.Tensor:
+        count = output.shape[0] * output.shape[1]
+        index = torch.arange(count, dtype=torch.float64, device=output.device).reshape(*output.shape[:2], 1)
+        return torch.cat([index, index.square(), index.new_zeros(*output.shape[:2], output.shape[2] - 2)], -1)
+
+    hooks = [inner.vision_tower.register_forward_pre_hook(tiles, with_kwargs=True),
+             inner.multi_modal_projector.register_forward_hook(indices)]  # fmt: skip
+    try:
+        with torch.no_grad():
+            packed = inner.get_image_features(**{name: kwargs[name] for name in IMAGE_ARGUMENTS
+                                                 if name in kwargs}).pooler_output  # fmt: skip
+    finally:
+        for hook in hooks:
+            hook.remove()
+    newline = inner.image_newline.detach().double()
+    layout = []
+    for number, rows in enumerate(packed):
+        is_newline = (rows == newline.to(rows.device)).all(-1)
+        index = rows[:, 0]
+        if not torch.equal(rows[~is_newline, 1], index[~is_newline].square()):
+            raise ValueError(f"{what}: the model resamples image {number + 1}'s grid of tiles (its tokens blend "
+                             "patches), which is not decomposed: give a smaller image.")  # fmt: skip
+        where = index.round().long()
+        layout.append(torch.stack([where // read, where % read], -1).masked_fill_(is_newline[:, None], -1))
+    return seen["pixels"], layout
+
+
+def tile_runs(model: nn.Module, tokens: int, read: int) -> Callable[[dict, dict | None], list[TowerRun]]:
+    """LLaVA-NeXT's and OneVision's tower run: every tile the model encodes, each image token placed by the model's
+    own packing (:func:`packed_layout`). ``tokens``: the tower's per tile, ``read``: those the projector reads."""
 
     def runs(kwargs: dict, _recorded: dict | None = None) -> list[TowerRun]:  # read before the method: no recorder
-        seen = {}
-
-        def tiles(_module, args, call) -> None:
-            seen["pixels"] = args[0] if args else call["pixel_values"]
-
-        def indices(_module, _args, output) -> torch.Tensor:
-            count = output.shape[0] * output.shape[1]
-            index = torch.arange(count, dtype=torch.float64, device=output.device).reshape(*output.shape[:2], 1)
-            return torch.cat([index, index.square(), index.new_zeros(*output.shape[:2], output.shape[2] - 2)], -1)
-
-        hooks = [inner.vision_tower.register_forward_pre_hook(tiles, with_kwargs=True),
-                 inner.multi_modal_projector.register_forward_hook(indices)]  # fmt: skip
-        try:
-            with torch.no_grad():
-                packed = inner.get_image_features(**{name: kwargs[name] for name in IMAGE_ARGUMENTS
-                                                     if name in kwargs}).pooler_output  # fmt: skip
-        finally:
-            for hook in hooks:
-                hook.remove()
-        newline = inner.image_newline.detach().double()
-        layout = []
-        for number, rows in enumerate(packed):
-            is_newline = (rows == newline.to(rows.device)).all(-1)
-            index = rows[:, 0]
-            if not torch.equal(rows[~is_newline, 1], index[~is_newline].square()):
-                raise ValueError(f"tower=True: the model resamples image {number + 1}'s grid of tiles (its tokens "
-                                 "blend patches), which is not decomposed: give a smaller image, or leave "
-                                 "tower=False.")  # fmt: skip
-            where = index.round().long()
-            layout.append(torch.stack([where // read, where % read], -1).masked_fill_(is_newline[:, None], -1))
-        pixels = seen["pixels"]
+        pixels, layout = packed_layout(model, kwargs, read, "tower=True")
         mask = torch.ones(pixels.shape[0], tokens, dtype=torch.long, device=pixels.device)
         return [TowerRun({"pixel_values": pixels}, mask, layout=layout)]
 
     return runs
 
 
+def image_tiles(model: nn.Module) -> Callable[[dict], list[torch.Tensor]] | None:
+    """LLaVA-NeXT's and OneVision's tiles: per image of the model's keyword inputs, each image token's tile (counted
+    over every image's; ``-1``: a learned newline), from the model's own packing (:func:`packed_layout`); None for
+    LLaVA (one tile an image)."""
+    if model.config.model_type == "llava":
+        return None
+    tower = model.model.vision_tower
+    tokens = getattr(tower, "vision_model", tower).embeddings.num_positions
+    read = tokens - (1 if model.config.vision_feature_select_strategy == "default" else 0)
+    return lambda kwargs: [placed[:, 0] for placed in packed_layout(model, kwargs, read, "units='tiles'")[1]]
+
+
 def build(model: nn.Module) -> ModelSpec:
-    return decoder_spec(model, model.model.language_model, model.config.image_token_index, tower=tower_spec(model))
+    return decoder_spec(
+        model,
+        model.model.language_model,
+        model.config.image_token_index,
+        tower=tower_spec(model),
+        image_tiles=image_tiles(model),
+    )
