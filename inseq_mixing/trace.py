@@ -369,15 +369,15 @@ class AttentionTrace:
             return max(num_queries, 1)
         return rows_per_block(batch, self.heads, self.values.shape[1], block_bytes)
 
-    def row_blocks(self, block_bytes: int | None = None) -> Iterator[tuple[slice, torch.Tensor]]:
+    def row_blocks(self, block_bytes: int | None = None, first_row: int = 0) -> Iterator[tuple[slice, torch.Tensor]]:
         """``(queries, probabilities of those rows)`` for consecutive blocks of :meth:`block_rows` query rows
-        covering the layer; a kept layer is one block."""
+        covering the layer from ``first_row`` on; a kept layer is one block."""
         num_queries = self.output.shape[1]
         if self.kept_probs is not None:
-            yield slice(0, num_queries), self.kept_probs
+            yield slice(first_row, num_queries), self.kept_probs[:, :, first_row:]
             return
         rows = self.block_rows(block_bytes)
-        for start in range(0, num_queries, rows):
+        for start in range(first_row, num_queries, rows):
             queries = slice(start, min(start + rows, num_queries))
             yield queries, self.source.rows(queries)
 

@@ -18,18 +18,21 @@ VARIANTS = {"N": {}, "N-Res": {"residual": True}, "N-ResLN": {"layer_norm": True
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_the_layers_mean_summed_a_layer_at_a_time_is_the_mean_of_the_layers_maps(family, variant):
     """The default read-out (the layers' mean, summed one layer's map at a time from the first explained row) equals
-    the mean of the per-layer maps on the rows it computes; an encoder–decoder's rows are all computed."""
+    the mean of the per-layer maps on the rows it computes, and the context-mixing ratios too (asked from the first
+    row, as a span asks: NaN on the rows not computed); an encoder–decoder's rows are all computed."""
     trace = trace_of(get_tiny(family), example_kwargs(family))
     per_layer = attention_norm(trace, **VARIANTS[variant])
     first_row = 2
-    mean = attention_norm(trace, **VARIANTS[variant], per_layer=False, first_row=first_row)
+    mean = attention_norm(trace, **VARIANTS[variant], per_layer=False, first_row=first_row, ratios_from_first_row=True)
     start = 0 if trace.spec.is_encoder_decoder else first_row
     torch.testing.assert_close(mean.target[:, start:], per_layer.target.mean(1)[:, start:], atol=1e-6, rtol=1e-5)
     assert not mean.target[:, :start].any()  # not computed: nothing reads them
     for name in ("source", "encoder"):
         if getattr(per_layer, name) is not None:
             torch.testing.assert_close(getattr(mean, name), getattr(per_layer, name).mean(1), atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(mean.positions["context_mixing_ratio"], per_layer.positions["context_mixing_ratio"])
+    ratio, every_row = mean.positions["context_mixing_ratio"], per_layer.positions["context_mixing_ratio"]
+    torch.testing.assert_close(ratio[..., start:], every_row[..., start:])
+    assert ratio[..., :start].isnan().all()  # not computed: marked, not given as a ratio
 
 
 def naive_vectors(model, family, variant: str, layer_index: int):

@@ -20,6 +20,7 @@ def compute(request: Request, options: AttentionNormOptions):
     maps = attention_norm(
         request.trace, options.residual, options.layer_norm, options.output_encoder_self_scores,
         options.max_chunk_elements, options.per_layer, request.first_explained_row(),
+        ratios_from_first_row=request.explained_rows_only,
     )  # fmt: skip
     maps.positions = {name: value.permute(0, 2, 1) for name, value in maps.positions.items()}  # (B, T, L)
     if options.per_layer:

@@ -57,6 +57,8 @@ class Request:
             (:class:`~inseq_mixing.methods.units.FrameUnits`); :meth:`Declaration.run` pools the result onto them.
         caller: Returns the model call the trace would run, without running it (a front end whose trace is not
             taken yet gives it): see :meth:`model_call`.
+        explained_rows_only: Only the explained positions' per-position values are read (a span's rows, reduced
+            per span): a method need not compute them on the rows before :meth:`first_explained_row`.
     """
 
     spec: ModelSpec
@@ -70,6 +72,7 @@ class Request:
     tracer: Callable[[], ModelTrace]
     units: FrameUnits | None = None
     caller: Callable[[], ModelCall] | None = None
+    explained_rows_only: bool = False
 
     @cached_property
     def trace(self) -> ModelTrace:
@@ -327,7 +330,8 @@ class Declaration:
                 result = self.compute_span(request, options, spans)
                 record_graphs(request, spans.positions)
             return result
-        return spans.reduce(self.run(dataclasses.replace(request, positions=spans.positions), options))
+        spanned = dataclasses.replace(request, positions=spans.positions, explained_rows_only=True)
+        return spans.reduce(self.run(spanned, options))
 
     def run_hops(self, request: Request, options, spans: SpanRows, generated, hops: int):
         """The spans' result after ``hops`` hops through the generated tokens (:mod:`inseq_mixing.methods.spans`):

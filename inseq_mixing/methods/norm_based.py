@@ -34,7 +34,7 @@ from .alti import AltiScores, alti_maps
 from .blocks import refuse_non_finite, upcast, valid_cells
 from .mixers import frozen_mixer
 from .norms import FrozenNorm, freeze_norm
-from .parts import DEFAULT_CHUNK_ELEMENTS, l2_norms, part_scores, part_source, stack_scores
+from .parts import DEFAULT_CHUNK_ELEMENTS, part_norms, part_source, stack_scores
 from .results import LayerMaps
 from .rollout import normalize_rows_, rolled_out_rows
 
@@ -63,18 +63,23 @@ def globenc_norms(layer: LayerSpec, record: LayerTrace, attn: AttentionSpec, att
     return maps
 
 
-def mixing_ratio(attn: AttentionSpec, record: AttentionTrace, residual: torch.Tensor, maps: list[FrozenNorm]):
-    """Context-mixing ratio of every position of a self-attention sub-block ``(B, Q)``."""
-    total, own = part_source(attn, record).totals()
+def mixing_ratio(attn: AttentionSpec, record: AttentionTrace, residual: torch.Tensor, maps: list[FrozenNorm],
+                 first_row: int = 0) -> torch.Tensor:  # fmt: skip
+    """Context-mixing ratio of every position of a self-attention sub-block ``(B, Q)``, NaN on the rows before
+    ``first_row`` (not computed)."""
+    total, own = part_source(attn, record).totals(first_row)
+    rows = slice(first_row, None)
     mixed = total - own
     if attn.out_norm is not None:
         out_frozen = freeze_norm(attn.out_norm, record.output)
-        mixed, own = out_frozen.linear(mixed), out_frozen.linear(own)
-    own = own + upcast(residual)
+        mixed, own = out_frozen.linear(mixed, rows), out_frozen.linear(own, rows)
+    own = own + upcast(residual[:, rows])
     for frozen in maps:
-        mixed, own = frozen.linear(mixed), frozen.linear(own)
+        mixed, own = frozen.linear(mixed, rows), frozen.linear(own, rows)
     mixed, own = torch.linalg.vector_norm(mixed, dim=-1), torch.linalg.vector_norm(own, dim=-1)
-    return mixed / (mixed + own).clamp(min=torch.finfo(mixed.dtype).tiny)
+    ratio = mixed.new_full(residual.shape[:2], torch.nan)
+    ratio[:, rows] = mixed / (mixed + own).clamp(min=torch.finfo(mixed.dtype).tiny)
+    return ratio
 
 
 @torch.no_grad()
@@ -86,10 +91,13 @@ def attention_norm(
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     per_layer: bool = True,
     first_row: int = 0,
+    ratios_from_first_row: bool = False,
 ) -> LayerMaps:
     """Attention-norm maps of every layer (N, N-Res with ``residual``, N-ResLN with ``layer_norm`` as well), or with
     ``per_layer=False`` their mean over the layers (summed a layer at a time: one layer's map held, not every
     layer's); a decoder-only or encoder-only model's rows from ``first_row`` on (the others 0: nothing reads them).
+    The context-mixing ratio of every position, or with ``ratios_from_first_row`` of the rows from ``first_row`` on
+    (NaN before: not computed; a span reads its own rows only).
 
     Cross-attention maps hold the source tokens only (the residual column, the decoder's own stream, is dropped).
     """
@@ -98,10 +106,8 @@ def attention_norm(
 
     def layer_scores(layer, record, attn, attn_record, stream, self_mixing, causal):
         maps = following_norms(layer, record, attn, attn_record) if layer_norm else []
-        return part_scores(
-            attn, attn_record, stream, self_mixing, causal, l2_norms, with_residual, maps,
-            max_chunk_elements=max_chunk_elements, first_row=first_row,
-        )  # fmt: skip
+        return part_norms(attn, attn_record, stream, self_mixing, causal, with_residual, maps, max_chunk_elements,
+                          first_row)  # fmt: skip
 
     def scores(stack_spec, stack, sub_block, key_mask, read_layer=None):
         """The stack's maps (per layer, or summed into their mean) a layer at a time; ``read_layer(index)`` is
@@ -122,12 +128,12 @@ def attention_norm(
         return found if per_layer else found.div_(len(stack.layers))
 
     spec, dec, enc = trace.spec, trace.decoder, trace.encoder
-    ratios = []
+    ratios, ratio_row = [], first_row if ratios_from_first_row else 0
 
     def mixing_ratio_of(index: int) -> None:
         layer, record = spec.decoder.layers[index], dec.layers[index]
         maps = following_norms(layer, record, layer.self_attn, record.self_attn) if layer_norm else []
-        ratios.append(mixing_ratio(layer.self_attn, record.self_attn, record.input, maps) * dec.mask)
+        ratios.append(mixing_ratio(layer.self_attn, record.self_attn, record.input, maps, ratio_row) * dec.mask)
 
     result = LayerMaps(target=scores(spec.decoder, dec, "self", dec.mask, mixing_ratio_of))
     result.positions["context_mixing_ratio"] = torch.stack(ratios, dim=1)
@@ -135,7 +141,8 @@ def attention_norm(
         result.source = scores(spec.decoder, dec, "cross", enc.mask)[..., : enc.mask.shape[1]]
         if encoder_scores:
             result.encoder = scores(spec.encoder, enc, "self", enc.mask)
-    refuse_non_finite("attention_norm", result.target, result.source, result.encoder, *result.positions.values())
+    computed = [value[..., ratio_row:] for value in result.positions.values()]  # the rows before: NaN, not computed
+    refuse_non_finite("attention_norm", result.target, result.source, result.encoder, *computed)
     return result
 
 
@@ -153,9 +160,7 @@ def globenc(trace: ModelTrace, rollout: bool = True, max_chunk_elements: int = D
 
     def layer_scores(layer, record, attn, attn_record, stream, self_mixing, causal):
         maps = globenc_norms(layer, record, attn, attn_record)
-        return part_scores(
-            attn, attn_record, stream, self_mixing, causal, l2_norms, True, maps, max_chunk_elements=max_chunk_elements
-        )
+        return part_norms(attn, attn_record, stream, self_mixing, causal, True, maps, max_chunk_elements)
 
     spec, dec, enc = trace.spec, trace.decoder, trace.encoder
     if rollout and not spec.is_encoder_decoder:

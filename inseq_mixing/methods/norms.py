@@ -48,6 +48,14 @@ class FrozenNorm:
             return (parts.sub_(mean) if in_place else parts - mean).mul_(factor)
         return parts.mul_(factor) if in_place else parts * factor
 
+    def unscaled(self, parts: torch.Tensor) -> torch.Tensor:
+        r""":math:`A(x)` without its per-position scale (the gain after the centring, a LayerNorm's; the same map at
+        every position), for parts ``(..., d_model)``: :math:`A_i(x) = s_i\, \mathrm{unscaled}(x)`, with
+        :math:`s_i` the position's :attr:`inv_scale`."""
+        if self.params.kind == "layer":
+            parts = parts - parts.mean(-1, keepdim=True)
+        return self._gain(parts)
+
     def dot_linear(self, parts: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
         r""":math:`A(x) \cdot v` for parts ``(batch, positions, *, d_model)`` of the inputs at every position, without
         forming :math:`A(x)`: :math:`s\, x \cdot c(\gamma \odot v)` (scale :math:`s`, gain :math:`\gamma`, :math:`c`

@@ -78,13 +78,102 @@ def part_scores(
             parts = frozen.linear(parts, queries, in_place=True)
         scores[:, queries, keys] = scorer(output[:, queries], parts)
     if with_residual and not self_mixing:  # cross-attention: the residual is the last column
-        for queries in chunk_slices(num_queries, per_pair, max_chunk_elements):
-            if queries.stop <= first_row:
-                continue
-            own = residual[:, queries, None].clone()  # the scorer may overwrite its parts
-            for frozen in maps:
-                own = frozen.linear(own, queries, in_place=True)
-            scores[:, queries, num_keys:] = scorer(output[:, queries], own)
+        _residual_column(scores, scorer, output, residual, maps, per_pair, max_chunk_elements, first_row)
+    return scores
+
+
+def _residual_column(scores: torch.Tensor, scorer: Scorer, output: torch.Tensor, residual: torch.Tensor,
+                     maps: Sequence[FrozenNorm], per_pair: int, max_chunk_elements: int,
+                     first_row: int) -> None:  # fmt: skip
+    """Cross-attention's residual scored as its last column of ``scores``, in place."""
+    for queries in chunk_slices(output.shape[1], per_pair, max_chunk_elements):
+        if queries.stop <= first_row:
+            continue
+        own = residual[:, queries, None].clone()  # the scorer may overwrite its parts
+        for frozen in maps:
+            own = frozen.linear(own, queries, in_place=True)
+        scores[:, queries, -1:] = scorer(output[:, queries], own)
+
+
+def part_norms(
+    attn: AttentionSpec | MixerSpec,
+    record: AttentionTrace | MixerTrace,
+    residual: torch.Tensor,
+    self_mixing: bool,
+    causal: bool,
+    with_residual: bool = True,
+    maps: Sequence[FrozenNorm] = (),
+    max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    first_row: int = 0,
+) -> torch.Tensor:
+    """``‖part‖₂`` of every part of one sub-block: :func:`part_scores` with :func:`l2_norms` (arguments as there),
+    an attention sub-block's read without forming its parts (:func:`attention_part_norms`)."""
+    norms = PART_NORMS.get(type(attn))
+    if norms is None:
+        return part_scores(attn, record, residual, self_mixing, causal, l2_norms, with_residual, maps,
+                           max_chunk_elements=max_chunk_elements, first_row=first_row)  # fmt: skip
+    return norms(attn, record, residual, self_mixing, causal, with_residual, maps, max_chunk_elements, first_row)
+
+
+def attention_part_norms(
+    attn: AttentionSpec,
+    record: AttentionTrace,
+    residual: torch.Tensor,
+    self_mixing: bool,
+    causal: bool,
+    with_residual: bool = True,
+    maps: Sequence[FrozenNorm] = (),
+    max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    first_row: int = 0,
+) -> torch.Tensor:
+    r"""``‖part‖₂`` of every part of an attention sub-block (:func:`part_norms`), each as a quadratic form in the
+    heads' probabilities: every frozen norm the parts pass through is a per-position scale times a map that is the
+    same at every position (:meth:`.norms.FrozenNorm.unscaled`), so with :math:`g^h_j` token :math:`j`'s head value
+    output through those maps and :math:`s_i` the product of the scales at position :math:`i`,
+
+    .. math:: \lVert T_i(x_j) \rVert_2^2 = s_i^2 \sum_{h, h'} \alpha^h_{ij} \alpha^{h'}_{ij}\, g^h_j \cdot g^{h'}_j,
+
+    ``heads²`` per pair instead of ``heads × d_model``: token :math:`j`'s ``heads × heads`` Gram matrix is made
+    once. A position's own part, which holds the residual, is formed and measured directly. Equal to the parts'
+    norms up to rounding: the squared norm's relative error grows as the heads' vectors cancel in the sum (their
+    summed norms over the norm of their sum, squared, times the precision's).
+    """
+    residual = upcast(residual)
+    chain = ([] if attn.out_norm is None else [freeze_norm(attn.out_norm, record.output)]) + list(maps)
+    values = head_value_outputs(attn, record)  # (B, H, K, D)
+    through = values
+    scale = residual.new_ones(residual.shape[:2])  # (B, Q): each position's scales, multiplied
+    for frozen in chain:
+        through = frozen.unscaled(through)
+        scale = scale * frozen.inv_scale[..., 0]
+    gram = torch.einsum("bhkd,bgkd->bkhg", through, through)  # (B, K, H, H)
+    del through
+    source = AttentionParts(attn, record)
+    batch, num_queries, num_keys, heads = residual.shape[0], residual.shape[1], values.shape[2], values.shape[1]
+    scores = residual.new_zeros(batch, num_queries, num_keys + int(with_residual and not self_mixing))
+    own_probs = residual.new_zeros(batch, num_queries, heads) if with_residual and self_mixing else None
+    tiles = pair_tiles(num_queries, num_keys, batch * heads * 2, max_chunk_elements, residual.device.type, causal)
+    for queries, keys in source.tiles(from_row(tiles, first_row)):
+        probs = source.probs(queries)[:, keys]  # (B, k, q, H)
+        squared = (torch.matmul(probs, gram[:, keys]) * probs).sum(-1).transpose(1, 2)  # (B, q, k)
+        scores[:, queries, keys] = squared.mul_(scale[:, queries, None].square()).clamp_(min=0).sqrt_()
+        first, stop = max(queries.start, keys.start), min(queries.stop, keys.stop)
+        if own_probs is not None and first < stop:
+            own = torch.arange(first, stop, device=probs.device)
+            own_probs[:, first:stop] = probs[:, own - keys.start, own - queries.start]
+    if own_probs is not None:  # each position's own part, the residual in it, formed and measured
+        rows = slice(first_row, num_queries)
+        own = torch.einsum("bqh,bhqd->bqd", own_probs[:, rows], values[:, :, rows])
+        if attn.out_norm is not None:
+            own = chain[0].linear(own, rows)
+        own = own + residual[:, rows]
+        for frozen in maps:
+            own = frozen.linear(own, rows)
+        positions = torch.arange(first_row, num_queries, device=scores.device)
+        scores[:, positions, positions] = torch.linalg.vector_norm(own, dim=-1)
+    if with_residual and not self_mixing:
+        _residual_column(scores, l2_norms, residual, residual, maps, batch * residual.shape[-1], max_chunk_elements,
+                         first_row)  # fmt: skip
     return scores
 
 
@@ -122,11 +211,12 @@ class RowBlocks:
         if self.record.kept_probs is not None:
             return tiles
         rows = self.record.block_rows()
-        return [
+        cut = [
             (slice(start, min(start + rows, queries.stop)), keys)
             for queries, keys in tiles
             for start in range(queries.start, queries.stop, rows)
         ]
+        return sorted(cut, key=lambda tile: tile[0].start)  # a block's tiles together (stable: keys in order)
 
     def __call__(self, queries: slice) -> torch.Tensor:
         if not (self.rows.start <= queries.start and queries.stop <= self.rows.stop):
@@ -167,15 +257,20 @@ class AttentionParts:
         """Each head's part of each token ``(B, q, H, k, D)``."""
         return (self.probs(queries)[:, keys, :, :, None] * self.values[:, keys, None]).permute(0, 2, 3, 1, 4)
 
-    def totals(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every position's parts summed and its own part ``(B, Q, D)`` each, a block of query rows at a time."""
-        values = head_value_outputs(self.attn, self.record) if self._values is None else self._values.transpose(1, 2)
+    def totals(self, first_row: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every position's parts summed and its own part ``(B, Q - first_row, D)`` each, from ``first_row`` on, a
+        block of query rows at a time: the
+        probabilities meet the values in head space (width ``head_dim``), then each head's sum goes through its
+        slice of ``W_O`` (the parts' sum, ``Σ_h (Σ_j α^h_ij v^h_j) W^h_O``, without a ``(heads, T², d_model)``
+        product)."""
+        values = upcast(self.record.values[:, :, self.attn.kv_head_of_query_head().to(self.record.values.device)])
+        weight = upcast(self.attn.out_weight_per_head())  # (H, E, D)
         total, own = [], []
-        for queries, probs in self.record.row_blocks():  # one block of query rows' probabilities at a time
+        for queries, probs in self.record.row_blocks(first_row=first_row):  # a block of rows' probabilities
             probs = upcast(probs)
-            total.append(torch.einsum("bhqk,bhkd->bqd", probs, values))
+            total.append(torch.einsum("bqhe,hed->bqd", torch.einsum("bhqk,bkhe->bqhe", probs, values), weight))
             diagonal = probs[..., queries].diagonal(dim1=-2, dim2=-1)
-            own.append(torch.einsum("bhq,bhqd->bqd", diagonal, values[:, :, queries]))
+            own.append(torch.einsum("bhq,bqhe,hed->bqd", diagonal, values[:, queries], weight))
         return torch.cat(total, dim=1), torch.cat(own, dim=1)
 
 
@@ -195,8 +290,8 @@ class MixerParts:
     def head_parts(self, queries: slice, keys: slice) -> torch.Tensor:
         return self.frozen.head_parts(queries, keys)
 
-    def totals(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.frozen.totals()
+    def totals(self, first_row: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.frozen.totals(slice(first_row, None))
 
 
 #: Where the parts of each kind of token-mixing sub-block come from, by its spec's type.
@@ -296,3 +391,7 @@ def stack_scores(
         cells = valid.reshape(valid.shape[0], *[1] * (scores.dim() - 3), *valid.shape[1:])  # extra axes: heads
         per_layer.append(scores.masked_fill_(~cells, 0.0))
     return per_layer[0].unsqueeze(1) if len(per_layer) == 1 else torch.stack(per_layer, dim=1)  # one layer: no copy
+
+
+#: The parts' L2 norms read without forming the parts, by the sub-block spec's type (others: :func:`part_scores`).
+PART_NORMS = {AttentionSpec: attention_part_norms}
