@@ -93,10 +93,12 @@ def contributions(
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     per_head: bool = False,
     convention: str = "paper",
+    first_row: int = 0,
 ) -> torch.Tensor:
     r"""Unnormalised ALTI contributions of one attention sub-block (see :func:`.parts.part_scores` for the arguments):
-    ``(B, Q, K)`` for self-attention, ``(B, Q, K + 1)`` for cross-attention; with ``per_head``, one part per head and
-    token plus the residual, ``(B, H + 1, Q, K[+1])`` (see :func:`.parts.head_part_scores`).
+    ``(B, Q, K)`` for self-attention, ``(B, Q, K + 1)`` for cross-attention (``first_row``: its rows from there on
+    only, not with ``per_head``); with ``per_head``, one part per head and token plus the residual,
+    ``(B, H + 1, Q, K[+1])`` (see :func:`.parts.head_part_scores`).
 
     ``convention="reference"`` follows the authors' released code (mt-upc/transformer-contributions) where it departs
     from the paper's formula: distances measured with PyTorch's ``pairwise_distance`` (:func:`reference_proximity`),
@@ -105,6 +107,8 @@ def contributions(
     parts' sum at that scale."""
     score = head_part_scores if per_head else part_scores
     options = {"max_chunk_elements": max_chunk_elements}
+    if first_row:  # the rows from it on only (not per head)
+        options.update(first_row=first_row, trimmed=True)
     reference = convention == "reference"
     if attn.post_norm is not None:
         frozen = freeze_norm(attn.post_norm, record.norm_input, eps=0.0 if reference else None)
@@ -127,15 +131,17 @@ def stack_contributions(
     per_head: bool = False,
     layers: int | slice | None = None,
     convention: str = "paper",
+    first_row: int = 0,
 ) -> torch.Tensor:
     """Normalised ALTI maps of every layer (or of the first ``layers``, or of a slice of them) of a stack for one kind
     of sub-block:
     ``(B, L, Q, K[+1])``; with ``per_head``, ``(B, L, H + 1, Q, K[+1])``, each row normalised over all heads and
-    tokens and the residual (index ``H``). ``convention``: see :func:`contributions`."""
+    tokens and the residual (index ``H``). ``convention``: see :func:`contributions`; ``first_row``: the rows from
+    there on only (self-attention, not per head)."""
 
     def layer_scores(_layer, _record, attn, attn_record, residual, self_mixing, causal):
         return contributions(attn, attn_record, residual, self_mixing, causal, max_chunk_elements, per_head,
-                             convention)  # fmt: skip
+                             convention, first_row)  # fmt: skip
 
     self_mixing = sub_block == "self"
     maps = stack_scores(stack_spec, stack, sub_block, key_mask, layer_scores, layers=layers)
@@ -151,7 +157,7 @@ def stack_contributions(
         ]
         return torch.stack(rows, dim=1).unflatten(-1, (heads, -1)).transpose(2, 3)
     for layer in range(maps.shape[1]):  # in place: at long lengths a layer's map is the largest tensor held
-        normalize_rows_(fill_empty_rows_(maps[:, layer], stack.mask, self_mixing))
+        normalize_rows_(fill_empty_rows_(maps[:, layer], stack.mask, self_mixing, first_row))
     return maps
 
 
@@ -172,16 +178,18 @@ def fill_empty_rows(
     return torch.where(empty[..., None], own, scores)
 
 
-def fill_empty_rows_(scores: torch.Tensor, query_mask: torch.Tensor, self_mixing: bool) -> torch.Tensor:
-    """:func:`fill_empty_rows` in place, for rows over tokens (``(B, Q, K)``): an empty row's own cell (the
-    diagonal, or the residual column) set to 1, no temporary of the scores' size; ``scores`` returned."""
-    if self_mixing and scores.shape[-2] != scores.shape[-1]:
+def fill_empty_rows_(scores: torch.Tensor, query_mask: torch.Tensor, self_mixing: bool,
+                     first_row: int = 0) -> torch.Tensor:  # fmt: skip
+    """:func:`fill_empty_rows` in place, for rows over tokens (``(B, Q, K)``, or its rows from ``first_row`` on): an
+    empty row's own cell (the diagonal, or the residual column) set to 1, no temporary of the scores' size; ``scores``
+    returned."""
+    if self_mixing and scores.shape[-2] + first_row != scores.shape[-1]:
         return scores.copy_(fill_empty_rows(scores, query_mask, self_mixing))
     refuse_non_finite("ALTI", scores)
-    empty = (scores.sum(-1) == 0) & query_mask
+    empty = (scores.sum(-1) == 0) & query_mask[:, first_row:]
     check(empty.sum(), warn_empty_rows)
     scores.masked_fill_(empty[..., None], 0.0)  # as the identity row replaces it whole
-    own = scores.diagonal(dim1=-2, dim2=-1) if self_mixing else scores[..., -1]
+    own = scores.diagonal(offset=first_row, dim1=-2, dim2=-1) if self_mixing else scores[..., -1]
     own.masked_fill_(empty, 1.0)
     return scores
 
@@ -253,9 +261,10 @@ def alti_rollout(trace: ModelTrace, first_row: int = 0, max_chunk_elements: int 
     gives there, without every layer's maps and every depth's rollout."""
     spec, stack = trace.spec, trace.decoder
 
-    def layer_map(index: int) -> torch.Tensor:
+    def layer_map(index: int, first: int) -> torch.Tensor:
         return stack_contributions(spec.decoder, stack, "self", stack.mask, max_chunk_elements,
-                                   layers=slice(index, index + 1), convention=convention)[:, 0]  # fmt: skip
+                                   layers=slice(index, index + 1), convention=convention,
+                                   first_row=first)[:, 0]  # fmt: skip
 
     return LayerMaps(target=rolled_out_rows(layer_map, len(spec.decoder.layers), first_row))
 

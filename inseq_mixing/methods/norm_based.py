@@ -25,6 +25,8 @@ encoder–decoders (self- and cross-attention maps, rolled out with ALTI+'s join
 extension). It reads the recorded attention probabilities only.
 """
 
+import functools
+
 import torch
 
 from ..specs import AttentionSpec, LayerSpec, StackSpec
@@ -107,7 +109,7 @@ def attention_norm(
     def layer_scores(layer, record, attn, attn_record, stream, self_mixing, causal):
         maps = following_norms(layer, record, attn, attn_record) if layer_norm else []
         return part_norms(attn, attn_record, stream, self_mixing, causal, with_residual, maps, max_chunk_elements,
-                          first_row)  # fmt: skip
+                          first_row, trimmed=True)  # fmt: skip
 
     def scores(stack_spec, stack, sub_block, key_mask, read_layer=None):
         """The stack's maps (per layer, or summed into their mean) a layer at a time; ``read_layer(index)`` is
@@ -125,7 +127,8 @@ def attention_norm(
             del layer  # in ``found``: not held beside what ``read_layer`` computes
             if read_layer is not None:
                 read_layer(index)
-        return found if per_layer else found.div_(len(stack.layers))
+        found = found if per_layer else found.div_(len(stack.layers))
+        return torch.nn.functional.pad(found, (0, 0, stack.mask.shape[1] - found.shape[-2], 0))  # rows before: 0
 
     spec, dec, enc = trace.spec, trace.decoder, trace.encoder
     ratios, ratio_row = [], first_row if ratios_from_first_row else 0
@@ -147,8 +150,8 @@ def attention_norm(
 
 
 def _normalised(maps: torch.Tensor, stack: StackTrace) -> torch.Tensor:
-    """Rows normalised to 1 at real positions (``(B, L, Q, K)``), in place."""
-    return normalize_rows_(maps).mul_(stack.mask[:, None, :, None])
+    """Rows normalised to 1 at real positions (``(B, L, Q, K)``, or the last rows only), in place."""
+    return normalize_rows_(maps).mul_(stack.mask[:, None, stack.mask.shape[1] - maps.shape[-2] :, None])
 
 
 @torch.no_grad()
@@ -158,16 +161,18 @@ def globenc(trace: ModelTrace, rollout: bool = True, max_chunk_elements: int = D
     encoder-only model's rollout: its rows from ``first_row`` on (the others 0), one layer's map at a time
     (:func:`.rollout.rolled_out_rows`)."""
 
-    def layer_scores(layer, record, attn, attn_record, stream, self_mixing, causal):
+    def layer_scores(layer, record, attn, attn_record, stream, self_mixing, causal, first=0):
         maps = globenc_norms(layer, record, attn, attn_record)
-        return part_norms(attn, attn_record, stream, self_mixing, causal, True, maps, max_chunk_elements)
+        return part_norms(attn, attn_record, stream, self_mixing, causal, True, maps, max_chunk_elements, first,
+                          trimmed=True)  # fmt: skip
 
     spec, dec, enc = trace.spec, trace.decoder, trace.encoder
     if rollout and not spec.is_encoder_decoder:
 
-        def layer_map(index: int) -> torch.Tensor:
+        def layer_map(index: int, first: int) -> torch.Tensor:
             layer = slice(index, index + 1)
-            found = _normalised(stack_scores(spec.decoder, dec, "self", dec.mask, layer_scores, layers=layer), dec)
+            scorer = functools.partial(layer_scores, first=first)
+            found = _normalised(stack_scores(spec.decoder, dec, "self", dec.mask, scorer, layers=layer), dec)
             refuse_non_finite("globenc", found)
             return found[:, 0]
 
@@ -261,9 +266,9 @@ def attention_rollout(trace: ModelTrace, first_row: int = 0, per_layer: bool = F
             result.positions["sink_share"] = ((1 - maps.sum(-1)) * stack.mask[:, None]).transpose(1, 2)
         return result
 
-    def layer_map(index: int) -> torch.Tensor:
+    def layer_map(index: int, first: int) -> torch.Tensor:
         found = rollout_layer_maps(trace.spec.decoder, stack, "self", stack.mask, slice(index, index + 1), sinks)
-        found = found[:, 0]
+        found = found[:, 0, first:]
         refuse_non_finite("attention_rollout", found)
         return found
 

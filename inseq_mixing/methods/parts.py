@@ -40,6 +40,7 @@ def part_scores(
     output: torch.Tensor | None = None,
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     first_row: int = 0,
+    trimmed: bool = False,
 ) -> torch.Tensor:
     """Score every part of one attention sub-block.
 
@@ -57,14 +58,17 @@ def part_scores(
             output.
         max_chunk_elements: Memory bound of one tile of parts.
         first_row: Query rows before it are not scored (they stay 0): nothing reads them.
+        trimmed: Return the rows from ``first_row`` on only, the others never allocated.
 
     Returns:
-        ``(B, Q, K)``, or ``(B, Q, K + 1)`` for cross-attention with the residual.
+        ``(B, Q, K)``, or ``(B, Q, K + 1)`` for cross-attention with the residual (``trimmed``: ``Q - first_row``
+        rows).
     """
     source, residual, out_frozen, output = _part_inputs(attn, record, residual, output)
     batch, num_keys, num_queries = output.shape[0], source.num_keys, output.shape[1]
     scorer = kernel(scorer)
-    scores = output.new_zeros(batch, num_queries, num_keys + int(with_residual and not self_mixing))
+    top = first_row if trimmed else 0  # the first row ``scores`` holds
+    scores = output.new_zeros(batch, num_queries - top, num_keys + int(with_residual and not self_mixing))
     per_pair = batch * output.shape[-1]
     tiles = pair_tiles(num_queries, num_keys, per_pair, max_chunk_elements, output.device.type, causal)
     tiles = source.tiles(from_row(tiles, first_row))
@@ -76,23 +80,25 @@ def part_scores(
             _add_residual_on_diagonal(parts, residual, queries, keys)
         for frozen in maps:
             parts = frozen.linear(parts, queries, in_place=True)
-        scores[:, queries, keys] = scorer(output[:, queries], parts)
+        scores[:, queries.start - top : queries.stop - top, keys] = scorer(output[:, queries], parts)
     if with_residual and not self_mixing:  # cross-attention: the residual is the last column
-        _residual_column(scores, scorer, output, residual, maps, per_pair, max_chunk_elements, first_row)
+        _residual_column(scores, scorer, output, residual, maps, per_pair, max_chunk_elements, first_row, top)
     return scores
 
 
 def _residual_column(scores: torch.Tensor, scorer: Scorer, output: torch.Tensor, residual: torch.Tensor,
-                     maps: Sequence[FrozenNorm], per_pair: int, max_chunk_elements: int,
-                     first_row: int) -> None:  # fmt: skip
-    """Cross-attention's residual scored as its last column of ``scores``, in place."""
+                     maps: Sequence[FrozenNorm], per_pair: int, max_chunk_elements: int, first_row: int,
+                     top: int = 0) -> None:  # fmt: skip
+    """Cross-attention's residual scored as its last column of ``scores`` (its first row position ``top``), in
+    place."""
     for queries in chunk_slices(output.shape[1], per_pair, max_chunk_elements):
         if queries.stop <= first_row:
             continue
+        queries = slice(max(queries.start, top), queries.stop)
         own = residual[:, queries, None].clone()  # the scorer may overwrite its parts
         for frozen in maps:
             own = frozen.linear(own, queries, in_place=True)
-        scores[:, queries, -1:] = scorer(output[:, queries], own)
+        scores[:, queries.start - top : queries.stop - top, -1:] = scorer(output[:, queries], own)
 
 
 def part_norms(
@@ -105,14 +111,16 @@ def part_norms(
     maps: Sequence[FrozenNorm] = (),
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     first_row: int = 0,
+    trimmed: bool = False,
 ) -> torch.Tensor:
     """``‖part‖₂`` of every part of one sub-block: :func:`part_scores` with :func:`l2_norms` (arguments as there),
     an attention sub-block's read without forming its parts (:func:`attention_part_norms`)."""
     norms = PART_NORMS.get(type(attn))
     if norms is None:
         return part_scores(attn, record, residual, self_mixing, causal, l2_norms, with_residual, maps,
-                           max_chunk_elements=max_chunk_elements, first_row=first_row)  # fmt: skip
-    return norms(attn, record, residual, self_mixing, causal, with_residual, maps, max_chunk_elements, first_row)
+                           max_chunk_elements=max_chunk_elements, first_row=first_row, trimmed=trimmed)  # fmt: skip
+    return norms(attn, record, residual, self_mixing, causal, with_residual, maps, max_chunk_elements, first_row,
+                 trimmed)  # fmt: skip
 
 
 def attention_part_norms(
@@ -125,6 +133,7 @@ def attention_part_norms(
     maps: Sequence[FrozenNorm] = (),
     max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     first_row: int = 0,
+    trimmed: bool = False,
 ) -> torch.Tensor:
     r"""``‖part‖₂`` of every part of an attention sub-block (:func:`part_norms`), each as a quadratic form in the
     heads' probabilities: every frozen norm the parts pass through is a per-position scale times a map that is the
@@ -150,13 +159,15 @@ def attention_part_norms(
     del through
     source = AttentionParts(attn, record)
     batch, num_queries, num_keys, heads = residual.shape[0], residual.shape[1], values.shape[2], values.shape[1]
-    scores = residual.new_zeros(batch, num_queries, num_keys + int(with_residual and not self_mixing))
+    top = first_row if trimmed else 0  # the first row ``scores`` holds
+    scores = residual.new_zeros(batch, num_queries - top, num_keys + int(with_residual and not self_mixing))
     own_probs = residual.new_zeros(batch, num_queries, heads) if with_residual and self_mixing else None
     tiles = pair_tiles(num_queries, num_keys, batch * heads * 2, max_chunk_elements, residual.device.type, causal)
     for queries, keys in source.tiles(from_row(tiles, first_row)):
         probs = source.probs(queries)[:, keys]  # (B, k, q, H)
         squared = (torch.matmul(probs, gram[:, keys]) * probs).sum(-1).transpose(1, 2)  # (B, q, k)
-        scores[:, queries, keys] = squared.mul_(scale[:, queries, None].square()).clamp_(min=0).sqrt_()
+        squared = squared.mul_(scale[:, queries, None].square()).clamp_(min=0).sqrt_()
+        scores[:, queries.start - top : queries.stop - top, keys] = squared
         first, stop = max(queries.start, keys.start), min(queries.stop, keys.stop)
         if own_probs is not None and first < stop:
             own = torch.arange(first, stop, device=probs.device)
@@ -170,10 +181,10 @@ def attention_part_norms(
         for frozen in maps:
             own = frozen.linear(own, rows)
         positions = torch.arange(first_row, num_queries, device=scores.device)
-        scores[:, positions, positions] = torch.linalg.vector_norm(own, dim=-1)
+        scores[:, positions - top, positions] = torch.linalg.vector_norm(own, dim=-1)
     if with_residual and not self_mixing:
         _residual_column(scores, l2_norms, residual, residual, maps, batch * residual.shape[-1], max_chunk_elements,
-                         first_row)  # fmt: skip
+                         first_row, top)  # fmt: skip
     return scores
 
 
@@ -373,8 +384,8 @@ def stack_scores(
 ) -> torch.Tensor:  # fmt: skip
     """``layer_scores`` on one kind of sub-block (``"self"`` or ``"cross"``) of every layer of a stack (or of its
     first ``layers``, or of the layers a slice picks), impossible cells (padding, future keys) set to 0:
-    ``(B, L, [H,] Q, K[+1])`` (a scorer may add axes before ``Q``; it returns a tensor of its own, which is
-    changed in place)."""
+    ``(B, L, [H,] Q, K[+1])`` (a scorer may add axes before ``Q``, and give the last rows only; it returns a tensor
+    of its own, which is changed in place)."""
     self_mixing = sub_block == "self"
     causal = stack.causal and self_mixing
     if with_residual and not self_mixing:
@@ -388,7 +399,8 @@ def stack_scores(
         else:
             attn, attn_record, residual = layer.cross_attn, record.cross_attn, cross_attention_input(layer, record)
         scores = layer_scores(layer, record, attn, attn_record, residual, self_mixing, causal)  # a tensor of its own
-        cells = valid.reshape(valid.shape[0], *[1] * (scores.dim() - 3), *valid.shape[1:])  # extra axes: heads
+        rows = valid[:, valid.shape[1] - scores.shape[-2] :]  # a scorer may give the last rows only (trimmed)
+        cells = rows.reshape(rows.shape[0], *[1] * (scores.dim() - 3), *rows.shape[1:])  # extra axes: heads
         per_layer.append(scores.masked_fill_(~cells, 0.0))
     return per_layer[0].unsqueeze(1) if len(per_layer) == 1 else torch.stack(per_layer, dim=1)  # one layer: no copy
 

@@ -38,14 +38,15 @@ def rollout(layers: torch.Tensor) -> torch.Tensor:
     return torch.stack(result, dim=1)
 
 
-def rolled_out_rows(layer_map: Callable[[int], torch.Tensor], layers: int, first_row: int = 0) -> torch.Tensor:
+def rolled_out_rows(layer_map: Callable[[int, int], torch.Tensor], layers: int, first_row: int = 0) -> torch.Tensor:
     """The rollout through every layer, :math:`C^{L-1} \\cdots C^0` (:func:`rollout`'s last depth), its rows from
-    ``first_row`` on (the others 0), computed top-down: ``layer_map(l)`` ``(batch, n, n)`` is asked for once per
-    layer, from the last, and dropped after one product with the rows, so that one layer's map is held at a time
+    ``first_row`` on (the others 0), computed top-down: ``layer_map(l, first)`` gives layer ``l``'s map from row
+    ``first`` on ``(batch, n - first, n)`` (the last layer's from ``first_row``, the others' whole), asked for once
+    per layer, from the last, and dropped after one product with the rows, so that one layer's map is held at a time
     (not every layer's and every depth's rollout) and each product is ``(n - first_row) × n × n``."""
-    rows = layer_map(layers - 1)[:, first_row:]
+    rows = layer_map(layers - 1, first_row)
     for layer in range(layers - 2, -1, -1):
-        rows = rows @ layer_map(layer)
+        rows = rows @ layer_map(layer, 0)
     return torch.nn.functional.pad(rows, (0, 0, first_row, 0))
 
 

@@ -55,7 +55,7 @@ def tower_rollout(trace: ModelTrace, layers: int) -> torch.Tensor:
     if layers == 0:
         return torch.eye(tokens, device=trace.decoder.mask.device).expand(trace.decoder.mask.shape[0], -1, -1)
     maps = alti(trace, decoder_layers=layers).decoder  # (images, layers, tokens, tokens), rows summing to 1
-    return rolled_out_rows(lambda layer: maps[:, layer], layers)
+    return rolled_out_rows(lambda layer, first: maps[:, layer, first:], layers)
 
 
 def merge_parts(states: torch.Tensor, merge: PatchMerge) -> torch.Tensor:
