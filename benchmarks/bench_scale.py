@@ -25,8 +25,11 @@ the mixer layers as attention layers. ``qwen3_5``: a Qwen3.5 text decoder at ``l
 4 taps; transformers' PyTorch path, no flash-linear-attention kernels); its floor counts them as attention layers.
 
 The FLOP floor of each method is what its definition must compute for a span of ``k`` explained rows over ``T``
-tokens (``L`` layers, width ``D``, ``P`` parameters, ``U`` units); the forward pass is about ``2·P·T + 2·L·T²·D``
-(causal attention: half the score and value products). Printed beside each ratio as a multiple of the forward pass.
+tokens (``L`` layers, width ``D``, ``H`` heads, ``P`` parameters, ``U`` units); the forward pass is about
+``2·P·T + 2·L·T²·D`` (causal attention: half the score and value products). ALTI and ALTI-logit form every causal
+pair's part over the heads and take its L1 distance (``L·T²/2·(2H + 3)·D``: no shortcut for an L1 norm); GlobEnc and
+the attention norms need each pair's L2 norm only, a quadratic form in the heads' probabilities over its token's
+``H × H`` Gram matrix (``L·(T²/2·2H² + 2·T·H²·D)``). Printed beside each ratio as a multiple of the forward pass.
 
     python benchmarks/bench_scale.py [--models gpt2] [--lengths 1024 2048 4096 8192]
         [--methods alti_logit attn_lrp decompx:units alti attention_rollout globenc attention_norm value_zeroing]
@@ -206,8 +209,11 @@ def floor_over_forward(family: str, name: str, length: int) -> float:
         floor = 3 * forward
     elif method == "decompx":  # every unit's component through every block's weights
         floor = (PASSAGES + 1) * 2 * blocks * tokens
-    elif method in ("alti_logit", "alti", "globenc", "attention_norm"):  # every (i, j) part's distance, every layer
-        floor = 3 * layers * tokens * tokens * width / 2
+    elif method in ("alti_logit", "alti"):  # every (i, j) part formed over the heads, and its L1 distance
+        floor = layers * tokens * tokens / 2 * (2 * shape["heads"] + 3) * width
+    elif method in ("globenc", "attention_norm"):  # every (i, j) part's norm from its token's heads' Gram matrix
+        heads = shape["heads"]
+        floor = layers * (tokens * tokens / 2 * 2 * heads * heads + 2 * tokens * heads * heads * width)
     elif method == "value_zeroing":  # an FFN row per (explained row, zeroed token), every layer
         floor = layers * rows * tokens * 2 * width * shape["ffn"] * 2
     else:  # attention_rollout: the span's rows through every layer's head-averaged map
