@@ -1476,6 +1476,47 @@ def test_sentences_as_units_are_the_prompts_and_the_answers_sentences(family):
         assert label == "image 1" or words == label.removeprefix("(generated) ")
 
 
+def test_sentences_are_cut_by_the_language_asked_and_a_bad_code_is_refused_first(monkeypatch, tmp_path):
+    """``language=`` reaches ``sentencex`` (every stretch cut by its rules), in a call and in a dataset run; a value
+    that is not a language code is refused before the model runs, by ``attribute`` and by a dataset run."""
+    from PIL import Image
+
+    import inseq_mixing.frontends.vlm as vlm_front_end
+    from inseq_mixing.runs import attribute_dataset
+    from inseq_mixing.runs.data import DatasetInputError
+
+    asked = []
+    cut = vlm_front_end.sentence_ranges
+    monkeypatch.setattr(
+        vlm_front_end, "sentence_ranges", lambda text, language: asked.append(language) or cut(text, language)
+    )
+    square, _ = two_images()
+    model = front("llava")
+    out = model.attribute(square, "the cat sat . <image> a dog", "sat on", units="sentences", language="fr",
+                          show_progress=False)  # fmt: skip
+    assert asked and set(asked) == {"fr"} and "the cat sat ." in [token.token for token in
+                                                                   out.sequence_attributions[0].source]  # fmt: skip
+    calls = []
+    handle = model.model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match="language='english': give a language code"):
+            model.attribute(square, "the <image> cat", "sat", units="sentences", language="english",
+                            show_progress=False)  # fmt: skip
+    finally:
+        handle.remove()
+    assert not calls
+    path = tmp_path / "square.png"
+    Image.fromarray(square).save(path)
+    rows = [{"images": str(path), "prompt": "the cat sat . <image> a dog", "answer": "sat on"}]
+    with pytest.raises(DatasetInputError, match="language='english'"):
+        attribute_dataset(model, "alti_logit", rows, tmp_path / "bad", units="sentences", language="english",
+                          show_progress=False)  # fmt: skip
+    asked.clear()
+    attribute_dataset(model, "alti_logit", rows, tmp_path / "fr", units="sentences", language="fr",
+                      show_progress=False)  # fmt: skip
+    assert set(asked) == {"fr"}
+
+
 def sentence_tokenizer(kind: str):
     """A tokenizer trained here on a few sentences: byte-level BPE (GPT-2's kind) or SentencePiece-like BPE
     (Llama's: a metaspace, spaces folded into the next token)."""

@@ -118,6 +118,7 @@ class CallSettings:
     max_new_tokens: int
     tower: bool = False
     boxes: list | None = None
+    language: str = "en"
 
 
 @dataclass
@@ -161,7 +162,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
     task = "generation"
     NO_FOILS = None
     #: Arguments of :meth:`attribute` a dataset run passes on besides the method's options.
-    RUN_ARGUMENTS = ("spans", "units", "hops")
+    RUN_ARGUMENTS = ("spans", "units", "hops", "language")
     GENERATES = True  # the greedy answers
 
     #: Captum's options of the gradient baselines here (no convergence gap: a span's is not one Captum call's).
@@ -199,6 +200,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
         hops: int = 0,
         tower: bool = False,
         max_new_tokens: int = 20,
+        language: str = "en",
         batch_size: int = 1,
         show_progress: bool = True,
         **method_options,
@@ -224,6 +226,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
                 tile's labelled in ``info["tower_tokens"]`` (the Qwens', whose images differ in size: per prompt,
                 each image's labels).
             max_new_tokens: The longest greedy answer.
+            language: The language code ``sentencex`` cuts sentences by (``units="sentences"``).
             batch_size: Prompts per forward pass.
             show_progress: Show a progress bar.
             method_options: The method's options (``inseq-mixing methods --options``); and Inseq's names:
@@ -234,7 +237,8 @@ class VisionLanguageAttributionModel(FrontEndModel):
             ``inseq.FeatureAttributionOutput``, one sequence per prompt.
         """
         single = isinstance(prompts, str)
-        call = _call_arguments(spans=spans, units=units, hops=hops, max_new_tokens=max_new_tokens, tower=tower)
+        call = _call_arguments(spans=spans, units=units, hops=hops, max_new_tokens=max_new_tokens, tower=tower,
+                               language=language)  # fmt: skip
         if method_options.get(GRAPH_KEYWORD):
             raise ValueError("contribution_graphs=True is not offered on vision-language models yet.")
         if spans == "answer" and method_options.get("step_scores"):
@@ -379,7 +383,8 @@ class VisionLanguageAttributionModel(FrontEndModel):
         return count, grid
 
     def call_settings(self, options: dict, *, spans: str = "tokens", units: str = "tokens", hops: int = 0,
-                      max_new_tokens: int = 20, tower: bool = False, boxes=None, **_call) -> CallSettings:  # fmt: skip
+                      max_new_tokens: int = 20, tower: bool = False, boxes=None, language: str = "en",
+                      **_call) -> CallSettings:  # fmt: skip
         """The call's settings; ``tower=True`` checked before any work (a tower the scores can continue through,
         one score per image token: units of tokens, no per-layer or per-head axis)."""
         if hops and self.declaration is None:
@@ -398,7 +403,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
             if units != "tokens" or options.get("per_layer") or options.get("per_head"):
                 raise ValueError("tower=True spreads each image token's one score through the tower: use "
                                  "units='tokens', without per_layer or per_head.")  # fmt: skip
-        return CallSettings(spans, units, hops, max_new_tokens, tower, boxes)
+        return CallSettings(spans, units, hops, max_new_tokens, tower, boxes, language)
 
     def input_sizes(self, items: list[VLMItem], settings: CallSettings | None = None) -> list[InputSize]:
         """Each prompt's tokens with its images expanded, and its answer (at most ``max_new_tokens`` where greedy)."""
@@ -551,7 +556,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
         elif settings.units == "tiles":
             groups = self.tile_units(item, packed)
         elif settings.units == "sentences":
-            groups = self.sentence_units(item, answer)
+            groups = self.sentence_units(item, answer, settings.language)
         elif settings.units == "boxes":
             groups = self.box_units(item, settings.boxes)
         if groups is not None:  # each group one unit, at its first token; every other token its own
@@ -634,10 +639,11 @@ class VisionLanguageAttributionModel(FrontEndModel):
                 groups.append((f"img{number} newlines", newlines))
         return groups
 
-    def sentence_units(self, item: VLMItem, answer: list[int]) -> list[tuple[str, list[int]]]:
+    def sentence_units(self, item: VLMItem, answer: list[int], language: str = "en") -> list[tuple[str, list[int]]]:
         """The units ``units="sentences"`` make of one prompt and its answer, as ``(label, positions)``: each image's
         tokens (``image 1``), the sentences of each stretch of the prompt's text between images and markup tokens,
-        and the answer's (``(generated) ...``); markup tokens (chat markers) stay their own units."""
+        and the answer's (``(generated) ...``), cut by ``sentencex``'s rules for ``language``; markup tokens (chat
+        markers) stay their own units."""
         image_tokens, _ = self.image_positions(item)
         groups = [(f"image {number}", positions) for number, positions in enumerate(image_tokens, start=1)]
         apart = markup_ids(self.tokenizer) | {self.spec.image_token_id}
@@ -648,7 +654,7 @@ class VisionLanguageAttributionModel(FrontEndModel):
             if markup:
                 continue
             positions = list(run)
-            for label, members in _sentence_groups(self.tokenizer, [text[index] for index in positions]):
+            for label, members in _sentence_groups(self.tokenizer, [text[index] for index in positions], language):
                 groups.append((("(generated) " if generated else "") + label, [positions[m] for m in members]))
         return groups
 
@@ -999,13 +1005,13 @@ def cells_in_box(cells: list[tuple[int, int]], grid_box, box) -> list[bool]:
 
 
 def _call_arguments(spans: str = "tokens", units="tokens", hops: int = 0, max_new_tokens: int = 20,
-                    tower: bool = False) -> dict:  # fmt: skip
+                    tower: bool = False, language: str = "en") -> dict:  # fmt: skip
     """The front end's own arguments of one call (:meth:`VisionLanguageAttributionModel.attribute`'s, a dataset run's)
     checked, ``units`` given as boxes read into ``boxes`` (``units="boxes"``).
 
     Raises:
         ValueError: An unknown span or unit kind, malformed boxes, a negative or non-integer ``hops``, a
-            ``max_new_tokens`` below 1.
+            ``max_new_tokens`` below 1, a ``language`` that is not a language code.
     """
     if spans not in SPAN_KINDS:
         raise ValueError(f"spans={spans!r}: give one of {SPAN_KINDS}.")
@@ -1018,8 +1024,10 @@ def _call_arguments(spans: str = "tokens", units="tokens", hops: int = 0, max_ne
         raise ValueError(f"hops must be a non-negative integer, not {hops!r}.")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, not {max_new_tokens!r}.")
+    if not isinstance(language, str) or not re.fullmatch(r"[a-z]{2,3}", language):
+        raise ValueError(f"language={language!r}: give a language code ('en', 'fr', ...).")
     return {"spans": spans, "units": units, "hops": hops, "max_new_tokens": max_new_tokens, "tower": tower,
-            "boxes": boxes}  # fmt: skip
+            "boxes": boxes, "language": language}  # fmt: skip
 
 
 def _boxes(units) -> list[tuple[int, list[float]]]:
