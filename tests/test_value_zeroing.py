@@ -132,6 +132,22 @@ def test_rows_nobody_reads_are_skipped_and_the_rest_unchanged(family, monkeypatc
             torch.testing.assert_close(skipped.encoder, full.encoder, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("final_norms", [False, True])
+def test_the_layers_mean_summed_a_layer_at_a_time_is_the_mean_of_the_layer_maps(decoder_family, final_norms):
+    """The default read-out (the layers' mean of the row-normalised maps, summed one layer's rows at a time from the
+    first explained row) equals the mean of the full per-layer maps on those rows, chunked or not; the rows before
+    are 0."""
+    from inseq_mixing.methods.value_zeroing import value_zeroing_layer_mean
+
+    trace = trace_of(get_tiny(decoder_family), example_kwargs(decoder_family))
+    whole = value_zeroing_maps(value_zeroing(trace, final_norms=final_norms)).layer_mean().target
+    first = trace.decoder.mask.shape[1] // 2
+    for chunk in (2**22, 300):
+        mean = value_zeroing_layer_mean(trace, first_row=first, max_chunk_elements=chunk, final_norms=final_norms)
+        assert mean.target.shape == whole.shape and not mean.target[:, :first].any()
+        torch.testing.assert_close(mean.target[:, first:], whole[:, first:], rtol=1e-5, atol=1e-6)
+
+
 def test_inseq_columns_are_the_full_maps_rows_of_the_generated_tokens():
     """Through Inseq the prompt's rows are skipped; every generated token's column is still its row of the maps
     computed over every position."""

@@ -53,11 +53,14 @@ def compute(request: Request, options: ValueZeroingOptions):
     from ..methods.results import LayerMaps
     from ..methods.rollout import normalize_rows
     from ..methods.rollout import rollout as rollout_stack
-    from ..methods.value_zeroing import value_zeroing, value_zeroing_maps
+    from ..methods.value_zeroing import value_zeroing, value_zeroing_layer_mean, value_zeroing_maps
 
     units = request.units
     encoder = options.output_encoder_self_scores or options.rollout
     first_row = 0 if options.rollout or units is not None else request.first_explained_row()
+    if not (options.rollout or options.per_layer or units is not None or request.spec.is_encoder_decoder):
+        return value_zeroing_layer_mean(request.trace, options.similarity_metric, options.max_chunk_elements,
+                                        first_row, final_norms=options.convention == "reference")  # fmt: skip
     scores = value_zeroing(
         request.trace, options.similarity_metric, encoder, options.max_chunk_elements, units, first_row,
         final_norms=options.convention == "reference",

@@ -55,7 +55,7 @@ from .compiled import kernel
 from .mixers import frozen_mixer
 from .options import NORMALIZATIONS, SIMILARITY_METRICS
 from .results import LayerMaps
-from .rollout import joint_rollout, normalize_rows
+from .rollout import joint_rollout, normalize_rows, normalize_rows_
 from .rollout import rollout as rollout_stack
 from .units import FrameUnits
 
@@ -130,6 +130,7 @@ def zeroing_distances(
     key_units: torch.Tensor | None = None,
     first_row: int = 0,
     output_norm: torch.nn.Module | None = None,
+    trimmed: bool = False,
 ) -> torch.Tensor:
     """Distances of one layer's output when each context token's values are zeroed in one attention sub-block.
 
@@ -146,11 +147,12 @@ def zeroing_distances(
             when only the generated tokens are explained and the maps are not rolled out).
         output_norm: A norm applied to the clean and the corrupted layer outputs before their distance (the stack's
             final norm at its last layer, as transformers' last hidden state has it: ``convention="reference"``).
+        trimmed: Return the rows from ``first_row`` on only, the others never allocated.
 
     Returns:
-        ``(batch, positions i, tokens j)`` distances (with ``key_units``: ``(batch, positions i, units)``); cells
-        ``i < j`` of causal maps, and keys no head attends to (outside a sliding window), are exactly 0: zeroing
-        their values changes nothing.
+        ``(batch, positions i, tokens j)`` distances (``trimmed``: positions from ``first_row`` on; with
+        ``key_units``: ``(batch, positions i, units)``); cells ``i < j`` of causal maps, and keys no head attends to
+        (outside a sliding window), are exactly 0: zeroing their values changes nothing.
     """
     attn = layer.self_attn if sub_block == "self" else layer.cross_attn
     attn_record = record.self_attn if sub_block == "self" else record.cross_attn
@@ -197,7 +199,8 @@ def zeroing_distances(
             raise ValueError("Audio units take every query row (first_row=0).")
         return unit_zeroing_distances(source.probs, source.value_outputs, key_units, distances, residual.shape[-1],
                                       max_chunk_elements).to(score_dtype)  # fmt: skip
-    scores = residual.new_zeros(batch, num_queries, num_keys, dtype=score_dtype)
+    top = first_row if trimmed else 0  # the first row ``scores`` holds
+    scores = residual.new_zeros(batch, num_queries - top, num_keys, dtype=score_dtype)
     per_key = chunk_elements_per_key(batch, num_queries - first_row, residual.shape[-1])
     # causal, on the CPU: narrow chunks let each one skip the positions before its first key, ~n²/2 pairs instead of
     # n² (each wasted pair is an FFN row: narrowed whatever the chunk's size); on an accelerator as wide as memory
@@ -209,8 +212,8 @@ def zeroing_distances(
     for keys in chunks:
         start = keys.start
         queries = slice(max(start, first_row), None) if causal else full
-        scores[:, queries, keys] = distances(source.delta(keys, queries), queries).transpose(1, 2)
-    return source.untouched(scores.clamp(min=0)).to(score_dtype)
+        scores[:, queries.start - top :, keys] = distances(source.delta(keys, queries), queries).transpose(1, 2)
+    return source.untouched(scores.clamp_(min=0), top).to(score_dtype)
 
 
 class AttentionZeroing:
@@ -236,12 +239,13 @@ class AttentionZeroing:
         read = slice(queries.start - self.skipped, None)  # the same rows of the probabilities held
         return torch.einsum("bhqk,bhkd->bkqd", self.probs[:, :, read, keys], self.value_outputs[:, :, keys])
 
-    def untouched(self, scores: torch.Tensor) -> torch.Tensor:
-        """``scores`` with the cells no head attends (outside a sliding window) exactly 0."""
-        attended = (self.probs > 0).any(dim=1)
-        if self.skipped:  # rows before first_row hold no score (0) whatever they attend
-            attended = torch.nn.functional.pad(attended, (0, 0, self.skipped, 0))
-        return scores.masked_fill(~attended, 0.0)
+    def untouched(self, scores: torch.Tensor, top: int = 0) -> torch.Tensor:
+        """``scores`` (its rows from ``top`` on) with the cells no head attends (outside a sliding window) exactly
+        0, in place."""
+        attended = (self.probs > 0).any(dim=1)  # rows from ``skipped`` on
+        if self.skipped > top:  # rows before first_row hold no score (0) whatever they attend
+            attended = torch.nn.functional.pad(attended, (0, 0, self.skipped - top, 0))
+        return scores.masked_fill_(~attended[:, top - min(top, self.skipped) :], 0.0)
 
 
 class MixerZeroing:
@@ -260,7 +264,7 @@ class MixerZeroing:
     def delta(self, keys: slice, queries: slice) -> torch.Tensor:
         return self.output[:, None, queries] - self.frozen.zeroed_outputs(keys, queries)
 
-    def untouched(self, scores: torch.Tensor) -> torch.Tensor:
+    def untouched(self, scores: torch.Tensor, top: int = 0) -> torch.Tensor:
         return scores
 
 
@@ -402,6 +406,36 @@ def value_zeroing(
                     audio.get("encoder"), final_norm=spec.encoder.final_norm if final_norms else None,
                 )  # fmt: skip
     return check_finite(scores)
+
+
+@torch.no_grad()
+def value_zeroing_layer_mean(
+    trace: ModelTrace,
+    metric: str = "cosine",
+    max_chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    first_row: int = 0,
+    final_norms: bool = False,
+) -> LayerMaps:
+    """The layers' mean of a decoder-only or encoder-only model's row-normalised value-zeroing maps, what
+    :func:`value_zeroing_maps` of :func:`value_zeroing` gives averaged over the layers, summed a layer at a time over
+    the rows from ``first_row`` on (the others 0): one layer's rows held, not every layer's ``T × T`` map (arguments
+    as :func:`value_zeroing`'s)."""
+    if metric not in SIMILARITY_METRICS:
+        raise ValueError(f"Unknown similarity metric {metric!r}: use one of {SIMILARITY_METRICS}.")
+    spec, stack = trace.spec, trace.decoder
+    layers = spec.decoder.layers
+    valid = valid_cells(stack.mask, stack.mask, stack.causal)[:, first_row:]
+    total = None  # (B, Q - first_row, K)
+    with eval_mode(*[layer.module for layer in layers]), fused_activations(spec):
+        for index, (layer, record) in enumerate(zip(layers, stack.layers, strict=True)):
+            norm = spec.decoder.final_norm if final_norms and index == len(layers) - 1 else None
+            found = zeroing_distances(layer, record, "self", stack.causal, metric, max_chunk_elements,
+                                      first_row=first_row, output_norm=norm, trimmed=True)  # fmt: skip
+            refuse_non_finite("Value zeroing (decoder scores)", found)
+            found = normalize_rows_(found.masked_fill_(~valid, 0.0))
+            total = found if total is None else total.add_(found)
+            del found
+    return LayerMaps(target=F.pad(total.div_(len(layers)), (0, 0, first_row, 0)))
 
 
 def check_finite(scores: ValueZeroingScores) -> ValueZeroingScores:
