@@ -605,8 +605,11 @@ class VisionLanguageAttributionModel(FrontEndModel):
         size = getattr(self.processor, "image_seq_length", None)
         if self.spec.image_tiles is not None or not isinstance(size, int) or size < 1:
             return runs
-        return [run[start : start + size] if len(run) % size == 0 else run for run in runs
-                for start in (range(0, len(run), size) if len(run) % size == 0 else [0])]  # fmt: skip
+        tiles = []
+        for run in runs:  # a run of whole tiles cut into them, any other run one tile
+            step = size if len(run) % size == 0 else len(run)
+            tiles += [run[start : start + step] for start in range(0, len(run), step)]
+        return tiles
 
     def tile_units(self, item: VLMItem, packed: list[list[int]] | None = None) -> list[tuple[str, list[int]]]:
         """The units ``units="tiles"`` make of one prompt's image tokens, as ``(label, positions)``: each tile's

@@ -157,14 +157,14 @@ def attention_part_norms(
         scale = scale * frozen.inv_scale[..., 0]
     gram = torch.einsum("bhkd,bgkd->bkhg", through, through)  # (B, K, H, H)
     del through
-    source = AttentionParts(attn, record)
+    blocks = RowBlocks(record)
     batch, num_queries, num_keys, heads = residual.shape[0], residual.shape[1], values.shape[2], values.shape[1]
     top = first_row if trimmed else 0  # the first row ``scores`` holds
     scores = residual.new_zeros(batch, num_queries - top, num_keys + int(with_residual and not self_mixing))
     own_probs = residual.new_zeros(batch, num_queries, heads) if with_residual and self_mixing else None
     tiles = pair_tiles(num_queries, num_keys, batch * heads * 2, max_chunk_elements, residual.device.type, causal)
-    for queries, keys in source.tiles(from_row(tiles, first_row)):
-        probs = source.probs(queries)[:, keys]  # (B, k, q, H)
+    for queries, keys in blocks.tiles(from_row(tiles, first_row)):
+        probs = blocks(queries)[:, keys]  # (B, k, q, H)
         squared = (torch.matmul(probs, gram[:, keys]) * probs).sum(-1).transpose(1, 2)  # (B, q, k)
         squared = squared.mul_(scale[:, queries, None].square()).clamp_(min=0).sqrt_()
         scores[:, queries.start - top : queries.stop - top, keys] = squared
@@ -270,10 +270,9 @@ class AttentionParts:
 
     def totals(self, first_row: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Every position's parts summed and its own part ``(B, Q - first_row, D)`` each, from ``first_row`` on, a
-        block of query rows at a time: the
-        probabilities meet the values in head space (width ``head_dim``), then each head's sum goes through its
-        slice of ``W_O`` (the parts' sum, ``Σ_h (Σ_j α^h_ij v^h_j) W^h_O``, without a ``(heads, T², d_model)``
-        product)."""
+        block of query rows at a time: the probabilities meet the values in head space (width ``head_dim``), then
+        each head's sum goes through its slice of ``W_O`` (the parts' sum, ``Σ_h (Σ_j α^h_ij v^h_j) W^h_O``, without
+        a ``(heads, T², d_model)`` product)."""
         values = upcast(self.record.values[:, :, self.attn.kv_head_of_query_head().to(self.record.values.device)])
         weight = upcast(self.attn.out_weight_per_head())  # (H, E, D)
         total, own = [], []

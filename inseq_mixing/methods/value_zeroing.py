@@ -32,6 +32,8 @@ for spans too; a layer's zeroings are then one pass per unit instead of per fram
 ``(positions, units)``; the front end reduces the query frames of each unit (mean, or max) before normalising.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -316,7 +318,13 @@ def resummed_attention_output(attn, probs: torch.Tensor, value_outputs: torch.Te
     return probs, value_outputs, output
 
 
-def stack_distances(
+def stack_distances(*args, **kwargs) -> torch.Tensor:
+    """:func:`zeroing_distances` for every layer of a stack, masked (arguments as :func:`layer_distances`'s):
+    ``(batch, layers, positions, tokens)`` (with ``key_units``: ``(batch, layers, positions, units)``)."""
+    return torch.stack(list(layer_distances(*args, **kwargs)), dim=1)
+
+
+def layer_distances(
     stack_spec_layers: list[LayerSpec],
     stack: StackTrace,
     sub_block: str,
@@ -327,23 +335,34 @@ def stack_distances(
     key_units: torch.Tensor | None = None,
     first_row: int = 0,
     final_norm: torch.nn.Module | None = None,
-) -> torch.Tensor:
-    """:func:`zeroing_distances` for every layer of a stack, masked: ``(batch, layers, positions, tokens)`` (with
-    ``key_units``: ``(batch, layers, positions, units)``); rows before ``first_row`` are 0; ``final_norm`` is applied
-    to the last layer's outputs (``convention="reference"``)."""
+    trimmed: bool = False,
+) -> Iterator[torch.Tensor]:
+    """:func:`zeroing_distances` of each layer of a stack in turn, masked, so that a caller may hold one layer's at a
+    time: ``(batch, positions, tokens)`` (with ``key_units``: ``(batch, positions, units)``); rows before
+    ``first_row`` are 0 (``trimmed``: left out); ``final_norm`` is applied to the last layer's outputs
+    (``convention="reference"``)."""
     if key_units is None:
         valid = valid_cells(stack.mask, key_mask, causal)
     else:
         valid = stack.mask.bool()[:, :, None] & (key_units.sum(-1) > 0)[:, None, :]
+    valid = valid[:, first_row:] if trimmed else valid
     last = len(stack_spec_layers) - 1
-    per_layer = [
-        zeroing_distances(
+    for index, (layer, record) in enumerate(zip(stack_spec_layers, stack.layers, strict=True)):
+        yield zeroing_distances(
             layer, record, sub_block, causal, metric, max_chunk_elements, key_units, first_row,
-            final_norm if index == last else None,
-        ).masked_fill(~valid, 0.0)
-        for index, (layer, record) in enumerate(zip(stack_spec_layers, stack.layers, strict=True))
-    ]  # fmt: skip
-    return torch.stack(per_layer, dim=1)
+            final_norm if index == last else None, trimmed,
+        ).masked_fill_(~valid, 0.0)  # fmt: skip
+
+
+@contextmanager
+def block_reruns(spec, metric: str) -> Iterator[None]:
+    """While the blocks of ``spec``'s stacks are re-run: dropout off whatever the model's flags, ``gelu_new`` as one
+    fused kernel; ``metric`` checked first."""
+    if metric not in SIMILARITY_METRICS:
+        raise ValueError(f"Unknown similarity metric {metric!r}: use one of {SIMILARITY_METRICS}.")
+    blocks = [layer.module for stack in (spec.decoder, spec.encoder) if stack is not None for layer in stack.layers]
+    with eval_mode(*blocks), fused_activations(spec):
+        yield
 
 
 @torch.no_grad()
@@ -371,16 +390,12 @@ def value_zeroing(
             has it (the speech study's code compares hidden states: ``convention="reference"``); else the layer's own
             output, as every other layer.
     """
-    if metric not in SIMILARITY_METRICS:
-        raise ValueError(f"Unknown similarity metric {metric!r}: use one of {SIMILARITY_METRICS}.")
     spec, dec, enc = trace.spec, trace.decoder, trace.encoder
-    blocks = [layer.module for stack in (spec.decoder, spec.encoder) if stack is not None for layer in stack.layers]
     audio = {} if units is None else {units.stack: units.members}
     if audio.get("decoder") is not None and dec.causal:
         raise ValueError("Audio units are for non-causal stacks (speech encoders).")
-    # the blocks are re-run: dropout must stay off whatever the model's flags; gelu_new as one fused kernel
     decoder_norm = spec.decoder.final_norm if final_norms else None
-    with eval_mode(*blocks), fused_activations(spec):
+    with block_reruns(spec, metric):
         scores = ValueZeroingScores(
             decoder=stack_distances(
                 spec.decoder.layers,
@@ -420,22 +435,18 @@ def value_zeroing_layer_mean(
     :func:`value_zeroing_maps` of :func:`value_zeroing` gives averaged over the layers, summed a layer at a time over
     the rows from ``first_row`` on (the others 0): one layer's rows held, not every layer's ``T × T`` map (arguments
     as :func:`value_zeroing`'s)."""
-    if metric not in SIMILARITY_METRICS:
-        raise ValueError(f"Unknown similarity metric {metric!r}: use one of {SIMILARITY_METRICS}.")
     spec, stack = trace.spec, trace.decoder
-    layers = spec.decoder.layers
-    valid = valid_cells(stack.mask, stack.mask, stack.causal)[:, first_row:]
+    norm = spec.decoder.final_norm if final_norms else None
     total = None  # (B, Q - first_row, K)
-    with eval_mode(*[layer.module for layer in layers]), fused_activations(spec):
-        for index, (layer, record) in enumerate(zip(layers, stack.layers, strict=True)):
-            norm = spec.decoder.final_norm if final_norms and index == len(layers) - 1 else None
-            found = zeroing_distances(layer, record, "self", stack.causal, metric, max_chunk_elements,
-                                      first_row=first_row, output_norm=norm, trimmed=True)  # fmt: skip
+    with block_reruns(spec, metric):
+        layers = layer_distances(spec.decoder.layers, stack, "self", stack.mask, stack.causal, metric,
+                                 max_chunk_elements, first_row=first_row, final_norm=norm, trimmed=True)  # fmt: skip
+        for found in layers:
             refuse_non_finite("Value zeroing (decoder scores)", found)
-            found = normalize_rows_(found.masked_fill_(~valid, 0.0))
+            found = normalize_rows_(found)
             total = found if total is None else total.add_(found)
             del found
-    return LayerMaps(target=F.pad(total.div_(len(layers)), (0, 0, first_row, 0)))
+    return LayerMaps(target=F.pad(total.div_(len(spec.decoder.layers)), (0, 0, first_row, 0)))
 
 
 def check_finite(scores: ValueZeroingScores) -> ValueZeroingScores:
