@@ -59,7 +59,10 @@ ALL_FAMILIES = SEQ2SEQ_FAMILIES + DECODER_FAMILIES
 #: Decoders whose token mixers are not all attention: hybrids, and Mamba-style models without attention or FFN
 #: (tests/test_hybrids.py; not among the families above, whose tests every method runs on).
 HYBRID_FAMILIES = ("bamba", "lfm2", "jamba", "qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2_moe", "mamba", "mamba2",
-                   "falcon_mamba", "nemotron_h", "granitemoehybrid", "granitemoehybrid_dense")  # fmt: skip
+                   "falcon_mamba", "nemotron_h", "granitemoehybrid", "granitemoehybrid_dense",
+                   "falcon_h1")  # fmt: skip
+#: Hybrids the builder knows that only some tests read (Falcon-H1 with its Mamba-2 mixers' gated norm).
+HYBRID_VARIANTS = ("falcon_h1_norm",)
 #: Families with grouped-query attention whose RMSNorms round through float32 (even in a float64 model).
 LLAMA_STYLE_FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "olmo2",
                         *MOE_FAMILIES)  # fmt: skip
@@ -270,6 +273,16 @@ def _hybrid(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn:
         model = transformers.GraniteMoeHybridForCausalLM(config)
         model.set_experts_implementation("eager")
         return model
+    if family.startswith("falcon_h1"):  # Mamba-2 and attention in every block, every multiplier away from 1
+        config = transformers.FalconH1Config(
+            head_dim=2 * d_model // heads, mamba_d_ssm=2 * d_model, mamba_n_heads=2 * d_model // 8, mamba_d_head=8,
+            mamba_n_groups=2, mamba_d_state=4, mamba_d_conv=4, mamba_chunk_size=4, projectors_bias=True,
+            mamba_rms_norm=family.endswith("_norm"), mamba_norm_before_gate=True, embedding_multiplier=1.5,
+            lm_head_multiplier=0.5, mlp_multipliers=[1.2, 0.9], key_multiplier=0.7, attention_in_multiplier=0.8,
+            attention_out_multiplier=1.4, ssm_multipliers=[0.9, 1.1, 0.8, 1.2, 0.7], ssm_in_multiplier=1.3,
+            ssm_out_multiplier=0.6, **common,
+        )  # fmt: skip
+        return transformers.FalconH1ForCausalLM(config)
     if family == "nemotron_h":  # blocks of one sub-block: Mamba-2, attention, FFN, Mamba-2, ...
         pattern = [("linear_attention", "full_attention", "mlp", "linear_attention")[i % 4] for i in range(layers)]
         config = transformers.NemotronHConfig(
@@ -699,7 +712,7 @@ def tiny_model(
         model = _mixture(family, vocab, d_model, layers, heads, ffn, kv_heads)
     elif family in DECODER_FAMILIES:
         model = _decoder_only(family, vocab, d_model, layers, heads, ffn, kv_heads)
-    elif family in HYBRID_FAMILIES:
+    elif family in HYBRID_FAMILIES + HYBRID_VARIANTS:
         model = _hybrid(family, vocab, d_model, layers, heads, ffn, kv_heads)
     else:
         raise ValueError(f"No builder for family {family!r}; known: {ALL_FAMILIES + HYBRID_FAMILIES}")

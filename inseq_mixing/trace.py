@@ -59,7 +59,7 @@ from torch import nn
 from .deferred import check
 from .memory import release_freed_memory
 from .specs import AttentionSpec, HeadSpec, LayerSpec, ModelSpec, StackSpec, get_spec
-from .specs.base import InjectedInputs, LayerScale, MixerSpec, NoFFN, NoMixer
+from .specs.base import InjectedInputs, LayerScale, MixerSpec, NoFFN, NoMixer, ParallelMixers
 
 logger = logging.getLogger(__name__)
 
@@ -491,6 +491,8 @@ class MixerTrace:
         norm_input: Input of the branch's norm (its statistics frozen there).
         slot: Shared by a trace's mixers: the one frozen mixer the methods hold (the last one read).
         position_embeddings: The rotary ``(cos, sin)`` the module was given (gated attention), or None.
+        branches: Parallel mixers' (:class:`~.specs.base.ParallelMixers`): each branch's ``(input, mask, rotary
+            embeddings)`` as its module got them; ``output`` is then their scaled outputs' sum. None: one mixer.
     """
 
     input: torch.Tensor
@@ -499,10 +501,14 @@ class MixerTrace:
     norm_input: torch.Tensor
     slot: dict
     position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None
+    branches: tuple[tuple, ...] | None = None
 
     @property
     def call(self) -> dict:
-        """The keyword inputs besides its input and mask the module was given that freezing it reads."""
+        """The keyword inputs besides its input and mask the module was given that freezing it reads (parallel
+        mixers: each branch's input, mask and rotary embeddings)."""
+        if self.branches is not None:
+            return {"branches": self.branches}
         return {} if self.position_embeddings is None else {"position_embeddings": self.position_embeddings}
 
 
@@ -712,6 +718,12 @@ class _Recorder:
                     add(attn.norm, "pre", self._norm_hook(store, f"{name}_norm_input"))
                 if isinstance(attn.module, NoMixer):  # a block without a token mixer: nothing to record
                     continue
+                if isinstance(attn, MixerSpec) and isinstance(attn.module, ParallelMixers):  # each branch's call
+                    branches = attn.module.branches
+                    for index, branch in enumerate(branches):
+                        add(branch.spec.module, "post_kwargs", self._branch_hook(store, index, len(branches),
+                                                                               branch.out_scale))  # fmt: skip
+                    continue
                 if isinstance(attn, MixerSpec):  # its input, mask and output: the methods freeze its mixing
                     add(attn.module, "post_kwargs", self._mixer_hook(store, name))
                     continue
@@ -807,6 +819,25 @@ class _Recorder:
         return hook
 
     @staticmethod
+    def _branch_hook(store, index: int, count: int, scale: float):
+        """Branch ``index`` of ``count`` parallel mixers (:class:`~.specs.base.ParallelMixers`): its input, mask and
+        rotary embeddings, and the mixer's output so far (the earlier branches' plus this one's times ``scale``, as
+        the block adds them)."""
+
+        def hook(module, args, kwargs, output):
+            hidden = (args[0] if args else kwargs["hidden_states"]).detach()
+            found = (hidden, kwargs.get("attention_mask"), kwargs.get("position_embeddings"))
+            branches = store.get("self_mixer_branches") or (None,) * count
+            store["self_mixer_branches"] = (*branches[:index], found, *branches[index + 1 :])
+            if index == 0:  # the mixer's input: the block's normed input, as the first branch reads it
+                store["self_mixer_input"], store["self_mixer_mask"] = found[:2]
+            output = (output[0] if isinstance(output, tuple) else output).detach() * scale
+            previous = store.get("self_output")
+            store["self_output"] = previous + output if index and isinstance(previous, torch.Tensor) else output
+
+        return hook
+
+    @staticmethod
     def _value_hook(store, name: str, attn: AttentionSpec):
         def hook(module, args, output):
             values = output[..., attn.value_slice].detach()
@@ -822,7 +853,8 @@ class _Recorder:
         """A block's token mixer that is not attention: its records as a :class:`MixerTrace`."""
         return MixerTrace(input=store["self_mixer_input"], mask=store["self_mixer_mask"], output=store["self_output"],
                           norm_input=store.get("self_norm_input", store["input"]), slot=self.mixer_slot,
-                          position_embeddings=store.get("self_mixer_rotary"))  # fmt: skip
+                          position_embeddings=store.get("self_mixer_rotary"),
+                          branches=store.get("self_mixer_branches"))  # fmt: skip
 
     def rerun(self, index: int) -> LayerTrace:
         """Block ``index``'s whole records, from running it again on its recorded input and call with this
@@ -1001,7 +1033,7 @@ class _AttentionRecords(dict):
     mixture's routing too (None)."""
 
     KEPT = ("input", "output", "self_probs", "cross_probs", "self_call", "cross_call", "self_mixer_input",
-            "self_mixer_mask", "self_mixer_rotary")  # fmt: skip
+            "self_mixer_mask", "self_mixer_rotary", "self_mixer_branches")  # fmt: skip
 
     def __setitem__(self, key: str, value) -> None:
         if key not in self.KEPT:

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from inseq_mixing.specs import ModelSpec
-from inseq_mixing.specs.base import MixerSpec
+from inseq_mixing.specs.base import MixerSpec, ParallelMixers
 
 
 def forward_with_hooks(model, model_kwargs: dict, handles: list) -> None:
@@ -68,6 +68,14 @@ def mixer_value_input(mixer) -> tuple[torch.nn.Module, slice | torch.Tensor]:
     return mixer.in_proj, slice(2 * width, 3 * width)
 
 
+def mixer_value_inputs(mixer) -> list[tuple[torch.nn.Module, slice | torch.Tensor]]:
+    """:func:`mixer_value_input` of a mixer, or of each branch of parallel mixers (Falcon-H1's Mamba-2 ``x`` and
+    attention's ``v_proj``): zeroing a token's value input zeroes it in every branch."""
+    if isinstance(mixer, ParallelMixers):
+        return [mixer_value_input(branch.spec.module) for branch in mixer.branches]
+    return [mixer_value_input(mixer)]
+
+
 def naive_value_zeroing(model, spec: ModelSpec, model_kwargs: dict, stack: str, sub_block: str, metric="cosine"):
     """For every layer and token j: zero v_j through a hook on the value projection (a mixer's value input: its slice
     of the input projection, :func:`mixer_value_input`), re-run the layer on its clean input, and measure the distance
@@ -81,22 +89,25 @@ def naive_value_zeroing(model, spec: ModelSpec, model_kwargs: dict, stack: str, 
         num_keys = model_kwargs["input_ids"].shape[1] if sub_block == "cross" or stack == "encoder" else None
         num_keys = num_keys or clean.shape[1]
         if isinstance(attn, MixerSpec):
-            projection, channels = mixer_value_input(attn.module)
+            inputs = mixer_value_inputs(attn.module)
         else:
-            projection, channels = attn.value_proj, attn.value_slice
+            inputs = [(attn.value_proj, attn.value_slice)]
         columns = []
         for j in range(num_keys):
+            handles = []
+            for projection, channels in inputs:
 
-            def zero_value(module, args, output, j=j, columns=channels):
-                output = output.clone()
-                output[..., j, columns] = 0  # a latent attention's up-projection: (B, 1, T, ·)
-                return output
+                def zero_value(module, args, output, j=j, columns=channels):
+                    output = output.clone()
+                    output[..., j, columns] = 0  # a latent attention's up-projection: (B, 1, T, ·)
+                    return output
 
-            handle = projection.register_forward_hook(zero_value)
+                handles.append(projection.register_forward_hook(zero_value))
             try:
                 corrupted = run_layer(layer.module, calls[(stack, idx)])
             finally:
-                handle.remove()
+                for handle in handles:
+                    handle.remove()
             if metric == "cosine":
                 columns.append(1 - F.cosine_similarity(corrupted[0], clean[0], dim=-1))
             else:

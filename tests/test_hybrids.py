@@ -20,14 +20,17 @@ from inseq_mixing.methods.alti_logit import alti_logit
 from inseq_mixing.methods.mixers import frozen_mixer
 from inseq_mixing.specs import UnsupportedModelError, get_spec
 from inseq_mixing.specs.base import MixerSpec
-from inseq_mixing.testing import HYBRID_FAMILIES, load_tiny, tiny_model
+from inseq_mixing.testing import HYBRID_FAMILIES, HYBRID_VARIANTS, load_tiny, tiny_model
 from inseq_mixing.trace import MixerTrace, trace_model
 
 from .conftest import forward_hooks, next_tokens
-from .reference import mixer_value_input
+from .reference import mixer_value_inputs
 
 logging.getLogger("transformers").setLevel(logging.ERROR)  # the kernels' fallback notices
 
+#: Families whose mixers' math the tests below read directly (the builder's variants too: Falcon-H1 with its gated
+#: norm, normed before the gate).
+MIXER_FAMILIES = HYBRID_FAMILIES + HYBRID_VARIANTS
 #: The methods that read mixers, as their declarations say.
 MIXER_READERS = tuple(name for name, declaration in DECLARATIONS.items() if declaration.reads_mixers)
 _MODELS: dict = {}
@@ -59,8 +62,8 @@ def request_of(model, ids, mask, trace, foils=None) -> Request:
 
 def refused(family: str, method: str) -> bool:
     """Whether ``method`` refuses a kind of mixer ``family`` has (value zeroing: Jamba's Mamba layers)."""
-    kinds = {layer.self_attn.kind for layer in get_spec(hybrid(family)).decoder.layers
-             if isinstance(layer.self_attn, MixerSpec)}  # fmt: skip
+    kinds = {kind for layer in get_spec(hybrid(family)).decoder.layers if isinstance(layer.self_attn, MixerSpec)
+             for kind in layer.self_attn.kinds}  # fmt: skip
     return bool(kinds & set(DECLARATIONS[method].unread_mixers))
 
 
@@ -69,7 +72,7 @@ def mixer_layers(spec, trace):
     return [(layer.self_attn, record.self_attn) for layer, record in pairs if isinstance(layer.self_attn, MixerSpec)]
 
 
-@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+@pytest.mark.parametrize("family", MIXER_FAMILIES)
 def test_the_traced_mixers_parts_add_up_to_each_layers_output_and_are_causal(family):
     """In the traced model (a left-padded batch crossing the module's chunks of 4): every mixer layer's token parts
     plus what no token carries are its recorded output on every real position; per head they add up to the token
@@ -103,24 +106,29 @@ def test_the_traced_mixers_parts_add_up_to_each_layers_output_and_are_causal(fam
             torch.testing.assert_close(own, parts[:, torch.arange(2, 11), torch.arange(2, 11)], rtol=1e-4, atol=1e-5)
 
 
-def rerun_zeroed(model, ids, mask, block, projection, channels, token: int) -> torch.Tensor:
-    """``block``'s output in the model run again with ``token``'s ``channels`` of ``projection``'s output zeroed."""
+def rerun_zeroed(model, ids, mask, block, inputs, token: int) -> torch.Tensor:
+    """``block``'s output in the model run again with ``token``'s ``channels`` of each ``(projection, channels)`` of
+    ``inputs`` zeroed (parallel mixers: in every branch)."""
     outputs = {}
 
-    def zero(_module, _args, output):
-        output = output.clone()
-        output[:, token, channels] = 0
-        return output
+    def zeroing(channels):
+        def zero(_module, _args, output):
+            output = output.clone()
+            output[:, token, channels] = 0
+            return output
+
+        return zero
 
     def keep(_module, _args, output):
         outputs["hidden"] = output[0] if isinstance(output, tuple) else output
 
-    with forward_hooks((projection, zero), (block, keep)), torch.no_grad():
+    zeroed = [(projection, zeroing(channels)) for projection, channels in inputs]
+    with forward_hooks(*zeroed, (block, keep)), torch.no_grad():
         model(input_ids=ids, attention_mask=mask)
     return outputs["hidden"]
 
 
-@pytest.mark.parametrize("family", [family for family in HYBRID_FAMILIES if not refused(family, "value_zeroing")])
+@pytest.mark.parametrize("family", [family for family in MIXER_FAMILIES if not refused(family, "value_zeroing")])
 def test_value_zeroing_of_a_mixer_is_the_model_rerun_with_the_tokens_value_input_zeroed(family):
     """Each mixer layer's value-zeroing distances (a left-padded batch; the first two layers) are those of the real
     model run again with a forward hook that zeroes token ``j``'s value input to that mixer (its slice of the input
@@ -139,10 +147,10 @@ def test_value_zeroing_of_a_mixer_is_the_model_rerun_with_the_tokens_value_input
         with torch.no_grad():
             scores = zeroing_distances(layer, record, "self", causal=True)
         naive = torch.zeros_like(scores)
-        projection, channels = mixer_value_input(layer.self_attn.module)
+        inputs = mixer_value_inputs(layer.self_attn.module)
         for token in range(ids.shape[1]):
-            naive[:, :, token] = distance(rerun_zeroed(model, ids, mask, layer.module, projection, channels, token),
-                                          record.output, "cosine")  # fmt: skip
+            naive[:, :, token] = distance(rerun_zeroed(model, ids, mask, layer.module, inputs, token), record.output,
+                                          "cosine")  # fmt: skip
         later = torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool).triu(1)
         cells = real[:, :, None] & real[:, None, :] & ~later
         torch.testing.assert_close(scores[cells], naive[cells], rtol=1e-3, atol=1e-6, msg=f"layer {index}")
@@ -204,7 +212,7 @@ def test_every_mixer_reader_gives_causal_rows_and_a_padded_row_is_that_row_alone
     torch.testing.assert_close(target[1, 3:, 3:], alone.target[0], rtol=1e-4, atol=PADDED_ATOL.get(family, 2e-5))
 
 
-@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+@pytest.mark.parametrize("family", MIXER_FAMILIES)
 def test_attn_lrp_through_mixers_without_biases_gives_the_tokens_the_whole_logit(family):
     """A hybrid of mixer layers only (no attention, so no softmax rule) with every bias zeroed: under MambaLRP's rules
     (the mixing's parameters constants, the gates' products halved, ``silu``'s gate and the norms' statistics frozen)
@@ -216,6 +224,8 @@ def test_attn_lrp_through_mixers_without_biases_gives_the_tokens_the_whole_logit
         for name, parameter in model.named_parameters():
             if name.endswith("bias"):
                 parameter.zero_()
+    if family.startswith("falcon_h1"):  # attention beside the mixer in every block: silenced (output multiplier 0)
+        model.model.layers[0].attn_out_multiplier = 0.0
     spec = get_spec(model)
     assert all(isinstance(layer.self_attn, MixerSpec) for layer in spec.decoder.layers)
     ids, mask = padded_batch()
@@ -232,7 +242,7 @@ def test_attn_lrp_through_mixers_without_biases_gives_the_tokens_the_whole_logit
     assert not torch.allclose(plain, scores.target[0, -1], atol=1e-3)
 
 
-@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+@pytest.mark.parametrize("family", MIXER_FAMILIES)
 def test_attn_lrp_on_a_hybrid_is_causal_its_own_logit_and_a_padded_row_alone(family):
     """AttnLRP on a hybrid (a mixer, attention, a mixer): finite causal scores, the model's own logits, a contrast
     the difference of the two explanations, and a left-padded row's scores those of that row alone."""
@@ -315,7 +325,7 @@ def test_decompx_through_a_mixer_gives_each_token_its_part():
     """DecompX's mixer step on components that are each token's own normed input (one component per token) gives
     each token's part of the mixer's output (:meth:`FrozenMixer.token_parts`, tested against the module), and its
     components add up to the mixer's output without its biases' paths."""
-    for family in HYBRID_FAMILIES:
+    for family in MIXER_FAMILIES:
         model = hybrid(family)
         spec = get_spec(model)
         ids, mask = padded_batch()
@@ -378,7 +388,7 @@ def test_attn_lrp_rules_of_gated_attention_are_the_naive_rules_step_by_step():
     from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextAttention, Qwen3NextRotaryEmbedding
 
     from inseq_mixing.methods.attn_lrp import MIXER_RULES, lrp_rules
-    from inseq_mixing.methods.mixers import attention_probs, gated_attention_inputs
+    from inseq_mixing.methods.mixers import attention_inputs, attention_probs
 
     config = Qwen3NextConfig(hidden_size=16, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                              partial_rotary_factor=0.5, num_hidden_layers=1,
@@ -403,7 +413,7 @@ def test_attn_lrp_rules_of_gated_attention_are_the_naive_rules_step_by_step():
         return inputs * ((relevance_out / (inputs @ weight.T)) @ weight)
 
     with torch.no_grad():
-        query, key, value, gate = gated_attention_inputs(module, x, rotary)
+        query, key, value, gate = attention_inputs(module, x, rotary, gated=True)
         probs = attention_probs(module, query, key, None)[0].double()  # float32 there, as in the rules
         values = value.repeat_interleave(2, dim=2).flatten(2)  # (1, T, H·P)
         mixed = torch.einsum("bhts,bshp->bthp", probs, values.unflatten(-1, (4, 8))).flatten(2)

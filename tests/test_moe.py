@@ -97,7 +97,7 @@ def test_load_tiny_builds_every_mixture():
     ("config", "reason"),
     [
         ("DeepseekV32Config", "sparse token selector"),
-        ("FalconH1Config", "Mamba-2 mixers beside"),
+        ("Zamba2Config", "concatenated with the embeddings"),
         ("MllamaConfig", "cross-attention layers that read the vision tower"),
     ],
 )

@@ -233,7 +233,9 @@ class Declaration:
         from ..specs import UnsupportedModelError
 
         for index, layer in enumerate(spec.decoder.layers):
-            kind = getattr(layer.self_attn, "kind", None)
+            kinds = getattr(layer.self_attn, "kinds", ())  # a mixer's, its parallel branches' (attention: none)
+            unread = [kind for kind in kinds if kind in self.unread_mixers]
+            kind = unread[0] if unread else getattr(layer.self_attn, "kind", None)
             if kind in self.unread_mixers:
                 raise UnsupportedModelError(f"{self.name} does not read layer {index} of this {spec.family} model, a "
                                             f"{kind} layer: {self.unread_mixers[kind]}")  # fmt: skip

@@ -59,7 +59,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..specs import FFNSpec, ModelSpec
-from ..specs.base import InjectedInputs, MixerSpec, MoESpec, UnsupportedModelError, is_norm
+from ..specs.base import InjectedInputs, MixerSpec, MoESpec, ParallelMixers, UnsupportedModelError, is_norm
 from ..trace import (
     ModelCall,
     ModelTrace,
@@ -75,11 +75,12 @@ from .blocks import refuse_non_finite
 from .chunking import DEFAULT_CHUNK_ELEMENTS, items_per_chunk
 from .mixers import (
     FrozenMixer,
+    attention_inputs,
     attention_probs,
     causal_taps,
     deltanet_projections,
-    gated_attention_inputs,
     inverse_rms,
+    mamba2_projected,
     mix_heads,
     padding_mask,
 )
@@ -174,15 +175,19 @@ def _mamba2_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask
     convolution linear."""
     hidden = hidden_states
     frozen = FrozenMixer.mamba2(module, hidden.detach(), attention_mask)
-    inner = module.intermediate_size
-    projected = module.in_proj(hidden * padding_mask(hidden, attention_mask)[..., None])
+    inner, readout = module.intermediate_size, frozen.readout
+    projected = mamba2_projected(module, hidden * padding_mask(hidden, attention_mask)[..., None])
     gate, values = projected[..., :inner].float(), projected[..., inner : 2 * inner]
     activated = _tapped(values, module.conv1d, slice(0, inner)).float() * frozen.ratio.detach()  # σ(u) frozen
     y = mix_heads(frozen.mixing.detach(), activated, frozen.heads)
+    if readout.norm is not None and not readout.gate_first:  # normed before the gate (Falcon-H1's option)
+        weight, eps, group = readout.norm
+        y = y * (inverse_rms(readout.y, eps, group) * weight).detach()  # the norm's statistics frozen
     gated = with_gradient_scaled(y, 0.5) * with_gradient_scaled(identity_rule(F.silu(gate), gate), 0.5)
-    weight, eps, group = frozen.readout.norm
-    scale = inverse_rms(frozen.readout.y * frozen.readout.gate, eps, group) * weight
-    return module.out_proj((gated * scale.detach()).to(hidden.dtype))  # the norm's statistics frozen
+    if readout.norm is not None and readout.gate_first:
+        weight, eps, group = readout.norm
+        gated = gated * (inverse_rms(readout.y * readout.gate, eps, group) * weight).detach()
+    return module.out_proj(gated.to(hidden.dtype))
 
 
 def _mamba_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **_):
@@ -234,7 +239,7 @@ def _gated_attention_rules(module: nn.Module, hidden_states: torch.Tensor, atten
     ``A V``, the softmax's rule (its own gradient), the q/k norms frozen; the output gate ``σ(g)`` under the identity
     rule and its product with the attention output under the uniform rule, as a gated FFN's (our extension: the
     paper has no output gate). Returns the module's ``(output, None)``."""
-    query, key, value, gate = gated_attention_inputs(module, hidden_states, position_embeddings)
+    query, key, value, gate = attention_inputs(module, hidden_states, position_embeddings, gated=True)
     probs, _ = attention_probs(module, with_gradient_scaled(query, 0.5), with_gradient_scaled(key, 0.5),
                                attention_mask)  # fmt: skip
     values = value.float().repeat_interleave(module.num_key_value_groups, dim=2).flatten(2)
@@ -278,6 +283,32 @@ def _experts_function_swapped(ffn: FFNSpec | MoESpec, hooks: ExitStack) -> tuple
     return rest
 
 
+def _branches(attn) -> list:
+    """A token-mixing sub-block's specs: its parallel mixers' (:class:`~..specs.base.ParallelMixers`), or itself."""
+    if isinstance(attn, MixerSpec) and isinstance(attn.module, ParallelMixers):
+        return [branch.spec for branch in attn.module.branches]
+    return [attn]
+
+
+def _mixers_under_rules(attn) -> list[tuple[nn.Module, str]]:
+    """The modules of a sub-block whose forward AttnLRP replaces, with their kinds: its mixers that are not plain
+    attention."""
+    return [(spec.module, spec.kind) for spec in _branches(attn) if isinstance(spec, MixerSpec)
+            and spec.kind != "attention"]  # fmt: skip
+
+
+def _attention_under_rules(attn) -> list[tuple[nn.Module, nn.Module, slice]]:
+    """A sub-block's softmax attention that runs under AttnLRP's own hooks (an attention sub-block, or plain
+    attention as a parallel mixer's branch): its module, value projection and the values' slice of it."""
+    found = []
+    for spec in _branches(attn):
+        if not isinstance(spec, MixerSpec):
+            found.append((spec.module, spec.value_proj, spec.value_slice))
+        elif spec.kind == "attention":
+            found.append((spec.module, spec.module.v_proj, slice(None)))
+    return found
+
+
 @contextmanager
 def lrp_rules(model: nn.Module, spec: ModelSpec) -> Iterator[None]:
     """Install the AttnLRP gradient modifications on the model's modules; removed on exit, whatever happens."""
@@ -314,18 +345,17 @@ def lrp_rules(model: nn.Module, spec: ModelSpec) -> Iterator[None]:
             for attn in (layer.self_attn, layer.cross_attn):
                 if attn is None:
                     continue
-                if isinstance(attn, MixerSpec):  # its forward replaced by one under the rules (MIXER_RULES)
-                    if attn.kind not in MIXER_RULES:
-                        raise UnsupportedModelError(f"AttnLRP has no rules for {attn.kind} layers yet.")
-                    rules = functools.partial(MIXER_RULES[attn.kind], attn.module)
-                    hooks.enter_context(replaced_forward(attn.module, rules))
-                    continue
-                add(attn.module.register_forward_pre_hook(_scale_attention_inputs, with_kwargs=True))
+                for module, kind in _mixers_under_rules(attn):  # each its forward under the rules (MIXER_RULES)
+                    if kind not in MIXER_RULES:
+                        raise UnsupportedModelError(f"AttnLRP has no rules for {kind} layers yet.")
+                    hooks.enter_context(replaced_forward(module, functools.partial(MIXER_RULES[kind], module)))
+                for module, value_proj, value_slice in _attention_under_rules(attn):
+                    add(module.register_forward_pre_hook(_scale_attention_inputs, with_kwargs=True))
 
-                def value_hook(_m, _args, out, value_slice=attn.value_slice):
-                    return with_gradient_scaled(out, _value_factor(value_slice, out.shape[-1], out))
+                    def value_hook(_m, _args, out, value_slice=value_slice):
+                        return with_gradient_scaled(out, _value_factor(value_slice, out.shape[-1], out))
 
-                add(attn.value_proj.register_forward_hook(value_hook))
+                    add(value_proj.register_forward_hook(value_hook))
         yield
 
 

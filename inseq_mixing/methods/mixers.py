@@ -125,7 +125,7 @@ class FrozenMixer:
     conv_weight: torch.Tensor
     conv_bias: torch.Tensor | None
     scale: torch.Tensor
-    out_proj: torch.nn.Linear
+    out_proj: torch.nn.Linear | Projection
     mask: torch.Tensor | None = None
     readout: ValueReadout | None = None
     value_weight: torch.Tensor | None = None
@@ -139,7 +139,7 @@ class FrozenMixer:
         mask = padding_mask(hidden, attention_mask)
         hidden = hidden * mask[..., None]
         inner, heads, groups, state = mixer.intermediate_size, mixer.num_heads, mixer.n_groups, mixer.ssm_state_size
-        gate, xbc, step = mixer.in_proj(hidden).split([inner, mixer.conv_dim, heads], dim=-1)
+        gate, xbc, step = mamba2_projected(mixer, hidden).split([inner, mixer.conv_dim, heads], dim=-1)
         taps = mixer.conv1d.weight.squeeze(1)  # (channels, K)
         convolved = _causal_conv(mixer.conv1d, xbc)
         activated = F.silu(convolved) * mask[..., None]
@@ -155,14 +155,20 @@ class FrozenMixer:
         mixing = torch.einsum("bthn,bshn->bhts", c, b) * (elapsed.exp() * causal) * dt.transpose(1, 2)[:, :, None, :]
         mixing = _with_skip(mixing, mixer.D)
         y = mix_heads(mixing, activated[..., :inner].float(), heads)
-        gated = y * F.silu(gate.float())
-        grouped = gated.unflatten(-1, (groups, inner // groups))
-        rms = torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + mixer.norm.variance_epsilon)
-        scale = (rms.expand_as(grouped).flatten(-2) * F.silu(gate.float())) * mixer.norm.weight.float()
+        silu_gate = F.silu(gate.float())
+        norm, gate_first = None, True
+        if hasattr(mixer.norm, "weight"):  # a gated RMS norm over groups of channels (Falcon-H1's may be absent)
+            norm = (mixer.norm.weight.float(), mixer.norm.variance_epsilon, inner // groups)
+            gate_first = not getattr(mixer.norm, "norm_before_gate", False)  # Falcon-H1's option: norm, then gate
+        scale = silu_gate
+        if norm is not None:
+            scale = scale * inverse_rms(y * silu_gate if gate_first else y, norm[1], norm[2]) * norm[0]
         bias = None if mixer.conv1d.bias is None else mixer.conv1d.bias[:inner].float()
-        norm = (mixer.norm.weight.float(), mixer.norm.variance_epsilon, inner // groups)
-        readout = ValueReadout(x_pre, y, F.silu(gate.float()), norm, gate_first=True)
-        values = mixer.in_proj.weight[inner : 2 * inner].float()
+        readout = ValueReadout(x_pre, y, silu_gate, norm, gate_first=gate_first)
+        values = mixer.in_proj.weight[inner : 2 * inner].float() * getattr(mixer, "ssm_in_multiplier", 1.0)
+        multipliers = getattr(mixer, "mup_vector", None)
+        if multipliers is not None:  # Falcon-H1's per-channel multipliers on the input projection's outputs
+            values = values * multipliers.flatten()[inner : 2 * inner, None].float()
         return cls(xbc[..., :inner].float(), ratio, mixing, taps[:inner].float(), bias, scale, mixer.out_proj,
                    mask.float(), readout, values)  # fmt: skip
 
@@ -257,19 +263,55 @@ class FrozenMixer:
         convolution: one tap of 1, the activation's ratio 1; token ``j``'s part of row ``t`` is then exactly
         ``o_proj(σ(g_t) ⊙ Σ_h α^h_tj v^h_j)``. The mask is the module's own: a key is real where its own row may
         see it."""
-        query, key, value, gate = gated_attention_inputs(attention, hidden, position_embeddings)
+        return cls._softmax(attention, hidden, attention_mask, position_embeddings, gated=True)
+
+    @classmethod
+    def attention(
+        cls, attention, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> FrozenMixer:  # fmt: skip
+        """Freeze plain softmax attention (a Llama-layout module: ``q_proj``, ``k_proj`` (times its
+        ``key_multiplier`` where it has one: Falcon-H1's), ``v_proj``, ``o_proj``, rotary embeddings) read as a mixer
+        where it is one branch of parallel mixers (:class:`ParallelMixing`): :meth:`gated_attention` with the gate
+        1, so token ``j``'s part of row ``t`` is ``o_proj(Σ_h α^h_tj v^h_j)``, attention's own decomposition."""
+        return cls._softmax(attention, hidden, attention_mask, position_embeddings, gated=False)
+
+    @classmethod
+    def _softmax(
+        cls, attention, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None, gated: bool,
+    ) -> FrozenMixer:  # fmt: skip
+        """Softmax attention, gated (:meth:`gated_attention`) or not (:meth:`attention`), frozen at a pass."""
+        query, key, value, gate = attention_inputs(attention, hidden, position_embeddings, gated)
         probs, allowed = attention_probs(attention, query, key, attention_mask)
         groups = attention.num_key_value_groups
         values = value.float().repeat_interleave(groups, dim=2).flatten(2)  # (B, T, H·P): a query head's channels
         mask = allowed.diagonal(dim1=-2, dim2=-1)[:, 0].expand(hidden.shape[:2]).float()
         heads, inner = probs.shape[1], values.shape[-1]
-        scale = torch.sigmoid(gate.float())
+        scale = torch.sigmoid(gate.float()) if gated else torch.ones_like(values)
         taps = torch.ones(inner, 1, dtype=values.dtype, device=values.device)
         readout = ValueReadout(None, mix_heads(probs, values, heads), scale, None)
         weight = attention.v_proj.weight.float().unflatten(0, (-1, attention.head_dim))
         value_weight = weight.repeat_interleave(groups, dim=0).flatten(0, 1)  # (H·P, d)
         return cls(values, torch.ones_like(values), probs, taps, None, scale, attention.o_proj, mask, readout,
                    value_weight, per_head=True)  # fmt: skip
+
+    @classmethod
+    def parallel(cls, mixers, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 branches: tuple[tuple, ...] = ()) -> ParallelMixing:  # fmt: skip
+        """Freeze parallel mixers (:class:`~inseq_mixing.specs.base.ParallelMixers`: Falcon-H1's Mamba-2 mixer and
+        attention) from each branch's recorded ``(input, mask, rotary embeddings)``: each branch frozen as it is
+        alone, its output projection times its output factor, its value map times its input factor (the branches
+        read ``m_i · x̂``, the mixer's input is ``x̂``)."""
+        frozen = []
+        for branch, (inputs, mask, rotary) in zip(mixers.branches, branches, strict=True):
+            call = {} if rotary is None else {"position_embeddings": rotary}
+            one = getattr(cls, branch.spec.kind)(branch.spec.module, inputs, mask, **call)
+            one.out_proj = Projection.scaled(one.out_proj, branch.out_scale)
+            if one.value_weight is not None:
+                one.value_weight = one.value_weight * branch.in_scale
+            frozen.append(one)
+        return ParallelMixing(frozen)
 
     @classmethod
     def lfm2(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:
@@ -304,6 +346,11 @@ class FrozenMixer:
     def heads(self) -> int:
         """The mixing matrices per pair of positions."""
         return self.mixing.shape[1]
+
+    @property
+    def positions(self) -> int:
+        """The positions it mixes (``T``)."""
+        return self.conv_input.shape[1]
 
     def kernel(self, rows: slice = slice(None), keys: slice = slice(None)) -> torch.Tensor:
         """``κ`` ``(B, R, K, I)``: how much of token ``j``'s conv input (column) reaches position ``t``'s SSD output
@@ -340,10 +387,7 @@ class FrozenMixer:
     def row_blocks(self, rows: slice = slice(None), block_elements: int = 2**24) -> list[slice]:
         """The positions ``rows`` in consecutive blocks whose kernel ``(B, r, T, I)`` holds at most ``block_elements``
         (one empty block for no rows)."""
-        batch, length, inner = self.conv_input.shape
-        first, stop, _ = rows.indices(length)
-        step = max(1, block_elements // max(1, batch * length * inner))
-        return [slice(start, min(start + step, stop)) for start in range(first, stop, step)] or [slice(first, first)]
+        return row_blocks(rows, *self.conv_input.shape, block_elements)
 
     def logit_parts(self, direction: torch.Tensor, rows: slice = slice(None), per_head: bool = False,
                     block_elements: int = 2**24) -> torch.Tensor:  # fmt: skip
@@ -570,19 +614,112 @@ def deltanet_value_weight(mixer) -> torch.Tensor:
     return fused[mixer.fix_query_key_value_ordering(index, ba)[2].flatten().long()]
 
 
-def gated_attention_inputs(attention, hidden: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
-                           ) -> tuple[torch.Tensor, ...]:  # fmt: skip
-    """Gated attention's queries ``(B, H, T, D)`` and keys ``(B, H_kv, T, D)`` (after their norms and the rotary
-    embedding), values ``(B, T, H_kv, D)`` and output gate's logits ``g`` ``(B, T, H·D)``, as its module computes
-    them (with the graph: AttnLRP's rules run on them)."""
+def attention_inputs(attention, hidden: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
+                     gated: bool = False) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """Softmax attention's queries ``(B, H, T, D)`` and keys ``(B, H_kv, T, D)`` (after their norms, a key multiplier
+    where the module has one, and the rotary embedding), values ``(B, T, H_kv, D)`` and, ``gated`` (Qwen3-Next's),
+    the output gate's logits ``g`` ``(B, T, H·D)`` from the query projection's second half (else None), as its module
+    computes them (with the graph: AttnLRP's rules run on them)."""
     rows, size = hidden.shape[:-1], attention.head_dim
-    query, gate = attention.q_proj(hidden).view(*rows, -1, 2 * size).chunk(2, dim=-1)
-    query = attention.q_norm(query).transpose(1, 2)
-    key = attention.k_norm(attention.k_proj(hidden).view(*rows, -1, size)).transpose(1, 2)
+    query = attention.q_proj(hidden).view(*rows, -1, 2 * size if gated else size)
+    query, gate = query.chunk(2, dim=-1) if gated else (query, None)
+    key = attention.k_proj(hidden).view(*rows, -1, size)
+    if hasattr(attention, "q_norm"):
+        query, key = attention.q_norm(query), attention.k_norm(key)
+    query, key = query.transpose(1, 2), key.transpose(1, 2) * getattr(attention, "key_multiplier", 1.0)
     value = attention.v_proj(hidden).view(*rows, -1, size)
     rotate = sys.modules[type(attention).__module__].apply_rotary_pos_emb  # the family's own (partial rotary)
     query, key = rotate(query, key, *position_embeddings)
-    return query, key, value, gate.reshape(*rows, -1)
+    return query, key, value, None if gate is None else gate.reshape(*rows, -1)
+
+
+def mamba2_projected(mixer, hidden: torch.Tensor) -> torch.Tensor:
+    """A Mamba-2 mixer's input projection of ``hidden`` (gate, conv input, raw steps), with Falcon-H1's multipliers
+    where the mixer has them (``ssm_in_multiplier`` on its input, ``mup_vector`` on the projection's channels)."""
+    projected = mixer.in_proj(hidden * getattr(mixer, "ssm_in_multiplier", 1.0))
+    multipliers = getattr(mixer, "mup_vector", None)
+    return projected if multipliers is None else projected * multipliers
+
+
+def row_blocks(rows: slice, batch: int, length: int, inner: int, block_elements: int) -> list[slice]:
+    """The positions ``rows`` of ``length`` in consecutive blocks whose kernel ``(batch, r, length, inner)`` holds
+    at most ``block_elements`` (one empty block for no rows)."""
+    first, stop, _ = rows.indices(length)
+    step = max(1, block_elements // max(1, batch * length * inner))
+    return [slice(start, min(start + step, stop)) for start in range(first, stop, step)] or [slice(first, first)]
+
+
+@dataclass
+class Projection:
+    """A linear map as its ``weight`` ``(out, in)`` and ``bias`` (float32): a branch's output projection times the
+    number its block multiplies the branch's output by."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+    @classmethod
+    def scaled(cls, linear: torch.nn.Module, factor: float) -> Projection:
+        bias = None if linear.bias is None else linear.bias.float() * factor
+        return cls(linear.weight.float() * factor, bias)
+
+
+@dataclass
+class ParallelMixing:
+    """Parallel mixers frozen at a traced pass (:meth:`FrozenMixer.parallel`), read through :class:`FrozenMixer`'s
+    interface: a token's part is the sum of its parts in the branches (each branch exact, so the sum is), its head
+    parts every branch's heads in turn, what no token carries and value zeroing's re-run the branches' sums (a
+    token's value input zeroed in every branch). Rollout's and flow's map (**our extension**): the branches' maps
+    averaged with each branch's channels as its weight, so that it is the mean over every channel of the block's
+    mixers (a row still sums to 1).
+
+    Attributes:
+        branches: Each branch frozen (its output factor in its projection, its input factor in its value map).
+    """
+
+    branches: list[FrozenMixer]
+    per_head: bool = False
+
+    @property
+    def heads(self) -> int:
+        return sum(branch.heads for branch in self.branches)
+
+    @property
+    def positions(self) -> int:
+        return self.branches[0].positions
+
+    def token_parts(self, rows: slice = slice(None), keys: slice = slice(None)) -> torch.Tensor:
+        return sum(branch.token_parts(rows, keys) for branch in self.branches)
+
+    def head_parts(self, rows: slice = slice(None), keys: slice = slice(None)) -> torch.Tensor:
+        return torch.cat([branch.head_parts(rows, keys) for branch in self.branches], dim=2)
+
+    def row_blocks(self, rows: slice = slice(None), block_elements: int = 2**24) -> list[slice]:
+        batch, length = self.branches[0].conv_input.shape[:2]
+        inner = sum(branch.conv_input.shape[-1] for branch in self.branches)
+        return row_blocks(rows, batch, length, inner, block_elements)
+
+    def logit_parts(self, direction: torch.Tensor, rows: slice = slice(None), per_head: bool = False,
+                    block_elements: int = 2**24) -> torch.Tensor:  # fmt: skip
+        found = [branch.logit_parts(direction, rows, per_head, block_elements) for branch in self.branches]
+        return torch.cat(found, dim=1) if per_head else sum(found)
+
+    def map_rows(self, rows: slice = slice(None)) -> torch.Tensor:
+        channels = [branch.conv_input.shape[-1] for branch in self.branches]
+        maps = [branch.map_rows(rows) * count for branch, count in zip(self.branches, channels, strict=True)]
+        return sum(maps) / sum(channels)
+
+    def totals(self, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
+        found = [branch.totals(rows) for branch in self.branches]
+        return sum(total for total, _ in found), sum(own for _, own in found)
+
+    def zeroed_outputs(self, keys: slice, rows: slice = slice(None)) -> torch.Tensor:
+        return sum(branch.zeroed_outputs(keys, rows) for branch in self.branches)
+
+    def component_outputs(self, components: torch.Tensor) -> torch.Tensor:
+        return sum(branch.component_outputs(components) for branch in self.branches)
+
+    def unattributed(self) -> torch.Tensor:
+        return sum(branch.unattributed() for branch in self.branches)
 
 
 def attention_probs(attention, query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None
@@ -610,7 +747,7 @@ def mix_heads(mixing: torch.Tensor, inputs: torch.Tensor, heads: int) -> torch.T
     return torch.einsum("bhts,bshp->bthp", mixing, per_head).flatten(-2)
 
 
-def frozen_mixer(spec: MixerSpec, record: MixerTrace) -> FrozenMixer:
+def frozen_mixer(spec: MixerSpec, record: MixerTrace) -> FrozenMixer | ParallelMixing:
     """The token mixer of one traced layer frozen at its pass (:class:`FrozenMixer`, by ``spec.kind``), held in the
     trace's one slot: reading the layers one after another holds one layer's mixing matrices at a time."""
     slot = record.slot

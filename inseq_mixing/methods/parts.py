@@ -289,7 +289,7 @@ class MixerParts:
 
     def __init__(self, attn: MixerSpec, record: MixerTrace):
         self.frozen = frozen_mixer(attn, record)
-        self.num_keys, self.heads = self.frozen.conv_input.shape[1], self.frozen.heads
+        self.num_keys, self.heads = self.frozen.positions, self.frozen.heads
 
     def tiles(self, tiles: list[tuple[slice, slice]]) -> list[tuple[slice, slice]]:
         return tiles

@@ -44,7 +44,6 @@ MIXING_OUTSIDE_ATTENTION = {
 
 NOT_YET_EXPLAINED = {
     "deepseek_v32": "multi-head latent attention with a sparse token selector",
-    "falcon_h1": "Mamba-2 mixers beside its attention heads in one block, and multipliers on every branch",
     "zamba": "a shared attention block that reads its input concatenated with the embeddings",
     "zamba2": "shared attention blocks that read their input concatenated with the embeddings, with adapters per call",
     "mllama": "cross-attention layers that read the vision tower's projected states (tanh-gated, the rows that see "

@@ -418,7 +418,7 @@ class FirstOutput(nn.Module):
 
 #: The token mixers a :class:`MixerSpec` can name, each written as a mixing matrix by
 #: :class:`~inseq_mixing.methods.mixers.FrozenMixer`'s constructor of that name.
-MIXER_KINDS = ("mamba", "mamba2", "gated_deltanet", "lfm2", "gated_attention", "none")
+MIXER_KINDS = ("mamba", "mamba2", "gated_deltanet", "lfm2", "gated_attention", "attention", "parallel", "none")
 
 
 @dataclass(frozen=True)
@@ -448,6 +448,56 @@ class MixerSpec(BranchLayout):
     def __post_init__(self):
         if self.kind not in MIXER_KINDS:
             raise ValueError(f"MixerSpec kind={self.kind!r}: give one of {MIXER_KINDS}.")
+        if (self.kind == "parallel") != isinstance(self.module, ParallelMixers):
+            raise ValueError("A MixerSpec of kind 'parallel' takes a ParallelMixers module, and only it does.")
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds of mixer it runs: its own, or each branch's where it is several in parallel."""
+        if isinstance(self.module, ParallelMixers):
+            return tuple(branch.spec.kind for branch in self.module.branches)
+        return (self.kind,)
+
+
+@dataclass(frozen=True)
+class MixerBranch:
+    """One of several token mixers a block runs side by side on the same normed input (:class:`ParallelMixers`), with
+    the numbers the block multiplies its input and its output by (Falcon-H1's ``attention_in_multiplier``,
+    ``ssm_out_multiplier``, ...).
+
+    Attributes:
+        spec: The mixer (its own ``norm`` None: the block's norm is the parallel mixer's).
+        in_scale: The factor on the block's normed input before this mixer reads it.
+        out_scale: The factor on this mixer's output before the branches are added.
+    """
+
+    spec: MixerSpec
+    in_scale: float = 1.0
+    out_scale: float = 1.0
+
+
+class ParallelMixers(nn.Module):
+    """Token mixers a block runs side by side on the same normed input and adds up (Falcon-H1: a Mamba-2 mixer and
+    softmax attention), ``Σ_i s_i · mixer_i(m_i · x̂)``, as one mixer the methods read (``kind="parallel"``): each
+    branch frozen as it is alone, a token's part the sum of its parts in the branches. The model never calls it: the
+    trace records each branch's call and adds their outputs, scaled, in the branches' order (the block's).
+
+    Args:
+        branches: The mixers, in the order the block adds their outputs.
+    """
+
+    def __init__(self, *branches: MixerBranch):
+        super().__init__()
+        self.branches = list(branches)  # their modules the model's: not submodules of this one
+
+    @property
+    def out_proj(self) -> nn.Module:
+        """The first branch's output projection (its width is the block's)."""
+        first = self.branches[0].spec.module
+        return first.out_proj if hasattr(first, "out_proj") else first.o_proj
+
+    def forward(self, hidden: torch.Tensor, *_args, **_kwargs) -> torch.Tensor:
+        raise TypeError("ParallelMixers is read by the methods from the trace; the model runs its branches itself.")
 
 
 class NoMixer(nn.Module):
@@ -878,7 +928,7 @@ def _as_in_out_matrix(module: nn.Module, out_slice: slice) -> tuple[torch.Tensor
     ``nn.Linear`` stores ``(out, in)``, GPT-2's ``Conv1D`` stores ``(in, out)``.
     """
     weight = module.weight
-    if isinstance(module, nn.Linear | SlicedLinear | ExpertLinear):
+    if isinstance(module, nn.Linear | SlicedLinear | ExpertLinear | ScaledLinear):
         weight = weight.T
     bias = module.bias[out_slice] if getattr(module, "bias", None) is not None else None
     return weight[:, out_slice], bias
@@ -904,6 +954,28 @@ class SlicedLinear(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return nn.functional.linear(hidden, self.weight, self.bias)
+
+
+class ScaledLinear(nn.Module):
+    """A linear map whose output the model multiplies by a number (Falcon-H1's ``mlp_multipliers``), as a linear map
+    of its own: ``weight`` and ``bias`` the module's times ``factor`` (``(out, in)``, as ``nn.Linear`` stores them),
+    its forward the module's output times ``factor``, as the model computes it."""
+
+    def __init__(self, linear: nn.Linear, factor: float):
+        super().__init__()
+        self.wrapped, self.factor = [linear], float(factor)  # in a list: not a submodule
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.wrapped[0].weight * self.factor
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        bias = self.wrapped[0].bias
+        return None if bias is None else bias * self.factor
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.wrapped[0](hidden) * self.factor
 
 
 def attention(
