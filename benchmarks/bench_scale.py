@@ -23,6 +23,8 @@ layer, 8 clamped experts of width 1,024, top-2); a mixture's floor counts the ex
 the mixer layers as attention layers. ``qwen3_5``: a Qwen3.5 text decoder at ``llama``'s width and depth whose layers
 3, 7 and 11 are gated attention (12 / 4 heads of 64) and the others Gated DeltaNet (6 key and 12 value heads of 64,
 4 taps; transformers' PyTorch path, no flash-linear-attention kernels); its floor counts them as attention layers.
+``falcon_h1``: a Falcon-H1 at ``llama``'s width and depth, every block a Mamba-2 mixer (12 heads of 128 channels, 128
+states, 4 taps) beside attention (12 / 4 heads of 64); its floor counts each block as one attention layer.
 
 The FLOP floor of each method is what its definition must compute for a span of ``k`` explained rows over ``T``
 tokens (``L`` layers, width ``D``, ``H`` heads, ``P`` parameters, ``U`` units); the forward pass is about
@@ -58,6 +60,8 @@ SHAPES = {
     "bamba": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 4, "ffn": 2048},
     # a hybrid: Gated DeltaNet layers (6 key heads, 12 value heads of 64), gated attention at every fourth layer
     "qwen3_5": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 4, "ffn": 2048},
+    # a hybrid: a Mamba-2 mixer (12 heads of 128 channels, 128 states) beside attention in every block
+    "falcon_h1": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 4, "ffn": 2048},
 }
 #: The mixtures' own config fields (transformers 5.24's names).
 MIXTURES = {
@@ -114,6 +118,14 @@ def build(family: str, length: int, dtype, device: str):
             linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4, **common,
         )  # fmt: skip
         model = transformers.Qwen3_5ForCausalLM(config)
+    elif family == "falcon_h1":
+        config = transformers.FalconH1Config(
+            hidden_size=shape["width"], num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+            num_key_value_heads=shape["kv_heads"], intermediate_size=shape["ffn"], max_position_embeddings=length + 8,
+            head_dim=64, mamba_d_ssm=1536, mamba_n_heads=12, mamba_d_head=128, mamba_n_groups=1, mamba_d_state=128,
+            mamba_d_conv=4, mamba_chunk_size=256, **common,
+        )  # fmt: skip
+        model = transformers.FalconH1ForCausalLM(config)
     else:
         config = transformers.LlamaConfig(hidden_size=shape["width"], num_hidden_layers=shape["layers"],
                                           num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],

@@ -13,6 +13,8 @@ import logging
 import inseq
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from inseq_mixing.declarations import DECLARATIONS, Request
 from inseq_mixing.declarations.base import InputSize
@@ -513,3 +515,66 @@ def test_decompx_adds_up_at_every_layer_and_at_the_logit(family):
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask).logits.gather(-1, predicted[..., None])[..., 0]
     torch.testing.assert_close(scores.logit[mask.bool()], logits[mask.bool()], rtol=1e-4, atol=1e-4)
+
+
+def delta_rule_by_recurrence(query, key, beta, log_decay) -> torch.Tensor:
+    """The gated delta rule's mixing from its definition, step by step: the state
+    ``S_t = α_t S_{t−1} (I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ`` run with token ``s``'s value the ``s``-th unit vector, so
+    that ``o_t = S_t q_t`` is row ``t`` of ``W`` (``(B, H, T, dk)`` queries and keys, ``(B, H, T)`` steps and log
+    decays)."""
+    batch, heads, length, width = query.shape
+    state = query.new_zeros(batch, heads, length, width)  # values are unit vectors: T rows
+    rows = []
+    for t in range(length):
+        k, q = key[:, :, t], query[:, :, t]
+        kept = state - beta[:, :, t, None, None] * (state @ k[..., None]) * k[:, :, None, :]
+        state = log_decay[:, :, t, None, None].exp() * kept
+        state[:, :, t] += beta[:, :, t, None] * k
+        rows.append((state @ q[..., None])[..., 0])
+    return torch.stack(rows, dim=2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(length=st.integers(1, 19), width=st.integers(1, 6), chunk=st.integers(1, 8), heads=st.integers(1, 3),
+       decay=st.floats(0.0, 8.0), seed=st.integers(0, 2**16))  # fmt: skip
+def test_the_chunked_delta_rule_is_the_recurrence(length, width, chunk, heads, decay, seed):
+    """For every length, key width, chunk size (one position, uneven last chunks, one chunk for all), head count and
+    strength of decay (log decays down to −8 a step: the chunk's running decay underflows towards 0), the chunked
+    mixing equals the delta rule run step by step (float64; unit keys and steps in (0, 1) as the layers make them)."""
+    from inseq_mixing.methods.mixers import delta_rule_mixing
+
+    generator = torch.Generator().manual_seed(seed)
+    shape = (2, heads, length, width)
+    query = torch.randn(shape, generator=generator, dtype=torch.float64)
+    key = torch.nn.functional.normalize(torch.randn(shape, generator=generator, dtype=torch.float64), dim=-1)
+    beta = torch.rand(shape[:3], generator=generator, dtype=torch.float64)
+    log_decay = -decay * torch.rand(shape[:3], generator=generator, dtype=torch.float64)
+    expected = delta_rule_by_recurrence(query, key, beta, log_decay)
+    torch.testing.assert_close(delta_rule_mixing(query, key, beta, log_decay, chunk), expected, rtol=1e-10,
+                               atol=1e-12)  # fmt: skip
+
+
+def test_a_gated_deltanet_layer_read_in_chunks_gives_its_own_output(monkeypatch):
+    """With chunks of 4 positions (11 tokens: three chunks, the last uneven), every Gated DeltaNet layer of the traced
+    Qwen3-Next (a left-padded batch) still gives token parts that add up to its recorded output, and the same mixing
+    as one chunk for all."""
+    import inseq_mixing.methods.mixers as mixers
+
+    model = hybrid("qwen3_next")
+    spec = get_spec(model)
+    ids, mask = padded_batch()
+    trace = trace_model(model, ids, mask)
+    real = mask.bool()
+    layers = [(mixer, record) for mixer, record in mixer_layers(spec, trace) if mixer.kind == "gated_deltanet"]
+    assert len(layers) == 2
+    for mixer, record in layers:
+        whole = frozen_mixer(mixer, record).mixing
+        monkeypatch.setattr(mixers, "DELTA_RULE_CHUNK", 4)
+        record.slot.clear()
+        with torch.no_grad():
+            frozen = frozen_mixer(mixer, record)
+            torch.testing.assert_close((frozen.token_parts().sum(2) + frozen.unattributed())[real],
+                                       record.output[real], rtol=1e-4, atol=1e-5)  # fmt: skip
+        torch.testing.assert_close(frozen.mixing, whole, rtol=1e-5, atol=1e-6)
+        monkeypatch.setattr(mixers, "DELTA_RULE_CHUNK", 64)
+        record.slot.clear()

@@ -29,7 +29,8 @@ Qwen3-Next's linear-attention layers): the state ``S_t = α_t S_{t−1}(I − β
     W = tril(Q Kᵀ ⊙ Γ) (I + A)⁻¹ diag(β),   Γ_ts = Π_{r=s+1..t} α_r,   A_ts = β_t (k_t · k_s) Γ_ts  (s < t)
 
 (the delta rule's pseudo-values ``u = (I + A)⁻¹ diag(β) v``, after Yang et al., NeurIPS 2024, *Parallelizing Linear
-Transformers with the Delta Rule over Sequence Length*; one triangular solve per head, not the state products). With
+Transformers with the Delta Rule over Sequence Length*; not the state products: computed chunk by chunk, a small
+triangular solve per chunk and the earlier tokens' key traces carried across, :func:`delta_rule_mixing`). With
 ``q``, ``k``, ``β`` and ``α`` frozen (they come through the convolution too: frozen as attention's queries and keys
 are), the values' path is Mamba-2's: a convolution, ``silu``, ``W``, a gated per-head RMS norm, ``out_proj``.
 
@@ -222,7 +223,7 @@ class FrozenMixer:
         hidden = hidden * mask[..., None]
         query, key, value, gate, b, a = deltanet_projections(mixer, hidden)
         xi = torch.cat([part.flatten(2) for part in (query, key, value)], dim=-1)  # (B, T, conv channels)
-        length, keys, heads = hidden.shape[1], mixer.key_dim, mixer.num_v_heads
+        keys, heads = mixer.key_dim, mixer.num_v_heads
         taps = mixer.conv1d.weight.squeeze(1)
         convolved = _causal_conv(mixer.conv1d, xi).float()
         q, k, _ = F.silu(convolved).split([keys, keys, mixer.value_dim], dim=-1)
@@ -233,13 +234,8 @@ class FrozenMixer:
         k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
         beta = b.float().sigmoid().transpose(1, 2)  # (B, H, T)
         log_decay = -mixer.A_log.float().exp() * F.softplus(a.float() + mixer.dt_bias.float())  # (B, T, H)
-        elapsed, causal = _elapsed(log_decay.cumsum(1).transpose(1, 2))
-        decay = elapsed.exp() * causal  # Γ (B, H, T, T)
-        reads = torch.einsum("bthd,bshd->bhts", q, k) * decay
-        overlap = torch.einsum("bthd,bshd->bhts", k, k) * decay * beta[..., :, None]
-        unit = overlap.tril(-1) + torch.eye(length, dtype=overlap.dtype, device=overlap.device)
-        pseudo = torch.linalg.solve_triangular(unit, torch.diag_embed(beta), upper=False, unitriangular=True)
-        mixing = reads @ pseudo  # (B, H, T, T)
+        mixing = delta_rule_mixing(q.transpose(1, 2), k.transpose(1, 2), beta, log_decay.transpose(1, 2),
+                                   DELTA_RULE_CHUNK)  # fmt: skip
         ratio = _silu_ratio(v_pre)
         out = mix_heads(mixing, F.silu(v_pre), heads).unflatten(-1, (heads, mixer.head_v_dim))
         rms = torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + mixer.norm.variance_epsilon)
@@ -527,6 +523,53 @@ class FrozenMixer:
         if self.out_proj.bias is not None:
             rest = rest + self.out_proj.bias.float()
         return rest
+
+
+#: Positions per chunk of the delta rule's chunked mixing (:func:`delta_rule_mixing`).
+DELTA_RULE_CHUNK = 64
+
+
+def delta_rule_mixing(query: torch.Tensor, key: torch.Tensor, beta: torch.Tensor, log_decay: torch.Tensor,
+                      chunk: int = DELTA_RULE_CHUNK) -> torch.Tensor:  # fmt: skip
+    """The gated delta rule's mixing ``W`` ``(B, H, T, T)`` (``o_t = Σ_s W_ts v_s``) from its queries and keys
+    ``(B, H, T, dk)``, steps ``β`` ``(B, H, T)`` and log decays ``log α`` ``(B, H, T)``, chunk by chunk of ``chunk``
+    positions, as the chunked kernels run the recurrence (after Yang et al., NeurIPS 2024), instead of one ``T × T``
+    triangular solve (``T³`` per head).
+
+    Within a chunk (``γ_t = Π α`` from its start, ``Γ_ts = γ_t / γ_s``) the delta rule's pseudo-values
+    ``ũ = Tm (V − diag(γ) K S_inᵀ)``, ``Tm = (I + A)⁻¹ diag(β)``, ``A_ts = β_t Γ_ts (k_t · k_s)`` (``s < t``), give the
+    chunk's own block ``L Tm`` (``L = tril(Q Kᵀ ⊙ Γ)``) and, for the state ``S_in = Σ_s v_s m_sᵀ`` the earlier tokens
+    left (``m_s``: token ``s``'s key trace, ``dk``), the rows' effective queries ``E = diag(γ) Q − L Tm diag(γ) K``:
+    ``W_ts = m_s · e_t``. The traces then move through the chunk, ``m ← P m`` with
+    ``P = γ_end I − (diag(γ_end/γ) K)ᵀ Tm diag(γ) K``, and the chunk's tokens add theirs, ``(diag(γ_end/γ) K)ᵀ Tm``.
+    Per chunk: one ``C × C`` solve, ``C × dk × T`` for the earlier columns and ``dk² × T`` for the traces: ``T² dk``
+    overall instead of ``T³``; equal to the whole solve to rounding (``tests/test_hybrids.py``). Decays enter only as
+    ratios ``≤ 1`` or as ``γ ≤ 1``, never divided."""
+    batch, heads, length, width = query.shape
+    mixing = query.new_zeros(batch, heads, length, length)
+    traces = query.new_zeros(batch, heads, width, length)  # column s: token s's key trace at the chunk's start
+    identity = torch.eye(width, dtype=query.dtype, device=query.device)
+    for start in range(0, length, chunk):
+        rows = slice(start, min(start + chunk, length))
+        q, k, b, g = query[:, :, rows], key[:, :, rows], beta[:, :, rows], log_decay[:, :, rows].cumsum(-1)
+        size = g.shape[-1]
+        causal = torch.ones(size, size, dtype=torch.bool, device=query.device).tril()
+        ratio = (g[..., :, None] - g[..., None, :]).masked_fill(~causal, float("-inf")).exp()  # Γ, 0 above
+        overlap = (k @ k.transpose(-1, -2)) * ratio * b[..., :, None]
+        unit = overlap.tril(-1) + torch.eye(size, dtype=query.dtype, device=query.device)
+        pseudo = torch.linalg.solve_triangular(unit, torch.diag_embed(b), upper=False, unitriangular=True)  # Tm
+        local = ((q @ k.transpose(-1, -2)) * ratio) @ pseudo  # L Tm
+        gamma = g.exp()[..., None]  # (B, H, C, 1)
+        mixing[:, :, rows, rows] = local
+        if start:
+            effective = gamma * q - local @ (gamma * k)  # E (B, H, C, dk)
+            mixing[:, :, rows, :start] = effective @ traces[..., :start]
+        carried = ((g[..., -1:] - g).exp()[..., None] * k).transpose(-1, -2) @ pseudo  # the chunk's traces
+        if start:
+            through = gamma[..., -1:, :] * identity - carried @ (gamma * k)  # P (B, H, dk, dk)
+            traces[..., :start] = through @ traces[..., :start]
+        traces[..., rows] = carried
+    return mixing
 
 
 def causal_taps(values: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
