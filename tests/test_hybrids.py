@@ -578,3 +578,39 @@ def test_a_gated_deltanet_layer_read_in_chunks_gives_its_own_output(monkeypatch)
         torch.testing.assert_close(frozen.mixing, whole, rtol=1e-5, atol=1e-6)
         monkeypatch.setattr(mixers, "DELTA_RULE_CHUNK", 64)
         record.slot.clear()
+
+
+@pytest.mark.parametrize("method", ["alti_logit", "decompx", "attn_lrp"])
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_logit_methods_on_a_bfloat16_hybrid_give_float32_scores_that_add_up_to_its_logit(family, method):
+    """The model in bfloat16 (its mixers' and attention's own forward in bfloat16; the methods freeze and sum in
+    float32): finite float32 scores, on a left-padded batch, causal; ALTI-logit's and DecompX's adding up with the
+    unattributed terms to the model's own bfloat16 logit within the logit's rounding. (AttnLRP's relevance pass runs
+    the mixers under its rules in float32, so its logit is the model's with float32 mixers: up to 9% of the largest
+    logit away from the bfloat16 forward's on these models; it is not compared.) The bound: the parts are rebuilt in
+    float32 from states each rounded to bfloat16 (half an ulp, 2⁻⁹ relatively), two stored sums a block, the final
+    norm and the head: about eight roundings of states whose readout reaches the logit's scale, ≈ 1.6% of the largest
+    logit, doubled for the final norm's rounded statistics: 5%. (Against the float32 model's scores there is no such
+    bound: a Mamba model's own bfloat16 forward moves its logits by up to 15% of the largest here.)"""
+    from inseq_mixing.methods.attn_lrp import attn_lrp
+    from inseq_mixing.methods.decompx import decompx
+
+    from .test_decompx import logit_total
+
+    ids, mask = padded_batch()
+    predicted = next_tokens({"input_ids": ids})
+    model = tiny_model(family, layers=3).to(torch.bfloat16)
+    real = mask.bool()
+    if method == "attn_lrp":
+        scores = attn_lrp(model, get_spec(model), ids, mask, None, None, predicted)
+        own = total = scores.logit
+    else:
+        trace = trace_model(model, ids, mask)
+        scores = (alti_logit if method == "alti_logit" else decompx)(trace, predicted)
+        own = scores.logit
+        total = scores.target.sum(-1) + sum(scores.unattributed.values()) if method == "alti_logit" else (
+            logit_total(scores))  # fmt: skip
+    assert scores.target.dtype == torch.float32 and torch.isfinite(scores.target[real]).all()
+    assert (scores.target[:, torch.ones(11, 11, dtype=torch.bool).triu(1)] == 0).all()
+    assert scores.target[real].abs().sum() > 0
+    assert (total - own)[real].abs().max() < 0.05 * own[real].abs().max()

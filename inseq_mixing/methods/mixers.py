@@ -118,6 +118,9 @@ class FrozenMixer:
         value_gate: ``(B, T, I)``: a gate held at its true value on that map (LFM2's ``B``), or None.
         per_head: The kernel is the mixing itself for every channel of a head (no convolution, no activation: gated
             attention, a missing mixer), so the maps are read per head, not per channel.
+        unscaled: Besides, the scale is 1 on every channel (plain attention): token ``j``'s part of row ``t`` is
+            ``Σ_h W^h_tj (W^h_out v^h_j)``, each token's values projected once per head (``T × H × d``) instead of
+            every pair's channels (``T² × I × d``).
     """
 
     conv_input: torch.Tensor
@@ -132,6 +135,7 @@ class FrozenMixer:
     value_weight: torch.Tensor | None = None
     value_gate: torch.Tensor | None = None
     per_head: bool = False
+    unscaled: bool = False
 
     @classmethod
     def mamba2(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:
@@ -290,7 +294,7 @@ class FrozenMixer:
         weight = attention.v_proj.weight.float().unflatten(0, (-1, attention.head_dim))
         value_weight = weight.repeat_interleave(groups, dim=0).flatten(0, 1)  # (H·P, d)
         return cls(values, torch.ones_like(values), probs, taps, None, scale, attention.o_proj, mask, readout,
-                   value_weight, per_head=True)  # fmt: skip
+                   value_weight, per_head=True, unscaled=not gated)  # fmt: skip
 
     @classmethod
     def parallel(cls, mixers, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -368,14 +372,28 @@ class FrozenMixer:
         """Each token's part before the output projection ``(B, R, K, I)``."""
         return self.kernel(rows, keys) * self.token_input[:, None, keys, :] * self.scale[:, rows, None, :]
 
+    def _projected(self, keys: slice) -> torch.Tensor:
+        """Each token's values through each head's rows of the output projection ``(B, K, H, d)`` (:attr:`unscaled`
+        mixers)."""
+        cached = vars(self).get("_projected_values")  # once per frozen mixer: every tile reads it
+        if cached is None:
+            values = self.token_input.unflatten(-1, (self.heads, -1))  # (B, T, H, P)
+            weight = self.out_proj.weight.float().unflatten(-1, (self.heads, -1))  # (d, H, P)
+            cached = self._projected_values = torch.einsum("bkhp,dhp->bkhd", values, weight)
+        return cached[:, keys]
+
     def token_parts(self, rows: slice = slice(None), keys: slice = slice(None)) -> torch.Tensor:
         """Each token's part of the mixer output of the positions ``rows`` picks ``(B, R, K, d)`` (row: position,
         column: token of ``keys``); 0 for later tokens."""
+        if self.unscaled:
+            return torch.einsum("bhrk,bkhd->brkd", self.mixing[:, :, rows, keys], self._projected(keys))
         return F.linear(self._scaled(rows, keys), self.out_proj.weight.float())
 
     def head_parts(self, rows: slice = slice(None), keys: slice = slice(None)) -> torch.Tensor:
         """Each head's part of each token ``(B, R, H, K, d)``: the channels of head ``h`` alone through the output
         projection (they add up to :meth:`token_parts` over the heads)."""
+        if self.unscaled:
+            return torch.einsum("bhrk,bkhd->brhkd", self.mixing[:, :, rows, keys], self._projected(keys))
         scaled = self._scaled(rows, keys).unflatten(-1, (self.heads, -1))  # (B, R, K, H, P)
         weight = self.out_proj.weight.float().unflatten(-1, (self.heads, -1))  # (d, H, P)
         return torch.einsum("brkhp,dhp->brhkd", scaled, weight)
@@ -388,20 +406,25 @@ class FrozenMixer:
     def logit_parts(self, direction: torch.Tensor, rows: slice = slice(None), per_head: bool = False,
                     block_elements: int = 2**24) -> torch.Tensor:  # fmt: skip
         """``g_t · part_t(j)`` ``(B, R, T)`` for directions ``g`` of the positions ``rows`` ``(B, R, d)`` (per head
-        ``(B, H, R, T)``): the direction through the output projection and the frozen scale, then the kernel, a block
-        of rows at a time (at most ``block_elements`` of ``κ``)."""
-        first = rows.indices(self.scale.shape[1])[0]
+        ``(B, H, R, T)``): the direction through the output projection and the frozen scale (``r_t``), then, tap by
+        tap, ``Σ_h W^h_{t,j+d} (r^h_t · z^h_{j,d})`` with ``z_{j,d} = ρ_{j+d} ⊙ w_{K−1−d} ⊙ ξ_j`` (one matrix product
+        per head and tap: the kernel ``κ`` is never formed), a block of rows at a time."""
+        batch, length, inner = self.conv_input.shape
+        first = rows.indices(length)[0]
+        heads, size = self.heads, self.conv_weight.shape[1]
         read = (direction.to(self.scale.dtype) @ self.out_proj.weight.float()) * self.scale[:, rows]  # (B, R, I)
+        read = read.unflatten(-1, (heads, -1)).transpose(1, 2)  # (B, H, R, P)
+        tokens = self.token_input
         blocks = []
         for block in self.row_blocks(rows, block_elements):
-            reached = self.kernel(block) * self.token_input[:, None]  # (B, r, T, I)
-            weights = read[:, block.start - first : block.stop - first]
-            if per_head:
-                found = torch.einsum("brthp,brhp->bhrt", reached.unflatten(-1, (self.heads, -1)),
-                                     weights.unflatten(-1, (self.heads, -1)))  # fmt: skip
-            else:
-                found = torch.einsum("brtc,brc->brt", reached, weights)
-            blocks.append(found)
+            weights = read[:, :, block.start - first : block.stop - first]
+            found = weights.new_zeros(batch, heads, weights.shape[2], length)
+            for offset in range(min(size, length)):  # s = j + offset reads token j through tap K − 1 − offset
+                tap = self.conv_weight[:, size - 1 - offset]
+                reached = self.ratio[:, offset:] * tap * tokens[:, : length - offset]  # z_{j,d} (B, T − d, I)
+                inner_products = weights @ reached.unflatten(-1, (heads, -1)).permute(0, 2, 3, 1)  # (B, H, r, T − d)
+                found[..., : length - offset] += self.mixing[:, :, block, offset:] * inner_products
+            blocks.append(found if per_head else found.sum(1))
         return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)
 
     def map_rows(self, rows: slice = slice(None)) -> torch.Tensor:
