@@ -190,3 +190,35 @@ def test_a_new_measure_is_its_math_and_its_declaration():
         torch.testing.assert_close(seq.target_attributions, alone.target_attributions, equal_nan=True)
         assert seq.target_attributions[-1, :-1].isnan().all()  # causal cells are marked
     assert out.info["score_axis"] == ["layer 0", "layer 1"] and generated.__doc__.startswith("Head-averaged")
+
+
+def test_a_span_run_of_a_request_that_has_traced_reuses_its_trace():
+    """A request whose trace was read before the span run (a method without a span computation of its own runs on a
+    replaced request: the spans' positions) traces once: the replaced request keeps the trace, and its scores are
+    those of a request that never traced before."""
+    from inseq_mixing.methods.spans import SpanRows
+    from inseq_mixing.specs import get_spec
+    from inseq_mixing.trace import trace_model
+
+    model = tiny_model("gpt2")
+    ids = torch.tensor([[5, 9, 12, 7, 30, 8]])
+    mask = torch.ones_like(ids)
+    calls = []
+
+    def tracer():
+        calls.append(1)
+        return trace_model(model, ids, mask)
+
+    members = torch.zeros(1, 1, 6)
+    members[0, 0, 3:] = 1
+    declaration = next(d for d in DECLARATIONS.values() if d.compute_span is None)
+    found = []
+    for read_first in (True, False):
+        calls.clear()
+        request = Request(get_spec(model), model, mask, None, None, torch.roll(ids, -1, 1), None, mask.bool(),
+                          tracer)  # fmt: skip
+        if read_first:
+            assert request.trace is not None
+        found.append(declaration.run_spans(request, declaration.options(), SpanRows(members)))
+        assert calls == [1], declaration.name
+    torch.testing.assert_close(found[0].target, found[1].target)

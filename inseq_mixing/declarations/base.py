@@ -78,6 +78,14 @@ class Request:
     def trace(self) -> ModelTrace:
         return self.tracer()
 
+    def replaced(self, **changes) -> Request:
+        """This request with ``changes`` (``dataclasses.replace``), its trace kept if it has traced already (a
+        replaced dataclass drops a cached property: the model would run again)."""
+        found = dataclasses.replace(self, **changes)
+        if "trace" in self.__dict__:
+            found.__dict__["trace"] = self.__dict__["trace"]
+        return found
+
     def model_call(self) -> ModelCall:
         """The model and arguments of the one forward pass, for a method that runs passes of its own (AttnLRP):
         built without running the model where the front end can (``caller``) and nothing has traced yet, so no
@@ -332,7 +340,7 @@ class Declaration:
                 result = self.compute_span(request, options, spans)
                 record_graphs(request, spans.positions)
             return result
-        spanned = dataclasses.replace(request, positions=spans.positions, explained_rows_only=True)
+        spanned = request.replaced(positions=spans.positions, explained_rows_only=True)
         return spans.reduce(self.run(spanned, options))
 
     def run_hops(self, request: Request, options, spans: SpanRows, generated, hops: int):
