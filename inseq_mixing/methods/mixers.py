@@ -58,6 +58,9 @@ tokens ``j``, averaged over the channels, so that each row sums to 1 like a head
 Zimerman & Wolf (2024, *The Hidden Attention of Mamba Models*) roll out Mamba's hidden attention matrices averaged
 over channels; reading them through the convolution, and every mixer kind here, is our extension. Value zeroing
 zeroes a token's value input and re-runs what follows the frozen mixing (:meth:`FrozenMixer.zeroed_outputs`).
+Mixers a block runs side by side on the same input (Falcon-H1's Mamba-2 mixer and softmax attention,
+:class:`ParallelMixing`) are read through the same interface, each branch frozen alone and their parts added; rollout's
+map is then the branches' maps weighted by their channels (our extension).
 """
 
 from __future__ import annotations
@@ -645,15 +648,16 @@ def padding_mask(hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> t
 def through_taps(mixing: torch.Tensor, ratio: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
     """``κ_{t,j,c} = Σ_{d<K} W^{h(c)}_{t,j+d} ρ_{j+d,c} w_{c,K−1−d}`` ``(B, R, T, I)``: a per-head mixing
     ``(B, H, R, T)`` (rows ``R`` of it) read through a causal depthwise convolution's taps ``(I, K)`` and the frozen
-    activation ratio ``(B, T, I)``, the channels of a head consecutive."""
+    activation ratio ``(B, T, I)``, the channels of a head consecutive. Each tap adds its term in place, the head's
+    mixing broadcast over its channels (no copy of it per channel, no temporary of the kernel's size)."""
     batch, length, inner = ratio.shape
-    per_channel = mixing.repeat_interleave(inner // mixing.shape[1], dim=1).permute(0, 2, 3, 1)  # (B, R, S, I)
-    size = taps.shape[1]
-    kernel = per_channel.new_zeros(batch, mixing.shape[2], length, inner)
+    heads, size = mixing.shape[1], taps.shape[1]
+    kernel = ratio.new_zeros(batch, mixing.shape[2], length, heads, inner // heads)
+    per_head = mixing.permute(0, 2, 3, 1)[..., None]  # (B, R, S, H, 1)
     for offset in range(min(size, length)):  # s = j + offset reads token j through tap K − 1 − offset
-        reached = per_channel[:, :, offset:, :] * ratio[:, None, offset:, :]  # (B, R, T − offset, I)
-        kernel[:, :, : length - offset, :] += reached * taps[:, size - 1 - offset]
-    return kernel
+        factor = (ratio[:, offset:] * taps[:, size - 1 - offset]).unflatten(-1, (heads, -1))  # (B, T − offset, H, P)
+        kernel[:, :, : length - offset].addcmul_(per_head[:, :, offset:], factor[:, None])
+    return kernel.flatten(-2)
 
 
 def deltanet_projections(mixer, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
