@@ -614,3 +614,23 @@ def test_logit_methods_on_a_bfloat16_hybrid_give_float32_scores_that_add_up_to_i
     assert (scores.target[:, torch.ones(11, 11, dtype=torch.bool).triu(1)] == 0).all()
     assert scores.target[real].abs().sum() > 0
     assert (total - own)[real].abs().max() < 0.05 * own[real].abs().max()
+
+
+def test_a_request_counts_a_hybrids_mixing_matrices_and_too_long_a_one_is_refused_before_any_work():
+    """ALTI reads a long trace by blocks of query rows, so on attention alone it holds one layer's map at most
+    (``2 × T²``); a hybrid's mixer is frozen whole (its ``heads × T²`` mixing, as the frozen mixer holds it), so with
+    room for the map but not for the mixing the hybrid is refused with the numbers before the model runs, and a
+    Transformer of the same length is not."""
+    length, declaration = 512, DECLARATIONS["alti"]
+    model = hybrid("bamba")
+    spec = get_spec(model)
+    ids, mask = padded_batch()
+    mixer, record = mixer_layers(spec, trace_model(model, ids, mask))[0]
+    assert frozen_mixer(mixer, record).mixing.shape[1] == mixer.num_heads > 2
+    free = 4 * length * length * 4  # twice one layer's map and the product it enters, in float32
+    calls = []
+    with forward_hooks((model, lambda *_: calls.append(1))), pytest.raises(ValueError, match=r"GiB are free.*"):
+        declaration.check_sizes([InputSize(length)], ["Input 1"], spec, declaration.options(), memory=(4, free))
+    assert calls == []
+    llama = tiny_model("llama")
+    declaration.check_sizes([InputSize(length)], ["Input 1"], get_spec(llama), declaration.options(), memory=(4, free))

@@ -130,14 +130,17 @@ def attention_bytes(sizes: list[InputSize], spec: ModelSpec, element_size: int, 
     cross-attention's and the encoder's); what a method that reads a layer's probabilities whole (and AttnLRP's own
     passes) cannot do without. ``heads=False``: ``2 × batch × queries × keys``, one layer's map and the product it
     enters, what a method that reads a long trace by blocks of query rows holds at most
-    (:attr:`Declaration.reads_rows`; the traced forward pass of such a trace runs by blocks of rows too)."""
+    (:attr:`Declaration.reads_rows`; the traced forward pass of such a trace runs by blocks of rows too). A token
+    mixer that is not attention is frozen whole whichever way it is read (its mixing matrices, ``heads × T²``: a
+    Mamba layer's one per channel, :mod:`~inseq_mixing.methods.mixers`), so its heads count either way."""
     batch = len(sizes)
     decoder, encoder = max(size.decoder for size in sizes), max(size.encoder for size in sizes)
     largest = 0
     for name, stack in spec.stacks.items():
         for layer in stack.layers:
             queries = encoder if name == "encoder" else decoder
-            largest = max(largest, (layer.self_attn.num_heads if heads else 1) * queries * queries)
+            whole = heads or getattr(layer.self_attn, "kind", None) is not None  # a mixer's matrices: frozen whole
+            largest = max(largest, (layer.self_attn.num_heads if whole else 1) * queries * queries)
             if layer.cross_attn is not None:
                 largest = max(largest, (layer.cross_attn.num_heads if heads else 1) * decoder * encoder)
     return 2 * batch * largest * element_size
@@ -285,8 +288,9 @@ class Declaration:
             batch = sizes[start : start + batch_size]
             needed = attention_bytes(batch, spec, memory[0], heads=not self.reads_rows)
             length = max(size.decoder for size in batch)
-            what = (f"one layer's map and the product it enters, {length:,}²" if self.reads_rows
-                    else f"one layer's attention scores and probabilities, heads × {length:,}²")  # fmt: skip
+            what = (f"one layer's map and the product it enters, {length:,}²" if self.reads_rows and not spec.mixers()
+                    else f"one layer's attention scores and probabilities (or a token mixer's mixing matrices), "
+                    f"heads × {length:,}²")  # fmt: skip
             if memory[1] is not None and needed > memory[1]:
                 raise ValueError(
                     f"{names[start]}{' and the rest of its batch' if len(batch) > 1 else ''}: {self.name} "
