@@ -17,7 +17,16 @@ from inseq_mixing.testing import encoder_tokenizer, is_seq2seq, tiny_encoder, ti
 #: (family, placement): ``"half"``: every other block on disk, the rest on the CPU; ``"disk"``: every weight on disk
 #: (``device_map="auto"`` with too little CPU memory for any of them). Not Marian: dispatched that way, its own forward
 #: pass fails (accelerate looks for its sinusoidal position table, which is not saved, among the offloaded weights).
-CASES = [("gpt2", "half"), ("llama", "half"), ("bert", "half"), ("bart", "disk"), ("qwen2_moe", "disk")]
+#: Falcon-H1: a hybrid whose mixers (Mamba-2 beside attention) are frozen from their modules' weights, offloaded ones
+#: among them.
+CASES = [
+    ("gpt2", "half"),
+    ("llama", "half"),
+    ("bert", "half"),
+    ("bart", "disk"),
+    ("qwen2_moe", "disk"),
+    ("falcon_h1", "half"),
+]
 
 
 def device_map(model, placement: str) -> dict:
