@@ -17,8 +17,8 @@ from inseq_mixing.testing import encoder_tokenizer, is_seq2seq, tiny_encoder, ti
 #: (family, placement): ``"half"``: every other block on disk, the rest on the CPU; ``"disk"``: every weight on disk
 #: (``device_map="auto"`` with too little CPU memory for any of them). Not Marian: dispatched that way, its own forward
 #: pass fails (accelerate looks for its sinusoidal position table, which is not saved, among the offloaded weights).
-#: Falcon-H1: a hybrid whose mixers (Mamba-2 beside attention) are frozen from their modules' weights, offloaded ones
-#: among them.
+#: Falcon-H1 and Qwen3-Next: hybrids whose mixers (Mamba-2 beside attention; Gated DeltaNet, gated attention) are
+#: frozen from their modules' weights, offloaded ones among them.
 CASES = [
     ("gpt2", "half"),
     ("llama", "half"),
@@ -26,6 +26,7 @@ CASES = [
     ("bart", "disk"),
     ("qwen2_moe", "disk"),
     ("falcon_h1", "half"),
+    ("qwen3_next", "disk"),
 ]
 
 
@@ -52,6 +53,8 @@ def models(family: str, placement: str, root):
     else:
         size = sum(parameter.numel() * parameter.element_size() for parameter in base.parameters())
         where = {"device_map": "auto", "max_memory": {"cpu": size // 3}}
+    kernels = getattr(base.config, "_experts_implementation", None)  # the tiny model's experts' (eager loops)
+    where.update({"experts_implementation": kernels} if kernels is not None else {})
     dispatched = type(base).from_pretrained(folder / "model", offload_folder=folder / "offload",
                                             attn_implementation="eager", **where).eval()  # fmt: skip
     ids = torch.tensor([[5, 6, 7, 1]])
