@@ -373,7 +373,8 @@ class FrozenMixer:
 
     def _scaled(self, rows: slice, keys: slice) -> torch.Tensor:
         """Each token's part before the output projection ``(B, R, K, I)``."""
-        return self.kernel(rows, keys) * self.token_input[:, None, keys, :] * self.scale[:, rows, None, :]
+        found = self.kernel(rows, keys)  # a fresh tensor: scaled in place
+        return found.mul_(self.token_input[:, None, keys, :]).mul_(self.scale[:, rows, None, :])
 
     def _projected(self, keys: slice) -> torch.Tensor:
         """Each token's values through each head's rows of the output projection ``(B, K, H, d)`` (:attr:`unscaled`
@@ -439,12 +440,11 @@ class FrozenMixer:
                 kernel = kernel * self.mask[:, None, None, :]
             shares = kernel / kernel.sum(-1, keepdim=True).clamp(min=torch.finfo(kernel.dtype).tiny)
             return shares.mean(1)[:, None]
-        kernel = self.kernel(rows).abs()
+        kernel = self.kernel(rows).abs_()  # a fresh tensor: normalised in place
         if self.mask is not None:  # no share for padding
-            kernel = kernel * self.mask[:, None, :, None]
+            kernel.mul_(self.mask[:, None, :, None])
         total = kernel.sum(2, keepdim=True)
-        shares = kernel / total.clamp(min=torch.finfo(kernel.dtype).tiny)
-        return shares.mean(-1)[:, None]
+        return kernel.div_(total.clamp_(min=torch.finfo(kernel.dtype).tiny)).mean(-1)[:, None]
 
     def totals(self, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
         """``(Σ_j part_t(j), part_t(t))`` of the positions ``rows`` ``(B, R, d)`` each: the mixer's output without
