@@ -811,9 +811,8 @@ class _Recorder:
     @staticmethod
     def _mixer_hook(store, name: str):
         def hook(module, args, kwargs, output):
-            store[f"{name}_mixer_input"] = (args[0] if args else kwargs["hidden_states"]).detach()
-            store[f"{name}_mixer_mask"] = kwargs.get("attention_mask")
-            store[f"{name}_mixer_rotary"] = kwargs.get("position_embeddings")
+            call = _mixer_call(args, kwargs)
+            store[f"{name}_mixer_input"], store[f"{name}_mixer_mask"], store[f"{name}_mixer_rotary"] = call
             store[f"{name}_output"] = (output[0] if isinstance(output, tuple) else output).detach()
 
         return hook
@@ -825,8 +824,7 @@ class _Recorder:
         the block adds them)."""
 
         def hook(module, args, kwargs, output):
-            hidden = (args[0] if args else kwargs["hidden_states"]).detach()
-            found = (hidden, kwargs.get("attention_mask"), kwargs.get("position_embeddings"))
+            found = _mixer_call(args, kwargs)
             branches = store.get("self_mixer_branches") or (None,) * count
             store["self_mixer_branches"] = (*branches[:index], found, *branches[index + 1 :])
             if index == 0:  # the mixer's input: the block's normed input, as the first branch reads it
@@ -1039,6 +1037,13 @@ class _AttentionRecords(dict):
         if key not in self.KEPT:
             value = None if key == "ffn_routing" else Unrecorded(key.replace("_", " "), value.shape)
         super().__setitem__(key, value)
+
+
+def _mixer_call(args: tuple, kwargs: dict) -> tuple:
+    """What a token mixer's call gave it that freezing it reads: its input (detached), ``attention_mask`` and
+    ``position_embeddings`` (None where not given)."""
+    hidden = (args[0] if args else kwargs["hidden_states"]).detach()
+    return hidden, kwargs.get("attention_mask"), kwargs.get("position_embeddings")
 
 
 def _routing_by_position(routing: tuple | None, positions: torch.Size) -> tuple | None:

@@ -59,7 +59,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..specs import FFNSpec, ModelSpec
-from ..specs.base import InjectedInputs, MixerSpec, MoESpec, ParallelMixers, UnsupportedModelError, is_norm
+from ..specs.base import InjectedInputs, MixerSpec, MoESpec, UnsupportedModelError, is_norm
 from ..trace import (
     ModelCall,
     ModelTrace,
@@ -283,11 +283,10 @@ def _experts_function_swapped(ffn: FFNSpec | MoESpec, hooks: ExitStack) -> tuple
     return rest
 
 
-def _branches(attn) -> list:
-    """A token-mixing sub-block's specs: its parallel mixers' (:class:`~..specs.base.ParallelMixers`), or itself."""
-    if isinstance(attn, MixerSpec) and isinstance(attn.module, ParallelMixers):
-        return [branch.spec for branch in attn.module.branches]
-    return [attn]
+def _branches(attn) -> tuple:
+    """A token-mixing sub-block's specs: a mixer's (:attr:`~..specs.base.MixerSpec.branch_specs`), or the
+    attention's own."""
+    return attn.branch_specs if isinstance(attn, MixerSpec) else (attn,)
 
 
 def _mixers_under_rules(attn) -> list[tuple[nn.Module, str]]:

@@ -418,16 +418,19 @@ class FrozenMixer:
         heads, size = self.heads, self.conv_weight.shape[1]
         read = (direction.to(self.scale.dtype) @ self.out_proj.weight.float()) * self.scale[:, rows]  # (B, R, I)
         read = read.unflatten(-1, (heads, -1)).transpose(1, 2)  # (B, H, R, P)
-        tokens = self.token_input
+        tokens, offsets = self.token_input, range(min(size, length))  # s = j + d reads token j through tap K − 1 − d
+
+        def tap_inputs(offset: int) -> torch.Tensor:  # z_{j,d} (B, H, P, T − d), once for every block of rows
+            found = self.ratio[:, offset:] * self.conv_weight[:, size - 1 - offset] * tokens[:, : length - offset]
+            return found.unflatten(-1, (heads, -1)).permute(0, 2, 3, 1)
+
+        reached = [tap_inputs(offset) for offset in offsets]
         blocks = []
         for block in self.row_blocks(rows, block_elements):
             weights = read[:, :, block.start - first : block.stop - first]
             found = weights.new_zeros(batch, heads, weights.shape[2], length)
-            for offset in range(min(size, length)):  # s = j + offset reads token j through tap K − 1 − offset
-                tap = self.conv_weight[:, size - 1 - offset]
-                reached = self.ratio[:, offset:] * tap * tokens[:, : length - offset]  # z_{j,d} (B, T − d, I)
-                inner_products = weights @ reached.unflatten(-1, (heads, -1)).permute(0, 2, 3, 1)  # (B, H, r, T − d)
-                found[..., : length - offset] += self.mixing[:, :, block, offset:] * inner_products
+            for offset, inputs in zip(offsets, reached, strict=True):
+                found[..., : length - offset] += self.mixing[:, :, block, offset:] * (weights @ inputs)  # (B, H, r, ·)
             blocks.append(found if per_head else found.sum(1))
         return blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)
 
@@ -587,11 +590,10 @@ def delta_rule_mixing(query: torch.Tensor, key: torch.Tensor, beta: torch.Tensor
         local = ((q @ k.transpose(-1, -2)) * ratio) @ pseudo  # L Tm
         gamma = g.exp()[..., None]  # (B, H, C, 1)
         mixing[:, :, rows, rows] = local
-        if start:
+        carried = ((g[..., -1:] - g).exp()[..., None] * k).transpose(-1, -2) @ pseudo  # the chunk's traces
+        if start:  # the earlier tokens: read by the chunk's rows, then carried through it
             effective = gamma * q - local @ (gamma * k)  # E (B, H, C, dk)
             mixing[:, :, rows, :start] = effective @ traces[..., :start]
-        carried = ((g[..., -1:] - g).exp()[..., None] * k).transpose(-1, -2) @ pseudo  # the chunk's traces
-        if start:
             through = gamma[..., -1:, :] * identity - carried @ (gamma * k)  # P (B, H, dk, dk)
             traces[..., :start] = through @ traces[..., :start]
         traces[..., rows] = carried

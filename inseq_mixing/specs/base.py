@@ -452,11 +452,16 @@ class MixerSpec(BranchLayout):
             raise ValueError("A MixerSpec of kind 'parallel' takes a ParallelMixers module, and only it does.")
 
     @property
-    def kinds(self) -> tuple[str, ...]:
-        """The kinds of mixer it runs: its own, or each branch's where it is several in parallel."""
+    def branch_specs(self) -> tuple["MixerSpec", ...]:
+        """The mixers it runs: each branch's where it is several in parallel (:class:`ParallelMixers`), else itself."""
         if isinstance(self.module, ParallelMixers):
-            return tuple(branch.spec.kind for branch in self.module.branches)
-        return (self.kind,)
+            return tuple(branch.spec for branch in self.module.branches)
+        return (self,)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds of mixer it runs (:attr:`branch_specs`')."""
+        return tuple(spec.kind for spec in self.branch_specs)
 
 
 @dataclass(frozen=True)
