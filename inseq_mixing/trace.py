@@ -45,6 +45,7 @@ stack with other token mixers (they read it themselves).
 import contextvars
 import dataclasses
 import functools
+import inspect
 import itertools
 import logging
 import weakref
@@ -59,7 +60,7 @@ from torch import nn
 from .deferred import check
 from .memory import release_freed_memory
 from .specs import AttentionSpec, HeadSpec, LayerSpec, ModelSpec, StackSpec, get_spec
-from .specs.base import InjectedInputs, LayerScale, MixerSpec, NoFFN, NoMixer, ParallelMixers
+from .specs.base import InjectedInputs, LayerScale, MixerSpec, NoFFN, NoMixer, ParallelMixers, SharedAttention
 
 logger = logging.getLogger(__name__)
 
@@ -493,6 +494,9 @@ class MixerTrace:
         position_embeddings: The rotary ``(cos, sin)`` the module was given (gated attention), or None.
         branches: Parallel mixers' (:class:`~.specs.base.ParallelMixers`): each branch's ``(input, mask, rotary
             embeddings)`` as its module got them; ``output`` is then their scaled outputs' sum. None: one mixer.
+        extra: A block whose mixer reads a shared attention block (:class:`~.specs.base.SharedAttention`):
+            ``embeddings``, the attention's mask (``shared_mask``) and ``layer_idx`` of the block's call; ``input`` is
+            then the block's input (before any norm) and ``mask`` the mixer's padding mask.
     """
 
     input: torch.Tensor
@@ -502,14 +506,17 @@ class MixerTrace:
     slot: dict
     position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None
     branches: tuple[tuple, ...] | None = None
+    extra: dict | None = None
 
     @property
     def call(self) -> dict:
         """The keyword inputs besides its input and mask the module was given that freezing it reads (parallel
-        mixers: each branch's input, mask and rotary embeddings)."""
+        mixers: each branch's input, mask and rotary embeddings; a block with a shared attention block: the
+        embeddings, the attention's mask and the layer index too)."""
         if self.branches is not None:
             return {"branches": self.branches}
-        return {} if self.position_embeddings is None else {"position_embeddings": self.position_embeddings}
+        found = {} if self.position_embeddings is None else {"position_embeddings": self.position_embeddings}
+        return found | (self.extra or {})
 
 
 @dataclass
@@ -724,6 +731,10 @@ class _Recorder:
                         add(branch.spec.module, "post_kwargs", self._branch_hook(store, index, len(branches),
                                                                                branch.out_scale))  # fmt: skip
                     continue
+                if isinstance(attn, MixerSpec) and isinstance(attn.module, SharedAttention):  # the block's call
+                    add(layer.module, "post_kwargs", self._shared_attention_hook(store, attn.module))
+                    add(attn.module.mixer.module, "post", self._output_hook(store, "self_output"))
+                    continue
                 if isinstance(attn, MixerSpec):  # its input, mask and output: the methods freeze its mixing
                     add(attn.module, "post_kwargs", self._mixer_hook(store, name))
                     continue
@@ -818,6 +829,26 @@ class _Recorder:
         return hook
 
     @staticmethod
+    def _shared_attention_hook(store, mixer: SharedAttention):
+        """A block whose mixer reads a shared attention block's output (:class:`~.specs.base.SharedAttention`): the
+        block's call as freezing it reads it: its input, the embeddings, both masks, the rotary embeddings and the
+        layer index its shared projections' adapters are chosen by."""
+        signature = inspect.signature(mixer.block.forward)
+
+        def hook(module, args, kwargs, output):
+            call = signature.bind(*args, **kwargs).arguments
+            store["self_mixer_input"] = call["hidden_states"].detach()
+            store["self_mixer_mask"], store["self_mixer_rotary"] = call.get("attention_mask"), call.get(
+                "position_embeddings")  # fmt: skip
+            store["self_mixer_extra"] = {
+                "embeddings": call[mixer.embeddings].detach(),
+                "shared_mask": call.get("causal_mask"),
+                "layer_idx": call["layer_idx"],
+            }
+
+        return hook
+
+    @staticmethod
     def _branch_hook(store, index: int, count: int, scale: float):
         """Branch ``index`` of ``count`` parallel mixers (:class:`~.specs.base.ParallelMixers`): its input, mask and
         rotary embeddings, and the mixer's output so far (the earlier branches' plus this one's times ``scale``, as
@@ -852,7 +883,8 @@ class _Recorder:
         return MixerTrace(input=store["self_mixer_input"], mask=store["self_mixer_mask"], output=store["self_output"],
                           norm_input=store.get("self_norm_input", store["input"]), slot=self.mixer_slot,
                           position_embeddings=store.get("self_mixer_rotary"),
-                          branches=store.get("self_mixer_branches"))  # fmt: skip
+                          branches=store.get("self_mixer_branches"),
+                          extra=store.get("self_mixer_extra"))  # fmt: skip
 
     def rerun(self, index: int) -> LayerTrace:
         """Block ``index``'s whole records, from running it again on its recorded input and call with this
@@ -1031,7 +1063,7 @@ class _AttentionRecords(dict):
     mixture's routing too (None)."""
 
     KEPT = ("input", "output", "self_probs", "cross_probs", "self_call", "cross_call", "self_mixer_input",
-            "self_mixer_mask", "self_mixer_rotary", "self_mixer_branches")  # fmt: skip
+            "self_mixer_mask", "self_mixer_rotary", "self_mixer_branches", "self_mixer_extra")  # fmt: skip
 
     def __setitem__(self, key: str, value) -> None:
         if key not in self.KEPT:

@@ -97,7 +97,7 @@ def test_load_tiny_builds_every_mixture():
     ("config", "reason"),
     [
         ("DeepseekV32Config", "sparse token selector"),
-        ("Zamba2Config", "concatenated with the embeddings"),
+        ("ZambaConfig", "multi-head selective scan"),
         ("MllamaConfig", "cross-attention layers that read the vision tower"),
     ],
 )
@@ -112,14 +112,21 @@ def test_architectures_not_yet_explained_are_refused_with_the_reason(config, rea
 
 @pytest.mark.parametrize(
     ("family", "method"),
-    [("deepseek_v3", "decompx"), ("bamba", "alti_logit"), ("qwen3_next", "value_zeroing"), ("falcon_h1", "alti")],
+    [
+        ("deepseek_v3", "decompx"),
+        ("bamba", "alti_logit"),
+        ("qwen3_next", "value_zeroing"),
+        ("falcon_h1", "alti"),
+        ("zamba2", "decompx"),
+    ],
 )
 def test_a_dataset_run_of_a_mixture_or_hybrid_killed_mid_run_resumes_to_the_uninterrupted_one(
     family, method, tmp_path, monkeypatch
 ):
     """A dataset run of a mixture of experts (DeepSeek-V3's latent attention and routing) or of a hybrid (Bamba's
     Mamba-2 layers; Qwen3-Next's Gated DeltaNet, gated attention and experts; Falcon-H1's parallel Mamba-2 mixer and
-    attention), killed after its first shard, resumes to the rows of an uninterrupted run, bit for bit."""
+    attention; Zamba 2's shared attention blocks over the embeddings), killed after its first shard, resumes to the
+    rows of an uninterrupted run, bit for bit."""
     model = load_tiny(family, method)
     prompts = ["the cat", "a dog sat", "she read", "good morning", "hello"]
     rows = [{"id": f"r{i}", "source": prompt, "target": f"{prompt} on the mat"} for i, prompt in enumerate(prompts)]

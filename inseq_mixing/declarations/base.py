@@ -132,7 +132,8 @@ def attention_bytes(sizes: list[InputSize], spec: ModelSpec, element_size: int, 
     enters, what a method that reads a long trace by blocks of query rows holds at most
     (:attr:`Declaration.reads_rows`; the traced forward pass of such a trace runs by blocks of rows too). A token
     mixer that is not attention is frozen whole whichever way it is read (its mixing matrices, ``heads × T²``: a
-    Mamba layer's one per channel, :mod:`~inseq_mixing.methods.mixers`), so its heads count either way."""
+    Mamba layer's one per channel, :mod:`~inseq_mixing.methods.mixers`), so its heads count either way (a shared
+    attention block's mixer: the widest part it forms per pair, :attr:`~.specs.base.MixerSpec.pair_elements`)."""
     batch = len(sizes)
     decoder, encoder = max(size.decoder for size in sizes), max(size.encoder for size in sizes)
     largest = 0
@@ -140,7 +141,8 @@ def attention_bytes(sizes: list[InputSize], spec: ModelSpec, element_size: int, 
         for layer in stack.layers:
             queries = encoder if name == "encoder" else decoder
             whole = heads or getattr(layer.self_attn, "kind", None) is not None  # a mixer's matrices: frozen whole
-            largest = max(largest, (layer.self_attn.num_heads if whole else 1) * queries * queries)
+            per_pair = getattr(layer.self_attn, "pair_elements", layer.self_attn.num_heads)
+            largest = max(largest, (per_pair if whole else 1) * queries * queries)
             if layer.cross_attn is not None:
                 largest = max(largest, (layer.cross_attn.num_heads if heads else 1) * decoder * encoder)
     return 2 * batch * largest * element_size

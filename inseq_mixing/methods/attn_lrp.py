@@ -49,6 +49,7 @@ the uniform rule on the product).
 """
 
 import functools
+import inspect
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -59,7 +60,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..specs import FFNSpec, ModelSpec
-from ..specs.base import InjectedInputs, MixerSpec, MoESpec, UnsupportedModelError, is_norm
+from ..specs.base import InjectedInputs, MixerSpec, MoESpec, SharedAttention, UnsupportedModelError, is_norm
 from ..trace import (
     ModelCall,
     ModelTrace,
@@ -283,6 +284,13 @@ def _experts_function_swapped(ffn: FFNSpec | MoESpec, hooks: ExitStack) -> tuple
     return rest
 
 
+def _ffns(layer) -> tuple:
+    """A block's FFN, and the FFN of a shared attention block its mixer reads
+    (:class:`~..specs.base.SharedAttention`)."""
+    shared = layer.self_attn.module if isinstance(layer.self_attn, MixerSpec) else None
+    return (layer.ffn, shared.ffn) if isinstance(shared, SharedAttention) else (layer.ffn,)
+
+
 def _branches(attn) -> tuple:
     """A token-mixing sub-block's specs: a mixer's (:attr:`~..specs.base.MixerSpec.branch_specs`), or the
     attention's own."""
@@ -296,10 +304,17 @@ def _mixers_under_rules(attn) -> list[tuple[nn.Module, str]]:
             and spec.kind != "attention"]  # fmt: skip
 
 
-def _attention_under_rules(attn) -> list[tuple[nn.Module, nn.Module, slice]]:
-    """A sub-block's softmax attention that runs under AttnLRP's own hooks (an attention sub-block, or plain
-    attention as a parallel mixer's branch): its module, value projection and the values' slice of it."""
+def _attention_under_rules(attn) -> list[tuple[nn.Module | None, nn.Module, slice]]:
+    """A sub-block's softmax attention that runs under AttnLRP's own hooks (an attention sub-block, plain attention
+    as a parallel mixer's branch, a shared attention block's): its module, value projection and the values' slice of
+    it; a value adapter's entry has no module (only its output is hooked)."""
     found = []
+    if isinstance(attn, MixerSpec) and isinstance(attn.module, SharedAttention):
+        shared = attn.module
+        projection, adapter = shared.value.wrapped
+        found.append((shared.attention, projection, slice(None)))
+        if adapter is not None:
+            found.append((None, adapter, slice(None)))
     for spec in _branches(attn):
         if not isinstance(spec, MixerSpec):
             found.append((spec.module, spec.value_proj, spec.value_slice))
@@ -319,8 +334,8 @@ def lrp_rules(model: nn.Module, spec: ModelSpec) -> Iterator[None]:
         for module in model.modules():
             if is_norm(module):
                 add(module.register_forward_hook(lambda m, args, out: frozen_norm_rule(m, out, args[0])))
-        for layer in (layer for stack in spec.stacks.values() for layer in stack.layers):
-            ffn = layer.ffn
+        blocks = [layer for stack in spec.stacks.values() for layer in stack.layers]
+        for ffn, layer in ((ffn, block) for block in blocks for ffn in _ffns(block)):
             activations = _experts_function_swapped(ffn, hooks)
             modules = (*activations, *ffn.product_inputs)
             if not all(isinstance(module, nn.Module) for module in modules):
@@ -341,7 +356,7 @@ def lrp_rules(model: nn.Module, spec: ModelSpec) -> Iterator[None]:
             for experts, gate in ffn.own_gates:  # the experts' own gate, written with the modules hooked above
                 experts._apply_gate = gate
                 hooks.callback(vars(experts).pop, "_apply_gate", None)
-            for attn in (layer.self_attn, layer.cross_attn):
+            for attn in (layer.self_attn, layer.cross_attn) if ffn is layer.ffn else ():
                 if attn is None:
                     continue
                 for module, kind in _mixers_under_rules(attn):  # each its forward under the rules (MIXER_RULES)
@@ -349,7 +364,8 @@ def lrp_rules(model: nn.Module, spec: ModelSpec) -> Iterator[None]:
                         raise UnsupportedModelError(f"AttnLRP has no rules for {kind} layers yet.")
                     hooks.enter_context(replaced_forward(module, functools.partial(MIXER_RULES[kind], module)))
                 for module, value_proj, value_slice in _attention_under_rules(attn):
-                    add(module.register_forward_pre_hook(_scale_attention_inputs, with_kwargs=True))
+                    if module is not None:
+                        add(module.register_forward_pre_hook(_scale_attention_inputs, with_kwargs=True))
 
                     def value_hook(_m, _args, out, value_slice=value_slice):
                         return with_gradient_scaled(out, _value_factor(value_slice, out.shape[-1], out))
@@ -414,7 +430,34 @@ def first_block_inputs(spec: ModelSpec, store: dict[str, torch.Tensor]) -> Itera
                 return args, {**kwargs, "hidden_states": states}
 
             hooks.callback(stack.layers[0].module.register_forward_pre_hook(hook, with_kwargs=True).remove)
+            for layer in stack.layers:  # a block that reads the embeddings besides its input: the same leaf
+                if getattr(layer.self_attn, "reads_embeddings", False):
+                    leaf = _embeddings_leaf(layer.module, layer.self_attn.module.embeddings, store, name,
+                                            layer is stack.layers[0])  # fmt: skip
+                    hooks.callback(layer.module.register_forward_pre_hook(leaf, with_kwargs=True).remove)
         yield
+
+
+def _embeddings_leaf(block: nn.Module, argument: str, store: dict, name: str, first: bool):
+    """A pre-hook on ``block`` that passes it the stack's input leaf (``store[name]``) as its argument ``argument``
+    (the token embeddings it reads, Zamba 2's ``original_hidden_states``), so that their relevance reaches the tokens
+    as the first block's input's does; at the first block, the argument is checked to be that input.
+
+    Raises:
+        TypeError: At the first block, the argument is not the block's input.
+    """
+    position = list(inspect.signature(block.forward).parameters).index(argument)
+
+    def hook(_module, args, kwargs):
+        leaf = store[name]
+        given = args[position] if len(args) > position else kwargs[argument]
+        if first and not torch.equal(given, leaf.detach()):
+            raise TypeError(f"AttnLRP reads the block's {argument} as the stack's input, and they differ.")
+        if len(args) > position:
+            return (*args[:position], leaf, *args[position + 1 :]), kwargs
+        return args, {**kwargs, argument: leaf}
+
+    return hook
 
 
 def _injected_leaves(injected: InjectedInputs, store: dict, key: str):

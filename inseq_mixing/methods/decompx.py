@@ -450,18 +450,23 @@ def attention_sublayer(
 
 
 def mixer_sublayer(mixer: MixerSpec, record: MixerTrace, stream: BlockedStream, options: DecompXOptions,
-                   first_row: int = 0) -> BlockedStream:  # fmt: skip
+                   first_row: int = 0, embedded: torch.Tensor | None = None) -> BlockedStream:  # fmt: skip
     """Residual plus a token mixer's output that is not attention, on a blocked stream (our extension): the stream
     read densely ``(B, T, K, D)``, through the branch's frozen norm (its shift split), each component through the
     frozen mixer (:meth:`.mixers.FrozenMixer.component_outputs`), the biases' paths (the mixer's output minus the
     components' sum) split over the output's components, through a norm on the mixer's output where there is one,
-    added to each block in place."""
+    added to each block in place. ``embedded``: the components of the stack's input ``(B, T, K, D)``, for a mixer
+    that reads the embeddings too (:class:`~..specs.base.SharedAttention`)."""
     if mixer.post_norm is not None:
         raise ValueError("DecompX reads a token mixer in a pre-norm block only.")
     mode = options.bias
     dense = stream.to_dense()
     normed = dense if mixer.in_norm is None else decompose_norm(mixer.in_norm, record.norm_input, dense, mode)
-    parts = frozen_mixer(mixer, record).component_outputs(normed.parts)
+    frozen = frozen_mixer(mixer, record)
+    if mixer.reads_embeddings:
+        parts = frozen.component_outputs(normed.parts, embedded)
+    else:
+        parts = frozen.component_outputs(normed.parts)
     branch = dense.like(parts)
     rest = upcast(record.output) - parts.sum(2)
     weights = bias_weights(parts, rest, mode) if mode in ("absdot", "norm") else None
@@ -703,6 +708,7 @@ def decompose_layer(
     heads: dict[str, HeadReadout] | None = None,
     own_offset: int | None = None,
     first_row: int = 0,
+    embedded: torch.Tensor | None = None,
 ) -> BlockedStream:
     """One block on a decomposed stream (updated in place).
 
@@ -718,6 +724,8 @@ def decompose_layer(
         own_offset: See :func:`attention_sublayer` (a stack's first layer, ``convention="reference"``).
         first_row: Rows before it are read by nothing after this layer (a stack's last layer): they leave the stream
             once they have served as keys (see :func:`attention_sublayer`).
+        embedded: Components of the stack's input, for a mixer that reads the embeddings (see
+            :func:`mixer_sublayer`).
     """
     heads = heads or {}
     parallel = layer.ffn.parallel  # a parallel FFN reads the block input
@@ -728,7 +736,7 @@ def decompose_layer(
         if self_heads is not None:
             raise ValueError(f"per_head=True reads attention heads; this layer mixes its tokens with a "
                              f"{layer.self_attn.kind} layer.")  # fmt: skip
-        stream = mixer_sublayer(layer.self_attn, record.self_attn, stream, options, first_row)
+        stream = mixer_sublayer(layer.self_attn, record.self_attn, stream, options, first_row, embedded)
     else:
         stream = attention_sublayer(layer.self_attn, record.self_attn, stream, options, causal, None, None,
                                     self_heads, own_offset, first_row)  # fmt: skip
@@ -767,10 +775,12 @@ def decompose_stack(
     layers = []
     heads = heads or [None] * len(stack_spec.layers)
     last = len(stack_spec.layers) - 1
+    reads_embeddings = any(getattr(layer.self_attn, "reads_embeddings", False) for layer in stack_spec.layers)
+    embedded = stream.to_dense().parts.clone() if reads_embeddings else None  # the stack's input's components
     for index, (layer, record, layer_heads) in enumerate(zip(stack_spec.layers, stack.layers, heads, strict=True)):
         own = offset if index == 0 and options.convention == "reference" else None
         stream = decompose_layer(layer, record, stream, options, stack.causal, encoder, place_encoder, layer_heads,
-                                 own, first_row if index == last and not keep_layers else 0)  # fmt: skip
+                                 own, first_row if index == last and not keep_layers else 0, embedded)  # fmt: skip
         if record.injected is not None:
             add_to_own(stream, record.injected, offset, owner)
         if keep_layers:

@@ -60,7 +60,10 @@ over channels; reading them through the convolution, and every mixer kind here, 
 zeroes a token's value input and re-runs what follows the frozen mixing (:meth:`FrozenMixer.zeroed_outputs`).
 Mixers a block runs side by side on the same input (Falcon-H1's Mamba-2 mixer and softmax attention,
 :class:`ParallelMixing`) are read through the same interface, each branch frozen alone and their parts added; rollout's
-map is then the branches' maps weighted by their channels (our extension).
+map is then the branches' maps weighted by their channels (our extension). A block whose Mamba-2 mixer reads its input
+plus what a shared attention block made of it and of the token embeddings (Zamba 2, :class:`SharedAttentionMixing`) is
+read through the same interface too: with that block's norms, probabilities and FFN gate frozen, a token's part of the
+mixer's input is exact, and goes through the frozen mixer (our extension).
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+from .norms import freeze_norm
 
 if TYPE_CHECKING:
     from ..specs.base import MixerSpec
@@ -141,9 +146,11 @@ class FrozenMixer:
     unscaled: bool = False
 
     @classmethod
-    def mamba2(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:
+    def mamba2(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None) -> FrozenMixer:  # fmt: skip
         """Freeze ``mixer`` (a transformers ``Mamba2Mixer``) at its input ``hidden`` ``(B, T, d)``, recomputing every
-        quantity on the module's PyTorch path (the CUDA kernels, where installed, run the model's own forward)."""
+        quantity on the module's PyTorch path (the CUDA kernels, where installed, run the model's own forward).
+        ``position_embeddings``: unread (Zamba 2's blocks pass their rotary embeddings on to the mixer's call)."""
         mask = padding_mask(hidden, attention_mask)
         hidden = hidden * mask[..., None]
         inner, heads, groups, state = mixer.intermediate_size, mixer.num_heads, mixer.n_groups, mixer.ssm_state_size
@@ -315,6 +322,18 @@ class FrozenMixer:
                 one.value_weight = one.value_weight * branch.in_scale
             frozen.append(one)
         return ParallelMixing(frozen)
+
+    @classmethod
+    def shared_attention(cls, module, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None, *,
+                         embeddings: torch.Tensor, shared_mask: torch.Tensor | None = None,
+                         layer_idx: int | None = None) -> SharedAttentionMixing:  # fmt: skip
+        """Freeze a block whose mixer reads a shared attention block (:class:`~..specs.base.SharedAttention`, Zamba
+        2's) at the block's input ``hidden`` ``(B, T, d)``, the embeddings, the masks and rotary embeddings of its
+        call (``layer_idx``: the call's adapters, already in the spec's projections):
+        :class:`SharedAttentionMixing`."""
+        return SharedAttentionMixing.freeze(module, hidden, attention_mask, position_embeddings, embeddings,
+                                            shared_mask)  # fmt: skip
 
     @classmethod
     def lfm2(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None) -> FrozenMixer:
@@ -515,11 +534,12 @@ class FrozenMixer:
             change += weights.permute(0, 3, 2, 1) * moved[:, :, None, :]
         return self.finish(self.readout.y[:, None, start:end] - change, rows)
 
-    def component_outputs(self, components: torch.Tensor) -> torch.Tensor:
+    def component_outputs(self, components: torch.Tensor, per_head: bool = False) -> torch.Tensor:
         """DecompX through the mixer: the output's components ``(B, T, K, d)`` from components of its input
         ``(B, T, K, d)`` (after the branch's norm), each through the value map (a gate held at its true value), the
         taps, the frozen activation slope, the mixing, the frozen gate and norm and ``out_proj``; the biases' paths
-        are left out (they are the output minus the components' sum).
+        are left out (they are the output minus the components' sum). ``per_head``: each head's channels alone
+        through the output projection ``(B, T, K, H, d)``.
 
         Raises:
             ValueError: A mixer whose value map is not written.
@@ -534,8 +554,12 @@ class FrozenMixer:
             values = values * self.value_gate[:, :, None]
         tapped = causal_taps(values.transpose(1, 2), self.conv_weight).transpose(1, 2)  # along the positions
         activated = (tapped * self.ratio[:, :, None]).unflatten(-1, (self.heads, -1))  # (B, T, K, H, P)
-        mixed = torch.einsum("bhts,bskhp->btkhp", self.mixing, activated).flatten(-2)
-        return F.linear(mixed * self.scale[:, :, None], self.out_proj.weight.float())
+        mixed = torch.einsum("bhts,bskhp->btkhp", self.mixing, activated)
+        if per_head:
+            scaled = mixed * self.scale.unflatten(-1, (self.heads, -1))[:, :, None]
+            weight = self.out_proj.weight.float().unflatten(-1, (self.heads, -1))
+            return torch.einsum("btkhp,dhp->btkhd", scaled, weight)
+        return F.linear(mixed.flatten(-2) * self.scale[:, :, None], self.out_proj.weight.float())
 
     def unattributed(self) -> torch.Tensor:
         """What no token carries ``(B, T, d)``: the convolution's bias and the padding positions' conv inputs through
@@ -792,6 +816,187 @@ class ParallelMixing:
 
     def unattributed(self) -> torch.Tensor:
         return sum(branch.unattributed() for branch in self.branches)
+
+
+@dataclass
+class SharedAttentionMixing:
+    r"""A block whose mixer reads a shared attention block's output (Zamba 2's hybrid blocks,
+    :class:`~..specs.base.SharedAttention`) frozen at a traced pass, read through :class:`FrozenMixer`'s interface
+    (**our extension** throughout: neither Zamba paper nor any method's paper treats it). With the three norms'
+    statistics, the attention probabilities, the FFN's gate ``act(x W_g)`` and the mixer frozen, the block's mixer
+    output is linear in its input ``x`` and the embeddings ``e``, so token ``j``'s part is exact::
+
+        a_k(j) = Σ_h α^h_kj W^h_O v^h_j,      v_j = W_V (s₁_j ⊙ [x_j; e_j])
+        s_k(j) = P W_down (G_k ⊙ W_up (s₂_k ⊙ a_k(j)))                 (G_k: the gate, frozen)
+        part_t(j) = mixer_t(s₃ ⊙ (δ_kj x_j + s_k(j)) over k)           (the frozen mixer on those inputs)
+
+    The embeddings' path is credited to the token, as a block input's own embedding is (the first block's input is
+    the embeddings: DecompX reads ``e``'s components there). Forming a part costs a sum over the positions between
+    the token and the row (``T³`` a layer): short inputs. Rollout's and flow's map is the mixer's map times the
+    shared attention's head-averaged probabilities with the residual as rollout treats one, ``(I + Ā)/2`` (the
+    mixer's input is ``x`` plus the attention's path). Value zeroing is refused: zeroing a token's value in the
+    shared attention changes the mixer's own input, and with it its steps and state projections.
+
+    Attributes:
+        mixer: The mixer frozen at its normed input.
+        probs: The shared attention's probabilities ``(B, H, T, T)``.
+        value_weight: ``W_V`` ``(H·P, 2d)`` (the call's adapter in it); ``out_weight``: ``W_O`` ``(d, H·P)``.
+        in_scale: ``s₁`` ``(B, T, 2d)``: the attention norm's weight over each position's RMS.
+        ffn_scale: ``s₂`` ``(B, T, d)``; ``gate``: ``G`` ``(B, T, F)``; ``up``, ``down``, ``projection``: the
+            weights ``(F, d)``, ``(d, F)``, ``(d, d)``.
+        mixer_scale: ``s₃`` ``(B, T, d)``: the mixer's norm's weight over the RMS of ``x + s``.
+        bias: What no token carries in the mixer's input before its norm, ``(B, T, d)`` (the FFN's biases through
+            the frozen gate and the projection).
+        hidden: The block's input ``x`` ``(B, T, d)``; ``embeddings``: ``e`` ``(B, T, d)``.
+    """
+
+    mixer: FrozenMixer
+    probs: torch.Tensor
+    value_weight: torch.Tensor
+    out_weight: torch.Tensor
+    in_scale: torch.Tensor
+    ffn_scale: torch.Tensor
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+    projection: torch.Tensor
+    mixer_scale: torch.Tensor
+    bias: torch.Tensor
+    hidden: torch.Tensor
+    embeddings: torch.Tensor
+    per_head: bool = False
+
+    @classmethod
+    def freeze(cls, module, hidden: torch.Tensor, mixer_mask: torch.Tensor | None,
+               position_embeddings: tuple[torch.Tensor, torch.Tensor] | None, embeddings: torch.Tensor,
+               attention_mask: torch.Tensor | None) -> SharedAttentionMixing:  # fmt: skip
+        attention, ffn = module.attention, module.ffn
+        joined = torch.cat([hidden, embeddings], dim=-1)
+        normed = module.attention_norm(joined)
+        rows, size = hidden.shape[:-1], attention.head_dim
+        query = module.query(normed).view(*rows, -1, size).transpose(1, 2)
+        key = module.key(normed).view(*rows, -1, size).transpose(1, 2)
+        if module.rotary:
+            rotate = sys.modules[type(attention).__module__].apply_rotary_pos_emb
+            query, key = rotate(query, key, *position_embeddings)
+        probs, _ = attention_probs(attention, query, key, attention_mask)
+        value_weight = module.value.weight.float()
+        out_weight = attention.o_proj.weight.float()
+        heads = probs.shape[1]
+        in_scale = freeze_norm(module.attention_norm, joined).factor()
+        values = (joined.float() * in_scale) @ value_weight.T  # (B, T, H_kv·P)
+        values = values.unflatten(-1, (-1, size)).repeat_interleave(attention.num_key_value_groups, dim=2)
+        values = torch.einsum("bkhp,dhp->bkhd", values, out_weight.unflatten(-1, (heads, size)))
+        attended = torch.einsum("bhqk,bkhd->bqd", probs, values)
+        ffn_scale = freeze_norm(ffn.norm, attended).factor()
+        normed_attended = attended * ffn_scale
+        gate = ffn.activation(ffn.w_gate(normed_attended.to(hidden.dtype))).float()
+        up, down = ffn.w_in.weight.float(), ffn.w_out.weight.float()
+        projection = module.projection.weight.float()
+        bias = torch.zeros_like(attended)
+        if ffn.w_in.bias is not None:
+            bias = bias + (gate * ffn.w_in.bias.float()) @ down.T @ projection.T
+        if ffn.w_out.bias is not None:
+            bias = bias + ffn.w_out.bias.float() @ projection.T
+        side = ((normed_attended @ up.T) * gate) @ down.T @ projection.T + bias
+        mixed_input = hidden.float() + side
+        mixer_spec = module.mixer
+        mixer_scale = freeze_norm(mixer_spec.norm, mixed_input).factor()
+        frozen = getattr(FrozenMixer, mixer_spec.kind)(mixer_spec.module, (mixed_input * mixer_scale).to(hidden.dtype),
+                                                       mixer_mask)  # fmt: skip
+        return cls(frozen, probs, value_weight, out_weight, in_scale, ffn_scale, gate, up, down, projection,
+                   mixer_scale, bias, hidden.float(), embeddings.float())  # fmt: skip
+
+    @property
+    def heads(self) -> int:
+        return self.mixer.heads
+
+    @property
+    def positions(self) -> int:
+        return self.mixer.positions
+
+    def _mixer_inputs(self, hidden: torch.Tensor, embeddings: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+        """The mixer's normed inputs ``(B, T, K, d)`` from components ``(B, T, K, d)`` of the block input and of the
+        embeddings, ``own`` the block input's (the residual path into the mixer)."""
+        joined = torch.cat([hidden, embeddings], dim=-1) * self.in_scale[:, :, None]
+        values = (joined @ self.value_weight.T).unflatten(-1, (-1, self.out_weight.shape[1] // self.heads_attn))
+        values = values.repeat_interleave(self.heads_attn // values.shape[-2], dim=-2)  # (B, T, K, H, P)
+        heads = torch.einsum("btkhp,dhp->btkhd", values, self.out_weight.unflatten(-1, (self.heads_attn, -1)))
+        attended = torch.einsum("bhqt,btkhd->bqkd", self.probs, heads)
+        side = ((attended * self.ffn_scale[:, :, None]) @ self.up.T * self.gate[:, :, None]) @ self.down.T
+        return (own + side @ self.projection.T) * self.mixer_scale[:, :, None]
+
+    @property
+    def heads_attn(self) -> int:
+        """The shared attention's query heads."""
+        return self.probs.shape[1]
+
+    def _token_inputs(self, keys: slice) -> torch.Tensor:
+        """Each token of ``keys``'s part of the mixer's normed input ``(B, T, K, d)``: its own input at its
+        position, and its value through the shared block at every position."""
+        batch, length, width = self.hidden.shape
+        first, stop, _ = keys.indices(length)
+        count = stop - first
+        hidden = self.hidden.new_zeros(batch, length, count, width)
+        embeddings = self.hidden.new_zeros(batch, length, count, width)
+        positions = torch.arange(first, stop, device=hidden.device)
+        columns = torch.arange(count, device=hidden.device)
+        hidden[:, positions, columns] = self.hidden[:, first:stop]
+        embeddings[:, positions, columns] = self.embeddings[:, first:stop]
+        return self._mixer_inputs(hidden, embeddings, hidden)
+
+    def token_parts(self, rows: slice = slice(None), keys: slice = slice(None)) -> torch.Tensor:
+        return self.mixer.component_outputs(self._token_inputs(keys))[:, rows]
+
+    def head_parts(self, rows: slice = slice(None), keys: slice = slice(None)) -> torch.Tensor:
+        return self.mixer.component_outputs(self._token_inputs(keys), per_head=True)[:, rows].transpose(2, 3)
+
+    def row_blocks(self, rows: slice = slice(None), block_elements: int = 2**24) -> list[slice]:
+        return self.mixer.row_blocks(rows, block_elements)
+
+    def logit_parts(self, direction: torch.Tensor, rows: slice = slice(None), per_head: bool = False,
+                    block_elements: int = 2**24) -> torch.Tensor:  # fmt: skip
+        direction = direction.to(self.hidden.dtype)
+        if per_head:
+            return torch.einsum("brd,brhkd->bhrk", direction, self.head_parts(rows))
+        return torch.einsum("brd,brkd->brk", direction, self.token_parts(rows))
+
+    def map_rows(self, rows: slice = slice(None)) -> torch.Tensor:
+        averaged = self.probs.mean(1)  # (B, T, T)
+        eye = torch.eye(averaged.shape[-1], dtype=averaged.dtype, device=averaged.device)
+        return self.mixer.map_rows(rows) @ ((eye + averaged) / 2)[:, None]
+
+    def totals(self, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = self.token_parts(rows)
+        first, stop, _ = rows.indices(self.positions)
+        positions = torch.arange(first, stop, device=parts.device)
+        return parts.sum(2), parts[:, positions - first, positions]
+
+    def zeroed_outputs(self, keys: slice, rows: slice = slice(None)) -> torch.Tensor:
+        raise ValueError("Value zeroing of a block whose mixer reads a shared attention block (Zamba 2) has no "
+                         "closed form: zeroing a token's value changes the mixer's own input, and with it its steps "
+                         "and state projections. Use alti, alti_logit, decompx, globenc, attention_norm, "
+                         "attention_rollout or attn_lrp.")  # fmt: skip
+
+    def component_outputs(self, components: torch.Tensor, embedded: torch.Tensor | None = None) -> torch.Tensor:
+        """DecompX through the block's mixer: the output's components ``(B, T, K, d)`` from components of its input
+        ``(B, T, K, d)`` and of the embeddings ``embedded`` (the first block's input's).
+
+        Raises:
+            ValueError: No components of the embeddings.
+        """
+        if embedded is None:
+            raise ValueError("A block whose mixer reads a shared attention block needs the embeddings' components.")
+        components = components.float()
+        return self.mixer.component_outputs(self._mixer_inputs(components, embedded.float(), components))
+
+    def unattributed(self) -> torch.Tensor:
+        """What no token carries: the mixer's own (its biases, padding's inputs) and the shared block's biases
+        through the mixer."""
+        return (
+            self.mixer.unattributed()
+            + self.mixer.component_outputs((self.bias * self.mixer_scale)[:, :, None])[:, :, 0]
+        )
 
 
 def attention_probs(attention, query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None

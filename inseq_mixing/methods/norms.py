@@ -48,6 +48,17 @@ class FrozenNorm:
             return (parts.sub_(mean) if in_place else parts - mean).mul_(factor)
         return parts.mul_(factor) if in_place else parts * factor
 
+    def factor(self) -> torch.Tensor:
+        """An RMSNorm's map as one factor per position and channel ``(batch, positions, d_model)``: its gain over
+        the position's RMS.
+
+        Raises:
+            ValueError: A LayerNorm (its map centres too).
+        """
+        if self.params.kind == "layer":
+            raise ValueError("A LayerNorm's map is not a factor per channel: it centres its input too.")
+        return self._gain(self.inv_scale)
+
     def unscaled(self, parts: torch.Tensor) -> torch.Tensor:
         r""":math:`A(x)` without its per-position scale (the gain after the centring, a LayerNorm's; the same map at
         every position), for parts ``(..., d_model)``: :math:`A_i(x) = s_i\, \mathrm{unscaled}(x)`, with

@@ -418,7 +418,17 @@ class FirstOutput(nn.Module):
 
 #: The token mixers a :class:`MixerSpec` can name, each written as a mixing matrix by
 #: :class:`~inseq_mixing.methods.mixers.FrozenMixer`'s constructor of that name.
-MIXER_KINDS = ("mamba", "mamba2", "gated_deltanet", "lfm2", "gated_attention", "attention", "parallel", "none")
+MIXER_KINDS = (
+    "mamba",
+    "mamba2",
+    "gated_deltanet",
+    "lfm2",
+    "gated_attention",
+    "attention",
+    "parallel",
+    "shared_attention",
+    "none",
+)
 
 
 @dataclass(frozen=True)
@@ -448,20 +458,39 @@ class MixerSpec(BranchLayout):
     def __post_init__(self):
         if self.kind not in MIXER_KINDS:
             raise ValueError(f"MixerSpec kind={self.kind!r}: give one of {MIXER_KINDS}.")
-        if (self.kind == "parallel") != isinstance(self.module, ParallelMixers):
-            raise ValueError("A MixerSpec of kind 'parallel' takes a ParallelMixers module, and only it does.")
+        for kind, module in (("parallel", ParallelMixers), ("shared_attention", SharedAttention)):
+            if (self.kind == kind) != isinstance(self.module, module):
+                raise ValueError(f"A MixerSpec of kind {kind!r} takes a {module.__name__} module, and only it does.")
 
     @property
     def branch_specs(self) -> tuple["MixerSpec", ...]:
-        """The mixers it runs: each branch's where it is several in parallel (:class:`ParallelMixers`), else itself."""
+        """The mixers it runs: each branch's where it is several in parallel (:class:`ParallelMixers`), the mixer
+        after a shared attention block (:class:`SharedAttention`), else itself."""
         if isinstance(self.module, ParallelMixers):
             return tuple(branch.spec for branch in self.module.branches)
+        if isinstance(self.module, SharedAttention):
+            return (self.module.mixer,)
         return (self,)
 
     @property
+    def pair_elements(self) -> int:
+        """The elements per pair of positions its frozen reading holds at once: its mixing matrices' (one per head),
+        or, for a shared attention block's mixer, the widest of the parts it carries per pair
+        (:attr:`SharedAttention.pair_elements`)."""
+        if isinstance(self.module, SharedAttention):
+            return max(self.num_heads, self.module.pair_elements)
+        return self.num_heads
+
+    @property
+    def reads_embeddings(self) -> bool:
+        """It reads the stack's input (the token embeddings) besides its block's input (:class:`SharedAttention`)."""
+        return isinstance(self.module, SharedAttention)
+
+    @property
     def kinds(self) -> tuple[str, ...]:
-        """The kinds of mixer it runs (:attr:`branch_specs`')."""
-        return tuple(spec.kind for spec in self.branch_specs)
+        """The kinds of mixer it runs (:attr:`branch_specs`', and its own where it is not one of them)."""
+        kinds = tuple(spec.kind for spec in self.branch_specs)
+        return kinds if self.kind in kinds or self.kind == "parallel" else (self.kind, *kinds)
 
 
 @dataclass(frozen=True)
@@ -503,6 +532,95 @@ class ParallelMixers(nn.Module):
 
     def forward(self, hidden: torch.Tensor, *_args, **_kwargs) -> torch.Tensor:
         raise TypeError("ParallelMixers is read by the methods from the trace; the model runs its branches itself.")
+
+
+class AdaptedLinear(nn.Module):
+    """A linear map plus a low-rank adapter on the same input (Zamba 2's per-call adapters on a shared block's
+    projections: ``W x + B A x``), some of its outputs (``outputs``), as one linear map: ``weight`` ``W + B A``
+    (``(out, in)``, as ``nn.Linear`` stores them), its forward the sum as the model computes it.
+
+    Args:
+        linear: The shared projection.
+        adapter: ``nn.Sequential(A, B)`` of two bias-free ``nn.Linear``, or None (no adapter).
+        outputs: The outputs kept (a fused projection's part).
+    """
+
+    def __init__(self, linear: nn.Linear, adapter: nn.Sequential | None, outputs: slice = slice(None)):
+        super().__init__()
+        self.wrapped, self.outputs = [linear, adapter], outputs  # in a list: not submodules
+
+    @property
+    def weight(self) -> torch.Tensor:
+        linear, adapter = self.wrapped
+        weight = linear.weight if adapter is None else linear.weight + adapter[1].weight @ adapter[0].weight
+        return weight[self.outputs]
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        bias = self.wrapped[0].bias
+        return None if bias is None else bias[self.outputs]
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        linear, adapter = self.wrapped
+        found = linear(hidden) if adapter is None else linear(hidden) + adapter(hidden)
+        return found[..., self.outputs]
+
+
+class SharedAttention(nn.Module):
+    r"""A block whose token mixer reads, besides the block's input, what a shared attention block made of it (Zamba 2's
+    hybrid blocks, as one mixer the methods read, ``kind="shared_attention"``)::
+
+        a = attention(norm₁([x; e]))                     (e: the first block's input, the token embeddings)
+        s = projection(ffn(norm₂(a)))                     (no residual sum inside the shared block)
+        y = x + mixer(norm₃(x + s))
+
+    The attention reads the block's input concatenated with the embeddings, with the projections of the call (shared
+    weights plus the adapters of this block, :class:`AdaptedLinear`); its FFN is gated; ``mixer`` (a Mamba-2 mixer)
+    reads the block's input plus the projected side output. The model never calls this module: the trace records the
+    block's call and the mixer's output.
+
+    Args:
+        block: The block module, whose call the trace records.
+        attention: The shared attention module (its ``scaling``, ``num_key_value_groups``, ``head_dim``,
+            ``o_proj``; the rotary embedding of its module file).
+        query, key, value: The call's projections (:class:`AdaptedLinear`).
+        attention_norm: The norm on the concatenated input.
+        ffn: The shared block's gated FFN (its ``norm`` the norm on the attention output, pre-norm, no residual).
+        projection: The linear map from the FFN's output to the mixer's input.
+        mixer: The mixer (its ``norm`` the norm on ``x + s``).
+        embeddings: The block call's argument that holds the embeddings ``e``.
+        rotary: The attention applies the rotary embedding it is given.
+    """
+
+    def __init__(self, block: nn.Module, attention: nn.Module, query: nn.Module, key: nn.Module, value: nn.Module,
+                 attention_norm: nn.Module, ffn: "FFNSpec", projection: nn.Module, mixer: "MixerSpec",
+                 embeddings: str, rotary: bool):  # fmt: skip
+        super().__init__()
+        self.wrapped = [block, attention, query, key, value, attention_norm, projection]  # not submodules
+        self.ffn, self.mixer, self.embeddings, self.rotary = ffn, mixer, embeddings, rotary
+
+    block = property(lambda self: self.wrapped[0])
+    attention = property(lambda self: self.wrapped[1])
+    query = property(lambda self: self.wrapped[2])
+    key = property(lambda self: self.wrapped[3])
+    value = property(lambda self: self.wrapped[4])
+    attention_norm = property(lambda self: self.wrapped[5])
+    projection = property(lambda self: self.wrapped[6])
+
+    @property
+    def out_proj(self) -> nn.Module:
+        """The mixer's output projection (its width is the block's)."""
+        return self.mixer.module.out_proj
+
+    @property
+    def pair_elements(self) -> int:
+        """The widest part a token carries to a position through the block (the FFN's hidden units, the mixer's
+        channels, the concatenated input): a part per pair is formed (:mod:`inseq_mixing.methods.mixers`)."""
+        return max(self.ffn.w_in.weight.shape[0], self.mixer.module.out_proj.in_features,
+                   self.attention_norm.weight.shape[0])  # fmt: skip
+
+    def forward(self, hidden: torch.Tensor, *_args, **_kwargs) -> torch.Tensor:
+        raise TypeError("SharedAttention is read by the methods from the trace; the model runs its block itself.")
 
 
 class NoMixer(nn.Module):
