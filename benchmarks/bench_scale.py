@@ -25,6 +25,10 @@ the mixer layers as attention layers. ``qwen3_5``: a Qwen3.5 text decoder at ``l
 4 taps; transformers' PyTorch path, no flash-linear-attention kernels); its floor counts them as attention layers.
 ``falcon_h1``: a Falcon-H1 at ``llama``'s width and depth, every block a Mamba-2 mixer (12 heads of 128 channels, 128
 states, 4 taps) beside attention (12 / 4 heads of 64); its floor counts each block as one attention layer.
+``zamba2``: a Zamba 2 at ``llama``'s width and depth, Mamba-2 blocks (12 heads of 128 channels, 128 states, 4 taps)
+whose layers 5 and 11 also run the shared attention block (12 heads of 128 over the input and the embeddings,
+adapters of rank 128, a gated FFN of 2,048) into the mixer's input; its floor counts each block as one attention
+layer (a hybrid block's parts cost ``T³`` more: not in the floor).
 
 The FLOP floor of each method is what its definition must compute for a span of ``k`` explained rows over ``T``
 tokens (``L`` layers, width ``D``, ``H`` heads, ``P`` parameters, ``U`` units); the forward pass is about
@@ -62,6 +66,8 @@ SHAPES = {
     "qwen3_5": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 4, "ffn": 2048},
     # a hybrid: a Mamba-2 mixer (12 heads of 128 channels, 128 states) beside attention in every block
     "falcon_h1": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 4, "ffn": 2048},
+    # a hybrid: Mamba-2 blocks; at layers 5 and 11 a shared attention block over [input; embeddings] (12 heads of 128)
+    "zamba2": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 12, "ffn": 2048},
 }
 #: The mixtures' own config fields (transformers 5.24's names).
 MIXTURES = {
@@ -126,6 +132,16 @@ def build(family: str, length: int, dtype, device: str):
             mamba_d_conv=4, mamba_chunk_size=256, **common,
         )  # fmt: skip
         model = transformers.FalconH1ForCausalLM(config)
+    elif family == "zamba2":
+        layer_types = [("mamba", "hybrid")[i % 6 == 5] for i in range(shape["layers"])]
+        config = transformers.Zamba2Config(
+            hidden_size=shape["width"], num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+            num_key_value_heads=shape["kv_heads"], intermediate_size=shape["ffn"], max_position_embeddings=length + 8,
+            layers_block_type=layer_types, n_mamba_heads=12, mamba_ngroups=1, mamba_d_state=128, mamba_d_conv=4,
+            mamba_expand=2, chunk_size=256, num_mem_blocks=1, use_shared_attention_adapter=True, adapter_rank=128,
+            use_mem_rope=True, **common,
+        )  # fmt: skip
+        model = transformers.Zamba2ForCausalLM(config)
     else:
         config = transformers.LlamaConfig(hidden_size=shape["width"], num_hidden_layers=shape["layers"],
                                           num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],

@@ -53,7 +53,7 @@ DECODER_FAMILIES = (
 #: Mixture-of-experts decoders (tiny: :data:`TINY_EXPERTS` experts, top-:data:`TINY_TOP_K`), generation families like
 #: the others.
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "phimoe", "glm4_moe", "ernie4_5_moe", "hunyuan_v1_moe",
-                "flex_olmo", "deepseek_v2", "deepseek_v3", "gpt_oss")  # fmt: skip
+                "flex_olmo", "deepseek_v2", "deepseek_v3", "gpt_oss", "granitemoe", "granitemoeshared")  # fmt: skip
 DECODER_FAMILIES = DECODER_FAMILIES + MOE_FAMILIES
 ALL_FAMILIES = SEQ2SEQ_FAMILIES + DECODER_FAMILIES
 #: Decoders whose token mixers are not all attention: hybrids, and Mamba-style models without attention or FFN
@@ -196,12 +196,23 @@ def _mixture(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn
     routing; Qwen2-MoE with a gated shared expert and a dense first layer, GLM-4-MoE and ERNIE with a shared
     expert; DeepSeek-V2 (keys and values from a latent) and V3 (queries from a latent too) with multi-head latent
     attention, a shared expert and a dense first layer; GPT-OSS with sinks, alternating sliding-window layers and its
-    clamped experts (a small clamp limit, so that the clamps bite in the tests)."""
+    clamped experts (a small clamp limit, so that the clamps bite in the tests); Granite-MoE with every multiplier
+    away from 1 (Granite-MoE-Shared: a shared FFN too)."""
     experts, top_k, width = TINY_EXPERTS, TINY_TOP_K, ffn // 2
     name = {"mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe", "olmoe": "Olmoe",
             "phimoe": "Phimoe", "glm4_moe": "Glm4Moe", "ernie4_5_moe": "Ernie4_5_Moe",
             "hunyuan_v1_moe": "HunYuanMoEV1", "flex_olmo": "FlexOlmo", "deepseek_v2": "DeepseekV2",
-            "deepseek_v3": "DeepseekV3", "gpt_oss": "GptOss"}[family]  # fmt: skip
+            "deepseek_v3": "DeepseekV3", "gpt_oss": "GptOss", "granitemoe": "GraniteMoe",
+            "granitemoeshared": "GraniteMoeShared"}[family]  # fmt: skip
+    granite = dict(
+        intermediate_size=width,
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
+        embedding_multiplier=1.5,
+        residual_multiplier=0.7,
+        attention_multiplier=0.3,
+        logits_scaling=2.0,
+    )
     extra = {
         "mixtral": dict(intermediate_size=width, num_local_experts=experts, num_experts_per_tok=top_k),
         "phimoe": dict(intermediate_size=width, num_local_experts=experts, num_experts_per_tok=top_k),
@@ -226,6 +237,8 @@ def _mixture(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn
                             num_experts_per_tok=top_k, n_shared_experts=1, first_k_dense_replace=1, n_group=1,
                             topk_group=1, q_lora_rank=max(2, d_model // 2), kv_lora_rank=max(2, d_model // 2),
                             qk_rope_head_dim=2, qk_nope_head_dim=2, v_head_dim=d_model // heads),
+        "granitemoe": granite,
+        "granitemoeshared": dict(**granite, shared_intermediate_size=width),
         "gpt_oss": dict(head_dim=d_model // heads, intermediate_size=width, num_local_experts=experts,
                         num_experts_per_tok=top_k, sliding_window=TINY_SLIDING_WINDOW, swiglu_limit=1.0,
                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),

@@ -34,8 +34,14 @@ def capture_layer_calls(model, spec: ModelSpec, model_kwargs: dict) -> dict:
     for module, module_keys in keys.items():
         order = iter(module_keys)
 
-        def hook(_module, args, kwargs, order=order):
-            calls[next(order)] = (args, kwargs)
+        def hook(_module, args, kwargs, order=order):  # no cache: running a block again must not extend it
+            calls[next(order)] = (
+                args,
+                {
+                    key: None if key in ("cache", "past_key_values", "past_key_value") else value
+                    for key, value in kwargs.items()
+                },
+            )
 
         handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
     forward_with_hooks(model, model_kwargs, handles)

@@ -11,14 +11,15 @@ import torch
 
 import inseq_mixing
 from inseq_mixing.declarations import DECLARATIONS
-from inseq_mixing.specs import get_spec
+from inseq_mixing.specs import UnsupportedModelError, get_spec
 from inseq_mixing.testing import encoder_tokenizer, is_seq2seq, tiny_encoder, tiny_model, word_tokenizer
 
 #: (family, placement): ``"half"``: every other block on disk, the rest on the CPU; ``"disk"``: every weight on disk
 #: (``device_map="auto"`` with too little CPU memory for any of them). Not Marian: dispatched that way, its own forward
 #: pass fails (accelerate looks for its sinusoidal position table, which is not saved, among the offloaded weights).
-#: Falcon-H1 and Qwen3-Next: hybrids whose mixers (Mamba-2 beside attention; Gated DeltaNet, gated attention) are
-#: frozen from their modules' weights, offloaded ones among them.
+#: Falcon-H1, Qwen3-Next and Zamba 2: hybrids whose mixers (Mamba-2 beside attention; Gated DeltaNet, gated attention;
+#: Mamba-2 after a shared attention block with adapters) are frozen from their modules' weights, offloaded ones among
+#: them.
 CASES = [
     ("gpt2", "half"),
     ("llama", "half"),
@@ -27,6 +28,7 @@ CASES = [
     ("qwen2_moe", "disk"),
     ("falcon_h1", "half"),
     ("qwen3_next", "disk"),
+    ("zamba2", "half"),
 ]
 
 
@@ -87,6 +89,14 @@ def test_a_dispatched_model_gives_the_scores_of_the_model_on_one_device(folder, 
     base, dispatched = models(family, placement, folder)
     before = offload_state(dispatched)
     assert before[0]  # weights really are on disk between forward passes
+    try:
+        DECLARATIONS[method].check_model(get_spec(base))
+    except UnsupportedModelError:  # a method that refuses the family (value zeroing, Zamba 2) refuses both alike
+        for model in (base, dispatched):
+            with pytest.raises(UnsupportedModelError):
+                attribute(model, family, method)
+        assert offload_state(dispatched) == before
+        return
     expected, got = attribute(base, family, method), attribute(dispatched, family, method)
     for name in ("source_attributions", "target_attributions"):
         if getattr(expected, name) is not None:
@@ -95,6 +105,16 @@ def test_a_dispatched_model_gives_the_scores_of_the_model_on_one_device(folder, 
     for key, value in expected.step_scores.items():
         torch.testing.assert_close(got.step_scores[key], value, atol=1e-6, rtol=1e-5, msg=key)
     assert offload_state(dispatched) == before  # left dispatched as it was
+
+
+def test_the_maps_a_spec_adds_beside_an_offloaded_block_live_where_the_block_runs(folder):
+    """A block without an FFN (Zamba 2's, Mamba's) gets empty FFN maps from its spec, placed like one of its weights:
+    for an offloaded block (its weights on ``meta`` between forward passes) they go to its hook's execution device,
+    not to ``meta`` (an input times an empty ``meta`` weight is uninitialised memory, not zeros)."""
+    _, dispatched = models("zamba2", "half", folder)
+    layer = get_spec(dispatched).decoder.layers[0]
+    assert layer.module.mamba_decoder.mamba.out_proj.weight.device.type == "meta"  # offloaded
+    assert {layer.ffn.w_in.weight.device.type, layer.ffn.w_out.weight.device.type} == {"cpu"}
 
 
 def offload_state(model) -> tuple[list[str], list[str]]:

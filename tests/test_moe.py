@@ -98,6 +98,7 @@ def test_load_tiny_builds_every_mixture():
     [
         ("DeepseekV32Config", "sparse token selector"),
         ("ZambaConfig", "multi-head selective scan"),
+        ("GraniteMoeSWAConfig", "sinks that scale the attention output after the softmax"),
         ("MllamaConfig", "cross-attention layers that read the vision tower"),
     ],
 )

@@ -648,6 +648,8 @@ def span_lrp_of_call(
                 model(**copy_kwargs)
             foils = None if foil_ids is None else foil_ids[copies]
             chosen = head_input_logit(spec, head["input"], explained_ids[copies], foils)
+            if spec.scale_after_head:  # the model scales the head's output, not its input
+                chosen = chosen * spec.logits_scale
             refuse_non_finite_forward(model, chosen.detach()[..., None], decoder_mask(copy_kwargs))
             objective = (chosen * positions[copies]).sum(-1)
             relevance = input_relevance(recorded, objective)

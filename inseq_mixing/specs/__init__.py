@@ -53,6 +53,8 @@ NOT_YET_EXPLAINED = {
     "jetmoe": "a mixture of attention heads",
     "dbrx": "experts laid out in modules of its own",
     "llama4": "chunked attention and experts laid out in modules of its own",
+    "granitemoe_swa": "learned attention sinks that scale the attention output after the softmax, while the "
+    "probabilities its attention returns leave that scale out",
 }
 
 

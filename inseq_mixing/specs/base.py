@@ -211,10 +211,21 @@ class NoFFN(nn.Module):
         return torch.zeros_like(hidden)
 
 
-def no_ffn(width: int, like: torch.Tensor) -> FFNSpec:
+def placed_like(module: nn.Module) -> dict:
+    """The dtype and device of ``module``'s weight, for a map the spec adds beside it: where accelerate offloaded the
+    weight (on the ``meta`` device between forward passes), its hook's execution device. A map left on ``meta`` would
+    be read as garbage: ``F.linear`` of an input by an empty ``meta`` weight returns uninitialised memory."""
+    weight = next(module.parameters())
+    device = weight.device
+    if device.type == "meta":
+        device = torch.device(getattr(getattr(module, "_hf_hook", None), "execution_device", None) or "cpu")
+    return {"dtype": weight.dtype, "device": device}
+
+
+def no_ffn(width: int, like: nn.Module) -> FFNSpec:
     """The FFN sub-block of a block of ``width`` channels without one: :class:`NoFFN`, of no hidden units (its empty
-    maps in ``like``'s dtype, on its device)."""
-    place = {"dtype": like.dtype, "device": like.device}
+    maps in the dtype of ``like``'s weight, on the device it runs on: :func:`placed_like`)."""
+    place = placed_like(like)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # initialising an empty weight does nothing, and says so
         w_in, w_out = nn.Linear(width, 0, bias=False, **place), nn.Linear(0, width, bias=False, **place)
@@ -630,12 +641,13 @@ class NoMixer(nn.Module):
 
     Args:
         width: The block's channels.
-        like: A weight of the model, whose dtype and device its empty output projection takes.
+        like: A linear map of the model, whose weight's dtype and device its zero output projection takes
+            (:func:`placed_like`).
     """
 
-    def __init__(self, width: int, like: torch.Tensor):
+    def __init__(self, width: int, like: nn.Module):
         super().__init__()
-        self.out_proj = nn.Linear(1, width, bias=False, dtype=like.dtype, device=like.device)
+        self.out_proj = nn.Linear(1, width, bias=False, **placed_like(like))
         with torch.no_grad():
             self.out_proj.weight.zero_()
 
@@ -643,7 +655,7 @@ class NoMixer(nn.Module):
         return torch.zeros_like(hidden)
 
 
-def no_mixer(width: int, like: torch.Tensor) -> MixerSpec:
+def no_mixer(width: int, like: nn.Module) -> MixerSpec:
     """The token-mixing sub-block of a block of ``width`` channels without one: :class:`NoMixer`."""
     return MixerSpec(module=NoMixer(width, like), kind="none", num_heads=1, norm=None, pre_norm=True)
 
@@ -865,7 +877,10 @@ class ModelSpec:
         decoder: The decoder stack (the only stack of decoder-only models).
         encoder: The encoder stack of encoder–decoder models.
         lm_head: The unembedding module.
-        logits_scale: Factor applied to the final hidden state before the LM head (T5 with tied embeddings).
+        logits_scale: Factor applied to the final hidden state before the LM head (T5 with tied embeddings), or to
+            the logits after it (``scale_after_head``; the same map: the head is linear).
+        scale_after_head: The model multiplies its logits by ``logits_scale`` after the LM head (Granite's divisor,
+            Falcon-H1's multiplier), so what the head is given lacks it.
         logits_bias: Bias added to the logits outside the LM head module (BART's ``final_logits_bias``), or None.
         max_positions: Longest sequence a fixed-size table of absolute position embeddings covers (less than its
             size where position ids start after an offset, as in RoBERTa's family), or None where positions are
@@ -906,6 +921,7 @@ class ModelSpec:
     encoder: StackSpec | None = None
     lm_head: nn.Module | None = None
     logits_scale: float = 1.0
+    scale_after_head: bool = False
     logits_bias: torch.Tensor | None = None
     max_positions: int | None = None
     readout_proj: nn.Module | None = None
@@ -1029,10 +1045,11 @@ class SummedModules(nn.Module):
         return sum(module(hidden) for module in self.wrapped)
 
 
-def multiplier(value: float, width: int, like: torch.Tensor, input_module=None) -> LayerScale:
+def multiplier(value: float, width: int, like: nn.Module, input_module=None) -> LayerScale:
     """A number every channel of a branch's output is multiplied by before the residual sum (Granite 4's
-    ``residual_multiplier``), as a :class:`LayerScale` (``like``: a weight whose dtype and device it takes)."""
-    scale = nn.Parameter(torch.full((width,), float(value), dtype=like.dtype, device=like.device), requires_grad=False)
+    ``residual_multiplier``), as a :class:`LayerScale` (``like``: a module whose weight's dtype and device it takes,
+    :func:`placed_like`)."""
+    scale = nn.Parameter(torch.full((width,), float(value), **placed_like(like)), requires_grad=False)
     return LayerScale(scale, input_module)
 
 

@@ -42,4 +42,4 @@ def layer_spec(layer: nn.Module, config) -> LayerSpec:
 
 def build(model: nn.Module) -> ModelSpec:
     return llama.build(model, layer_spec, final_norm="final_layernorm",
-                       logits_scale=model.config.lm_head_multiplier)  # fmt: skip
+                       logits_scale=model.config.lm_head_multiplier, scale_after_head=True)  # fmt: skip

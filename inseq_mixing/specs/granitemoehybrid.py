@@ -39,28 +39,32 @@ def shared_ffn(mlp: nn.Module, norm: nn.Module | None, out_norm: nn.Module | Non
 
 
 def layer_spec(layer: nn.Module, config) -> LayerSpec:
+    """A block of Granite 4 hybrid, or of the Granite-MoE attention decoders (:mod:`.granitemoe`: no Mamba-2 layers,
+    the shared FFN optional)."""
     width, scale = config.hidden_size, config.residual_multiplier
-    if layer.mamba is not None:
+    if getattr(layer, "mamba", None) is not None:
         mixer = layer.mamba
         branch = MixerSpec(module=mixer, kind="mamba2", num_heads=mixer.num_heads, norm=layer.input_layernorm,
-                           pre_norm=True, out_norm=multiplier(scale, width, mixer.out_proj.weight))  # fmt: skip
+                           pre_norm=True, out_norm=multiplier(scale, width, mixer.out_proj))  # fmt: skip
     else:
         attn = layer.self_attn
         heads = (config.num_attention_heads, config.num_key_value_heads, attn.head_dim)
         branch = attention(attn, attn.v_proj, attn.o_proj, heads, layer.input_layernorm, True,
-                           out_norm=multiplier(scale, width, attn.o_proj.weight))  # fmt: skip
-    shared, norm = layer.shared_mlp, layer.post_attention_layernorm
-    like = shared.output_linear.weight
-    if layer.block_sparse_moe is None:
-        ffn = shared_ffn(shared, norm, multiplier(scale, width, like, shared))
+                           out_norm=multiplier(scale, width, attn.o_proj))  # fmt: skip
+    shared, norm, moe = getattr(layer, "shared_mlp", None), layer.post_attention_layernorm, layer.block_sparse_moe
+    if moe is None:
+        ffn = shared_ffn(shared, norm, multiplier(scale, width, shared.output_linear, shared))
+    elif shared is None:  # experts alone (Granite-MoE)
+        check_experts(moe)
+        ffn = MoESpec(forward=moe, norm=norm, pre_norm=True, router=moe.router, experts=moe.experts,
+                      out_norm=multiplier(scale, width, moe.experts, moe))  # fmt: skip
     else:
-        moe = layer.block_sparse_moe
         check_experts(moe)
         ffn = MoESpec(forward=SummedModules(moe, shared), norm=norm, pre_norm=True, router=moe.router,
                       experts=moe.experts, shared=shared_ffn(shared, None),
-                      out_norm=multiplier(scale, width, like, (moe, shared)))  # fmt: skip
+                      out_norm=multiplier(scale, width, shared.output_linear, (moe, shared)))  # fmt: skip
     return LayerSpec(module=layer, self_attn=branch, ffn=ffn)
 
 
 def build(model: nn.Module) -> ModelSpec:
-    return llama.build(model, layer_spec, logits_scale=1.0 / model.config.logits_scaling)
+    return llama.build(model, layer_spec, logits_scale=1.0 / model.config.logits_scaling, scale_after_head=True)

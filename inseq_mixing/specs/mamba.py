@@ -24,7 +24,7 @@ def layer_spec(layer: nn.Module, config) -> LayerSpec:
     heads = mixer.intermediate_size if selective else mixer.num_heads
     spec = MixerSpec(module=mixer, kind="mamba" if selective else "mamba2", num_heads=heads, norm=layer.norm,
                      pre_norm=True)  # fmt: skip
-    return LayerSpec(module=layer, self_attn=spec, ffn=no_ffn(config.hidden_size, mixer.out_proj.weight))
+    return LayerSpec(module=layer, self_attn=spec, ffn=no_ffn(config.hidden_size, mixer.out_proj))
 
 
 def build(model: nn.Module) -> ModelSpec:

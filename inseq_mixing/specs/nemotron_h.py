@@ -21,15 +21,15 @@ def layer_spec(block: nn.Module, config) -> LayerSpec:
     sub, width = block.mixer, config.hidden_size
     if block.block_type == "linear_attention":
         mixer = MixerSpec(module=sub, kind="mamba2", num_heads=sub.num_heads, norm=block.norm, pre_norm=True)
-        return LayerSpec(module=block, self_attn=mixer, ffn=no_ffn(width, sub.out_proj.weight))
+        return LayerSpec(module=block, self_attn=mixer, ffn=no_ffn(width, sub.out_proj))
     if block.block_type == "full_attention":
         heads = (config.num_attention_heads, config.num_key_value_heads, sub.head_dim)
         mixer = attention(sub, sub.v_proj, sub.o_proj, heads, block.norm, True)
-        return LayerSpec(module=block, self_attn=mixer, ffn=no_ffn(width, sub.o_proj.weight))
+        return LayerSpec(module=block, self_attn=mixer, ffn=no_ffn(width, sub.o_proj))
     if block.block_type == "mlp":
         ffn = FFNSpec(forward=sub, norm=block.norm, pre_norm=True, w_in=sub.up_proj, w_out=sub.down_proj,
                       activation=sub.act_fn)  # fmt: skip
-        return LayerSpec(module=block, self_attn=no_mixer(width, sub.down_proj.weight), ffn=ffn)
+        return LayerSpec(module=block, self_attn=no_mixer(width, sub.down_proj), ffn=ffn)
     raise UnsupportedModelError(
         f"Nemotron-H's {block.block_type} blocks (layer {block.layer_idx}) are not read: its experts have no gate and "
         "sit behind latent projections, which the mixture-of-experts reading does not cover; explain a Nemotron-H "

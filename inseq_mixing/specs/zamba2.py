@@ -54,7 +54,7 @@ def shared_ffn(shared: nn.Module, index: int) -> FFNSpec:
 def layer_spec(layer: nn.Module, index: int, config) -> LayerSpec:
     if not hasattr(layer, "shared_transformer"):  # a Mamba-2 block
         mixer = mamba_spec(layer)
-        return LayerSpec(module=layer, self_attn=mixer, ffn=no_ffn(config.hidden_size, mixer.module.out_proj.weight))
+        return LayerSpec(module=layer, self_attn=mixer, ffn=no_ffn(config.hidden_size, mixer.module.out_proj))
     shared, decoder = layer.shared_transformer, layer.mamba_decoder
     attention = shared.self_attn
     module = SharedAttention(
@@ -65,7 +65,7 @@ def layer_spec(layer: nn.Module, index: int, config) -> LayerSpec:
     )  # fmt: skip
     mixer = MixerSpec(module=module, kind="shared_attention", num_heads=decoder.mamba.num_heads, norm=None,
                       pre_norm=True)  # fmt: skip
-    return LayerSpec(module=layer, self_attn=mixer, ffn=no_ffn(config.hidden_size, decoder.mamba.out_proj.weight))
+    return LayerSpec(module=layer, self_attn=mixer, ffn=no_ffn(config.hidden_size, decoder.mamba.out_proj))
 
 
 def build(model: nn.Module) -> ModelSpec:
