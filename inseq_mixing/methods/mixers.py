@@ -534,12 +534,13 @@ class FrozenMixer:
             change += weights.permute(0, 3, 2, 1) * moved[:, :, None, :]
         return self.finish(self.readout.y[:, None, start:end] - change, rows)
 
-    def component_outputs(self, components: torch.Tensor, per_head: bool = False) -> torch.Tensor:
+    def component_outputs(self, components: torch.Tensor, per_head: bool = False, first: int = 0) -> torch.Tensor:
         """DecompX through the mixer: the output's components ``(B, T, K, d)`` from components of its input
         ``(B, T, K, d)`` (after the branch's norm), each through the value map (a gate held at its true value), the
         taps, the frozen activation slope, the mixing, the frozen gate and norm and ``out_proj``; the biases' paths
         are left out (they are the output minus the components' sum). ``per_head``: each head's channels alone
-        through the output projection ``(B, T, K, H, d)``.
+        through the output projection ``(B, T, K, H, d)``. ``first``: the components are 0 at the positions before
+        it, so those positions' outputs are 0 (the mixer is causal) and only the later ones are computed.
 
         Raises:
             ValueError: A mixer whose value map is not written.
@@ -547,19 +548,24 @@ class FrozenMixer:
         if self.value_weight is None:
             raise ValueError("DecompX needs the mixer's value input as a linear map of its input; it is not written "
                              "for this kind of mixer yet.")  # fmt: skip
-        values = components @ self.value_weight.T  # (B, T, K, I)
+        later = slice(first, None)
+        values = components[:, later] @ self.value_weight.T  # (B, T', K, I)
         if self.mask is not None:  # the module zeroes padding's inputs
-            values = values * self.mask[:, :, None, None]
+            values = values * self.mask[:, later, None, None]
         if self.value_gate is not None:
-            values = values * self.value_gate[:, :, None]
+            values = values * self.value_gate[:, later, None]
         tapped = causal_taps(values.transpose(1, 2), self.conv_weight).transpose(1, 2)  # along the positions
-        activated = (tapped * self.ratio[:, :, None]).unflatten(-1, (self.heads, -1))  # (B, T, K, H, P)
-        mixed = torch.einsum("bhts,bskhp->btkhp", self.mixing, activated)
+        activated = (tapped * self.ratio[:, later, None]).unflatten(-1, (self.heads, -1))  # (B, T', K, H, P)
+        mixed = torch.einsum("bhts,bskhp->btkhp", self.mixing[:, :, later, later], activated)
         if per_head:
-            scaled = mixed * self.scale.unflatten(-1, (self.heads, -1))[:, :, None]
+            scaled = mixed * self.scale[:, later].unflatten(-1, (self.heads, -1))[:, :, None]
             weight = self.out_proj.weight.float().unflatten(-1, (self.heads, -1))
-            return torch.einsum("btkhp,dhp->btkhd", scaled, weight)
-        return F.linear(mixed.flatten(-2) * self.scale[:, :, None], self.out_proj.weight.float())
+            found = torch.einsum("btkhp,dhp->btkhd", scaled, weight)
+        else:
+            found = F.linear(mixed.flatten(-2) * self.scale[:, later, None], self.out_proj.weight.float())
+        if not first:
+            return found
+        return torch.cat([found.new_zeros(found.shape[0], first, *found.shape[2:]), found], dim=1)
 
     def unattributed(self) -> torch.Tensor:
         """What no token carries ``(B, T, d)``: the convolution's bias and the padding positions' conv inputs through
@@ -840,6 +846,10 @@ class SharedAttentionMixing:
     Attributes:
         mixer: The mixer frozen at its normed input.
         probs: The shared attention's probabilities ``(B, H, T, T)``.
+        up_heads: Each token's values through each head's rows of the attention's output projection and the
+            FFN's gained up-projection, ``U diag(γ₂) W^h_O v^h_j`` ``(B, T, H, F)`` (the norm's per-position scale
+            ``ffn_rms`` ``(B, T, 1)`` apart): a token's part of the FFN's hidden units at row ``k`` is
+            ``r_k Σ_h α^h_kj u^h_j``, ``H × F`` a pair instead of ``d × F``.
         value_weight: ``W_V`` ``(H·P, 2d)`` (the call's adapter in it); ``out_weight``: ``W_O`` ``(d, H·P)``.
         in_scale: ``s₁`` ``(B, T, 2d)``: the attention norm's weight over each position's RMS.
         ffn_scale: ``s₂`` ``(B, T, d)``; ``gate``: ``G`` ``(B, T, F)``; ``up``, ``down``, ``projection``: the
@@ -852,6 +862,8 @@ class SharedAttentionMixing:
 
     mixer: FrozenMixer
     probs: torch.Tensor
+    up_heads: torch.Tensor
+    ffn_rms: torch.Tensor
     value_weight: torch.Tensor
     out_weight: torch.Tensor
     in_scale: torch.Tensor
@@ -888,7 +900,8 @@ class SharedAttentionMixing:
         values = values.unflatten(-1, (-1, size)).repeat_interleave(attention.num_key_value_groups, dim=2)
         values = torch.einsum("bkhp,dhp->bkhd", values, out_weight.unflatten(-1, (heads, size)))
         attended = torch.einsum("bhqk,bkhd->bqd", probs, values)
-        ffn_scale = freeze_norm(ffn.norm, attended).factor()
+        ffn_norm = freeze_norm(ffn.norm, attended)
+        ffn_scale = ffn_norm.factor()
         normed_attended = attended * ffn_scale
         gate = ffn.activation(ffn.w_gate(normed_attended.to(hidden.dtype))).float()
         up, down = ffn.w_in.weight.float(), ffn.w_out.weight.float()
@@ -904,8 +917,9 @@ class SharedAttentionMixing:
         mixer_scale = freeze_norm(mixer_spec.norm, mixed_input).factor()
         frozen = getattr(FrozenMixer, mixer_spec.kind)(mixer_spec.module, (mixed_input * mixer_scale).to(hidden.dtype),
                                                        mixer_mask)  # fmt: skip
-        return cls(frozen, probs, value_weight, out_weight, in_scale, ffn_scale, gate, up, down, projection,
-                   mixer_scale, bias, hidden.float(), embeddings.float())  # fmt: skip
+        up_heads = values @ (up * ffn_norm.gain(up.shape[1])).T  # (B, T, H, F): U diag(γ₂) W^h_O v^h_j
+        return cls(frozen, probs, up_heads, ffn_norm.inv_scale, value_weight, out_weight, in_scale, ffn_scale,
+                   gate, up, down, projection, mixer_scale, bias, hidden.float(), embeddings.float())  # fmt: skip
 
     @property
     def heads(self) -> int:
@@ -923,33 +937,56 @@ class SharedAttentionMixing:
         values = values.repeat_interleave(self.heads_attn // values.shape[-2], dim=-2)  # (B, T, K, H, P)
         heads = torch.einsum("btkhp,dhp->btkhd", values, self.out_weight.unflatten(-1, (self.heads_attn, -1)))
         attended = torch.einsum("bhqt,btkhd->bqkd", self.probs, heads)
-        side = ((attended * self.ffn_scale[:, :, None]) @ self.up.T * self.gate[:, :, None]) @ self.down.T
-        return (own + side @ self.projection.T) * self.mixer_scale[:, :, None]
+        return (own + self._side(attended)) * self.mixer_scale[:, :, None]
 
     @property
     def heads_attn(self) -> int:
         """The shared attention's query heads."""
         return self.probs.shape[1]
 
+    def _side(self, attended: torch.Tensor, positions: slice = slice(None)) -> torch.Tensor:
+        """Parts of the shared attention's output at ``positions`` ``(B, P, K, d)`` through its frozen norm, the FFN
+        with its gate frozen and the projection."""
+        hidden = (attended * self.ffn_scale[:, positions, None]) @ self.up.T
+        return (hidden.mul_(self.gate[:, positions, None]) @ self.down.T) @ self.projection.T
+
     def _token_inputs(self, keys: slice) -> torch.Tensor:
         """Each token of ``keys``'s part of the mixer's normed input ``(B, T, K, d)``: its own input at its
-        position, and its value through the shared block at every position."""
+        position, and its value through the shared block at every later position (token ``j``'s values reach row
+        ``k`` as ``α_kj`` times them: no product over the other tokens)."""
         batch, length, width = self.hidden.shape
         first, stop, _ = keys.indices(length)
         count = stop - first
-        hidden = self.hidden.new_zeros(batch, length, count, width)
-        embeddings = self.hidden.new_zeros(batch, length, count, width)
-        positions = torch.arange(first, stop, device=hidden.device)
-        columns = torch.arange(count, device=hidden.device)
-        hidden[:, positions, columns] = self.hidden[:, first:stop]
-        embeddings[:, positions, columns] = self.embeddings[:, first:stop]
-        return self._mixer_inputs(hidden, embeddings, hidden)
+        found = self.hidden.new_zeros(batch, length, count, width)
+        hidden = torch.einsum("bhqk,bkhf->bqkf", self.probs[:, :, first:, first:stop], self.up_heads[:, first:stop])
+        hidden.mul_((self.ffn_rms[:, first:] * self.gate[:, first:])[:, :, None])
+        found[:, first:] = (hidden @ self.down.T) @ self.projection.T
+        columns = torch.arange(count, device=found.device)
+        found[:, first + columns, columns] += self.hidden[:, first:stop]
+        return found.mul_(self.mixer_scale[:, :, None])
+
+    def _all_parts(self) -> torch.Tensor:
+        """Every token's part of every position's output ``(B, T, T, d)``, computed once per frozen block (by blocks
+        of tokens whose intermediates hold at most 2²⁶ elements) and read by every tile."""
+        cached = vars(self).get("_parts")
+        if cached is None:
+            batch, length, width = self.hidden.shape
+            widest = max(self.gate.shape[-1], self.mixer.conv_input.shape[-1], width)
+            step = max(1, 2**26 // max(1, batch * length * widest))
+            cached = self.hidden.new_empty(batch, length, length, width)
+            for start in range(0, length, step):
+                keys = slice(start, min(start + step, length))
+                cached[:, :, keys] = self.mixer.component_outputs(self._token_inputs(keys), first=start)
+            self._parts = cached
+        return cached
 
     def token_parts(self, rows: slice = slice(None), keys: slice = slice(None)) -> torch.Tensor:
-        return self.mixer.component_outputs(self._token_inputs(keys))[:, rows]
+        return self._all_parts()[:, rows, keys].clone()
 
     def head_parts(self, rows: slice = slice(None), keys: slice = slice(None)) -> torch.Tensor:
-        return self.mixer.component_outputs(self._token_inputs(keys), per_head=True)[:, rows].transpose(2, 3)
+        first = keys.indices(self.positions)[0]
+        found = self.mixer.component_outputs(self._token_inputs(keys), per_head=True, first=first)
+        return found[:, rows].transpose(2, 3)
 
     def row_blocks(self, rows: slice = slice(None), block_elements: int = 2**24) -> list[slice]:
         return self.mixer.row_blocks(rows, block_elements)
@@ -959,7 +996,7 @@ class SharedAttentionMixing:
         direction = direction.to(self.hidden.dtype)
         if per_head:
             return torch.einsum("brd,brhkd->bhrk", direction, self.head_parts(rows))
-        return torch.einsum("brd,brkd->brk", direction, self.token_parts(rows))
+        return torch.einsum("brd,brkd->brk", direction, self._all_parts()[:, rows])
 
     def map_rows(self, rows: slice = slice(None)) -> torch.Tensor:
         averaged = self.probs.mean(1)  # (B, T, T)
@@ -967,7 +1004,7 @@ class SharedAttentionMixing:
         return self.mixer.map_rows(rows) @ ((eye + averaged) / 2)[:, None]
 
     def totals(self, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
-        parts = self.token_parts(rows)
+        parts = self._all_parts()[:, rows]
         first, stop, _ = rows.indices(self.positions)
         positions = torch.arange(first, stop, device=parts.device)
         return parts.sum(2), parts[:, positions - first, positions]

@@ -48,6 +48,10 @@ class FrozenNorm:
             return (parts.sub_(mean) if in_place else parts - mean).mul_(factor)
         return parts.mul_(factor) if in_place else parts * factor
 
+    def gain(self, width: int) -> torch.Tensor:
+        """The gain ``γ`` ``(width,)`` (ones for a norm without one)."""
+        return self._gain(self.inv_scale.new_ones(width))
+
     def factor(self) -> torch.Tensor:
         """An RMSNorm's map as one factor per position and channel ``(batch, positions, d_model)``: its gain over
         the position's RMS.
