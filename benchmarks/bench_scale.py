@@ -16,8 +16,9 @@ Models: ``gpt2`` (GPT-2-small-sized: d_model 768, 12 layers, 12 heads, FFN 3,072
 issue 55 at ``llama``'s width and depth, transformers' default kernels (SDPA, ``grouped_mm`` experts): ``mixtral`` (8
 experts of width 1,024, top-2), ``deepseek_v3`` (multi-head latent attention: KV latent 256, query latent 384, 32
 rotary + 32 plain query/key dimensions per head, values of 64; 8 routed experts of width 512, top-2, one shared;
-the first layer dense, FFN 2,048) and ``gpt_oss`` (learned sinks, sliding windows of 128 tokens on every other
-layer, 8 clamped experts of width 1,024, top-2); a mixture's floor counts the experts a token is routed to.
+the first layer dense, FFN 2,048), ``gpt_oss`` (learned sinks, sliding windows of 128 tokens on every other
+layer, 8 clamped experts of width 1,024, top-2) and ``granitemoe`` (8 experts of width 1,024, top-2, Granite-3.0's
+multipliers); a mixture's floor counts the experts a token is routed to.
 ``bamba``: a hybrid at ``llama``'s width and depth whose layers 2, 5, 8 and 11 are attention and the others Mamba-2
 (12 heads of 128 channels, 128 states, 4 taps; transformers' PyTorch path here, no CUDA kernels); its floor counts
 the mixer layers as attention layers. ``qwen3_5``: a Qwen3.5 text decoder at ``llama``'s width and depth whose layers
@@ -60,6 +61,7 @@ SHAPES = {
     "mixtral": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 4, "ffn": 2 * 1024},
     "deepseek_v3": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 12, "ffn": 3 * 512},
     "gpt_oss": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 4, "ffn": 2 * 1024},
+    "granitemoe": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 4, "ffn": 2 * 1024},
     # a hybrid: Mamba-2 layers (12 heads of 128 channels, 128 states, 4 taps), attention at every third layer
     "bamba": {"layers": 12, "width": 768, "heads": 12, "kv_heads": 4, "ffn": 2048},
     # a hybrid: Gated DeltaNet layers (6 key heads, 12 value heads of 64), gated attention at every fourth layer
@@ -82,6 +84,10 @@ MIXTURES = {
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
                 {"intermediate_size": 1024, "num_local_experts": 8, "num_experts_per_tok": 2, "head_dim": 64,
                  "sliding_window": 128, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM",
+                   {"intermediate_size": 1024, "num_local_experts": 8, "num_experts_per_tok": 2,
+                    "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 1 / 128,
+                    "logits_scaling": 6.0}),
 }  # fmt: skip
 
 

@@ -254,6 +254,28 @@ def test_attn_lrp_through_mixers_without_biases_gives_the_tokens_the_whole_logit
     assert not torch.allclose(plain, scores.target[0, -1], atol=1e-3)
 
 
+@pytest.mark.parametrize("family", ["falcon_h1", "granitemoehybrid", "zamba2"])
+def test_attn_lrp_of_a_span_in_one_pass_is_the_sum_of_its_tokens_on_hybrids(family):
+    """A span's AttnLRP in one backward pass (its logit read from the LM head's input) equals its positions' AttnLRP
+    summed, on hybrids whose logits the model scales after the head (Falcon-H1's multiplier, Granite 4's divisor:
+    ``ModelSpec.scale_after_head``) and on Zamba 2's shared attention blocks."""
+    from inseq_mixing.methods.attn_lrp import lrp_of_call, span_lrp_of_call
+    from inseq_mixing.trace import ModelCall, forward_arguments
+
+    model = hybrid(family)
+    spec = get_spec(model)
+    ids, mask = padded_batch()
+    predicted = next_tokens({"input_ids": ids})
+    positions = torch.zeros(ids.shape, dtype=torch.bool)
+    positions[0, 2:6] = True
+    positions[1, 5:] = True
+    call = ModelCall(model, forward_arguments(model, spec, ids, mask, None, None))
+    each = lrp_of_call(spec, call, predicted, None, positions, max_chunk_elements=2**26)
+    span = span_lrp_of_call(spec, call, predicted, None, positions)
+    torch.testing.assert_close(span.logit, each.logit.sum(1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(span.target, each.target.sum(1), atol=1e-5, rtol=1e-4)
+
+
 def test_attn_lrp_gives_every_shared_attention_block_the_stacks_input_leaf_as_its_embeddings():
     """Zamba 2's blocks read the embeddings besides their input: in an AttnLRP pass each hybrid block gets the first
     block's input leaf itself as its embeddings (so their relevance reaches the tokens), and the model's own
