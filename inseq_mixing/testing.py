@@ -60,7 +60,7 @@ ALL_FAMILIES = SEQ2SEQ_FAMILIES + DECODER_FAMILIES
 #: (tests/test_hybrids.py; not among the families above, whose tests every method runs on).
 HYBRID_FAMILIES = ("bamba", "lfm2", "jamba", "qwen3_next", "qwen3_5", "qwen3_5_moe", "lfm2_moe", "mamba", "mamba2",
                    "falcon_mamba", "nemotron_h", "granitemoehybrid", "granitemoehybrid_dense",
-                   "falcon_h1", "zamba2")  # fmt: skip
+                   "falcon_h1", "zamba2", "zamba")  # fmt: skip
 #: Hybrids the builder knows that only some tests read (Falcon-H1 with its Mamba-2 mixers' gated norm).
 HYBRID_VARIANTS = ("falcon_h1_norm",)
 #: Families with grouped-query attention whose RMSNorms round through float32 (even in a float64 model).
@@ -306,6 +306,14 @@ def _hybrid(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn:
             **{**common, "num_key_value_heads": heads},  # its adapters need as many key/value heads as query heads
         )  # fmt: skip
         return transformers.Zamba2ForCausalLM(config)
+    if family == "zamba":  # Zamba 2's layout over Mamba's selective scan in two heads (no adapters, no rotary)
+        pattern = [("hybrid", "mamba", "hybrid", "mamba")[i % 4] for i in range(layers)]
+        config = transformers.ZambaConfig(
+            layers_block_type=pattern, mamba_d_state=4, mamba_d_conv=4, mamba_expand=2, n_mamba_heads=2,
+            mamba_dt_rank=4, attention_head_dim=2 * d_model // heads, use_mamba_kernels=False, hidden_act="gelu",
+            **{**common, "num_key_value_heads": heads},
+        )  # fmt: skip
+        return transformers.ZambaForCausalLM(config)
     if family == "nemotron_h":  # blocks of one sub-block: Mamba-2, attention, FFN, Mamba-2, ...
         pattern = [("linear_attention", "full_attention", "mlp", "linear_attention")[i % 4] for i in range(layers)]
         config = transformers.NemotronHConfig(

@@ -97,7 +97,6 @@ def test_load_tiny_builds_every_mixture():
     ("config", "reason"),
     [
         ("DeepseekV32Config", "sparse token selector"),
-        ("ZambaConfig", "multi-head selective scan"),
         ("GraniteMoeSWAConfig", "sinks that scale the attention output after the softmax"),
         ("MllamaConfig", "cross-attention layers that read the vision tower"),
     ],

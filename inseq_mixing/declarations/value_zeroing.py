@@ -124,6 +124,8 @@ DECLARATION = Declaration(
     unread_mixers={
         "mamba": "zeroing a token's value input changes Mamba's steps and state projections too (they read the same "
         "channels), so no closed form holds; use another method.",
+        "mamba_heads": "zeroing a token's value input changes Zamba's selective scan's steps and state projections "
+        "too (they read the same channels), so no closed form holds; use another method.",
         "shared_attention": "zeroing a token's value in the shared attention block changes the Mamba-2 mixer's own "
         "input, and with it its steps and state projections, so no closed form holds; use another method.",
     },

@@ -205,6 +205,21 @@ def _mamba_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask:
     return module.out_proj(gated.to(hidden.dtype))
 
 
+def _mamba_heads_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                       **_) -> torch.Tensor:  # fmt: skip
+    """Zamba's Mamba layer (a selective scan in heads, :meth:`.mixers.FrozenMixer.mamba_heads`) under
+    :func:`_mamba_rules`' rules: its steps and state projections constants of the pass, ``silu`` on the values and the
+    gate under the identity rule, the gate's product with the scan's output under the uniform rule."""
+    hidden = hidden_states
+    frozen = FrozenMixer.mamba_heads(module, hidden.detach(), attention_mask)
+    projected = module.in_proj(hidden * padding_mask(hidden, attention_mask)[..., None])
+    values, gate = projected[..., 0::2], projected[..., 1::2].float()
+    activated = _tapped(values, module.conv1d).float() * frozen.ratio.detach()  # σ(u) frozen
+    y = mix_heads(frozen.mixing.detach(), activated, frozen.heads)
+    gated = with_gradient_scaled(y, 0.5) * with_gradient_scaled(identity_rule(F.silu(gate), gate), 0.5)
+    return module.out_proj(gated.to(hidden.dtype))
+
+
 def _lfm2_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **_):
     """An LFM2 short convolution ``out_proj(C ⊙ conv(B ⊙ x))``: both gates' products under the uniform rule, the
     projections and the convolution linear."""
@@ -265,7 +280,7 @@ def _ffn_rules(ffn: FFNSpec, hidden: torch.Tensor, *_args, **_kwargs) -> torch.T
 #: space's parameters constants of the pass, ``silu``'s gate detached, the uniform rule on multiplicative gates, the
 #: norms' statistics frozen), which AttnLRP's own rules for activations, norms and products match; our extension to
 #: hybrids and to LFM2's convolutions. A kind not here is refused.
-MIXER_RULES = {"mamba": _mamba_rules, "mamba2": _mamba2_rules, "lfm2": _lfm2_rules,
+MIXER_RULES = {"mamba": _mamba_rules, "mamba_heads": _mamba_heads_rules, "mamba2": _mamba2_rules, "lfm2": _lfm2_rules,
                "gated_deltanet": _gated_deltanet_rules, "gated_attention": _gated_attention_rules,
                "none": lambda module, hidden_states, *_args, **_kwargs: module(hidden_states)}  # fmt: skip
 

@@ -106,7 +106,8 @@ class ValueReadout:
 class FrozenMixer:
     """One mixer's data-dependent quantities frozen at a traced pass (batch ``B``, positions ``T``), for a mixer that
     is ``out_proj(scale ⊙ Σ_s W^h_{ts} act(conv(ξ))_s)``: built by the constructor named as its spec's kind
-    (:meth:`mamba2`, :meth:`mamba`, :meth:`gated_deltanet`, :meth:`lfm2`, :meth:`gated_attention`).
+    (:meth:`mamba2`, :meth:`mamba`, :meth:`mamba_heads`, :meth:`gated_deltanet`, :meth:`lfm2`,
+    :meth:`gated_attention`).
 
     Attributes:
         conv_input: ``ξ`` ``(B, T, I)``: each token's conv input of the mixed channels (its own ``in_proj`` output).
@@ -223,6 +224,48 @@ class FrozenMixer:
         ratio = _silu_ratio(x_pre) * mask[..., None]
         bias = None if mixer.conv1d.bias is None else mixer.conv1d.bias.float()
         values = mixer.in_proj.weight[:inner].float()
+        return cls(xi.float(), ratio, mixing, taps.float(), bias, F.silu(gate.float()), mixer.out_proj, mask.float(),
+                   None, values)  # fmt: skip
+
+    @classmethod
+    def mamba_heads(cls, mixer, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None) -> FrozenMixer:  # fmt: skip
+        """Freeze ``mixer`` (Zamba's ``ZambaMambaMixer``: Mamba's selective scan split into heads, each with its own
+        step and state projections ``x_proj``, ``dt_proj``) at its input ``hidden`` ``(B, T, d)`` on the module's
+        PyTorch path: :meth:`mamba`'s mixing, one ``T × T`` matrix per channel,
+        ``M^c_{ts} = Δ_{s,c} Σ_n C^h_{t,n} B^h_{s,n} exp(A_{c,n} Σ_{r=s+1..t} Δ_{r,c})`` with ``B``, ``C`` those of the
+        channel's head ``h``, ``D_c`` on its diagonal, the gate ``silu(z)`` (its input projection interleaves each
+        channel's value and gate rows). ``position_embeddings``: unread."""
+        mask = padding_mask(hidden, attention_mask)
+        projected = mixer.in_proj(hidden * mask[..., None])
+        xi, gate = projected[..., 0::2], projected[..., 1::2]  # (B, T, I) each: rows 2c and 2c + 1
+        heads, width = mixer.n_mamba_heads, mixer.mamba_head_dim
+        rank, state = mixer.time_step_rank, mixer.ssm_state_size
+        taps = mixer.conv1d.weight.squeeze(1)
+        convolved = _causal_conv(mixer.conv1d, xi)
+        activated = (F.silu(convolved) * mask[..., None]).float().unflatten(-1, (heads, width))  # (B, T, H, P)
+        parameters = torch.einsum("hrp,bthp->bthr", mixer.x_proj_weight.float(), activated)
+        step, b, c = parameters.split([rank, state, state], dim=-1)  # (B, T, H, ·)
+        dt = torch.einsum("hpr,bthr->bthp", mixer.dt_proj_weight.float(), step)
+        if mixer.dt_proj_bias is not None:
+            dt = dt + mixer.dt_proj_bias.float()
+        dt = F.softplus(dt).flatten(2).transpose(1, 2)  # (B, I, T)
+        elapsed, causal = _elapsed(dt.cumsum(-1))  # (B, I, T, T)
+        rates = -torch.exp(mixer.A_log.float()).flatten(0, 1)  # A (I, N)
+        inner = rates.shape[0]
+        head_of = torch.arange(inner, device=rates.device) // width
+        mixing = elapsed.new_zeros(elapsed.shape)
+        step_channels = max(1, 2**26 // max(1, elapsed[0, 0].numel() * state * elapsed.shape[0]))
+        for start in range(0, inner, step_channels):  # the (channels, T, T, N) decays a block of channels at a time
+            channels = slice(start, min(start + step_channels, inner))
+            decay = torch.exp(rates[None, channels, None, None, :] * elapsed[:, channels, ..., None])
+            pairs = torch.einsum("bthn,bshn->bhtsn", c, b)[:, head_of[channels]]  # (B, channels, T, T, N)
+            mixing[:, channels] = (pairs * decay).sum(-1)
+        mixing = _with_skip(mixing * dt[:, :, None, :] * causal, mixer.D.flatten())
+        x_pre = convolved.float()
+        ratio = _silu_ratio(x_pre) * mask[..., None]
+        bias = None if mixer.conv1d.bias is None else mixer.conv1d.bias.float()
+        values = mixer.in_proj.weight[0::2].float()
         return cls(xi.float(), ratio, mixing, taps.float(), bias, F.silu(gate.float()), mixer.out_proj, mask.float(),
                    None, values)  # fmt: skip
 

@@ -44,8 +44,6 @@ MIXING_OUTSIDE_ATTENTION = {
 
 NOT_YET_EXPLAINED = {
     "deepseek_v32": "multi-head latent attention with a sparse token selector",
-    "zamba": "Mamba layers that are a multi-head selective scan (per-head step and state projections); Zamba 2 is "
-    "explained",
     "mllama": "cross-attention layers that read the vision tower's projected states (tanh-gated, the rows that see "
     "no image masked out of their FFN), an encoder–decoder's reading without an encoder stack for the methods to "
     "start from; explain an image-token VLM (LLaVA, Qwen2-VL, ...)",

@@ -429,17 +429,8 @@ class FirstOutput(nn.Module):
 
 #: The token mixers a :class:`MixerSpec` can name, each written as a mixing matrix by
 #: :class:`~inseq_mixing.methods.mixers.FrozenMixer`'s constructor of that name.
-MIXER_KINDS = (
-    "mamba",
-    "mamba2",
-    "gated_deltanet",
-    "lfm2",
-    "gated_attention",
-    "attention",
-    "parallel",
-    "shared_attention",
-    "none",
-)
+MIXER_KINDS = ("mamba", "mamba_heads", "mamba2", "gated_deltanet", "lfm2", "gated_attention", "attention", "parallel",
+               "shared_attention", "none")  # fmt: skip
 
 
 @dataclass(frozen=True)

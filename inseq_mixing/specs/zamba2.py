@@ -11,8 +11,8 @@ at the traced pass) and the Mamba-2 mixer written as one exact linear map of the
 (:class:`~inseq_mixing.methods.mixers.SharedAttentionMixing`; our extension). The embeddings' path is credited to
 each token, as its own embedding is. Value zeroing refuses these blocks (zeroing a value changes the Mamba-2
 mixer's own input). The shared blocks' weights are tied across blocks in the checkpoints; the spec reads each
-block's own modules, whatever their tying. Zamba (the first version) is refused: its Mamba layers are a multi-head
-selective scan not written here.
+block's own modules, whatever their tying. Zamba (the first version) is
+:mod:`.zamba`.
 """
 
 from torch import nn
