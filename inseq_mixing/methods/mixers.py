@@ -869,7 +869,7 @@ class ParallelMixing:
 
 @dataclass
 class SharedAttentionMixing:
-    r"""A block whose mixer reads a shared attention block's output (Zamba 2's hybrid blocks,
+    r"""A block whose mixer reads a shared attention block's output (Zamba 2's and Zamba's hybrid blocks,
     :class:`~..specs.base.SharedAttention`) frozen at a traced pass, read through :class:`FrozenMixer`'s interface
     (**our extension** throughout: neither Zamba paper nor any method's paper treats it). With the three norms'
     statistics, the attention probabilities, the FFN's gate ``act(x W_g)`` and the mixer frozen, the block's mixer
