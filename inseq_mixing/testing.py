@@ -4,6 +4,7 @@ Nothing here downloads anything: models are built from configs with random weigh
 benchmarks need to check the math, the shapes and the speed.
 """
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -53,7 +54,10 @@ DECODER_FAMILIES = (
 #: Mixture-of-experts decoders (tiny: :data:`TINY_EXPERTS` experts, top-:data:`TINY_TOP_K`), generation families like
 #: the others.
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "phimoe", "glm4_moe", "ernie4_5_moe", "hunyuan_v1_moe",
-                "flex_olmo", "deepseek_v2", "deepseek_v3", "gpt_oss", "granitemoe", "granitemoeshared")  # fmt: skip
+                "flex_olmo", "deepseek_v2", "deepseek_v3", "gpt_oss", "granitemoe", "granitemoeshared", "exaone_moe",
+                "minimax_m2", "solar_open", "sarvam_moe", "mellum", "hy_v3")  # fmt: skip
+#: Mixtures in the Llama layout built from their own configs' field names (:func:`_mixture`).
+CONFIGURED_MIXTURES = ("exaone_moe", "minimax_m2", "solar_open", "sarvam_moe", "mellum", "hy_v3")
 DECODER_FAMILIES = DECODER_FAMILIES + MOE_FAMILIES
 ALL_FAMILIES = SEQ2SEQ_FAMILIES + DECODER_FAMILIES
 #: Decoders whose token mixers are not all attention: hybrids, and Mamba-style models without attention or FFN
@@ -199,6 +203,20 @@ def _mixture(family: str, vocab: int, d_model: int, layers: int, heads: int, ffn
     clamped experts (a small clamp limit, so that the clamps bite in the tests); Granite-MoE with every multiplier
     away from 1 (Granite-MoE-Shared: a shared FFN too)."""
     experts, top_k, width = TINY_EXPERTS, TINY_TOP_K, ffn // 2
+    if family in CONFIGURED_MIXTURES:  # each its own names for the experts' count and width: those it has
+        config_class = type(transformers.AutoConfig.for_model(family))
+        known = inspect.signature(config_class.__init__).parameters
+        wanted = dict(vocab_size=vocab, hidden_size=d_model, num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads or max(1, heads // 2), head_dim=d_model // heads,
+                      intermediate_size=ffn, moe_intermediate_size=width, num_experts=experts,
+                      num_local_experts=experts, n_routed_experts=experts, num_experts_per_tok=top_k,
+                      first_k_dense_replace=1, n_group=1, topk_group=1, max_position_embeddings=1024,
+                      bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+                      tie_word_embeddings=False)  # fmt: skip
+        config = config_class(**{key: value for key, value in wanted.items() if key in known})
+        model = transformers.AutoModelForCausalLM.from_config(config)
+        model.set_experts_implementation("eager")
+        return model
     name = {"mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe", "olmoe": "Olmoe",
             "phimoe": "Phimoe", "glm4_moe": "Glm4Moe", "ernie4_5_moe": "Ernie4_5_Moe",
             "hunyuan_v1_moe": "HunYuanMoEV1", "flex_olmo": "FlexOlmo", "deepseek_v2": "DeepseekV2",

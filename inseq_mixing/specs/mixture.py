@@ -1,5 +1,7 @@
 """Mixture-of-experts decoders in the Llama layout (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, PhiMoE, GLM-4-MoE,
-ERNIE-4.5-MoE, Hunyuan-MoE): Llama's attention sub-block, and an FFN sub-block that is a routed mixture of gated
+ERNIE-4.5-MoE, Hunyuan-MoE; EXAONE-MoE, MiniMax-M2, Solar-Open, Sarvam-MoE, Mellum and HY-V3, whose transformers
+modules have the same layout, some with q/k norms or sliding windows inside the recorded probabilities): Llama's
+attention sub-block, and an FFN sub-block that is a routed mixture of gated
 experts (transformers' fused experts), with a shared expert in some families (Qwen2-MoE's behind a sigmoid gate).
 
 Layers whose FFN is dense (Qwen2-MoE's ``mlp_only_layers``, GLM-4-MoE's first layers) are Llama's. The routing is
@@ -12,8 +14,12 @@ from torch import nn
 from . import llama
 from .base import FFNSpec, LayerSpec, ModelSpec, MoESpec, check_experts
 
-FAMILY = "Mixture of experts, Llama layout (Mixtral, Qwen-MoE, OLMoE, PhiMoE, GLM-4-MoE, ERNIE-4.5, Hunyuan)"
-MODEL_TYPES = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "phimoe", "glm4_moe", "ernie4_5_moe", "hunyuan_v1_moe"}
+FAMILY = (
+    "Mixture of experts, Llama layout (Mixtral, Qwen-MoE, OLMoE, PhiMoE, GLM-4-MoE, ERNIE-4.5, Hunyuan, EXAONE-MoE, "
+    "MiniMax-M2, Solar-Open, Sarvam-MoE, Mellum, HY-V3)"
+)
+MODEL_TYPES = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "phimoe", "glm4_moe", "ernie4_5_moe", "hunyuan_v1_moe",
+               "exaone_moe", "minimax_m2", "solar_open", "sarvam_moe", "mellum", "hy_v3"}  # fmt: skip
 
 #: Where the families keep a block's router and its shared expert, in the order looked up.
 ROUTER_NAMES = ("gate", "router")
