@@ -84,6 +84,7 @@ from .mixers import (
     mamba2_projected,
     mix_heads,
     padding_mask,
+    scan_values_and_gate,
 )
 from .norms import freeze_norm
 from .readout import NO_HEAD, head_input_logit, readout
@@ -191,13 +192,17 @@ def _mamba2_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask
     return module.out_proj(gated.to(hidden.dtype))
 
 
-def _mamba_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **_):
-    """A Mamba (selective scan) layer under MambaLRP's rules: its steps and state projections constants of the pass
-    (the per-channel mixing detached), ``silu`` on the values and the gate under the identity rule, the gate's
-    product with the scan's output under the uniform rule; the projections and the convolution linear."""
+def _scan_rules(freeze, interleaved: bool, module: nn.Module, hidden_states: torch.Tensor,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """A selective scan (Mamba's, or Zamba's in heads: ``freeze`` is its :class:`.mixers.FrozenMixer` constructor,
+    ``interleaved`` its projection's layout, :func:`.mixers.scan_values_and_gate`) under MambaLRP's rules: its steps
+    and state projections constants of the pass (the per-channel mixing detached), ``silu`` on the values and the gate
+    under the identity rule, the gate's product with the scan's output under the uniform rule; the projections and
+    the convolution linear."""
     hidden = hidden_states
-    frozen = FrozenMixer.mamba(module, hidden.detach(), attention_mask)
-    values, gate = module.in_proj(hidden * padding_mask(hidden, attention_mask)[..., None]).chunk(2, dim=-1)
+    frozen = freeze(module, hidden.detach(), attention_mask)
+    projected = module.in_proj(hidden * padding_mask(hidden, attention_mask)[..., None])
+    values, gate = scan_values_and_gate(projected, interleaved)
     activated = _tapped(values, module.conv1d).float() * frozen.ratio.detach()  # σ(u) frozen
     y = mix_heads(frozen.mixing.detach(), activated, frozen.heads)
     gate = gate.float()
@@ -205,19 +210,16 @@ def _mamba_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask:
     return module.out_proj(gated.to(hidden.dtype))
 
 
+def _mamba_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **_):
+    """A Mamba (selective scan) layer under MambaLRP's rules (:func:`_scan_rules`)."""
+    return _scan_rules(FrozenMixer.mamba, False, module, hidden_states, attention_mask)
+
+
 def _mamba_heads_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                        **_) -> torch.Tensor:  # fmt: skip
-    """Zamba's Mamba layer (a selective scan in heads, :meth:`.mixers.FrozenMixer.mamba_heads`) under
-    :func:`_mamba_rules`' rules: its steps and state projections constants of the pass, ``silu`` on the values and the
-    gate under the identity rule, the gate's product with the scan's output under the uniform rule."""
-    hidden = hidden_states
-    frozen = FrozenMixer.mamba_heads(module, hidden.detach(), attention_mask)
-    projected = module.in_proj(hidden * padding_mask(hidden, attention_mask)[..., None])
-    values, gate = projected[..., 0::2], projected[..., 1::2].float()
-    activated = _tapped(values, module.conv1d).float() * frozen.ratio.detach()  # σ(u) frozen
-    y = mix_heads(frozen.mixing.detach(), activated, frozen.heads)
-    gated = with_gradient_scaled(y, 0.5) * with_gradient_scaled(identity_rule(F.silu(gate), gate), 0.5)
-    return module.out_proj(gated.to(hidden.dtype))
+    """Zamba's Mamba layer (a selective scan in heads, :meth:`.mixers.FrozenMixer.mamba_heads`) under MambaLRP's
+    rules (:func:`_scan_rules`)."""
+    return _scan_rules(FrozenMixer.mamba_heads, True, module, hidden_states, attention_mask)
 
 
 def _lfm2_rules(module: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **_):
@@ -338,6 +340,39 @@ def _attention_under_rules(attn) -> list[tuple[nn.Module | None, nn.Module, slic
     return found
 
 
+def _ffn_under_rules(ffn: FFNSpec | MoESpec, spec: ModelSpec, hooks: ExitStack) -> None:
+    """An FFN's rules, their hooks removed when ``hooks`` closes: its activations under the identity rule, a gated
+    FFN's product under the uniform rule (its input's gradient halved), a mixture's routing constants of the pass; an
+    FFN whose activation is a function runs from its spec under the rules (:func:`_ffn_rules`).
+
+    Raises:
+        UnsupportedModelError: Its activation is a function and it cannot run from its spec.
+    """
+
+    def add(handle):
+        hooks.callback(handle.remove)
+
+    activations = _experts_function_swapped(ffn, hooks)
+    modules = (*activations, *ffn.product_inputs)
+    if not all(isinstance(module, nn.Module) for module in modules):
+        if not isinstance(ffn, FFNSpec) or ffn.linear_activation is not None or not isinstance(
+                ffn.forward, nn.Module):  # fmt: skip
+            raise UnsupportedModelError(
+                f"AttnLRP hooks the FFN's activation (and a gated FFN's module); {spec.family}'s are functions."
+            )
+        hooks.enter_context(replaced_forward(ffn.forward, functools.partial(_ffn_rules, ffn)))
+        modules = ()
+    for activation in activations if modules else ():
+        add(activation.register_forward_hook(lambda _m, args, out: identity_rule(out, args[0])))
+    for product in ffn.product_inputs if modules else ():  # both factors read this input: each gets half
+        add(product.register_forward_pre_hook(_halved_first_input))
+    for constant in ffn.constants:  # a mixture's routing weights and gates: constants of the pass
+        add(constant.register_forward_hook(_detached_output))
+    for experts, gate in ffn.own_gates:  # the experts' own gate, written with the modules hooked above
+        experts._apply_gate = gate
+        hooks.callback(vars(experts).pop, "_apply_gate", None)
+
+
 @contextmanager
 def lrp_rules(model: nn.Module, spec: ModelSpec) -> Iterator[None]:
     """Install the AttnLRP gradient modifications on the model's modules; removed on exit, whatever happens."""
@@ -349,29 +384,10 @@ def lrp_rules(model: nn.Module, spec: ModelSpec) -> Iterator[None]:
         for module in model.modules():
             if is_norm(module):
                 add(module.register_forward_hook(lambda m, args, out: frozen_norm_rule(m, out, args[0])))
-        blocks = [layer for stack in spec.stacks.values() for layer in stack.layers]
-        for ffn, layer in ((ffn, block) for block in blocks for ffn in _ffns(block)):
-            activations = _experts_function_swapped(ffn, hooks)
-            modules = (*activations, *ffn.product_inputs)
-            if not all(isinstance(module, nn.Module) for module in modules):
-                if not isinstance(ffn, FFNSpec) or ffn.linear_activation is not None or not isinstance(
-                        ffn.forward, nn.Module):  # fmt: skip
-                    raise UnsupportedModelError(
-                        f"AttnLRP hooks the FFN's activation (and a gated FFN's module); {spec.family}'s are "
-                        "functions."
-                    )
-                hooks.enter_context(replaced_forward(ffn.forward, functools.partial(_ffn_rules, ffn)))
-                modules = ()
-            for activation in activations if modules else ():
-                add(activation.register_forward_hook(lambda _m, args, out: identity_rule(out, args[0])))
-            for product in ffn.product_inputs if modules else ():  # both factors read this input: each gets half
-                add(product.register_forward_pre_hook(_halved_first_input))
-            for constant in ffn.constants:  # a mixture's routing weights and gates: constants of the pass
-                add(constant.register_forward_hook(_detached_output))
-            for experts, gate in ffn.own_gates:  # the experts' own gate, written with the modules hooked above
-                experts._apply_gate = gate
-                hooks.callback(vars(experts).pop, "_apply_gate", None)
-            for attn in (layer.self_attn, layer.cross_attn) if ffn is layer.ffn else ():
+        for layer in (layer for stack in spec.stacks.values() for layer in stack.layers):
+            for ffn in _ffns(layer):
+                _ffn_under_rules(ffn, spec, hooks)
+            for attn in (layer.self_attn, layer.cross_attn):
                 if attn is None:
                     continue
                 for module, kind in _mixers_under_rules(attn):  # each its forward under the rules (MIXER_RULES)

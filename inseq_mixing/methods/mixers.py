@@ -197,7 +197,7 @@ class FrozenMixer:
         ``silu(z)`` scales it (no norm). ``B``, ``C`` and ``Δ`` come from the convolved tokens: frozen (Jamba's norms
         on them, where the module has them, applied first)."""
         mask = padding_mask(hidden, attention_mask)
-        xi, gate = mixer.in_proj(hidden * mask[..., None]).chunk(2, dim=-1)
+        xi, gate = scan_values_and_gate(mixer.in_proj(hidden * mask[..., None]), interleaved=False)
         rank, state = mixer.time_step_rank, mixer.ssm_state_size
         taps = mixer.conv1d.weight.squeeze(1)
         convolved = _causal_conv(mixer.conv1d, xi)
@@ -237,8 +237,7 @@ class FrozenMixer:
         channel's head ``h``, ``D_c`` on its diagonal, the gate ``silu(z)`` (its input projection interleaves each
         channel's value and gate rows). ``position_embeddings``: unread."""
         mask = padding_mask(hidden, attention_mask)
-        projected = mixer.in_proj(hidden * mask[..., None])
-        xi, gate = projected[..., 0::2], projected[..., 1::2]  # (B, T, I) each: rows 2c and 2c + 1
+        xi, gate = scan_values_and_gate(mixer.in_proj(hidden * mask[..., None]), interleaved=True)  # (B, T, I) each
         heads, width = mixer.n_mamba_heads, mixer.mamba_head_dim
         rank, state = mixer.time_step_rank, mixer.ssm_state_size
         taps = mixer.conv1d.weight.squeeze(1)
@@ -254,13 +253,13 @@ class FrozenMixer:
         rates = -torch.exp(mixer.A_log.float()).flatten(0, 1)  # A (I, N)
         inner = rates.shape[0]
         head_of = torch.arange(inner, device=rates.device) // width
+        pairs = torch.einsum("bthn,bshn->bhtsn", c, b)  # (B, H, T, T, N): C^h_t · B^h_s, once for every channel
         mixing = elapsed.new_zeros(elapsed.shape)
         step_channels = max(1, 2**26 // max(1, elapsed[0, 0].numel() * state * elapsed.shape[0]))
         for start in range(0, inner, step_channels):  # the (channels, T, T, N) decays a block of channels at a time
             channels = slice(start, min(start + step_channels, inner))
             decay = torch.exp(rates[None, channels, None, None, :] * elapsed[:, channels, ..., None])
-            pairs = torch.einsum("bthn,bshn->bhtsn", c, b)[:, head_of[channels]]  # (B, channels, T, T, N)
-            mixing[:, channels] = (pairs * decay).sum(-1)
+            mixing[:, channels] = (pairs[:, head_of[channels]] * decay).sum(-1)
         mixing = _with_skip(mixing * dt[:, :, None, :] * causal, mixer.D.flatten())
         x_pre = convolved.float()
         ratio = _silu_ratio(x_pre) * mask[..., None]
@@ -673,6 +672,12 @@ def delta_rule_mixing(query: torch.Tensor, key: torch.Tensor, beta: torch.Tensor
     return mixing
 
 
+def scan_values_and_gate(projected: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A selective scan's input projection split into its value and gate channels: Mamba's two halves, or Zamba's
+    rows interleaved channel by channel (``interleaved``: value ``2c``, gate ``2c + 1``)."""
+    return (projected[..., 0::2], projected[..., 1::2]) if interleaved else projected.chunk(2, dim=-1)
+
+
 def causal_taps(values: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """A causal depthwise convolution of ``(..., T, C)`` by ``taps`` ``(C, K)`` (and ``bias`` ``(C,)``): padded by
     ``K − 1``, cut to ``T``; position ``t`` reads the value of ``t − d`` through tap ``K − 1 − d``."""
@@ -954,7 +959,7 @@ class SharedAttentionMixing:
             bias = bias + (gate * ffn.w_in.bias.float()) @ down.T @ projection.T
         if ffn.w_out.bias is not None:
             bias = bias + ffn.w_out.bias.float() @ projection.T
-        side = ((normed_attended @ up.T) * gate) @ down.T @ projection.T + bias
+        side = through_gated_ffn(normed_attended, gate, up, down, projection) + bias
         mixed_input = hidden.float() + side
         mixer_spec = module.mixer
         mixer_scale = freeze_norm(mixer_spec.norm, mixed_input).factor()
@@ -972,26 +977,22 @@ class SharedAttentionMixing:
     def positions(self) -> int:
         return self.mixer.positions
 
-    def _mixer_inputs(self, hidden: torch.Tensor, embeddings: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
-        """The mixer's normed inputs ``(B, T, K, d)`` from components ``(B, T, K, d)`` of the block input and of the
-        embeddings, ``own`` the block input's (the residual path into the mixer)."""
+    def _mixer_inputs(self, hidden: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        """The mixer's normed inputs ``(B, T, K, d)`` from components ``(B, T, K, d)`` of the block input (which also
+        reaches the mixer directly) and of the embeddings."""
         joined = torch.cat([hidden, embeddings], dim=-1) * self.in_scale[:, :, None]
         values = (joined @ self.value_weight.T).unflatten(-1, (-1, self.out_weight.shape[1] // self.heads_attn))
         values = values.repeat_interleave(self.heads_attn // values.shape[-2], dim=-2)  # (B, T, K, H, P)
         heads = torch.einsum("btkhp,dhp->btkhd", values, self.out_weight.unflatten(-1, (self.heads_attn, -1)))
         attended = torch.einsum("bhqt,btkhd->bqkd", self.probs, heads)
-        return (own + self._side(attended)) * self.mixer_scale[:, :, None]
+        side = through_gated_ffn(attended * self.ffn_scale[:, :, None], self.gate[:, :, None], self.up, self.down,
+                                 self.projection)  # fmt: skip
+        return (hidden + side) * self.mixer_scale[:, :, None]
 
     @property
     def heads_attn(self) -> int:
         """The shared attention's query heads."""
         return self.probs.shape[1]
-
-    def _side(self, attended: torch.Tensor, positions: slice = slice(None)) -> torch.Tensor:
-        """Parts of the shared attention's output at ``positions`` ``(B, P, K, d)`` through its frozen norm, the FFN
-        with its gate frozen and the projection."""
-        hidden = (attended * self.ffn_scale[:, positions, None]) @ self.up.T
-        return (hidden.mul_(self.gate[:, positions, None]) @ self.down.T) @ self.projection.T
 
     def _token_inputs(self, keys: slice) -> torch.Tensor:
         """Each token of ``keys``'s part of the mixer's normed input ``(B, T, K, d)``: its own input at its
@@ -1053,7 +1054,7 @@ class SharedAttentionMixing:
         return parts.sum(2), parts[:, positions - first, positions]
 
     def zeroed_outputs(self, keys: slice, rows: slice = slice(None)) -> torch.Tensor:
-        raise ValueError("Value zeroing of a block whose mixer reads a shared attention block (Zamba 2) has no "
+        raise ValueError("Value zeroing of a block whose mixer reads a shared attention block (Zamba, Zamba 2) has no "
                          "closed form: zeroing a token's value changes the mixer's own input, and with it its steps "
                          "and state projections. Use alti, alti_logit, decompx, globenc, attention_norm, "
                          "attention_rollout or attn_lrp.")  # fmt: skip
@@ -1068,7 +1069,7 @@ class SharedAttentionMixing:
         if embedded is None:
             raise ValueError("A block whose mixer reads a shared attention block needs the embeddings' components.")
         components = components.float()
-        return self.mixer.component_outputs(self._mixer_inputs(components, embedded.float(), components))
+        return self.mixer.component_outputs(self._mixer_inputs(components, embedded.float()))
 
     def unattributed(self) -> torch.Tensor:
         """What no token carries: the mixer's own (its biases, padding's inputs) and the shared block's biases
@@ -1077,6 +1078,13 @@ class SharedAttentionMixing:
             self.mixer.unattributed()
             + self.mixer.component_outputs((self.bias * self.mixer_scale)[:, :, None])[:, :, 0]
         )
+
+
+def through_gated_ffn(normed: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+                      projection: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """``P W_down (G ⊙ W_up x)``: (parts of) a shared attention block's normed output through its gated FFN, its gate
+    ``G`` held, and the projection into the mixer's input (weights ``(out, in)``)."""
+    return ((normed @ up.T) * gate) @ down.T @ projection.T
 
 
 def attention_probs(attention, query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None
